@@ -1,0 +1,3 @@
+from aivedio_cli.main import run
+
+run()

@@ -1,0 +1,46 @@
+"""The root `aivedio` command: global options, and one sub-app per command group."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from aivedio_cli import capacity_cmd, config_cmd, db_cmd, states_cmd
+from aivedio_cli._context import CliState
+from aivedio_engine import __version__
+
+app = typer.Typer(
+    name="aivedio",
+    help="aivedio: orchestration engine for AI video generation.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(config_cmd.app, name="config")
+app.add_typer(db_cmd.app, name="db")
+app.add_typer(capacity_cmd.app, name="capacity")
+app.command("states")(states_cmd.states)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"aivedio {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    config: Optional[str] = typer.Option(
+        None, "--config", "-c", metavar="PATH", help="TOML config file (default: $AIVEDIO_CONFIG, else ./aivedio.toml)."
+    ),
+    set_items: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE", help="Override one setting, e.g. --set database.url=postgresql+psycopg://..."
+    ),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+) -> None:
+    ctx.obj = CliState(config_path=config, set_items=list(set_items))
+
+
+def run() -> None:
+    app()
