@@ -17,7 +17,16 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -159,6 +168,14 @@ class RetrySettings(_Section):
     media: RetryBudgetSettings = Field(default_factory=lambda: _default_budget(Step.MEDIA))
     notification: RetryBudgetSettings = Field(default_factory=lambda: _default_budget(Step.NOTIFICATION))
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _fill_from_defaults(cls, value: Any, info: ValidationInfo) -> Any:
+        """A partial `[retry.<step>]` table keeps the step's defaults for the keys it does not set."""
+        if isinstance(value, dict):
+            return {**DEFAULT_BUDGETS[Step(info.field_name)].as_dict(), **value}
+        return value
+
     def budget(self, step: Step) -> RetryBudget:
         return getattr(self, step.value).to_domain()
 
@@ -266,9 +283,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _coherent(self) -> Settings:
         if self.default_provider not in self.providers:
-            raise ValueError(f"default_provider {self.default_provider!r} is not a configured provider")
-        if self.mode == "distributed" and self.database_url.startswith("sqlite"):
-            raise ValueError("distributed mode needs a PostgreSQL database.url")
+            # messages of whole-model checks start with the key they are about (see _one_line)
+            raise ValueError(f"default_provider: {self.default_provider!r} is not a configured provider")
+        if self.mode == "distributed" and not self.is_postgres:
+            raise ValueError("database.url: distributed mode needs a PostgreSQL URL")
         return self
 
     @property
@@ -321,15 +339,29 @@ def load_settings(
     try:
         return _FromFile(**(overrides or {}))
     except ValidationError as exc:
-        raise ConfigError(_one_line(exc, path)) from None
+        raise ConfigError(_one_line(exc, path, overrides or {})) from None
 
 
-def _one_line(exc: ValidationError, path: Path | None) -> str:
+def _one_line(exc: ValidationError, path: Path | None, overrides: dict[str, Any]) -> str:
     err = exc.errors()[0]
-    key = ".".join(str(p) for p in err["loc"]) or "(settings)"
-    where = f" (config file {path})" if path else ""
+    loc = [str(p) for p in err["loc"]]
     more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"invalid setting {key}: {err['msg']}{where}{more}"
+    if not loc:  # a whole-model check: its message names the key itself
+        return f"invalid setting {err['msg'].removeprefix('Value error, ')}{more}"
+    return f"invalid setting {'.'.join(loc)}: {err['msg']}{_source_of(loc, path, overrides)}{more}"
+
+
+def _source_of(loc: list[str], path: Path | None, overrides: dict[str, Any]) -> str:
+    """Name where the bad value came from, so the operator knows what to fix."""
+    node: Any = overrides
+    for part in loc:
+        node = node.get(part) if isinstance(node, dict) else None
+    if node is not None:
+        return " (from the command line)"
+    env_name = "AIVEDIO_" + "__".join(loc).upper()
+    if any(name.upper() == env_name for name in os.environ):
+        return f" (from environment variable {env_name})"
+    return f" (config file {path})" if path else ""
 
 
 def parse_override(item: str) -> dict[str, Any]:

@@ -1,0 +1,62 @@
+"""Layering rules (DESIGN §15), checked in fresh interpreters so nothing already imported can hide a leak."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HEAVY = ["sqlalchemy", "psycopg", "httpx", "dramatiq", "redis", "boto3", "fastapi", "textual"]
+
+
+def _loaded_after(code: str) -> set[str]:
+    probe = code + "\nimport json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
+    return set(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_domain_loads_no_io_library() -> None:
+    modules = [p.stem for p in (REPO / "aivedio_engine" / "domain").glob("*.py") if p.stem != "__init__"]
+    code = "\n".join(f"import aivedio_engine.domain.{m}" for m in modules)
+    loaded = _loaded_after("import aivedio_engine.domain\n" + code)
+    assert not loaded & set(HEAVY), loaded & set(HEAVY)
+
+
+def test_cli_does_not_import_textual_at_start_up() -> None:
+    loaded = _loaded_after("import aivedio_cli.main")
+    assert "textual" not in loaded and "tui" not in loaded
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "aivedio_engine" / "domain").glob("*.py")), ids=lambda p: p.name)
+def test_domain_sources_import_only_stdlib_and_domain(path: Path) -> None:
+    """Static check too: a lazy import inside a function would escape the runtime probe."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        for name in names:
+            top = name.split(".")[0]
+            assert top in sys.stdlib_module_names or name.startswith("aivedio_engine.domain"), (path.name, name)
+
+
+def test_front_ends_do_not_import_each_other() -> None:
+    rules = {"aivedio_cli": ["tui", "aivedio_engine.api"], "tui": ["aivedio_cli", "aivedio_engine.api"]}
+    for package, forbidden in rules.items():
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    mods = [node.module]
+                elif isinstance(node, ast.Import):
+                    mods = [a.name for a in node.names]
+                else:
+                    continue
+                for mod in mods:
+                    assert not any(mod == f or mod.startswith(f + ".") for f in forbidden), (path, mod)
