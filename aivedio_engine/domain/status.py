@@ -191,6 +191,8 @@ CHECKED_COLUMNS: dict[str, type[StrEnum]] = {
     "outbox_events.status": OutboxStatus,
     "credit_ledger.entry_type": LedgerEntryType,
     "review_items.state": ReviewState,
+    "generation_tasks.review_state": ReviewState,
+    "assets.profile": DerivativeProfile,
     "alerts.severity": AlertSeverity,
     "alerts.status": AlertStatus,
 }

@@ -1,0 +1,87 @@
+"""One place that turns Settings into a SQLAlchemy Engine, for both dialects.
+
+SQLite (embedded mode) is used from several worker threads in one process, so connections are shared across
+threads, the journal is WAL (readers never block the writer) and lock waits are bounded by busy_timeout.
+pysqlite's own transaction handling is replaced by an explicit BEGIN (the SQLAlchemy-documented recipe): its
+legacy mode does not open a transaction before SELECT or DDL, which silently breaks read-decide-write and
+makes DDL non-transactional. A connection can ask for `BEGIN IMMEDIATE` (take the write lock up front, so a
+read-then-write transaction cannot fail with "database is locked" halfway) with
+`conn.execution_options(sqlite_begin="IMMEDIATE")` before its first statement.
+
+PostgreSQL uses psycopg 3 with a bounded pool; the statement timeout is set per session so a stuck query
+cannot hold row locks for minutes.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, make_url
+
+from aivedio_engine.config import Settings
+
+#: the one execution option the SQLite begin hook understands: "DEFERRED" (default) or "IMMEDIATE".
+SQLITE_BEGIN_OPTION = "sqlite_begin"
+
+
+def make_engine(settings: Settings, **engine_kwargs: Any) -> Engine:
+    """Engine for `settings.database_url`; extra keyword arguments go to `sqlalchemy.create_engine`."""
+    url = make_url(settings.database_url)
+    if url.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, settings, **engine_kwargs)
+    if url.get_backend_name() == "postgresql":
+        return _postgres_engine(url, settings, **engine_kwargs)
+    raise sa.exc.ArgumentError(f"unsupported database URL scheme {url.drivername!r}: use sqlite or postgresql+psycopg")
+
+
+def _postgres_engine(url: sa.URL, settings: Settings, **kw: Any) -> Engine:
+    db = settings.database
+    if url.drivername == "postgresql":
+        # a bare postgresql:// URL would pick psycopg2, which is not a dependency
+        url = url.set(drivername="postgresql+psycopg")
+    kw.setdefault("pool_size", db.pool_size)
+    kw.setdefault("pool_pre_ping", True)  # a restarted server must not surface as one failed request per conn
+    kw.setdefault("pool_timeout", db.connect_timeout_s)  # waiting for a pooled connection counts too
+    connect_args = {
+        # libpq takes whole seconds (and treats 1 as 2)
+        "connect_timeout": max(1, math.ceil(db.connect_timeout_s)),
+        "options": f"-c statement_timeout={db.statement_timeout_ms}",
+    }
+    connect_args.update(kw.pop("connect_args", {}))
+    return sa.create_engine(url, connect_args=connect_args, **kw)
+
+
+def _sqlite_engine(url: sa.URL, settings: Settings, **kw: Any) -> Engine:
+    database = url.database or ""
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    connect_args = {"check_same_thread": False}
+    connect_args.update(kw.pop("connect_args", {}))
+    engine = sa.create_engine(url, connect_args=connect_args, **kw)
+    busy_timeout_ms = settings.database.statement_timeout_ms
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # autocommit at the driver level: transactions are begun explicitly below
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")  # off by default in SQLite; the schema relies on FKs
+            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            # WAL + NORMAL stays consistent after a crash; only the last commits may roll back on power loss
+            cur.execute("PRAGMA synchronous=NORMAL")
+        finally:
+            cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        mode = str(conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "DEFERRED")).upper()
+        if mode not in {"DEFERRED", "IMMEDIATE", "EXCLUSIVE"}:
+            raise ValueError(f"{SQLITE_BEGIN_OPTION} must be DEFERRED, IMMEDIATE or EXCLUSIVE, not {mode!r}")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
