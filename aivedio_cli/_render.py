@@ -35,3 +35,16 @@ def fail(message: str, code: ExitCode = ExitCode.FAILED) -> NoReturn:
 def emit_json(data: Any) -> None:
     """Stable, sorted JSON on stdout."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def exit_code_for(exc: Exception) -> ExitCode:
+    """Service errors → exit codes, in one place."""
+    from aivedio_engine.services import errors
+
+    if isinstance(exc, errors.NotFound):
+        return ExitCode.NOT_FOUND
+    if isinstance(exc, errors.InvalidInput | errors.BadRequest):
+        return ExitCode.USAGE
+    if isinstance(exc, errors.Conflict | errors.InsufficientCredits):
+        return ExitCode.REFUSED
+    return ExitCode.FAILED

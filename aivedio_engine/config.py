@@ -55,7 +55,7 @@ class DatabaseSettings(_Section):
     #: server-side statement timeout for the short transactions, in milliseconds (PostgreSQL only).
     statement_timeout_ms: int = Field(5000, ge=100)
     #: how long a request waits for a connection before answering 503.
-    connect_timeout_s: float = Field(2.0, gt=0)
+    connect_timeout_s: float = Field(1.5, gt=0)
 
 
 class BrokerSettings(_Section):
@@ -106,6 +106,13 @@ class ModelSettings(_Section):
     resolutions: list[str] = ["720p"]
     #: price per output second, by resolution, in credits.
     price_per_second: dict[str, Decimal] = {"720p": Decimal("1")}
+
+    @model_validator(mode="after")
+    def _priced(self) -> ModelSettings:
+        missing = [r for r in self.resolutions if r not in self.price_per_second]
+        if not self.resolutions or missing:
+            raise ValueError(f"every resolution needs a price_per_second entry (missing: {missing or 'all'})")
+        return self
 
 
 class ProviderSettings(_Section):

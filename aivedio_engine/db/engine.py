@@ -15,6 +15,8 @@ cannot hold row locks for minutes.
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +53,47 @@ def _postgres_engine(url: sa.URL, settings: Settings, **kw: Any) -> Engine:
         "options": f"-c statement_timeout={db.statement_timeout_ms}",
     }
     connect_args.update(kw.pop("connect_args", {}))
-    return sa.create_engine(url, connect_args=connect_args, **kw)
+    engine = sa.create_engine(url, connect_args=connect_args, **kw)
+    bound = db.connect_timeout_s
+
+    @sa.event.listens_for(engine, "do_connect")
+    def _bounded_connect(dialect: Any, _rec: Any, cargs: Any, cparams: Any) -> Any:
+        return bounded_connect(lambda: dialect.connect(*cargs, **cparams), bound)
+
+    return engine
+
+
+def bounded_connect(connect: Callable[[], Any], timeout_s: float) -> Any:
+    """Give up on a connection attempt after `timeout_s`, which may be below libpq's 2 s minimum.
+
+    A database that hangs (host gone, SYN or startup packet unanswered) must turn into a fast 503, not a request
+    stuck for libpq's timeout. The attempt keeps running in its thread; if it succeeds late, the connection is
+    closed rather than leaked.
+    """
+    import psycopg
+
+    done = threading.Event()
+    outcome: dict[str, Any] = {}
+    abandoned = threading.Event()
+
+    def attempt() -> None:
+        try:
+            outcome["conn"] = connect()
+        except BaseException as exc:  # handed to the caller below
+            outcome["error"] = exc
+        done.set()
+        if abandoned.is_set() and "conn" in outcome:
+            outcome["conn"].close()
+
+    threading.Thread(target=attempt, name="db-connect", daemon=True).start()
+    if not done.wait(timeout_s):
+        abandoned.set()
+        if done.is_set() and "conn" in outcome:  # finished in the gap: keep it after all
+            return outcome["conn"]
+        raise psycopg.OperationalError(f"connection timeout expired after {timeout_s:g}s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["conn"]
 
 
 def _sqlite_engine(url: sa.URL, settings: Settings, **kw: Any) -> Engine:

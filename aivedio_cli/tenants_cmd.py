@@ -1,0 +1,91 @@
+"""`aivedio tenants ...` and `aivedio keys ...`: who may call the API, and with how many credits."""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal, InvalidOperation
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from aivedio_cli._render import ExitCode, emit_json, fail, out
+from aivedio_cli._services import service_context
+
+tenants_app = typer.Typer(help="Tenants: create and list.", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys: create (shown once) and revoke.", no_args_is_help=True)
+
+
+def _uuid(value: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        fail(f"not a {what} id: {value!r}", ExitCode.USAGE)
+
+
+@tenants_app.command("create")
+def create_tenant(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Unique tenant name."),
+    credits: Optional[str] = typer.Option(None, "--credits", help="Initial credits (default: limits.tenant_default_credits)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Create a tenant with an initial credit grant (booked as a ledger ADJUSTMENT)."""
+    amount = None
+    if credits is not None:
+        try:
+            amount = Decimal(credits)
+        except InvalidOperation:
+            fail(f"--credits must be a number, got {credits!r}", ExitCode.USAGE)
+    with service_context(ctx) as app:
+        tenant = app.tenants.create(name, amount)
+    if as_json:
+        emit_json({"tenant_id": str(tenant.id), "name": tenant.name, "credit_balance": str(tenant.credit_balance)})
+    else:
+        out().print(f"created tenant [bold]{tenant.name}[/] {tenant.id} with {tenant.credit_balance} credits")
+
+
+@tenants_app.command("list")
+def list_tenants(ctx: typer.Context, as_json: bool = typer.Option(False, "--json")) -> None:
+    """List tenants with their balance and live key count."""
+    with service_context(ctx) as app:
+        rows = app.tenants.list()
+    if as_json:
+        emit_json([{"tenant_id": str(t.id), "name": t.name, "status": t.status,
+                    "credit_balance": str(t.credit_balance), "active_keys": t.active_keys} for t in rows])
+        return
+    table = Table("tenant_id", "name", "status", "credits", "keys")
+    for t in rows:
+        table.add_row(str(t.id), t.name, t.status, str(t.credit_balance), str(t.active_keys))
+    out().print(table)
+
+
+@keys_app.command("create")
+def create_key(
+    ctx: typer.Context,
+    tenant: str = typer.Option(..., "--tenant", help="Tenant id."),
+    name: Optional[str] = typer.Option(None, "--name", help="A label for the key."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Create an API key. It is printed once; only its hash is stored."""
+    with service_context(ctx) as app:
+        key_id, key = app.tenants.create_key(_uuid(tenant, "tenant"), name)
+    if as_json:
+        emit_json({"api_key": key, "key_id": str(key_id), "tenant_id": tenant})
+    else:
+        out().print(f"key id {key_id}\napi key (shown once): {key}", highlight=False)
+
+
+@keys_app.command("revoke")
+def revoke_key(
+    ctx: typer.Context,
+    key_id: str = typer.Argument(..., help="Key id (from `keys create`)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Revoke a key: requests with it get 401 from now on."""
+    with service_context(ctx) as app:
+        changed = app.tenants.revoke_key(_uuid(key_id, "key"))
+    if as_json:
+        emit_json({"key_id": key_id, "revoked": True, "changed": changed})
+    else:
+        out().print(f"revoked {key_id}" if changed else f"{key_id} was already revoked")

@@ -1,0 +1,1 @@
+"""The HTTP front end: FastAPI app factory, problem+json errors, authentication, routes."""

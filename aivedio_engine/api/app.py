@@ -1,0 +1,128 @@
+"""The FastAPI app factory and the `api` process role.
+
+The app holds an AppContext and nothing else; route modules parse, call one service, and render.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from aivedio_engine import __version__
+from aivedio_engine.api import problems
+from aivedio_engine.api.routes import generations, health
+from aivedio_engine.bootstrap import AppContext
+
+#: paths whose bodies are streamed uploads, capped by the upload's own declared size instead
+STREAMED_PREFIXES = ("/v1/uploads/",)
+
+
+def create_app(ctx: AppContext) -> FastAPI:
+    app = FastAPI(
+        title="aivedio",
+        version=__version__,
+        description="Orchestration engine for AI video generation.",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.ctx = ctx
+    problems.install(app)
+    app.include_router(health.router)
+    app.include_router(generations.router)
+    for router in _optional_routers():
+        app.include_router(router)
+    app.add_middleware(BodyLimit, max_bytes=ctx.settings.api.max_body_bytes)
+    app.add_middleware(RequestId)
+    return app
+
+
+def _optional_routers() -> list:  # type: ignore[type-arg]
+    from aivedio_engine.api.routes import assets
+
+    return [assets.router, *getattr(assets, "extra_routers", [])]
+
+
+class RequestId:
+    """Every response carries X-Request-Id: the caller's (if sane) or a new one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if 0 < len(given) <= 128 and given.isprintable() else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", []).append((b"x-request-id", request_id.encode()))
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class BodyLimit:
+    """Refuse bodies over the cap with 413 — by Content-Length up front, and while streaming for chunked ones."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith(STREAMED_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            await _send_413(scope, send)
+            return
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _TooLarge:
+            await _send_413(scope, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _send_413(scope: Scope, send: Send) -> None:
+    body = (b'{"type":"' + problems.TYPE_BASE.encode() + b'payload-too-large","title":"Payload too large",'
+            b'"status":413}')
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", problems.MEDIA_TYPE.encode()),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def serve_api(ctx: AppContext, host: str, port: int, stop: threading.Event | None = None) -> None:
+    """Run the API with uvicorn until `stop` is set (or SIGINT/SIGTERM when run in the main thread)."""
+    import uvicorn
+
+    config = uvicorn.Config(create_app(ctx), host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    if stop is not None:
+        def _watch() -> None:
+            stop.wait()
+            server.should_exit = True
+
+        threading.Thread(target=_watch, name="api-stop", daemon=True).start()
+    server.run()

@@ -1,0 +1,115 @@
+"""/v1/generations: create (idempotent), read, list, cancel."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from aivedio_engine.api.deps import Auth, Ctx
+from aivedio_engine.services.generations import TaskView
+
+router = APIRouter(prefix="/v1/generations", tags=["generations"])
+
+
+class GenerationRequest(BaseModel):
+    """What a client may ask for; `GET /v1/models` lists valid models, resolutions and durations."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=4000)
+    model: str = Field(min_length=1, max_length=64)
+    provider: str | None = Field(default=None, max_length=64)
+    asset_ids: list[uuid.UUID] | None = Field(default=None, max_length=8)
+    duration_s: int | None = None
+    aspect_ratio: str | None = None
+    resolution: str | None = None
+    seed: int | None = None
+    priority: int | None = None
+    deadline_s: int | None = None
+
+
+class Generation(BaseModel):
+    id: uuid.UUID
+    status: str
+    version: int
+    progress: int
+    model: str
+    provider: str | None
+    priority: int
+    estimated_cost: str
+    actual_cost: str | None
+    cancel_outcome: str | None
+    error_class: str | None
+    parked_reason: str | None
+    params: dict[str, Any]
+    deadline_at: str | None
+    created_at: str
+    updated_at: str
+    finished_at: str | None
+    links: dict[str, str]
+
+
+class GenerationPage(BaseModel):
+    data: list[Generation]
+    next_cursor: str | None
+
+
+def render(task: TaskView) -> Generation:
+    base = f"/v1/generations/{task.id}"
+    return Generation(
+        id=task.id, status=task.status, version=task.version, progress=task.progress, model=task.model,
+        provider=task.provider, priority=task.priority, estimated_cost=str(task.estimated_cost),
+        actual_cost=None if task.actual_cost is None else str(task.actual_cost), cancel_outcome=task.cancel_outcome,
+        error_class=task.last_error_class, parked_reason=task.parked_reason, params=task.params,
+        deadline_at=_iso(task.deadline_at), created_at=_iso(task.created_at) or "",
+        updated_at=_iso(task.updated_at) or "", finished_at=_iso(task.finished_at),
+        links={"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel"},
+    )
+
+
+def _iso(value: Any) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+@router.post("", status_code=202, response_model=Generation)
+def create_generation(
+    request: Request,
+    response: Response,
+    ctx: Ctx,
+    principal: Auth,
+    body: Annotated[GenerationRequest, Body()],
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> Generation:
+    """Create a generation. The same Idempotency-Key with the same request returns the original task."""
+    raw = body.model_dump(exclude_none=True, mode="json")
+    created = ctx.generations.create(principal.tenant_id, idempotency_key, raw,
+                                     trace_id=getattr(request.state, "request_id", None))
+    if created.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    response.headers["Location"] = f"/v1/generations/{created.task.id}"
+    return render(created.task)
+
+
+@router.get("/{task_id}", response_model=Generation)
+def get_generation(task_id: uuid.UUID, ctx: Ctx, principal: Auth) -> Generation:
+    return render(ctx.generations.get(principal.tenant_id, task_id))
+
+
+@router.get("", response_model=GenerationPage)
+def list_generations(
+    ctx: Ctx,
+    principal: Auth,
+    status: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: uuid.UUID | None = None,
+) -> GenerationPage:
+    page, nxt = ctx.generations.list(principal.tenant_id, status=status, limit=limit, cursor=cursor)
+    return GenerationPage(data=[render(t) for t in page], next_cursor=None if nxt is None else str(nxt))
+
+
+@router.post("/{task_id}/cancel", status_code=202, response_model=Generation)
+def cancel_generation(task_id: uuid.UUID, ctx: Ctx, principal: Auth) -> Generation:
+    return render(ctx.generations.cancel(principal.tenant_id, task_id))

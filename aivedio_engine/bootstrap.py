@@ -1,0 +1,81 @@
+"""The one composition root: turns Settings into the components a process needs.
+
+Everything is built lazily and once per context, so a CLI command that only reads the database never
+constructs a broker, an object store or an HTTP app. Front ends (API, CLI, TUI, worker actors) receive an
+`AppContext` and call its services; nothing else wires components together.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from aivedio_engine.clock import Clock, SystemClock
+from aivedio_engine.config import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from aivedio_engine.domain.requests import Catalog
+    from aivedio_engine.services.assets import AssetService
+    from aivedio_engine.services.generations import GenerationService
+    from aivedio_engine.services.tenants import TenantService
+    from aivedio_engine.storage.base import ObjectStore
+
+
+@dataclass
+class AppContext:
+    settings: Settings
+    clock: Clock = field(default_factory=SystemClock)
+    #: set after a commit that wrote outbox rows (embedded mode); relays wait on it.
+    outbox_wakeup: threading.Event = field(default_factory=threading.Event)
+
+    @cached_property
+    def engine(self) -> Engine:
+        from aivedio_engine.db import outbox
+        from aivedio_engine.db.engine import make_engine
+
+        engine = make_engine(self.settings)
+        if not self.settings.is_postgres:
+            outbox.install_commit_wakeup(engine, self.outbox_wakeup)
+        return engine
+
+    @cached_property
+    def catalog(self) -> Catalog:
+        from aivedio_engine.services.catalog import build_catalog
+
+        return build_catalog(self.settings)
+
+    @cached_property
+    def tenants(self) -> TenantService:
+        from aivedio_engine.services.tenants import TenantService
+
+        return TenantService(self.engine, self.clock, self.settings)
+
+    @cached_property
+    def generations(self) -> GenerationService:
+        from aivedio_engine.services.generations import GenerationService
+
+        return GenerationService(self.engine, self.clock, self.catalog, self.settings)
+
+    @cached_property
+    def assets(self) -> AssetService:
+        from aivedio_engine.services.assets import AssetService
+
+        return AssetService(self.engine, self.clock, self.settings, self.storage)
+
+    @cached_property
+    def storage(self) -> ObjectStore:
+        from aivedio_engine.storage import build_store
+
+        return build_store(self.settings)
+
+    def close(self) -> None:
+        if "engine" in self.__dict__:
+            self.engine.dispose()
+
+
+def build_context(settings: Settings, clock: Clock | None = None) -> AppContext:
+    return AppContext(settings=settings, clock=clock or SystemClock())

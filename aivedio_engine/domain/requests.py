@@ -1,0 +1,157 @@
+"""Generation requests, pure: validation against the model catalog, normalization, hashing, cost estimate.
+
+The request hash is taken over the *normalized* parameters — defaults filled in, keys sorted, the prompt in
+Unicode NFC — so the same request sent with keys in another order, or with defaults spelled out, is the same
+request for idempotency (seed 000 §4.6.1: request_hash excludes trace ids and field order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+ASPECT_RATIOS = ("16:9", "9:16", "1:1", "4:3", "3:4", "21:9")
+MAX_PROMPT_CHARS = 4000
+MAX_ASSETS = 8
+PRIORITY_RANGE = (0, 100)
+
+
+class InvalidRequest(ValueError):
+    """A parameter is unknown or out of range; `field` names it for the 422 problem."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    provider: str
+    model: str
+    max_duration_s: int
+    resolutions: tuple[str, ...]
+    price_per_second: Mapping[str, Decimal]
+    default_duration_s: int = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    models: tuple[ModelSpec, ...]
+    default_provider: str
+    default_deadline_s: int
+    max_deadline_s: int = 7 * 24 * 3600
+
+    def find(self, model: str, provider: str | None) -> ModelSpec:
+        matches = [m for m in self.models if m.model == model and (provider is None or m.provider == provider)]
+        if not matches:
+            if provider is not None and any(m.model == model for m in self.models):
+                raise InvalidRequest("provider", f"provider {provider!r} does not offer model {model!r}")
+            raise InvalidRequest("model", f"unknown model {model!r}")
+        preferred = [m for m in matches if m.provider == self.default_provider]
+        return (preferred or matches)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    prompt: str
+    model: str
+    provider: str
+    duration_s: int
+    aspect_ratio: str
+    resolution: str
+    priority: int
+    deadline_s: int
+    seed: int | None = None
+    asset_ids: tuple[str, ...] = field(default=())
+
+    def canonical(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["asset_ids"] = list(self.asset_ids)
+        return data
+
+
+_FIELDS = {"prompt", "model", "provider", "asset_ids", "duration_s", "aspect_ratio", "resolution", "seed",
+           "priority", "deadline_s"}
+
+
+def normalize(raw: Mapping[str, Any], catalog: Catalog) -> GenerationParams:
+    unknown = set(raw) - _FIELDS
+    if unknown:
+        raise InvalidRequest(sorted(unknown)[0], "unknown field")
+    prompt = raw.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidRequest("prompt", "a non-empty string is required")
+    prompt = unicodedata.normalize("NFC", prompt.strip())
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise InvalidRequest("prompt", f"at most {MAX_PROMPT_CHARS} characters")
+    model = raw.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model", "a model name is required")
+    provider = raw.get("provider")
+    if provider is not None and not isinstance(provider, str):
+        raise InvalidRequest("provider", "must be a string")
+    spec = catalog.find(model, provider)
+
+    duration = _int(raw, "duration_s", spec.default_duration_s, 1, spec.max_duration_s)
+    resolution = raw.get("resolution", spec.resolutions[0])
+    if resolution not in spec.resolutions:
+        raise InvalidRequest("resolution", f"must be one of {', '.join(spec.resolutions)}")
+    aspect = raw.get("aspect_ratio", ASPECT_RATIOS[0])
+    if aspect not in ASPECT_RATIOS:
+        raise InvalidRequest("aspect_ratio", f"must be one of {', '.join(ASPECT_RATIOS)}")
+    seed = raw.get("seed")
+    if seed is not None:
+        seed = _int(raw, "seed", 0, 0, 2**31 - 1)
+    return GenerationParams(
+        prompt=prompt,
+        model=spec.model,
+        provider=spec.provider,
+        duration_s=duration,
+        aspect_ratio=aspect,
+        resolution=resolution,
+        priority=_int(raw, "priority", 0, *PRIORITY_RANGE),
+        deadline_s=_int(raw, "deadline_s", catalog.default_deadline_s, 10, catalog.max_deadline_s),
+        seed=seed,
+        asset_ids=_asset_ids(raw.get("asset_ids")),
+    )
+
+
+def _int(raw: Mapping[str, Any], name: str, default: int, lo: int, hi: int) -> int:
+    value = raw.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        raise InvalidRequest(name, "must be an integer")
+    if not lo <= value <= hi:
+        raise InvalidRequest(name, f"must be between {lo} and {hi}")
+    return int(value)
+
+
+def _asset_ids(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_ASSETS:
+        raise InvalidRequest("asset_ids", f"a list of at most {MAX_ASSETS} asset ids")
+    out: list[str] = []
+    for item in value:
+        try:
+            canonical = str(uuid.UUID(str(item)))
+        except ValueError:
+            raise InvalidRequest("asset_ids", f"not an asset id: {str(item)[:64]!r}") from None
+        if canonical not in out:  # order matters (first image leads), repeats do not
+            out.append(canonical)
+    return tuple(out)
+
+
+def request_hash(params: GenerationParams) -> bytes:
+    canonical = json.dumps(params.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).digest()
+
+
+def estimate_cost(params: GenerationParams, spec: ModelSpec) -> Decimal:
+    price = spec.price_per_second[params.resolution]
+    return (price * params.duration_s).quantize(Decimal("0.00000001"), rounding=ROUND_HALF_UP)

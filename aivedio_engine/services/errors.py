@@ -1,0 +1,69 @@
+"""Errors a service raises; each front end maps them once (HTTP problem types, CLI exit codes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServiceError(Exception):
+    #: stable slug: the end of the problem `type` URI and the CLI's error kind
+    code = "error"
+
+    def __init__(self, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+
+class NotFound(ServiceError):
+    code = "not-found"
+
+
+class InvalidInput(ServiceError):
+    code = "invalid-request"
+
+
+class BadRequest(ServiceError):
+    """The request is malformed at the protocol level (HTTP 400), not a bad parameter value (422)."""
+
+    code = "bad-request"
+
+
+class MissingIdempotencyKey(BadRequest):
+    code = "idempotency-key-missing"
+
+
+class Conflict(ServiceError):
+    code = "conflict"
+
+
+class IdempotencyKeyReused(Conflict):
+    code = "idempotency-key-reused"
+
+
+class IdempotencyKeyInFlight(Conflict):
+    code = "idempotency-key-in-flight"
+
+
+class InsufficientCredits(ServiceError):
+    code = "insufficient-credits"
+
+
+class IllegalState(Conflict):
+    code = "illegal-state"
+
+
+class Unavailable(ServiceError):
+    code = "service-unavailable"
+
+
+class Forbidden(ServiceError):
+    """A signed URL's signature is wrong or expired (the signature is the credential). Not in the API's status
+    table: routes that can raise it map it to 403 themselves."""
+
+    code = "forbidden"
+
+
+class PayloadTooLarge(ServiceError):
+    """A streamed body is larger than what was declared; routes map it to 413."""
+
+    code = "payload-too-large"

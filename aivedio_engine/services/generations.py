@@ -1,0 +1,263 @@
+"""Generation tasks: idempotent creation with credit reservation, reads, and cancellation.
+
+Creation is ONE transaction (seed 000 §4.9.2 "事务 1"): RESERVE ledger row + task + its state events + the
+`generation.queued` outbox row commit together or not at all. Idempotency is per tenant and key: the same key
+with the same normalized request returns the original task; with another request it is a 409. On PostgreSQL
+a transaction-scoped advisory lock on (tenant, key) makes concurrent duplicates wait for the first and then
+replay it; a duplicate that cannot get the lock in time is told the first is still in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from aivedio_engine.clock import Clock, new_id
+from aivedio_engine.config import Settings
+from aivedio_engine.db import ledger, outbox, tasks
+from aivedio_engine.db.session import write_tx
+from aivedio_engine.db.tables import assets, generation_tasks
+from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.requests import Catalog, InvalidRequest, estimate_cost, normalize, request_hash
+from aivedio_engine.domain.status import AssetKind, AssetStatus, EventSource, LedgerEntryType, StateEventOutcome, TaskStatus
+from aivedio_engine.domain.transitions import Decision, Effect, Rejection, RejectionKind, TaskEvent, TaskSnapshot, decide
+from aivedio_engine.services.errors import (
+    BadRequest,
+    IdempotencyKeyInFlight,
+    IdempotencyKeyReused,
+    IllegalState,
+    InsufficientCredits,
+    InvalidInput,
+    MissingIdempotencyKey,
+    NotFound,
+)
+
+MAX_IDEMPOTENCY_KEY = 255
+IN_FLIGHT_WAIT_MS = 1500
+_t = generation_tasks.c
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    status: str
+    version: int
+    progress: int
+    model: str
+    provider: str | None
+    priority: int
+    estimated_cost: Decimal
+    reserved_amount: Decimal
+    actual_cost: Decimal | None
+    params: dict[str, Any]
+    cancel_outcome: str | None
+    last_error_class: str | None
+    parked_reason: str | None
+    deadline_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, row: Any) -> TaskView:
+        return cls(
+            id=row.id, tenant_id=row.tenant_id, status=row.status, version=int(row.version),
+            progress=int(row.progress), model=row.requested_model, provider=row.selected_provider,
+            priority=row.priority, estimated_cost=row.estimated_cost, reserved_amount=row.reserved_amount,
+            actual_cost=row.actual_cost, params=row.params, cancel_outcome=row.cancel_outcome,
+            last_error_class=row.last_error_class, parked_reason=row.parked_reason, deadline_at=row.deadline_at,
+            created_at=row.created_at, updated_at=row.updated_at, finished_at=row.finished_at,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    task: TaskView
+    replayed: bool
+
+
+class GenerationService:
+    def __init__(self, engine: Engine, clock: Clock, catalog: Catalog, settings: Settings) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._catalog = catalog
+        self._settings = settings
+
+    # ------------------------------------------------------------------------------------------- create
+    def create(self, tenant_id: uuid.UUID, idempotency_key: str | None, body: dict[str, Any],
+               trace_id: str | None = None) -> Created:
+        key = _check_key(idempotency_key)
+        try:
+            params = normalize(body, self._catalog)
+        except InvalidRequest as exc:
+            raise InvalidInput(str(exc), field=exc.field) from None
+        spec = self._catalog.find(params.model, params.provider)
+        cost = estimate_cost(params, spec)
+        digest = request_hash(params)
+        try:
+            with write_tx(self._engine) as conn:
+                self._serialize_key(conn, tenant_id, key)
+                existing = self._by_key(conn, tenant_id, key)
+                if existing is not None:
+                    return _replay(existing, digest)
+                self._check_assets(conn, tenant_id, params.asset_ids)
+                task = self._insert(conn, tenant_id, key, params.canonical(), digest, cost, trace_id)
+                return Created(TaskView.of(task), replayed=False)
+        except IntegrityError as exc:
+            if "client_idempotency_key" not in str(exc.orig):
+                raise
+        # a concurrent duplicate committed first (possible without the advisory lock, e.g. SQLite)
+        with self._engine.connect() as conn:
+            return _replay(self._by_key(conn, tenant_id, key), digest)
+
+    def _serialize_key(self, conn: Connection, tenant_id: uuid.UUID, key: str) -> None:
+        if conn.dialect.name != "postgresql":
+            return  # SQLite: BEGIN IMMEDIATE already serializes writers
+        lock_id = int.from_bytes(hashlib.sha256(f"{tenant_id}:{key}".encode()).digest()[:8], "big", signed=True)
+        conn.execute(sa.text(f"SET LOCAL lock_timeout = '{IN_FLIGHT_WAIT_MS}ms'"))
+        try:
+            with conn.begin_nested():
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(lock_id)))
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) == "55P03":  # lock_not_available
+                raise IdempotencyKeyInFlight("a request with this Idempotency-Key is still being processed") from None
+            raise
+        conn.execute(sa.text("SET LOCAL lock_timeout = 0"))
+
+    def _by_key(self, conn: Connection, tenant_id: uuid.UUID, key: str) -> Any:
+        return conn.execute(
+            sa.select(generation_tasks).where(_t.tenant_id == tenant_id, _t.client_idempotency_key == key)
+        ).first()
+
+    def _check_assets(self, conn: Connection, tenant_id: uuid.UUID, asset_ids: tuple[str, ...]) -> None:
+        if not asset_ids:
+            return
+        wanted = [uuid.UUID(a) for a in asset_ids]
+        rows = {r.id: r for r in conn.execute(
+            sa.select(assets.c.id, assets.c.status, assets.c.kind)
+            .where(assets.c.id.in_(wanted), assets.c.tenant_id == tenant_id)
+        )}
+        for asset_id in wanted:
+            row = rows.get(asset_id)
+            if row is None:
+                raise NotFound(f"asset {asset_id} not found")
+            if row.kind not in (AssetKind.INPUT_IMAGE.value, AssetKind.INPUT_VIDEO.value):
+                raise InvalidInput(f"asset {asset_id} is not an input asset", field="asset_ids")
+            if row.status != AssetStatus.READY.value:
+                raise InvalidInput(f"asset {asset_id} is {row.status}, not READY", field="asset_ids")
+
+    def _insert(self, conn: Connection, tenant_id: uuid.UUID, key: str, params: dict[str, Any], digest: bytes,
+                cost: Decimal, trace_id: str | None) -> Any:
+        now = self._clock.now()
+        task_id = new_id()
+        deadline = now + timedelta(seconds=params["deadline_s"])
+        try:
+            ledger.require_balance(conn, tenant_id, cost)
+        except ledger.InsufficientBalance as exc:
+            raise InsufficientCredits(
+                f"this request needs {cost} credits; the balance is {exc.balance}",
+                balance=str(exc.balance), needed=str(cost),
+            ) from None
+        conn.execute(generation_tasks.insert().values(
+            id=task_id, tenant_id=tenant_id, client_idempotency_key=key, request_hash=digest,
+            status=TaskStatus.CREATED.value, version=0, progress=0, requested_model=params["model"],
+            selected_provider=params["provider"], priority=params["priority"], estimated_cost=cost,
+            reserved_amount=cost, prompt=params["prompt"], params=params, deadline_at=deadline,
+            trace_id=trace_id, created_at=now, updated_at=now,
+        ))
+        tasks.record_event(conn, task_id=task_id, source=EventSource.API, source_event_id=f"{task_id}:0",
+                           event_type="created", from_status=None, to_status=TaskStatus.CREATED.value,
+                           task_version=0, outcome=StateEventOutcome.APPLIED, now=now)
+        ledger.post(conn, tenant_id=tenant_id, entry_type=LedgerEntryType.RESERVE, amount=-cost,
+                    business_key=f"reserve:{task_id}", now=now, created_by="api", task_id=task_id)
+        snap = TaskSnapshot(TaskStatus.CREATED, 0, 0, deadline)
+        # validation (request and assets) and the reservation happened above, inside this transaction
+        for event in (TaskEvent.VALIDATION_STARTED, TaskEvent.VALIDATION_PASSED, TaskEvent.QUEUED):
+            decision = decide(snap, event, now)
+            assert isinstance(decision, Decision), decision
+            tasks.apply(conn, task_id, decision, source=EventSource.API,
+                        source_event_id=f"{task_id}:{decision.version}", now=now)
+            if Effect.PUBLISH_QUEUED in decision.effects:
+                outbox.add(conn, EventType.GENERATION_QUEUED, aggregate_type="task", aggregate_id=task_id,
+                           aggregate_version=decision.version, tenant_id=tenant_id, trace_id=trace_id, now=now,
+                           payload={"task_id": str(task_id), "requested_model": params["model"],
+                                    "priority": params["priority"], "deadline_at": deadline.isoformat()})
+            snap = TaskSnapshot(decision.to_status, decision.version, decision.progress, deadline)
+        return tasks.read(conn, task_id)
+
+    # --------------------------------------------------------------------------------------------- read
+    def get(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> TaskView:
+        with self._engine.connect() as conn:
+            row = tasks.read(conn, task_id, tenant_id)
+        if row is None:
+            raise NotFound(f"generation {task_id} not found")
+        return TaskView.of(row)
+
+    def list(self, tenant_id: uuid.UUID, status: str | None = None, limit: int = 50,
+             cursor: uuid.UUID | None = None) -> tuple[list[TaskView], uuid.UUID | None]:
+        """Newest first, keyset-paginated on the time-ordered id; returns (page, next cursor or None)."""
+        stmt = sa.select(generation_tasks).where(_t.tenant_id == tenant_id)
+        if status is not None:
+            try:
+                stmt = stmt.where(_t.status == TaskStatus(status).value)
+            except ValueError:
+                raise InvalidInput(f"unknown status {status!r}", field="status") from None
+        if cursor is not None:
+            stmt = stmt.where(_t.id < cursor)
+        stmt = stmt.order_by(_t.id.desc()).limit(limit + 1)
+        with self._engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        page = [TaskView.of(r) for r in rows[:limit]]
+        return page, (page[-1].id if len(rows) > limit else None)
+
+    # ------------------------------------------------------------------------------------------- cancel
+    def cancel(self, tenant_id: uuid.UUID, task_id: uuid.UUID, requested_by: str = "api") -> TaskView:
+        """Cancel per seed §4.5.3. Repeating a cancel is harmless; canceling a finished task is a 409."""
+        with write_tx(self._engine) as conn:
+            row = tasks.read(conn, task_id, tenant_id, lock=True)
+            if row is None:
+                raise NotFound(f"generation {task_id} not found")
+            now = self._clock.now()
+            result = decide(tasks.snapshot(row), TaskEvent.CANCEL_REQUESTED, now)
+            if isinstance(result, Rejection):
+                if row.status in (TaskStatus.CANCELED.value, TaskStatus.CANCEL_REQUESTED.value):
+                    return TaskView.of(row)
+                reason = "finished" if result.kind is RejectionKind.TERMINAL else "past the point of cancellation"
+                raise IllegalState(f"generation is {row.status}: {reason}", current_status=row.status)
+            extra: dict[str, Any] = {"cancel_requested_at": now}
+            if Effect.REQUEST_PROVIDER_CANCEL in result.effects or Effect.SCHEDULE_RECONCILE in result.effects:
+                extra["next_action_at"] = now  # the provider cancel is driven from the task row
+            tasks.apply(conn, task_id, result, source=EventSource.API, source_event_id=f"{task_id}:{result.version}",
+                        now=now, extra=extra, payload={"requested_by": requested_by})
+            self._close_reservation(conn, row, result, now, reason="canceled")
+            return TaskView.of(tasks.read(conn, task_id))
+
+    def _close_reservation(self, conn: Connection, row: Any, decision: Decision, now: datetime, reason: str) -> None:
+        if Effect.RELEASE_CREDITS in decision.effects and row.reserved_amount:
+            ledger.post(conn, tenant_id=row.tenant_id, task_id=row.id, entry_type=LedgerEntryType.RELEASE,
+                        amount=row.reserved_amount, business_key=f"release:{row.id}:{reason}", now=now,
+                        created_by="api", reason=reason)
+            conn.execute(generation_tasks.update().where(_t.id == row.id).values(reserved_amount=0))
+
+
+def _check_key(key: str | None) -> str:
+    if key is None or not key.strip():
+        raise MissingIdempotencyKey("the Idempotency-Key header is required")
+    if len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable():
+        raise BadRequest(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} printable characters")
+    return key
+
+
+def _replay(row: Any, digest: bytes) -> Created:
+    if bytes(row.request_hash) != digest:
+        raise IdempotencyKeyReused("this Idempotency-Key was used with a different request")
+    return Created(TaskView.of(row), replayed=True)

@@ -1,0 +1,120 @@
+"""Tenants and their API keys. Keys are shown once; only their SHA-256 is stored."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+
+import sqlalchemy as sa
+from sqlalchemy import Engine
+
+from aivedio_engine.clock import Clock, new_id
+from aivedio_engine.config import Settings
+from aivedio_engine.db import ledger
+from aivedio_engine.db.session import write_tx
+from aivedio_engine.db.tables import api_keys, tenants
+from aivedio_engine.domain.status import LedgerEntryType, TenantStatus
+from aivedio_engine.services.errors import Conflict, InvalidInput, NotFound
+
+KEY_PREFIX = "avk_"
+
+
+@dataclass(frozen=True, slots=True)
+class TenantView:
+    id: uuid.UUID
+    name: str
+    status: str
+    credit_balance: Decimal
+    active_keys: int
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: every query made on its behalf is scoped by `tenant_id`."""
+
+    tenant_id: uuid.UUID
+    key_id: uuid.UUID
+
+
+def hash_key(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+class TenantService:
+    def __init__(self, engine: Engine, clock: Clock, settings: Settings) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._settings = settings
+
+    def create(self, name: str, credits: Decimal | None = None, max_concurrency: int | None = None) -> TenantView:
+        name = name.strip()
+        if not name or len(name) > 128:
+            raise InvalidInput("tenant name must be 1-128 characters")
+        amount = self._settings.limits.tenant_default_credits if credits is None else credits
+        if amount < 0:
+            raise InvalidInput("credits must be >= 0")
+        now = self._clock.now()
+        tenant_id = new_id()
+        with write_tx(self._engine) as conn:
+            if conn.execute(sa.select(tenants.c.id).where(tenants.c.name == name)).first():
+                raise Conflict(f"a tenant named {name!r} already exists")
+            conn.execute(tenants.insert().values(
+                id=tenant_id, name=name, status=TenantStatus.ACTIVE.value, credit_balance=0,
+                max_concurrency=max_concurrency, created_at=now, updated_at=now,
+            ))
+            if amount:
+                ledger.post(conn, tenant_id=tenant_id, entry_type=LedgerEntryType.ADJUSTMENT, amount=amount,
+                            business_key=f"adjustment:tenant:{tenant_id}:initial", now=now,
+                            created_by="cli", reason="initial credits")
+        return TenantView(tenant_id, name, TenantStatus.ACTIVE.value, amount, 0)
+
+    def list(self) -> list[TenantView]:
+        live_keys = (
+            sa.select(sa.func.count()).where(api_keys.c.tenant_id == tenants.c.id, api_keys.c.revoked_at.is_(None))
+            .scalar_subquery()
+        )
+        stmt = sa.select(tenants.c.id, tenants.c.name, tenants.c.status, tenants.c.credit_balance, live_keys) \
+            .order_by(tenants.c.created_at)
+        with self._engine.connect() as conn:
+            return [TenantView(*row) for row in conn.execute(stmt)]
+
+    def create_key(self, tenant_id: uuid.UUID, name: str | None = None) -> tuple[uuid.UUID, str]:
+        """Returns (key id, the key itself). The key is not stored and cannot be shown again."""
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        key_id = new_id()
+        with write_tx(self._engine) as conn:
+            if not conn.execute(sa.select(tenants.c.id).where(tenants.c.id == tenant_id)).first():
+                raise NotFound(f"tenant {tenant_id} not found")
+            conn.execute(api_keys.insert().values(
+                id=key_id, tenant_id=tenant_id, key_hash=hash_key(key), prefix=key[:12], name=name,
+                created_at=self._clock.now(),
+            ))
+        return key_id, key
+
+    def revoke_key(self, key_id: uuid.UUID) -> bool:
+        """Revoke a key by id; False when it was already revoked."""
+        with write_tx(self._engine) as conn:
+            row = conn.execute(sa.select(api_keys.c.revoked_at).where(api_keys.c.id == key_id)).first()
+            if row is None:
+                raise NotFound(f"api key {key_id} not found")
+            if row.revoked_at is not None:
+                return False
+            conn.execute(api_keys.update().where(api_keys.c.id == key_id).values(revoked_at=self._clock.now()))
+        return True
+
+    def authenticate(self, key: str) -> Principal | None:
+        """The tenant behind a live key of an active tenant, or None."""
+        if not key.startswith(KEY_PREFIX) or len(key) > 128:
+            return None
+        stmt = (
+            sa.select(api_keys.c.id, api_keys.c.tenant_id)
+            .join(tenants, tenants.c.id == api_keys.c.tenant_id)
+            .where(api_keys.c.key_hash == hash_key(key), api_keys.c.revoked_at.is_(None),
+                   tenants.c.status == TenantStatus.ACTIVE.value)
+        )
+        with self._engine.connect() as conn:
+            row = conn.execute(stmt).first()
+        return Principal(tenant_id=row.tenant_id, key_id=row.id) if row else None

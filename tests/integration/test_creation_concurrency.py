@@ -1,0 +1,145 @@
+"""Creation under concurrency on real PostgreSQL: one task per key, no overspending, in-flight keys, DB down."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from aivedio_engine.bootstrap import AppContext
+from aivedio_engine.db.tables import credit_ledger, generation_tasks, tenants
+from aivedio_engine.services.errors import InsufficientCredits
+from tests.support.app import make_context, running_api, tenant_with_key
+
+BODY = {"prompt": "a lighthouse at dusk", "model": "local-v1", "duration_s": 2}  # 1 credit at 360p
+
+
+@pytest.fixture
+def ctx(pg_url: str, tmp_path: Path) -> Iterator[AppContext]:
+    context = make_context(tmp_path / "data", pg_url, database={"url": pg_url, "pool_size": 20})
+    yield context
+    context.close()
+
+
+def test_50_concurrent_identical_posts_make_one_task_and_one_reservation(ctx: AppContext) -> None:
+    who = tenant_with_key(ctx, "alice", credits=100)
+    headers = {**who.headers, "Idempotency-Key": "storm-1"}
+    barrier = threading.Barrier(50)
+
+    def one(_: int) -> httpx.Response:
+        with httpx.Client(timeout=30) as client:
+            barrier.wait()
+            return client.post(base + "/v1/generations", json=BODY, headers=headers)
+
+    with running_api(ctx) as base, ThreadPoolExecutor(50) as pool:
+        responses = list(pool.map(one, range(50)))
+    assert {r.status_code for r in responses} == {202}, {r.status_code: r.text for r in responses}
+    assert len({r.json()["id"] for r in responses}) == 1
+    assert sum(r.headers.get("idempotent-replayed") == "true" for r in responses) == 49
+    with ctx.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(generation_tasks)).scalar_one() == 1
+        assert conn.execute(sa.select(sa.func.count()).select_from(credit_ledger)
+                            .where(credit_ledger.c.entry_type == "RESERVE")).scalar_one() == 1
+
+
+def test_8_threads_reserving_against_a_balance_for_10_tasks(ctx: AppContext) -> None:
+    who = tenant_with_key(ctx, "tight", credits=10)  # exactly 10 tasks of 1 credit
+    outcomes: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+    low_water = [Decimal(10)]
+
+    def worker(n: int) -> None:
+        barrier.wait()
+        for i in range(5):
+            try:
+                ctx.generations.create(who.tenant_id, f"t{n}-{i}", dict(BODY))
+                result = "ok"
+            except InsufficientCredits:
+                result = "402"
+            with ctx.engine.connect() as conn:
+                bal = conn.execute(sa.select(tenants.c.credit_balance)
+                                   .where(tenants.c.id == who.tenant_id)).scalar_one()
+            with lock:
+                outcomes.append(result)
+                low_water[0] = min(low_water[0], bal)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert outcomes.count("ok") == 10 and outcomes.count("402") == 30
+    assert low_water[0] >= 0
+    with ctx.engine.connect() as conn:
+        final = conn.execute(sa.select(tenants.c.credit_balance).where(tenants.c.id == who.tenant_id)).scalar_one()
+        ledger_sum = conn.execute(sa.select(sa.func.sum(credit_ledger.c.amount))
+                                  .where(credit_ledger.c.tenant_id == who.tenant_id)).scalar_one()
+    assert final == 0 and ledger_sum == 0
+
+
+def test_a_key_still_being_created_is_409_in_flight(ctx: AppContext, pg_dsn: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from aivedio_engine.api.app import create_app
+
+    who = tenant_with_key(ctx, "alice", credits=10)
+    lock_id = int.from_bytes(hashlib.sha256(f"{who.tenant_id}:slow".encode()).digest()[:8], "big", signed=True)
+    with psycopg.connect(pg_dsn) as holder:  # plays the first request, mid-transaction
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (lock_id,))
+        r = TestClient(create_app(ctx)).post("/v1/generations", json=BODY,
+                                             headers={**who.headers, "Idempotency-Key": "slow"})
+        holder.rollback()
+    assert r.status_code == 409 and r.json()["type"].endswith("idempotency-key-in-flight")
+
+
+class _Blackhole:
+    """Accepts TCP connections and never answers: a database that hangs instead of refusing."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("failure", ["refused", "hangs"])
+def test_database_down_means_503_within_2s_never_202(tmp_path: Path, failure: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from aivedio_engine.api.app import create_app
+    from aivedio_engine.bootstrap import build_context
+    from aivedio_engine.config import load_settings
+
+    hole = _Blackhole()
+    port = hole.port
+    if failure == "refused":
+        hole.close()
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/nowhere"
+    ctx = build_context(load_settings(None, {"data_dir": str(tmp_path), "database": {"url": url}}))
+    client = TestClient(create_app(ctx))
+    try:
+        started = time.monotonic()
+        r = client.post("/v1/generations", json=BODY,
+                        headers={"Authorization": "Bearer avk_x", "Idempotency-Key": "k"})
+        elapsed = time.monotonic() - started
+        assert r.status_code == 503 and r.json()["type"].endswith("database-unavailable"), r.text
+        assert elapsed < 2.0, elapsed
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+    finally:
+        hole.close()
+        ctx.close()

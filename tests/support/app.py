@@ -1,0 +1,76 @@
+"""App contexts for tests: embedded (SQLite in a tmp dir) and PostgreSQL, with a tenant and a key."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from aivedio_engine.bootstrap import AppContext, build_context
+from aivedio_engine.config import load_settings
+from aivedio_engine.db import migrate
+
+
+def make_context(data_dir: Path, database_url: str | None = None, **overrides: Any) -> AppContext:
+    values: dict[str, Any] = {"data_dir": str(data_dir), **overrides}
+    if database_url:
+        values.setdefault("database", {})["url"] = database_url
+    ctx = build_context(load_settings(None, values))
+    migrate.upgrade(ctx.engine)
+    return ctx
+
+
+@dataclass
+class TenantKey:
+    tenant_id: Any
+    key: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+def tenant_with_key(ctx: AppContext, name: str, credits: str | int = 1000) -> TenantKey:
+    tenant = ctx.tenants.create(name, Decimal(str(credits)))
+    _, key = ctx.tenants.create_key(tenant.id)
+    return TenantKey(tenant.id, key)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_api(ctx: AppContext) -> Iterator[str]:
+    """The real API on a loopback port, in a thread; yields its base URL and stops it afterwards."""
+    import httpx
+    import uvicorn
+
+    from aivedio_engine.api.app import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(ctx), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    ready = threading.Event()
+    for _ in range(200):  # wait on the condition (server answers), bounded to ~10 s
+        try:
+            if httpx.get(base + "/healthz", timeout=0.5).status_code == 200:
+                ready.set()
+                break
+        except httpx.TransportError:
+            ready.wait(0.05)
+    assert ready.is_set(), "API did not start"
+    try:
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(10)
