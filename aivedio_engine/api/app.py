@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aivedio_engine import __version__
 from aivedio_engine.api import problems
-from aivedio_engine.api.routes import generations, health
+from aivedio_engine.api.routes import generations, health, models
 from aivedio_engine.bootstrap import AppContext
 
 #: paths whose bodies are streamed uploads, capped by the upload's own declared size instead
@@ -32,6 +32,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     problems.install(app)
     app.include_router(health.router)
     app.include_router(generations.router)
+    app.include_router(models.router)
     for router in _optional_routers():
         app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=ctx.settings.api.max_body_bytes)

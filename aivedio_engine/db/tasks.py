@@ -39,8 +39,7 @@ def read(conn: Connection, task_id: uuid.UUID, tenant_id: uuid.UUID | None = Non
     return conn.execute(stmt).first()
 
 
-def record_event(
-    conn: Connection,
+def event_row(
     *,
     task_id: uuid.UUID,
     source: EventSource,
@@ -54,13 +53,22 @@ def record_event(
     attempt_id: uuid.UUID | None = None,
     payload: dict[str, Any] | None = None,
     provider_updated_at: datetime | None = None,
-) -> None:
-    conn.execute(task_state_events.insert().values(
+) -> dict[str, Any]:
+    return dict(
         id=new_id(), task_id=task_id, attempt_id=attempt_id, source=source.value, source_event_id=source_event_id,
         event_type=event_type, from_status=from_status, to_status=to_status, task_version=task_version,
         provider_updated_at=provider_updated_at, observed_at=now, payload=payload, outcome=outcome.value,
         created_at=now,
-    ))
+    )
+
+
+def record_event(conn: Connection, **fields: Any) -> None:
+    conn.execute(task_state_events.insert().values(**event_row(**fields)))
+
+
+def record_events(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Several history rows in one statement (one round trip)."""
+    conn.execute(task_state_events.insert(), rows)
 
 
 def apply(

@@ -123,15 +123,15 @@ class GenerationService:
         if conn.dialect.name != "postgresql":
             return  # SQLite: BEGIN IMMEDIATE already serializes writers
         lock_id = int.from_bytes(hashlib.sha256(f"{tenant_id}:{key}".encode()).digest()[:8], "big", signed=True)
-        conn.execute(sa.text(f"SET LOCAL lock_timeout = '{IN_FLIGHT_WAIT_MS}ms'"))
+        # lock_timeout bounds the wait for a concurrent twin; it is reset in the same statement once the lock is held
+        conn.execute(sa.text("SELECT set_config('lock_timeout', :t, true)"), {"t": f"{IN_FLIGHT_WAIT_MS}ms"})
         try:
-            with conn.begin_nested():
-                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(lock_id)))
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id), set_config('lock_timeout', '0', true)"),
+                         {"id": lock_id})
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) == "55P03":  # lock_not_available
                 raise IdempotencyKeyInFlight("a request with this Idempotency-Key is still being processed") from None
             raise
-        conn.execute(sa.text("SET LOCAL lock_timeout = 0"))
 
     def _by_key(self, conn: Connection, tenant_id: uuid.UUID, key: str) -> Any:
         return conn.execute(
@@ -167,32 +167,39 @@ class GenerationService:
                 f"this request needs {cost} credits; the balance is {exc.balance}",
                 balance=str(exc.balance), needed=str(cost),
             ) from None
-        conn.execute(generation_tasks.insert().values(
-            id=task_id, tenant_id=tenant_id, client_idempotency_key=key, request_hash=digest,
-            status=TaskStatus.CREATED.value, version=0, progress=0, requested_model=params["model"],
-            selected_provider=params["provider"], priority=params["priority"], estimated_cost=cost,
-            reserved_amount=cost, prompt=params["prompt"], params=params, deadline_at=deadline,
-            trace_id=trace_id, created_at=now, updated_at=now,
-        ))
-        tasks.record_event(conn, task_id=task_id, source=EventSource.API, source_event_id=f"{task_id}:0",
-                           event_type="created", from_status=None, to_status=TaskStatus.CREATED.value,
-                           task_version=0, outcome=StateEventOutcome.APPLIED, now=now)
-        ledger.post(conn, tenant_id=tenant_id, entry_type=LedgerEntryType.RESERVE, amount=-cost,
-                    business_key=f"reserve:{task_id}", now=now, created_by="api", task_id=task_id)
+        # Validation (request and assets) and the balance check happened above, in this transaction; the
+        # machine still decides each step, and the row is written once at the state the steps lead to.
+        history = [tasks.event_row(task_id=task_id, source=EventSource.API, source_event_id=f"{task_id}:0",
+                                   event_type="created", from_status=None, to_status=TaskStatus.CREATED.value,
+                                   task_version=0, outcome=StateEventOutcome.APPLIED, now=now)]
         snap = TaskSnapshot(TaskStatus.CREATED, 0, 0, deadline)
-        # validation (request and assets) and the reservation happened above, inside this transaction
+        effects: set[Effect] = set()
         for event in (TaskEvent.VALIDATION_STARTED, TaskEvent.VALIDATION_PASSED, TaskEvent.QUEUED):
             decision = decide(snap, event, now)
             assert isinstance(decision, Decision), decision
-            tasks.apply(conn, task_id, decision, source=EventSource.API,
-                        source_event_id=f"{task_id}:{decision.version}", now=now)
-            if Effect.PUBLISH_QUEUED in decision.effects:
-                outbox.add(conn, EventType.GENERATION_QUEUED, aggregate_type="task", aggregate_id=task_id,
-                           aggregate_version=decision.version, tenant_id=tenant_id, trace_id=trace_id, now=now,
-                           payload={"task_id": str(task_id), "requested_model": params["model"],
-                                    "priority": params["priority"], "deadline_at": deadline.isoformat()})
+            history.append(tasks.event_row(
+                task_id=task_id, source=EventSource.API, source_event_id=f"{task_id}:{decision.version}",
+                event_type=event.value, from_status=decision.from_status.value, to_status=decision.to_status.value,
+                task_version=decision.version, outcome=StateEventOutcome.APPLIED, now=now))
+            effects.update(decision.effects)
             snap = TaskSnapshot(decision.to_status, decision.version, decision.progress, deadline)
-        return tasks.read(conn, task_id)
+        row = conn.execute(generation_tasks.insert().values(
+            id=task_id, tenant_id=tenant_id, client_idempotency_key=key, request_hash=digest,
+            status=snap.status.value, version=snap.version, progress=snap.progress, requested_model=params["model"],
+            selected_provider=params["provider"], priority=params["priority"], estimated_cost=cost,
+            reserved_amount=cost, prompt=params["prompt"], params=params, deadline_at=deadline,
+            trace_id=trace_id, created_at=now, updated_at=now,
+        ).returning(*generation_tasks.c)).one()
+        tasks.record_events(conn, history)
+        if Effect.RESERVE_CREDITS in effects:
+            ledger.post(conn, tenant_id=tenant_id, entry_type=LedgerEntryType.RESERVE, amount=-cost,
+                        business_key=f"reserve:{task_id}", now=now, created_by="api", task_id=task_id)
+        if Effect.PUBLISH_QUEUED in effects:
+            outbox.add(conn, EventType.GENERATION_QUEUED, aggregate_type="task", aggregate_id=task_id,
+                       aggregate_version=snap.version, tenant_id=tenant_id, trace_id=trace_id, now=now,
+                       payload={"task_id": str(task_id), "requested_model": params["model"],
+                                "priority": params["priority"], "deadline_at": deadline.isoformat()})
+        return row
 
     # --------------------------------------------------------------------------------------------- read
     def get(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> TaskView:

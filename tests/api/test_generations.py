@@ -228,3 +228,11 @@ def test_health_request_id_and_body_cap(client: TestClient, alice: TenantKey) ->
     assert bad_json.status_code == 422 and bad_json.headers["content-type"].startswith("application/problem+json")
     spec = client.get("/openapi.json").json()
     assert "/v1/generations" in spec["paths"] and "/v1/generations/{task_id}/cancel" in spec["paths"]
+
+
+def test_models_lists_the_catalog(client: TestClient, alice: TenantKey) -> None:
+    data = client.get("/v1/models", headers=alice.headers).json()["data"]
+    local = next(m for m in data if m["model"] == "local-v1")
+    assert local["provider"] == "local" and local["max_duration_s"] == 10
+    assert local["price_per_second"] == {"360p": "0.5", "720p": "1"}
+    assert client.get("/v1/models").status_code == 401
