@@ -1,0 +1,159 @@
+"""The provider Protocol (DESIGN §8) and the values adapters exchange with the engine.
+
+Adapters translate one vendor's API into these types and nothing more: no retries, no database, no sleeps.
+Whether a failure may be retried is decided by the engine's failure policy from the `ErrorClass` an adapter
+reports; whether a submit is ambiguous (the request may have reached the vendor) is the adapter's one
+judgement call, because only it knows when the request body left the process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from aivedio_engine.domain.retry import ErrorClass
+
+
+class JobStatus(StrEnum):
+    """A vendor's job status, normalised. Vendor spellings map onto these in each adapter."""
+
+    QUEUED = "queued"  # accepted, waiting (Runway PENDING, Replicate starting, Kling submitted, fal IN_QUEUE)
+    THROTTLED = "throttled"  # accepted, held back by the vendor's concurrency limit (Runway THROTTLED)
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    ABORTED = "aborted"  # ended before it started (Replicate aborted): not billed
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """What the engine asks a provider to make. Reference files are already in our store; adapters get URLs."""
+
+    prompt: str
+    model: str
+    duration_s: int
+    resolution: str
+    aspect_ratio: str
+    seed: int | None = None
+    reference_urls: Sequence[str] = ()
+    callback_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    url: str
+    expires_at: datetime | None = None
+    content_type: str | None = None
+    size_bytes: int | None = None
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One fact a provider told us about a job, from a callback or a poll."""
+
+    job_id: str
+    status: JobStatus
+    provider_updated_at: datetime | None = None
+    progress: int | None = None  # 0–100, display only
+    outputs: tuple[Output, ...] = ()
+    error_code: str | None = None
+    error_message: str | None = None
+    billed: bool | None = None  # the vendor's billing verdict when it gives one
+    cost: float | None = None  # units the vendor charged, when reported (Kling final_unit_deduction)
+    request_key: str | None = None  # our provider_request_key, when the vendor echoes it
+    #: stable id of the event for dedupe (webhook id); None for polls — the reducer fingerprints those.
+    event_id: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    job_id: str
+    observation: Observation | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The vendor certainly did not create a job (validation error, 429, 5xx before accept, connect failure)."""
+
+    error_class: ErrorClass
+    code: str | None = None
+    message: str | None = None
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ambiguous:
+    """The request may have reached the vendor (timeout or disconnect after sending): reconcile, never resubmit."""
+
+    reason: str
+
+
+SubmitResult = Accepted | Rejected | Ambiguous
+
+
+@dataclass(frozen=True, slots=True)
+class NotFound:
+    """The vendor has no job for this key. For a fresh job id this may only mean 'not visible yet'."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unsupported:
+    """The vendor cannot do this (e.g. no lookup by request key, no cancel)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueryFailed:
+    error_class: ErrorClass
+    message: str | None = None
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Canceled:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class TooLate:
+    """The job finished before the cancel took effect."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    models: tuple[str, ...]
+    max_duration_s: int
+    resolutions: tuple[str, ...]
+    supports_callbacks: bool
+    supports_lookup_by_request_key: bool
+    supports_cancel: bool
+    output_url_ttl_s: int | None
+    #: vendor billing rule for a canceled job: True when a cancel after start is still charged
+    cancel_is_billed: bool = True
+
+
+class CallbackRejected(Exception):
+    """Signature, timestamp or body is not acceptable: the caller answers 4xx and stores nothing."""
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+    capabilities: Capabilities
+
+    def submit(self, request: GenerationRequest, request_key: str) -> SubmitResult: ...
+
+    def query(self, job_id: str) -> Observation | NotFound | QueryFailed: ...
+
+    def find(self, request_key: str) -> Observation | NotFound | Unsupported | QueryFailed: ...
+
+    def cancel(self, job_id: str) -> Canceled | TooLate | Unsupported | QueryFailed: ...
+
+    def parse_callback(self, headers: Mapping[str, str], raw_body: bytes, now: datetime) -> list[Observation]:
+        """Verify the signature over the raw body (raise CallbackRejected), then parse."""
+        ...
