@@ -208,11 +208,16 @@ task_attempts = sa.Table(
     sa.Column("last_error_class", sa.String(32)),
     sa.Column("created_at", TS, nullable=False),
     sa.Column("updated_at", TS, nullable=False),
+    # 0007_attempt_reconcile
+    sa.Column("lookup_count", sa.Integer, nullable=False, server_default=ZERO),
+    sa.Column("last_lookup_at", TS),
+    sa.Column("last_not_found_at", TS),
     sa.UniqueConstraint("task_id", "attempt_no"),
     sa.UniqueConstraint("provider", "provider_request_key"),
     enum_check("submit_state", AttemptStatus),
     sa.CheckConstraint("attempt_no >= 1", name="attempt_no_positive"),
     sa.CheckConstraint("poll_count >= 0", name="poll_count_nonnegative"),
+    sa.CheckConstraint("lookup_count >= 0", name="lookup_count_nonnegative"),
 )
 _ta = task_attempts.c
 sa.Index("uq_task_attempts_provider_job", _ta.provider, _ta.provider_job_id, unique=True,
@@ -221,6 +226,7 @@ sa.Index("uq_task_attempts_one_in_flight", _ta.task_id, unique=True,
          **partial(_ta.submit_state.in_(_ordered(ATTEMPT_IN_FLIGHT, AttemptStatus))))
 sa.Index("ix_task_attempts_next_poll", _ta.next_poll_at,
          **partial(_ta.submit_state.in_(_ordered({AttemptStatus.ACKED, AttemptStatus.RUNNING}, AttemptStatus))))
+sa.Index("ix_task_attempts_unknown", _ta.last_lookup_at, **partial(_ta.submit_state == AttemptStatus.UNKNOWN.value))
 
 task_state_events = sa.Table(
     "task_state_events", metadata,
