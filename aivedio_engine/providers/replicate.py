@@ -1,0 +1,199 @@
+"""Replicate adapter (api.replicate.com, predictions API).
+
+What Replicate's documentation says, and where:
+- A prediction is created with `POST /v1/models/{owner}/{name}/predictions` (official models) or
+  `POST /v1/predictions` with a `version`; body `{input, webhook, webhook_events_filter}`; it answers with the
+  prediction object; `GET /v1/predictions/{id}` reads it, `POST /v1/predictions/{id}/cancel` cancels it and
+  answers with the prediction ("If a prediction is completed, it cannot be canceled": hexdocs.pm/replicate,
+  the official Elixir client, Replicate.Predictions; replicate-ruby; replicate-python).
+- Statuses `starting | processing | succeeded | failed | canceled`, plus `aborted` (replicate-python PR #460,
+  which added it to the terminal set; mission_anchors §2.3: the `Cancel-After` deadline hit before start).
+- Webhooks: the body is the prediction object, the same as "get a prediction"; `webhook_events_filter` ∈
+  start | output | logs | completed, `start` and `completed` always sent, output/logs at most every 500 ms; the
+  endpoint should answer 2xx within a few seconds or the webhook "might be retried"
+  (replicate.com/docs/topics/webhooks/receive-webhook, …/setup-webhook, changelog 2023-02-10).
+- Signing is Standard Webhooks: `webhook-id` / `webhook-timestamp` / `webhook-signature`, HMAC-SHA256 over
+  `{id}.{timestamp}.{raw body}`, one `whsec_` secret per account from `GET /v1/webhooks/default/secret`
+  (trigger.dev/docs/webhooks/providers/replicate; triggerdotdev hand-authored replicate.ts). Verified by
+  `providers.webhooks.verify_webhook` (±300 s, several secrets during rotation); `webhook-id` is the event id.
+- API predictions' inputs, outputs and files are deleted after one hour (mission_anchors §2.3).
+- Billing for public models: `aborted` is not charged, `canceled` is (mission_anchors §1b, §2.3).
+
+Not documented, so [inference]:
+- No idempotency key or client reference exists (searched, not found): `find` is Unsupported and
+  `supports_lookup_by_request_key` is False.
+- The hour of output retention is counted from `created_at` (the docs do not name the start; the earliest
+  candidate is the safe one).
+- The model input keys (`prompt`, `duration`, `aspect_ratio`, `resolution`, `seed`, `image`) follow the common
+  video models; each model's schema is its own, so a model with other names needs its own mapping.
+- Error bodies are problem+json (`detail`, `title`); 504 from the API gateway is Ambiguous (the prediction may
+  exist); other explicit 5xx mean not created.
+- A `failed` prediction's billing is left unknown (compute time may have been charged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from aivedio_engine.config import ProviderSettings
+from aivedio_engine.domain.retry import ErrorClass
+from aivedio_engine.httpclient import HttpClient, Response
+from aivedio_engine.providers import _vendor as v
+from aivedio_engine.providers.base import (
+    Accepted,
+    Ambiguous,
+    CallbackRejected,
+    Canceled,
+    GenerationRequest,
+    JobStatus,
+    NotFound,
+    Observation,
+    Output,
+    QueryFailed,
+    SubmitResult,
+    TooLate,
+    Unsupported,
+)
+from aivedio_engine.providers.webhooks import verify_webhook
+
+DEFAULT_BASE_URL = "https://api.replicate.com"
+OUTPUT_URL_TTL_S = 3600
+WEBHOOK_EVENTS = ["start", "completed"]  # output/logs events would only add traffic
+
+STATUSES = {
+    "starting": JobStatus.QUEUED,
+    "processing": JobStatus.RUNNING,
+    "succeeded": JobStatus.SUCCEEDED,
+    "failed": JobStatus.FAILED,
+    "canceled": JobStatus.CANCELED,
+    "aborted": JobStatus.ABORTED,
+}
+BILLED = {JobStatus.SUCCEEDED: True, JobStatus.CANCELED: True, JobStatus.ABORTED: False}
+TERMINAL = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.ABORTED}
+
+
+class ReplicateProvider:
+    def __init__(self, name: str, settings: ProviderSettings, http: HttpClient | None = None) -> None:
+        self.name = name
+        self._settings = settings
+        self._http = v.client_for(settings, DEFAULT_BASE_URL, http)
+        self.capabilities = v.capabilities(
+            settings, default_max_duration_s=10, default_resolutions=("720p",), supports_callbacks=True,
+            supports_lookup_by_request_key=False, supports_cancel=True, output_url_ttl_s=OUTPUT_URL_TTL_S,
+            cancel_is_billed=True,
+        )
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._settings.api_key.get_secret_value()}"}
+
+    def submit(self, request: GenerationRequest, request_key: str) -> SubmitResult:
+        # request_key has nowhere to go: Replicate takes no idempotency key or client reference.
+        model_input: dict[str, Any] = {"prompt": request.prompt, "duration": request.duration_s,
+                                       "aspect_ratio": request.aspect_ratio, "resolution": request.resolution}
+        if request.seed is not None:
+            model_input["seed"] = request.seed
+        if request.reference_urls:
+            model_input["image"] = request.reference_urls[0]
+        body: dict[str, Any] = {"input": model_input}
+        if request.callback_url:
+            body["webhook"] = request.callback_url
+            body["webhook_events_filter"] = WEBHOOK_EVENTS
+        model, _, version = request.model.partition(":")
+        if version:
+            body["version"] = version
+            path = "/v1/predictions"
+        else:
+            path = f"/v1/models/{model}/predictions"
+        resp = v.send_submit(self._http, "POST", path, json=body, headers=self._headers())
+        if not isinstance(resp, Response):
+            return resp
+        data = v.json_object(resp.body)
+        if 200 <= resp.status < 300:
+            job_id = data.get("id") if data else None
+            if not isinstance(job_id, str) or not job_id:
+                return Ambiguous(f"HTTP {resp.status} without a prediction id")
+            obs = self._observe(data, job_id, event_id=None)
+            return Accepted(job_id, obs if isinstance(obs, Observation) else None)
+        return v.reject_submit(resp, message=v.error_text(data, "detail", "title"))
+
+    def query(self, job_id: str) -> Observation | NotFound | QueryFailed:
+        resp = v.send_query(self._http, "GET", f"/v1/predictions/{job_id}", headers=self._headers())
+        if not isinstance(resp, Response):
+            return resp
+        if resp.status != 200:
+            return v.query_failure(resp)
+        data = v.json_object(resp.body)
+        if data is None:
+            return QueryFailed(ErrorClass.QUERY_FAILED, "prediction body is not a JSON object")
+        return self._observe(data, job_id, event_id=None)
+
+    def find(self, request_key: str) -> Unsupported:
+        return Unsupported()
+
+    def cancel(self, job_id: str) -> Canceled | TooLate | Unsupported | QueryFailed:
+        resp = v.send_query(self._http, "POST", f"/v1/predictions/{job_id}/cancel", headers=self._headers())
+        if not isinstance(resp, Response):
+            return resp
+        if not 200 <= resp.status < 300:
+            failure = v.query_failure(resp)
+            return failure if isinstance(failure, QueryFailed) else QueryFailed(ErrorClass.QUERY_FAILED,
+                                                                                 "prediction not found")
+        data = v.json_object(resp.body) or {}
+        status = STATUSES.get(str(data.get("status")))
+        if status in TERMINAL and status not in (JobStatus.CANCELED, JobStatus.ABORTED):
+            return TooLate()
+        # canceled, aborted, or still winding down: the cancel is in; the final status arrives by poll or webhook
+        return Canceled()
+
+    def parse_callback(self, headers: Mapping[str, str], raw_body: bytes, now: datetime) -> list[Observation]:
+        verified = verify_webhook(headers, raw_body, self._settings.webhook_secrets, now,
+                                  max_body_bytes=v.MAX_CALLBACK_BYTES)
+        data = verified.json()
+        if not isinstance(data, dict):
+            raise CallbackRejected("body is not a prediction object")
+        job_id = data.get("id")
+        if not isinstance(job_id, str) or not job_id:
+            raise CallbackRejected("prediction without an id")
+        obs = self._observe(data, job_id, event_id=verified.msg_id)
+        if isinstance(obs, QueryFailed):
+            raise CallbackRejected(obs.message or "unreadable prediction")
+        return [obs]
+
+    def _observe(self, data: dict[str, Any], job_id: str, event_id: str | None) -> Observation | QueryFailed:
+        status = STATUSES.get(str(data.get("status")))
+        if status is None:
+            return QueryFailed(ErrorClass.QUERY_FAILED, f"unknown Replicate status {data.get('status')!r}")
+        created = v.parse_iso(data.get("created_at"))
+        updated = v.parse_iso(data.get("completed_at")) or v.parse_iso(data.get("started_at")) or created
+        outputs: tuple[Output, ...] = ()
+        error_code = None
+        if status is JobStatus.SUCCEEDED:
+            expires = v.plus(created, OUTPUT_URL_TTL_S)
+            outputs = tuple(Output(url=u, expires_at=expires, index=i) for i, u in enumerate(_urls(data.get("output"))))
+            if data.get("data_removed") is True:
+                outputs, error_code = (), "data_removed"  # past the hour: the files are gone
+        error = data.get("error")
+        return Observation(
+            job_id=job_id,
+            status=status,
+            provider_updated_at=updated,
+            outputs=outputs,
+            error_code=error_code,
+            error_message=error[:500] if isinstance(error, str) and error else None,
+            billed=BILLED.get(status),
+            event_id=event_id,
+            raw=data,
+        )
+
+
+def _urls(output: Any) -> list[str]:
+    """A prediction's output is a URL, a list of URLs, or an object holding them, depending on the model."""
+    if isinstance(output, str):
+        return [output] if output.startswith(("https://", "http://")) else []
+    if isinstance(output, list):
+        return [u for item in output for u in _urls(item)]
+    if isinstance(output, dict):
+        return [u for item in output.values() for u in _urls(item)]
+    return []
