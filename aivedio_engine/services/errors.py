@@ -67,3 +67,9 @@ class PayloadTooLarge(ServiceError):
     """A streamed body is larger than what was declared; routes map it to 413."""
 
     code = "payload-too-large"
+
+
+class Unauthorized(ServiceError):
+    """The caller could not be authenticated (e.g. a callback whose signature does not verify)."""
+
+    code = "unauthorized"

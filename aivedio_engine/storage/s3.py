@@ -1,0 +1,196 @@
+"""S3-compatible object store via boto3 (distributed mode; tested against moto server).
+
+`put_stream` spools to a local temp file while hashing and counting, then uploads with metadata
+`x-amz-meta-sha256`: S3 metadata must be sent before the body, and the digest is only known at the end, so the
+alternative (multipart, then a server-side copy to attach metadata) costs a second full copy in the bucket and
+fails above 5 GiB. Spooling keeps memory flat; the upload is atomic (an object appears only when PUT or
+CompleteMultipartUpload succeeds), and a stream over the cap never reaches S3 at all.
+
+Client uploads use presigned POST, because only a POST policy can pin the size (presigned PUT cannot, boto3
+#2837): the policy holds the exact key (boto3 adds `{"key": key}` when the key has no `${filename}`), a
+content-length-range of exactly the declared size and the exact Content-Type. Emulators do not enforce these
+(reliability_anchors §1.9), so `AssetService.complete()` re-checks size, checksum and content regardless.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import IO, Any
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from aivedio_engine.clock import Clock, SystemClock
+from aivedio_engine.storage.base import (
+    CompletedPart,
+    HashingCounter,
+    ObjectNotFound,
+    StoredObject,
+    StoreError,
+    UploadTarget,
+    content_disposition,
+)
+from aivedio_engine.storage.keys import validate_key
+
+#: S3's published multipart limits
+MAX_PARTS = 10_000
+MIN_PART_BYTES = 5 * 1024 * 1024
+_MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchUpload"}
+#: one botocore session per process: loading the service model once makes every later client cheap
+_SESSION: boto3.session.Session | None = None
+_SESSION_LOCK = threading.Lock()
+
+
+def _session() -> boto3.session.Session:
+    global _SESSION
+    if _SESSION is None:
+        _SESSION = boto3.session.Session()
+    return _SESSION
+
+
+def _missing(exc: Exception) -> bool:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", "")) in _MISSING
+
+
+class S3Store:
+    kind = "s3"
+
+    def __init__(self, client: Any, bucket: str, *, spool_dir: Path, part_bytes: int = 8 * 1024 * 1024,
+                 clock: Clock | None = None) -> None:
+        self._client = client
+        self.bucket = bucket
+        self._spool_dir = Path(spool_dir)
+        self._part_bytes = max(part_bytes, MIN_PART_BYTES)
+        self._transfer = TransferConfig(multipart_threshold=self._part_bytes, multipart_chunksize=self._part_bytes)
+        self._clock = clock or SystemClock()
+
+    @classmethod
+    def client_from(cls, endpoint_url: str, region: str, access_key_id: str, secret_access_key: str) -> Any:
+        s3_options = {"addressing_style": "path"} if endpoint_url else {}
+        config = Config(signature_version="s3v4", s3=s3_options, connect_timeout=5, read_timeout=60,
+                        retries={"max_attempts": 3, "mode": "standard"})
+        with _SESSION_LOCK:  # a boto3 Session is not thread-safe; the clients it makes are
+            return _session().client(
+                "s3",
+                endpoint_url=endpoint_url or None,
+                region_name=region,
+                # empty means "use the default credential chain" (environment, instance role)
+                aws_access_key_id=access_key_id or None,
+                aws_secret_access_key=secret_access_key or None,
+                config=config,
+            )
+
+    # --- objects -----------------------------------------------------------------------------------------
+
+    def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str, max_bytes: int) -> StoredObject:
+        validate_key(key)
+        self._spool_dir.mkdir(parents=True, exist_ok=True)
+        counter = HashingCounter(max_bytes)
+        with tempfile.TemporaryFile(dir=self._spool_dir) as spool:
+            for chunk in counter.feed(chunks):
+                spool.write(chunk)
+            spool.seek(0)
+            self._client.upload_fileobj(
+                spool, self.bucket, key, Config=self._transfer,
+                ExtraArgs={"ContentType": content_type, "Metadata": {"sha256": counter.hexdigest}},
+            )
+        return StoredObject(key, counter.size, counter.hexdigest, content_type)
+
+    def head(self, key: str) -> StoredObject | None:
+        try:
+            resp = self._client.head_object(Bucket=self.bucket, Key=validate_key(key))
+        except ClientError as exc:
+            if _missing(exc):
+                return None
+            raise
+        sha = (resp.get("Metadata") or {}).get("sha256")
+        return StoredObject(key, int(resp["ContentLength"]), sha, resp.get("ContentType"))
+
+    def open_read(self, key: str) -> IO[bytes]:
+        try:
+            body: IO[bytes] = self._client.get_object(Bucket=self.bucket, Key=validate_key(key))["Body"]
+            return body
+        except ClientError as exc:
+            if _missing(exc):
+                raise ObjectNotFound(key) from None
+            raise
+
+    def download_to(self, key: str, path: Path) -> int:
+        try:
+            self._client.download_file(self.bucket, validate_key(key), str(path), Config=self._transfer)
+        except ClientError as exc:
+            if _missing(exc):
+                raise ObjectNotFound(key) from None
+            raise
+        return os.path.getsize(path)
+
+    def delete(self, key: str) -> None:
+        self._client.delete_object(Bucket=self.bucket, Key=validate_key(key))
+
+    # --- presigning (local computation, no network) ------------------------------------------------------
+
+    def signed_get_url(self, key: str, ttl_s: int, filename: str | None = None, *,
+                       now: datetime | None = None) -> str:
+        """`now` is accepted for interface parity; SigV4 presigning always uses the real clock."""
+        params = {"Bucket": self.bucket, "Key": validate_key(key),
+                  "ResponseContentDisposition": content_disposition(filename)}
+        return self._client.generate_presigned_url(  # type: ignore[no-any-return]
+            "get_object", Params=params, ExpiresIn=int(ttl_s))
+
+    def upload_target(self, key: str, size_bytes: int, content_type: str, ttl_s: int, *, upload_id: str,
+                      now: datetime | None = None) -> UploadTarget:
+        post = self._client.generate_presigned_post(
+            Bucket=self.bucket,
+            Key=validate_key(key),
+            Fields={"Content-Type": content_type},
+            Conditions=[{"Content-Type": content_type}, ["content-length-range", size_bytes, size_bytes]],
+            ExpiresIn=int(ttl_s),
+        )
+        return UploadTarget(method="POST", url=post["url"], fields=dict(post["fields"]), headers={},
+                            expires_at=(now or self._clock.now()) + timedelta(seconds=int(ttl_s)))
+
+    # --- multipart ---------------------------------------------------------------------------------------
+
+    def create_multipart(self, key: str, content_type: str) -> str:
+        resp = self._client.create_multipart_upload(Bucket=self.bucket, Key=validate_key(key),
+                                                    ContentType=content_type)
+        return str(resp["UploadId"])
+
+    def presign_parts(self, key: str, upload_id: str, part_count: int, ttl_s: int) -> list[str]:
+        if not 1 <= part_count <= MAX_PARTS:
+            raise StoreError(f"part count must be 1..{MAX_PARTS}, got {part_count}")
+        validate_key(key)
+        return [
+            self._client.generate_presigned_url(
+                "upload_part",
+                Params={"Bucket": self.bucket, "Key": key, "UploadId": upload_id, "PartNumber": n},
+                ExpiresIn=int(ttl_s),
+            )
+            for n in range(1, part_count + 1)
+        ]
+
+    def complete_multipart(self, key: str, upload_id: str, parts: list[CompletedPart]) -> StoredObject:
+        ordered = sorted(parts, key=lambda p: p.part_number)
+        self._client.complete_multipart_upload(
+            Bucket=self.bucket, Key=validate_key(key), UploadId=upload_id,
+            MultipartUpload={"Parts": [{"PartNumber": p.part_number, "ETag": p.etag} for p in ordered]},
+        )
+        stored = self.head(key)
+        if stored is None:
+            raise StoreError(f"multipart upload of {key} completed but the object is missing")
+        return stored
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        try:
+            self._client.abort_multipart_upload(Bucket=self.bucket, Key=validate_key(key), UploadId=upload_id)
+        except ClientError as exc:
+            if not _missing(exc):
+                raise
