@@ -1,0 +1,238 @@
+"""The `sim` provider adapter: the engine's side of the simulator, written like any thin vendor adapter.
+
+It translates HTTP outcomes into the Protocol's values and judges one thing only: whether a failed submit may
+have created a job. No retries, no sleeps, no database — the engine's failure policy decides what happens next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import quote
+
+from aivedio_engine.config import ProviderSettings
+from aivedio_engine.domain.retry import ErrorClass
+from aivedio_engine.httpclient import HttpClient, NotSent, Response, SentUnknown, Timeouts
+from aivedio_engine.providers.base import (
+    Accepted,
+    Ambiguous,
+    CallbackRejected,
+    Canceled,
+    Capabilities,
+    GenerationRequest,
+    JobStatus,
+    NotFound,
+    Observation,
+    Output,
+    QueryFailed,
+    Rejected,
+    SubmitResult,
+    TooLate,
+    Unsupported,
+)
+from aivedio_engine.providers.webhooks import DEFAULT_TOLERANCE_S, verify_webhook
+
+DEFAULT_TIMEOUTS = Timeouts(connect=2.0, read=15.0, write=15.0, pool=2.0)
+MAX_CALLBACK_BYTES = 256 * 1024
+
+
+class SimProvider:
+    def __init__(self, name: str, settings: ProviderSettings, http: HttpClient | None = None, *,
+                 webhook_tolerance_s: float = DEFAULT_TOLERANCE_S) -> None:
+        self.name = name
+        self._settings = settings
+        key = settings.api_key.get_secret_value()
+        self._http = http or HttpClient(settings.base_url, DEFAULT_TIMEOUTS,
+                                        headers={"Authorization": f"Bearer {key}"} if key else None)
+        self._tolerance_s = webhook_tolerance_s
+        models = settings.models
+        self.capabilities = Capabilities(
+            models=tuple(models),
+            max_duration_s=max((m.max_duration_s for m in models.values()), default=10),
+            resolutions=tuple(sorted({r for m in models.values() for r in m.resolutions})),
+            supports_callbacks=bool(settings.webhook_secrets),
+            supports_lookup_by_request_key=settings.supports_lookup_by_request_key,
+            supports_cancel=True,
+            output_url_ttl_s=settings.output_url_ttl_s,
+            cancel_is_billed=True,  # the sim charges a cancel once the job has started
+        )
+
+    def submit(self, request: GenerationRequest, request_key: str) -> SubmitResult:
+        body: dict[str, Any] = {
+            "prompt": request.prompt, "model": request.model, "duration_s": request.duration_s,
+            "resolution": request.resolution, "aspect_ratio": request.aspect_ratio,
+        }
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if request.reference_urls:
+            body["reference_urls"] = list(request.reference_urls)
+        if request.callback_url:
+            body["callback_url"] = request.callback_url
+        try:
+            r = self._http.request("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": request_key})
+        except NotSent as exc:
+            return Rejected(ErrorClass.CONNECT_FAILED, message=str(exc))
+        except SentUnknown as exc:
+            return Ambiguous(f"submit outcome unknown: {exc}")
+        if 200 <= r.status < 300:
+            data = _json(r)
+            if not isinstance(data, dict) or not isinstance(data.get("id"), str) or not data["id"]:
+                # a 2xx means the job exists; without its id only a lookup can find it
+                return Ambiguous(f"accepted without a job id (HTTP {r.status})")
+            return Accepted(data["id"], _observation(data))
+        code = _error_code(r)
+        if r.status == 429:
+            return Rejected(ErrorClass.PROVIDER_RATE_LIMITED, code, "rate limited", _retry_after(r))
+        if 400 <= r.status < 500:
+            return Rejected(ErrorClass.PROVIDER_REJECTED, code, f"HTTP {r.status}")
+        if r.status >= 500:
+            # the sim's contract (like fal's and Runway's): an explicit 5xx answer means no job was created
+            return Rejected(ErrorClass.PROVIDER_5XX_NOT_ACCEPTED, code, f"HTTP {r.status}", _retry_after(r))
+        return Ambiguous(f"unexpected HTTP {r.status} on submit")
+
+    def query(self, job_id: str) -> Observation | NotFound | QueryFailed:
+        r = self._get(f"/v1/jobs/{_seg(job_id)}")
+        if isinstance(r, QueryFailed):
+            return r
+        if r.status == 404:
+            return NotFound()  # for a fresh id: not visible yet — the engine decides what that means
+        return self._observation_or_failure(r)
+
+    def find(self, request_key: str) -> Observation | NotFound | Unsupported | QueryFailed:
+        if not self._settings.supports_lookup_by_request_key:
+            return Unsupported()
+        r = self._get("/v1/jobs", params={"request_key": request_key})
+        if isinstance(r, QueryFailed):
+            return r
+        if r.status == 404:
+            return NotFound()
+        if r.status == 501:
+            return Unsupported()
+        return self._observation_or_failure(r)
+
+    def cancel(self, job_id: str) -> Canceled | TooLate | Unsupported | QueryFailed:
+        try:
+            r = self._http.request("POST", f"/v1/jobs/{_seg(job_id)}/cancel")
+        except (NotSent, SentUnknown) as exc:
+            return QueryFailed(ErrorClass.QUERY_FAILED, f"cancel: {exc}")
+        if r.status == 200:
+            return Canceled()
+        if r.status == 409:
+            return TooLate()
+        if r.status == 501:
+            return Unsupported()
+        return _failure(r)
+
+    def parse_callback(self, headers: Mapping[str, str], raw_body: bytes, now: datetime) -> list[Observation]:
+        verified = verify_webhook(headers, raw_body, self._settings.webhook_secrets, now,
+                                  tolerance_s=self._tolerance_s, max_body_bytes=MAX_CALLBACK_BYTES)
+        data = verified.json()
+        if not isinstance(data, dict):
+            raise CallbackRejected("callback body is not a JSON object")
+        try:
+            observation = _observation(data, event_id=verified.msg_id)
+        except (KeyError, TypeError, ValueError):
+            raise CallbackRejected("callback body is not a sim job") from None
+        return [observation]
+
+    def close(self) -> None:
+        self._http.close()
+
+    # helpers ---------------------------------------------------------------------------------------------
+    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Response | QueryFailed:
+        try:
+            return self._http.request("GET", path, params=params)
+        except (NotSent, SentUnknown) as exc:
+            return QueryFailed(ErrorClass.QUERY_FAILED, str(exc))
+
+    def _observation_or_failure(self, r: Response) -> Observation | QueryFailed:
+        if r.status != 200:
+            return _failure(r)
+        data = _json(r)
+        try:
+            return _observation(data)
+        except (KeyError, TypeError, ValueError):
+            return QueryFailed(ErrorClass.QUERY_FAILED, "unparseable job body")
+
+
+def _observation(data: dict[str, Any], event_id: str | None = None) -> Observation:
+    """Map the sim's job JSON. Raises KeyError/TypeError/ValueError on a body that is not a job."""
+    if not isinstance(data, dict):
+        raise TypeError("job body must be an object")
+    job_id, status = data["id"], JobStatus(data["status"])
+    if not isinstance(job_id, str) or not job_id:
+        raise ValueError("job id")
+    outputs: tuple[Output, ...] = ()
+    out = data.get("output")
+    if isinstance(out, dict) and isinstance(out.get("url"), str):
+        outputs = (Output(url=out["url"], expires_at=_parse_time(out.get("expires_at")),
+                          content_type=out.get("content_type")),)
+    error = data.get("error") if isinstance(data.get("error"), dict) else {}
+    progress = data.get("progress")
+    billed = data.get("billed")
+    return Observation(
+        job_id=job_id,
+        status=status,
+        provider_updated_at=_parse_time(data.get("updated_at")),
+        progress=progress if isinstance(progress, int) and not isinstance(progress, bool) else None,
+        outputs=outputs,
+        error_code=error.get("code"),
+        error_message=error.get("message"),
+        billed=billed if isinstance(billed, bool) else None,
+        request_key=data.get("request_key") if isinstance(data.get("request_key"), str) else None,
+        event_id=event_id,
+        raw=data,
+    )
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def _json(r: Response) -> Any:
+    try:
+        return r.json()
+    except ValueError:
+        return None
+
+
+def _error_code(r: Response) -> str | None:
+    data = _json(r)
+    code = data.get("error") if isinstance(data, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def _retry_after(r: Response) -> float | None:
+    value = next((v for k, v in r.headers.items() if k.lower() == "retry-after"), None)
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _failure(r: Response) -> QueryFailed:
+    if r.status == 429:
+        return QueryFailed(ErrorClass.PROVIDER_RATE_LIMITED, "rate limited", _retry_after(r))
+    return QueryFailed(ErrorClass.QUERY_FAILED, f"HTTP {r.status}" + (f" {c}" if (c := _error_code(r)) else ""))
+
+
+def _seg(job_id: str) -> str:
+    # ids come from the vendor (or a callback body): never let one walk into another path
+    return quote(job_id, safe="")
