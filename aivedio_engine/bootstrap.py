@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     from aivedio_engine.services.assets import AssetService
     from aivedio_engine.services.generations import GenerationService
     from aivedio_engine.services.tenants import TenantService
+    from aivedio_engine.providers.registry import ProviderRegistry
+    from aivedio_engine.services.callbacks import CallbackService
+    from aivedio_engine.services.dispatch import Dispatcher
+    from aivedio_engine.services.submit import SubmitService
+    from aivedio_engine.services.sweeper import Sweeper
+    from aivedio_engine.services.sync import ProviderSync
+    from aivedio_engine.slots.base import SlotStore
     from aivedio_engine.storage.base import ObjectStore
 
 
@@ -72,7 +79,63 @@ class AppContext:
 
         return build_store(self.settings)
 
+    @cached_property
+    def providers(self) -> ProviderRegistry:
+        from aivedio_engine.providers.registry import ProviderRegistry
+
+        return ProviderRegistry(self.settings)
+
+    @cached_property
+    def slots(self) -> SlotStore:
+        from aivedio_engine.slots import build_slot_store
+        from aivedio_engine.slots.reconcile import fence_floor
+
+        def floor() -> int:
+            with self.engine.connect() as conn:
+                return fence_floor(conn)
+
+        return build_slot_store(self.settings, fence_floor=floor)
+
+    @cached_property
+    def submitter(self) -> SubmitService:
+        from aivedio_engine.services.submit import SubmitService
+
+        return SubmitService(self.engine, self.clock, self.settings, self.providers,
+                             callback_base=self.settings.api.public_base_url or None)
+
+    @cached_property
+    def sync(self) -> ProviderSync:
+        from aivedio_engine.services.sync import ProviderSync
+
+        return ProviderSync(self.engine, self.clock, self.settings, self.providers)
+
+    @cached_property
+    def dispatcher(self) -> Dispatcher:
+        from aivedio_engine.services.dispatch import Dispatcher
+
+        return Dispatcher(self.engine, self.clock, self.settings, self.slots)
+
+    @cached_property
+    def sweeper(self) -> Sweeper:
+        from aivedio_engine.services.sweeper import Sweeper
+        from aivedio_engine.slots.reconcile import reconcile_slots
+
+        def rebuild_slots() -> dict[str, int]:
+            report = reconcile_slots(self.engine, self.slots, ttl_s=self.settings.limits.slot_lease_ttl_s)
+            return {"in_flight": report.in_flight, "kept": report.kept, "dropped": report.dropped,
+                    "added": len(report.added)}
+
+        return Sweeper(self.engine, self.clock, self.settings, self.sync, rebuild_slots)
+
+    @cached_property
+    def callbacks(self) -> CallbackService:
+        from aivedio_engine.services.callbacks import CallbackService
+
+        return CallbackService(self.engine, self.clock, self.providers)
+
     def close(self) -> None:
+        if "providers" in self.__dict__:
+            self.providers.close()
         if "engine" in self.__dict__:
             self.engine.dispose()
 

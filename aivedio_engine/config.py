@@ -192,6 +192,9 @@ class ReconcileSettings(_Section):
     lookup_after_s: list[float] = [10, 60, 300]
     #: still unknown after this: park the task and raise an alert, never resubmit blindly.
     park_after_s: float = Field(900, gt=0)
+    #: for a provider that cannot look jobs up: after the window, resubmit (with a cost-risk alert) instead of
+    #: parking the task for a human. Off by default: a duplicate paid job is possible.
+    resubmit_without_lookup: bool = False
 
 
 class WebhookSettings(_Section):

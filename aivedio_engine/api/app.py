@@ -13,11 +13,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aivedio_engine import __version__
 from aivedio_engine.api import problems
-from aivedio_engine.api.routes import generations, health, models
+from aivedio_engine.api.routes import callbacks, generations, health, models
 from aivedio_engine.bootstrap import AppContext
 
 #: paths whose bodies are streamed uploads, capped by the upload's own declared size instead
-STREAMED_PREFIXES = ("/v1/uploads/",)
+STREAMED_PREFIXES = ("/v1/uploads/", "/v1/callbacks/")
 
 
 def create_app(ctx: AppContext) -> FastAPI:
@@ -33,6 +33,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     app.include_router(health.router)
     app.include_router(generations.router)
     app.include_router(models.router)
+    app.include_router(callbacks.router)
     for router in _optional_routers():
         app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=ctx.settings.api.max_body_bytes)

@@ -12,6 +12,7 @@ Column comments live in the SQL files; this module only records the shape.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -51,7 +52,25 @@ metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 
 JSONB = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 MONEY = sa.Numeric(20, 8)
-TS = sa.DateTime(timezone=True)
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """timestamptz on PostgreSQL; on SQLite (no time zones) values are stored as UTC and read back aware, so
+    code never mixes naive and aware datetimes."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is not None and dialect.name == "sqlite":
+            return value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+TS = UtcDateTime()
 ZERO = sa.text("0")
 
 
@@ -266,6 +285,8 @@ provider_events = sa.Table(
     sa.Column("orphan", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("received_at", TS, nullable=False),
     sa.Column("expires_at", TS, nullable=False),
+    # 0007: the normalised observation, for replaying orphans
+    sa.Column("observation", JSONB),
     sa.UniqueConstraint("provider", "dedup_key"),
     # raw observations come only from the two provider-facing sources
     enum_check("source", EventSource, only={EventSource.CALLBACK, EventSource.POLLING}),

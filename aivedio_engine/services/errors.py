@@ -57,14 +57,13 @@ class Unavailable(ServiceError):
 
 
 class Forbidden(ServiceError):
-    """A signed URL's signature is wrong or expired (the signature is the credential). Not in the API's status
-    table: routes that can raise it map it to 403 themselves."""
+    """A signed URL's signature is wrong or expired (the signature is the credential): 403."""
 
     code = "forbidden"
 
 
 class PayloadTooLarge(ServiceError):
-    """A streamed body is larger than what was declared; routes map it to 413."""
+    """A streamed body is larger than what was declared: 413."""
 
     code = "payload-too-large"
 

@@ -23,6 +23,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
 from aivedio_engine.db import ledger, outbox, tasks
+from aivedio_engine.services import billing
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import assets, generation_tasks
 from aivedio_engine.domain.events import EventType
@@ -245,15 +246,8 @@ class GenerationService:
                 extra["next_action_at"] = now  # the provider cancel is driven from the task row
             tasks.apply(conn, task_id, result, source=EventSource.API, source_event_id=f"{task_id}:{result.version}",
                         now=now, extra=extra, payload={"requested_by": requested_by})
-            self._close_reservation(conn, row, result, now, reason="canceled")
+            billing.close_reservation(conn, row, result, now, reason="canceled", created_by=requested_by)
             return TaskView.of(tasks.read(conn, task_id))
-
-    def _close_reservation(self, conn: Connection, row: Any, decision: Decision, now: datetime, reason: str) -> None:
-        if Effect.RELEASE_CREDITS in decision.effects and row.reserved_amount:
-            ledger.post(conn, tenant_id=row.tenant_id, task_id=row.id, entry_type=LedgerEntryType.RELEASE,
-                        amount=row.reserved_amount, business_key=f"release:{row.id}:{reason}", now=now,
-                        created_by="api", reason=reason)
-            conn.execute(generation_tasks.update().where(_t.id == row.id).values(reserved_amount=0))
 
 
 def _check_key(key: str | None) -> str:

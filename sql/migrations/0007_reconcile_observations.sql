@@ -10,3 +10,8 @@ ALTER TABLE task_attempts
 
 -- The reconciler's queue: ambiguous attempts whose next lookup is due.
 CREATE INDEX ix_task_attempts_unknown ON task_attempts (last_lookup_at) WHERE submit_state = 'UNKNOWN';
+
+-- The observation as the adapter normalised it (status, job id, outputs...). Kept beside the raw body so an
+-- orphan callback can be replayed to the reducer once its job id is known, without re-verifying a signature
+-- whose timestamp has long expired.
+ALTER TABLE provider_events ADD COLUMN observation jsonb;

@@ -1,0 +1,58 @@
+"""Provider callbacks: verify over the raw body, persist the raw event + its outbox row, answer fast.
+
+Nothing slow happens here (no download, no transcode, no provider call): the reducer does the work from the
+outbox, so a provider's retry timer never races our processing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from aivedio_engine.clock import Clock
+from aivedio_engine.db.session import write_tx
+from aivedio_engine.domain.status import EventSource
+from aivedio_engine.providers.base import CallbackRejected
+from aivedio_engine.services import observations
+from aivedio_engine.services.errors import NotFound, Unauthorized
+
+
+class CallbackUnauthorized(Unauthorized):
+    code = "callback-rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackResult:
+    received: int
+    stored: int
+
+
+class CallbackService:
+    def __init__(self, engine: Engine, clock: Clock, providers: Any) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._providers = providers
+
+    def receive(self, provider_name: str, headers: Mapping[str, str], raw_body: bytes) -> CallbackResult:
+        try:
+            provider = self._providers[provider_name]
+        except KeyError:
+            raise NotFound(f"no provider named {provider_name!r}") from None
+        now = self._clock.now()
+        try:
+            found = provider.parse_callback(headers, raw_body, now)
+        except CallbackRejected as exc:
+            raise CallbackUnauthorized(f"callback rejected: {exc}") from None
+        digest = hashlib.sha256(
+            "\n".join(f"{k.lower()}:{v}" for k, v in sorted(headers.items())).encode("utf-8", "replace")
+        ).hexdigest()
+        stored = 0
+        with write_tx(self._engine) as conn:
+            for obs in found:
+                stored += observations.record(conn, provider_name, obs, EventSource.CALLBACK, now,
+                                              raw_body=raw_body, headers_digest=digest)
+        return CallbackResult(received=len(found), stored=stored)

@@ -1,0 +1,102 @@
+"""Provider observations (callbacks and polls) become raw `provider_events` rows and one event for the reducer.
+
+Both sources converge here: the raw event and its `provider.status.observed` outbox row commit together, so a
+callback answered 2xx is never lost, and a repeated one (same webhook id, or the same fingerprint for polls)
+is stored once. An event whose job id matches no attempt yet is kept as an orphan; `rematch` re-emits it when
+the submit response that carries the job id is finally recorded (a callback can beat the submit response).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection
+from sqlalchemy.dialects import postgresql, sqlite
+
+from aivedio_engine.clock import new_id
+from aivedio_engine.db import attempts, outbox
+from aivedio_engine.db.tables import provider_events, task_attempts
+from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.status import EventSource
+from aivedio_engine.providers.base import Observation
+
+ORPHAN_TTL = timedelta(days=7)
+_pe = provider_events.c
+
+
+def fingerprint(provider: str, obs: Observation) -> str:
+    """Stable identity of an observation without an event id (seed §4.6.3): never just job + status, since a
+    vendor may repeat a status with different outputs or errors."""
+    canonical = json.dumps(
+        {"p": provider, "j": obs.job_id, "s": obs.status.value,
+         "u": obs.provider_updated_at.isoformat() if obs.provider_updated_at else None,
+         "o": [o.url.split("?")[0] for o in obs.outputs], "e": obs.error_code, "g": obs.progress},
+        sort_keys=True, separators=(",", ":"),
+    )
+    return "fp:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def to_payload(provider: str, obs: Observation, source: EventSource, dedup_key: str,
+               provider_event_id: uuid.UUID) -> dict[str, Any]:
+    return {
+        "provider": provider, "source": source.value, "dedup_key": dedup_key,
+        "provider_event_id": str(provider_event_id), "job_id": obs.job_id, "status": obs.status.value,
+        "provider_updated_at": obs.provider_updated_at.isoformat() if obs.provider_updated_at else None,
+        "progress": obs.progress, "error_code": obs.error_code, "error_message": (obs.error_message or "")[:500],
+        "billed": obs.billed, "request_key": obs.request_key,
+        "outputs": [{"url": o.url, "index": o.index, "content_type": o.content_type, "size_bytes": o.size_bytes,
+                     "expires_at": o.expires_at.isoformat() if o.expires_at else None} for o in obs.outputs],
+    }
+
+
+def record(conn: Connection, provider: str, obs: Observation, source: EventSource, now: datetime, *,
+           raw_body: bytes | None = None, headers_digest: str | None = None, verified: bool = True) -> bool:
+    """Store one observation and queue it for the reducer. Returns False for a repeat (nothing stored)."""
+    dedup_key = f"wh:{obs.event_id}" if obs.event_id else fingerprint(provider, obs)
+    attempt = attempts.by_job(conn, provider, obs.job_id)
+    if attempt is None and obs.request_key:
+        attempt = conn.execute(sa.select(task_attempts.c.id, task_attempts.c.task_id).where(
+            task_attempts.c.provider == provider, task_attempts.c.provider_request_key == obs.request_key)).first()
+    event_id = new_id()
+    payload = to_payload(provider, obs, source, dedup_key, event_id)
+    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    stored = conn.execute(
+        insert(provider_events).values(
+            id=event_id, provider=provider, source=source.value, webhook_id=obs.event_id, dedup_key=dedup_key,
+            verified=verified, headers_digest=headers_digest, body=raw_body, provider_job_id=obs.job_id,
+            provider_request_key=obs.request_key, matched_attempt_id=attempt.id if attempt else None,
+            orphan=attempt is None, received_at=now, expires_at=now + ORPHAN_TTL, observation=payload,
+        ).on_conflict_do_nothing(index_elements=[_pe.provider, _pe.dedup_key]).returning(_pe.id)
+    ).first()
+    if stored is None:
+        return False
+    if attempt is not None:
+        _emit(conn, provider, obs_payload=payload, task_id=attempt.task_id, now=now)
+    return True
+
+
+def rematch(conn: Connection, provider: str, job_id: str, attempt_id: uuid.UUID, now: datetime) -> int:
+    """Attach orphan events of `job_id` to the attempt that now owns it, and queue them for the reducer."""
+    rows = conn.execute(
+        sa.select(provider_events).where(_pe.provider == provider, _pe.provider_job_id == job_id, _pe.orphan)
+    ).all()
+    if not rows:
+        return 0
+    attempt = attempts.read(conn, attempt_id)
+    for row in rows:
+        conn.execute(provider_events.update().where(_pe.id == row.id)
+                     .values(orphan=False, matched_attempt_id=attempt_id))
+        if row.observation:
+            _emit(conn, provider, obs_payload=dict(row.observation), task_id=attempt.task_id, now=now)
+    return len(rows)
+
+
+def _emit(conn: Connection, provider: str, *, obs_payload: dict[str, Any], task_id: uuid.UUID,
+          now: datetime) -> None:
+    outbox.add(conn, EventType.PROVIDER_STATUS_OBSERVED, aggregate_type="task", aggregate_id=task_id,
+               aggregate_version=0, payload=obs_payload, now=now)

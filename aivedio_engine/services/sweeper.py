@@ -1,0 +1,163 @@
+"""The sweeper: the database is the truth, so anything a lost message or a dead process left behind is found
+here and driven on (DESIGN §3). Every scan is idempotent; running two sweepers is safe.
+
+- RETRY_WAIT whose next_retry_at passed → `retry_due` → QUEUED (the dispatcher picks it up).
+- DISPATCHING whose NEW attempt was never sent (submit message lost) → the submit event is published again.
+- SENDING attempts older than the grace (crash between tx A and tx B) → treated as ambiguous: UNKNOWN.
+- Non-terminal tasks past `deadline_at` → EXPIRED, the reservation closed by the billing rule.
+- SUBMIT_UNKNOWN → reconciliation; CANCEL_REQUESTED → provider cancel; due polls.
+- Orphan provider events past their TTL → an alert (kept, never silently dropped).
+- Slot leases rebuilt from the in-flight attempts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Engine
+
+from aivedio_engine.clock import Clock
+from aivedio_engine.config import Settings
+from aivedio_engine.db import alerts, attempts, outbox, tasks
+from aivedio_engine.db.session import write_tx
+from aivedio_engine.db.tables import generation_tasks, provider_events, task_attempts
+from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.status import TASK_TERMINAL, AlertSeverity, AttemptStatus, EventSource, TaskStatus
+from aivedio_engine.domain.transitions import AttemptEvent, Decision, Effect, TaskEvent, Trigger, decide
+from aivedio_engine.services import billing
+from aivedio_engine.services.sync import ProviderSync
+
+log = logging.getLogger("aivedio.sweeper")
+_t = generation_tasks.c
+_a = task_attempts.c
+SENDING_GRACE = timedelta(seconds=60)
+
+
+@dataclass
+class SweepReport:
+    retried: int = 0
+    resent: int = 0
+    ambiguous: int = 0
+    expired: int = 0
+    reconciled: int = 0
+    cancels: int = 0
+    polled: int = 0
+    orphans_expired: int = 0
+    slots: dict[str, Any] = field(default_factory=dict)
+
+
+class Sweeper:
+    def __init__(self, engine: Engine, clock: Clock, settings: Settings, sync: ProviderSync,
+                 slot_reconciler: Any = None) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._settings = settings
+        self._sync = sync
+        self._slot_reconciler = slot_reconciler
+
+    def sweep(self) -> SweepReport:
+        r = SweepReport()
+        r.expired = self._expire()
+        r.retried = self._retry_due()
+        r.resent = self._resend_submits()
+        r.ambiguous = self._stuck_sending()
+        r.reconciled = len(self._sync.reconcile_due())
+        r.cancels = self._sync.cancel_due()
+        r.polled = self._sync.poll_due()
+        r.orphans_expired = self._orphans()
+        if self._slot_reconciler is not None:
+            r.slots = dict(self._slot_reconciler())
+        return r
+
+    def _ids(self, stmt: sa.Select[Any]) -> list[Any]:
+        with self._engine.connect() as conn:
+            return [row[0] for row in conn.execute(stmt.limit(500))]
+
+    def _retry_due(self) -> int:
+        now = self._clock.now()
+        ids = self._ids(sa.select(_t.id).where(_t.status == TaskStatus.RETRY_WAIT.value, _t.next_retry_at <= now))
+        return sum(self._transition(i, TaskEvent.RETRY_DUE, {"next_retry_at": None, "next_action_at": now})
+                   for i in ids)
+
+    def _expire(self) -> int:
+        now = self._clock.now()
+        terminal = [s.value for s in TASK_TERMINAL]
+        ids = self._ids(sa.select(_t.id).where(_t.status.not_in(terminal), _t.deadline_at <= now))
+        return sum(self._transition(i, TaskEvent.DEADLINE_PASSED, {"next_action_at": None}) for i in ids)
+
+    def _transition(self, task_id: Any, event: TaskEvent, extra: dict[str, Any]) -> int:
+        now = self._clock.now()
+        live_job = None
+        with write_tx(self._engine) as conn:
+            task = tasks.read(conn, task_id, lock=True)
+            decision = decide(tasks.snapshot(task), Trigger(event, expected_version=int(task.version)), now)
+            if not isinstance(decision, Decision):
+                return 0
+            tasks.apply(conn, task_id, decision, source=EventSource.SWEEPER,
+                        source_event_id=f"{task_id}:{decision.version}", now=now, extra=extra)
+            billing.close_reservation(conn, task, decision, now, reason=event.value, created_by="sweeper")
+            if Effect.REQUEST_PROVIDER_CANCEL in decision.effects:
+                current = attempts.current(conn, task_id)
+                if current is not None and current.provider_job_id:
+                    live_job = current
+        if live_job is not None:
+            # expired with a live job: stop paying for it (best effort, outside the transaction)
+            self._sync.cancel_job(live_job)
+        return 1
+
+    def _resend_submits(self) -> int:
+        now = self._clock.now()
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(_a.id, _a.task_id, _t.tenant_id, _t.version).join(generation_tasks, _t.id == _a.task_id)
+                .where(_t.status == TaskStatus.DISPATCHING.value, _a.submit_state == AttemptStatus.NEW.value,
+                       _t.next_action_at <= now).limit(500)
+            ).all()
+        for row in rows:
+            with write_tx(self._engine) as conn:
+                outbox.add(conn, EventType.PROVIDER_SUBMIT_REQUESTED, aggregate_type="attempt", aggregate_id=row.id,
+                           aggregate_version=int(row.version), tenant_id=row.tenant_id, now=now,
+                           payload={"attempt_id": str(row.id), "task_id": str(row.task_id), "resent": True})
+                conn.execute(generation_tasks.update().where(_t.id == row.task_id)
+                             .values(next_action_at=now + SENDING_GRACE))
+        return len(rows)
+
+    def _stuck_sending(self) -> int:
+        now = self._clock.now()
+        ids = self._ids(sa.select(_a.id).where(_a.submit_state == AttemptStatus.SENDING.value,
+                                               _a.updated_at <= now - SENDING_GRACE))
+        for attempt_id in ids:
+            with write_tx(self._engine) as conn:
+                attempt = attempts.read(conn, attempt_id, lock=True)
+                if attempt.submit_state != AttemptStatus.SENDING.value:
+                    continue
+                attempts.transition(conn, attempt, AttemptEvent.SUBMIT_AMBIGUOUS, now,
+                                    last_error_class="sender_lost")
+                task = tasks.read(conn, attempt.task_id, lock=True)
+                decision = decide(tasks.snapshot(task), Trigger(TaskEvent.SUBMIT_AMBIGUOUS, int(task.version)), now)
+                if isinstance(decision, Decision):
+                    tasks.apply(conn, task.id, decision, source=EventSource.SWEEPER,
+                                source_event_id=f"{task.id}:{decision.version}", now=now,
+                                extra={"next_action_at": now, "last_error_class": "sender_lost"})
+        return len(ids)
+
+    def _orphans(self) -> int:
+        now = self._clock.now()
+        with write_tx(self._engine) as conn:
+            rows = conn.execute(
+                sa.select(provider_events.c.id, provider_events.c.provider, provider_events.c.provider_job_id)
+                .where(provider_events.c.orphan, provider_events.c.expires_at <= now).limit(500)
+            ).all()
+            for row in rows:
+                alerts.raise_alert(conn, alerts.Rule.ORPHAN_CALLBACK_EXPIRED, AlertSeverity.WARNING,
+                                   dedup_key=str(row.id), now=now, subject_type="provider_event",
+                                   subject_id=str(row.id),
+                                   message=f"{row.provider} event for unknown job {row.provider_job_id} expired "
+                                           "unmatched: a job we never recorded may exist (possible orphan cost)")
+                conn.execute(provider_events.update().where(provider_events.c.id == row.id)
+                             .values(expires_at=now + timedelta(days=30)))
+        return len(rows)

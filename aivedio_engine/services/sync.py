@@ -1,0 +1,272 @@
+"""Talking to providers about jobs we already have: polling, SUBMIT_UNKNOWN reconciliation, cancellation.
+
+Every operation is tx A (read what is due) → the provider call, outside any transaction → tx B (record what
+the call proved). Statuses learnt here go through `observations.record`, i.e. the same reducer as callbacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+
+from aivedio_engine.clock import Clock
+from aivedio_engine.config import Settings
+from aivedio_engine.db import alerts, attempts, tasks
+from aivedio_engine.db.session import write_tx
+from aivedio_engine.db.tables import generation_tasks, task_attempts
+from aivedio_engine.domain.polling import LookupVerdict, PollPolicy, ReconcilePolicy, next_poll_at, reconcile_step
+from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, TaskStatus
+from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent, Trigger, decide
+from aivedio_engine.providers.base import (
+    Canceled,
+    JobStatus,
+    NotFound,
+    Observation,
+    QueryFailed,
+    TooLate,
+    Unsupported,
+)
+from aivedio_engine.services import billing, observations
+
+_a = task_attempts.c
+_t = generation_tasks.c
+POLLABLE = (AttemptStatus.ACKED.value, AttemptStatus.RUNNING.value)
+
+
+class ProviderSync:
+    def __init__(self, engine: Engine, clock: Clock, settings: Settings, providers: Any,
+                 rng: random.Random | None = None) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._settings = settings
+        self._providers = providers
+        self._rng = rng or random.Random()
+        p = settings.polling
+        self._poll = PollPolicy(p.min_interval_s, p.max_interval_s, p.jitter)
+        r = settings.reconcile
+        self._reconcile = ReconcilePolicy(tuple(r.lookup_after_s), r.park_after_s)
+
+    # ------------------------------------------------------------------------------------------ polling
+    def poll_due(self, limit: int = 100) -> int:
+        now = self._clock.now()
+        budget = max(1, int(self._settings.polling.provider_query_budget_per_s))
+        with self._engine.connect() as conn:
+            due = conn.execute(
+                sa.select(_a.id, _a.provider, _a.provider_job_id, _a.submitted_at, _a.output_url_expires_at,
+                          _t.status.label("task_status"))
+                .join(generation_tasks, _t.id == _a.task_id)
+                .where(_a.submit_state.in_(POLLABLE), _a.next_poll_at <= now, _a.provider_job_id.is_not(None))
+                .order_by(_a.next_poll_at).limit(limit)
+            ).all()
+        per_provider: dict[str, int] = {}
+        polled = 0
+        for row in due:
+            if per_provider.get(row.provider, 0) >= budget:
+                continue  # the provider's query budget for this round is spent; the row stays due
+            per_provider[row.provider] = per_provider.get(row.provider, 0) + 1
+            self._poll_one(row)
+            polled += 1
+        return polled
+
+    def _poll_one(self, row: Any) -> None:
+        result = self._providers[row.provider].query(row.provider_job_id)
+        now = self._clock.now()
+        nxt = next_poll_at(self._poll, submitted_at=row.submitted_at or now, now=now, rng=self._rng,
+                           url_expires_at=row.output_url_expires_at,
+                           cancel_pending=row.task_status == TaskStatus.CANCEL_REQUESTED.value)
+        with write_tx(self._engine) as conn:
+            if isinstance(result, Observation):
+                observations.record(conn, row.provider, result, EventSource.POLLING, now)
+            # NotFound on a fresh job id means "not visible yet"; QueryFailed changes nothing but the schedule
+            conn.execute(task_attempts.update().where(_a.id == row.id)
+                         .values(next_poll_at=nxt, poll_count=_a.poll_count + 1))
+
+    # ------------------------------------------------------------------------------------ reconciliation
+    def reconcile_due(self, limit: int = 100, task_id: uuid.UUID | None = None) -> list[tuple[uuid.UUID, str]]:
+        """Resolve ambiguous submits whose next lookup is due; returns (task id, outcome) per attempt looked at."""
+        now = self._clock.now()
+        stmt = (sa.select(_a.id, _a.task_id).join(generation_tasks, _t.id == _a.task_id)
+                .where(_a.submit_state == AttemptStatus.UNKNOWN.value,
+                       sa.or_(_t.next_action_at.is_(None), _t.next_action_at <= now), _t.parked_reason.is_(None))
+                .limit(limit))
+        if task_id is not None:
+            stmt = stmt.where(_a.task_id == task_id)
+        with self._engine.connect() as conn:
+            rows = conn.execute(stmt).all()
+        return [(r.task_id, self.reconcile_one(r.id)) for r in rows]
+
+    def reconcile_one(self, attempt_id: uuid.UUID) -> str:
+        with self._engine.connect() as conn:
+            attempt = attempts.read(conn, attempt_id)
+        if attempt is None or attempt.submit_state != AttemptStatus.UNKNOWN.value:
+            return "not-unknown"
+        now = self._clock.now()
+        verdict, wait_until = self._step(attempt, now)
+        if verdict is LookupVerdict.WAIT:
+            self._set_next_action(attempt.task_id, wait_until)
+            return "waiting"
+        if verdict is LookupVerdict.PARK:
+            return self._park(attempt, now)
+        if verdict is LookupVerdict.CONFIRMED_NOT_CREATED:
+            return self._not_created(attempt, now)
+        provider = self._providers[attempt.provider]
+        found = provider.find(attempt.provider_request_key)
+        now = self._clock.now()
+        if isinstance(found, Observation):
+            return self._found(attempt, found, now)
+        with write_tx(self._engine) as conn:
+            values: dict[str, Any] = {"lookup_count": _a.lookup_count + 1, "last_lookup_at": now}
+            if isinstance(found, NotFound):
+                values["last_not_found_at"] = now
+            conn.execute(task_attempts.update().where(_a.id == attempt.id).values(**values))
+        if isinstance(found, Unsupported):
+            return self._without_lookup(attempt, now)
+        with self._engine.connect() as conn:
+            attempt = attempts.read(conn, attempt_id)
+        verdict, wait_until = self._step(attempt, now)
+        if verdict is LookupVerdict.CONFIRMED_NOT_CREATED:
+            return self._not_created(attempt, now)
+        self._set_next_action(attempt.task_id, wait_until or now + timedelta(seconds=10))
+        return "not-found-yet" if isinstance(found, NotFound) else "lookup-failed"
+
+    def _step(self, attempt: Any, now: datetime) -> tuple[LookupVerdict, datetime | None]:
+        return reconcile_step(self._reconcile, sent_at=attempt.submitted_at or attempt.created_at, now=now,
+                              lookups_done=int(attempt.lookup_count), last_lookup_at=attempt.last_lookup_at,
+                              last_not_found_at=attempt.last_not_found_at)
+
+    def _found(self, attempt: Any, obs: Observation, now: datetime) -> str:
+        with write_tx(self._engine) as conn:
+            fresh = attempts.read(conn, attempt.id, lock=True)
+            if fresh.submit_state != AttemptStatus.UNKNOWN.value:
+                return "already-resolved"
+            attempts.transition(conn, fresh, AttemptEvent.PROVIDER_JOB_FOUND, now, provider_job_id=obs.job_id,
+                                lookup_count=fresh.lookup_count + 1, last_lookup_at=now,
+                                next_poll_at=next_poll_at(self._poll, submitted_at=fresh.submitted_at or now, now=now,
+                                                          rng=self._rng))
+            task = tasks.read(conn, fresh.task_id, lock=True)
+            if task.status == TaskStatus.SUBMIT_UNKNOWN.value:
+                self._apply(conn, task, TaskEvent.PROVIDER_JOB_FOUND, now, {"job_id": obs.job_id},
+                            {"next_action_at": None})
+            observations.rematch(conn, fresh.provider, obs.job_id, fresh.id, now)
+            observations.record(conn, fresh.provider, obs, EventSource.POLLING, now)
+        return "found"
+
+    def _not_created(self, attempt: Any, now: datetime) -> str:
+        with write_tx(self._engine) as conn:
+            fresh = attempts.read(conn, attempt.id, lock=True)
+            if fresh.submit_state != AttemptStatus.UNKNOWN.value:
+                return "already-resolved"
+            attempts.transition(conn, fresh, AttemptEvent.CONFIRMED_NOT_CREATED, now,
+                                last_error_class="confirmed_not_created")
+            task = tasks.read(conn, fresh.task_id, lock=True)
+            if task.status == TaskStatus.SUBMIT_UNKNOWN.value:
+                self._apply(conn, task, TaskEvent.CONFIRMED_NOT_CREATED, now, {},
+                            {"next_retry_at": now, "next_action_at": now})
+            elif task.status == TaskStatus.CANCEL_REQUESTED.value:
+                decision = self._apply(conn, task, TaskEvent.CANCEL_CONFIRMED, now, {"reason": "never created"})
+                billing.close_reservation(conn, task, decision, now, reason="canceled", billed=False)
+        return "not-created"
+
+    def _without_lookup(self, attempt: Any, now: datetime) -> str:
+        """No lookup by request key: wait out the window, then park (or, if configured, resubmit with an alert)."""
+        verdict, wait_until = self._step(attempt, now)
+        if verdict is not LookupVerdict.PARK:
+            park_at = (attempt.submitted_at or attempt.created_at) + timedelta(seconds=self._reconcile.park_after_s)
+            self._set_next_action(attempt.task_id, park_at)
+            return "waiting-no-lookup"
+        return self._park(attempt, now)
+
+    def _park(self, attempt: Any, now: datetime) -> str:
+        if self._settings.reconcile.resubmit_without_lookup and \
+                not self._settings.providers[attempt.provider].supports_lookup_by_request_key:
+            with write_tx(self._engine) as conn:
+                alerts.raise_alert(conn, alerts.Rule.RESUBMIT_WITHOUT_LOOKUP, AlertSeverity.WARNING,
+                                   dedup_key=str(attempt.id), now=now, subject_type="attempt",
+                                   subject_id=str(attempt.id),
+                                   message=f"resubmitting after an ambiguous submit to {attempt.provider}, which "
+                                           "cannot look jobs up: a duplicate paid job is possible")
+            return self._not_created(attempt, now)
+        with write_tx(self._engine) as conn:
+            reason = f"ambiguous submit to {attempt.provider} unresolved after the reconciliation window"
+            conn.execute(generation_tasks.update().where(_t.id == attempt.task_id)
+                         .values(parked_reason=reason, next_action_at=None, updated_at=now))
+            alerts.raise_alert(conn, alerts.Rule.SUBMIT_UNKNOWN_PARKED, AlertSeverity.CRITICAL,
+                               dedup_key=str(attempt.task_id), now=now, subject_type="task",
+                               subject_id=str(attempt.task_id), message=reason)
+        return "parked"
+
+    # -------------------------------------------------------------------------------------- cancellation
+    def cancel_due(self, limit: int = 100) -> int:
+        now = self._clock.now()
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(_t.id).where(_t.status == TaskStatus.CANCEL_REQUESTED.value,
+                                       sa.or_(_t.next_action_at.is_(None), _t.next_action_at <= now)).limit(limit)
+            ).all()
+        for row in rows:
+            self.cancel_one(row.id)
+        return len(rows)
+
+    def cancel_one(self, task_id: uuid.UUID) -> str:
+        with self._engine.connect() as conn:
+            attempt = attempts.current(conn, task_id)
+        now = self._clock.now()
+        if attempt is None or attempt.submit_state in (AttemptStatus.NEW.value, AttemptStatus.FAILED_BEFORE_ACCEPT.value):
+            return self._confirm_cancel(task_id, now, billed=False)
+        if attempt.submit_state in (AttemptStatus.UNKNOWN.value, AttemptStatus.SENDING.value):
+            self._set_next_action(task_id, now + timedelta(seconds=10))
+            return "awaiting-reconciliation"
+        if attempt.submit_state in (AttemptStatus.SUCCEEDED.value, AttemptStatus.FAILED.value,
+                                    AttemptStatus.CANCELED.value):
+            self._set_next_action(task_id, now + timedelta(seconds=5))
+            return "awaiting-reducer"
+        result = self._providers[attempt.provider].cancel(attempt.provider_job_id)
+        now = self._clock.now()
+        if isinstance(result, Canceled):
+            with write_tx(self._engine) as conn:
+                observations.record(conn, attempt.provider, Observation(
+                    job_id=attempt.provider_job_id, status=JobStatus.CANCELED, provider_updated_at=now,
+                    event_id=f"cancel:{attempt.id}"), EventSource.POLLING, now)
+            return "canceled"
+        # too late, unsupported or failed: poll soon; completion or cancellation arrives through the reducer
+        with write_tx(self._engine) as conn:
+            conn.execute(task_attempts.update().where(_a.id == attempt.id).values(next_poll_at=now))
+            conn.execute(generation_tasks.update().where(_t.id == task_id)
+                         .values(next_action_at=now + timedelta(seconds=30)))
+        return "too-late" if isinstance(result, TooLate) else "retry-later"
+
+    def cancel_job(self, attempt: Any) -> None:
+        """Ask the provider to stop a job whose task already ended (e.g. expired); failures are only logged."""
+        try:
+            self._providers[attempt.provider].cancel(attempt.provider_job_id)
+        except Exception:  # noqa: BLE001 - best effort; the job's outcome still arrives through the reducer
+            logging.getLogger("aivedio.sync").warning("cancel of an expired task's job failed", exc_info=True)
+
+    def _confirm_cancel(self, task_id: uuid.UUID, now: datetime, billed: bool) -> str:
+        with write_tx(self._engine) as conn:
+            task = tasks.read(conn, task_id, lock=True)
+            if task.status != TaskStatus.CANCEL_REQUESTED.value:
+                return "moved"
+            decision = self._apply(conn, task, TaskEvent.CANCEL_CONFIRMED, now, {"reason": "nothing at the provider"})
+            billing.close_reservation(conn, task, decision, now, reason="canceled", billed=billed)
+        return "canceled"
+
+    # ----------------------------------------------------------------------------------------- helpers
+    def _set_next_action(self, task_id: uuid.UUID, at: datetime | None) -> None:
+        with write_tx(self._engine) as conn:
+            conn.execute(generation_tasks.update().where(_t.id == task_id).values(next_action_at=at))
+
+    def _apply(self, conn: Connection, task: Any, event: TaskEvent, now: datetime, payload: dict[str, Any],
+               extra: dict[str, Any] | None = None) -> Decision:
+        decision = decide(tasks.snapshot(task), Trigger(event, expected_version=int(task.version)), now)
+        if not isinstance(decision, Decision):
+            raise tasks.VersionConflict(f"{event} rejected for task {task.id}: {decision.reason}")
+        tasks.apply(conn, task.id, decision, source=EventSource.SWEEPER,
+                    source_event_id=f"{task.id}:{decision.version}", now=now, extra=extra, payload=payload)
+        return decision

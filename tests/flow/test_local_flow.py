@@ -1,0 +1,53 @@
+"""A generation through the real local provider (ffmpeg) in embedded mode, up to the output fetch request."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts, task_state_events
+from tests.support.app import make_context, tenant_with_key
+from tests.support.pump import Pump
+
+
+def test_local_provider_drives_a_task_to_output_fetching(tmp_path: Path) -> None:
+    ctx = make_context(tmp_path / "data", polling={"min_interval_s": 1, "max_interval_s": 2, "jitter": 0})
+    who = tenant_with_key(ctx, "alice", credits=100)
+    task = ctx.generations.create(who.tenant_id, "k1", {"prompt": "a paper boat", "model": "local-v1",
+                                                        "duration_s": 2}).task
+    pump = Pump(ctx)
+    assert ctx.dispatcher.run_once() == 1
+    pump.run()
+    deadline = time.monotonic() + 60
+    woke = threading.Event()
+    status = None
+    while time.monotonic() < deadline:
+        # the poll is due ≥ 1 s after submit; force it due instead of waiting for the schedule
+        with ctx.engine.begin() as conn:
+            conn.execute(task_attempts.update().values(next_poll_at=ctx.clock.now()))
+        ctx.sync.poll_due()
+        pump.run()
+        with ctx.engine.connect() as conn:
+            status = conn.execute(sa.select(generation_tasks.c.status)).scalar_one()
+        if status == "OUTPUT_FETCHING":
+            break
+        woke.wait(0.2)  # bounded wait for the render to progress before the next poll
+    assert status == "OUTPUT_FETCHING", status
+    fetch = [e for e in pump.parked if e["event_type"] == "fetch.requested"]
+    assert len(fetch) == 1 and fetch[0]["outputs"] and fetch[0]["outputs"][0]["url"].startswith("http://127.0.0.1:")
+    with ctx.engine.connect() as conn:
+        history = [r.to_status for r in conn.execute(
+            sa.select(task_state_events.c.to_status).where(task_state_events.c.outcome == "applied")
+            .order_by(task_state_events.c.task_version))]
+        attempt = conn.execute(sa.select(task_attempts)).one()
+        reserves = conn.execute(sa.select(sa.func.count()).select_from(credit_ledger)
+                                .where(credit_ledger.c.entry_type == "RESERVE")).scalar_one()
+    assert history[:6] == ["CREATED", "VALIDATING", "QUOTA_RESERVED", "QUEUED", "DISPATCHING", "SUBMITTED"]
+    assert history[-1] == "OUTPUT_FETCHING"
+    assert attempt.submit_state == "SUCCEEDED" and attempt.provider_job_id
+    assert reserves == 1
+    assert ctx.slots.counts().get("provider:local", 0) == 0  # the slot came back with the finished attempt
+    ctx.close()

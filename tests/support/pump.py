@@ -1,0 +1,81 @@
+"""Drive the pipeline in-process and deterministically: outbox rows are handed to the same service functions
+the Dramatiq actors call, in order, without a broker. Broker delivery itself is tested elsewhere."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from aivedio_engine.bootstrap import AppContext
+from aivedio_engine.db.tables import outbox_events, task_attempts
+from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.status import OutboxStatus
+from aivedio_engine.services import intake, reducer
+from aivedio_engine.services.consume import Envelope
+from aivedio_engine.services.dispatch import release_if_finished
+
+
+class Pump:
+    def __init__(self, ctx: AppContext, *, duplicate_every: int = 0) -> None:
+        self.ctx = ctx
+        self.seen: Counter[str] = Counter()
+        #: deliver every n-th event twice (0 = never), as a redelivering broker would
+        self.duplicate_every = duplicate_every
+        self.parked: list[dict] = []  # events for consumers that do not exist yet (e.g. fetch)
+
+    def _handlers(self) -> dict[str, Callable[[Envelope], None]]:
+        ctx = self.ctx
+
+        def submit(env: Envelope) -> None:
+            attempt_id = uuid.UUID(env.payload["attempt_id"])
+            ctx.submitter.submit(attempt_id)
+            release_if_finished(ctx.engine, ctx.slots, attempt_id)
+
+        def observed(env: Envelope) -> None:
+            reducer.reduce_event(ctx.engine, env, ctx.clock.now())
+            with ctx.engine.connect() as conn:
+                attempt = conn.execute(sa.select(task_attempts.c.id).where(
+                    task_attempts.c.provider == env.payload["provider"],
+                    task_attempts.c.provider_job_id == env.payload["job_id"])).first()
+            if attempt is not None:
+                release_if_finished(ctx.engine, ctx.slots, attempt.id)
+
+        return {
+            EventType.GENERATION_QUEUED.value: lambda env: intake.mark_ready_for_dispatch(
+                ctx.engine, env, now=ctx.clock.now()),
+            EventType.PROVIDER_SUBMIT_REQUESTED.value: submit,
+            EventType.PROVIDER_STATUS_OBSERVED.value: observed,
+        }
+
+    def run(self, max_events: int = 10_000) -> int:
+        """Deliver every pending outbox row once (some twice); returns how many were delivered."""
+        handlers = self._handlers()
+        delivered = 0
+        while delivered < max_events:
+            with self.ctx.engine.connect() as conn:
+                rows = conn.execute(sa.select(outbox_events)
+                                    .where(outbox_events.c.status == OutboxStatus.PENDING.value)
+                                    .order_by(outbox_events.c.id).limit(200)).all()
+            if not rows:
+                return delivered
+            for row in rows:
+                env = Envelope(event_id=row.id, event_type=row.event_type, schema_version=row.schema_version,
+                               aggregate_id=row.aggregate_id, aggregate_version=row.aggregate_version,
+                               tenant_id=row.tenant_id, trace_id=row.trace_id, causation_id=row.causation_id,
+                               occurred_at=row.created_at, payload=row.payload)
+                handler = handlers.get(row.event_type)
+                if handler is None:
+                    self.parked.append({"event_type": row.event_type, **row.payload})
+                else:
+                    times = 2 if self.duplicate_every and delivered % self.duplicate_every == 0 else 1
+                    for _ in range(times):
+                        handler(env)
+                        self.seen[row.event_type] += 1
+                with self.ctx.engine.begin() as conn:
+                    conn.execute(outbox_events.update().where(outbox_events.c.id == row.id)
+                                 .values(status=OutboxStatus.PUBLISHED.value, published_at=self.ctx.clock.now()))
+                delivered += 1
+        return delivered
