@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from aivedio_cli import capacity_cmd, config_cmd, db_cmd, states_cmd
+from aivedio_cli import capacity_cmd, config_cmd, db_cmd, serve_cmd, states_cmd, tenants_cmd
+from aivedio_cli import sim_cmd
 from aivedio_cli._context import CliState
 from aivedio_engine import __version__
 
@@ -19,7 +20,11 @@ app = typer.Typer(
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(db_cmd.app, name="db")
 app.add_typer(capacity_cmd.app, name="capacity")
+app.add_typer(tenants_cmd.tenants_app, name="tenants")
+app.add_typer(tenants_cmd.keys_app, name="keys")
 app.command("states")(states_cmd.states)
+app.command("serve")(serve_cmd.serve)
+app.command("sim-provider")(sim_cmd.sim_provider)
 
 
 def _version(value: bool) -> None:

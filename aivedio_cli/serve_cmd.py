@@ -1,0 +1,70 @@
+"""`aivedio serve [--role api,relay,worker,scheduler,sweeper | all]`: run process roles until SIGTERM/SIGINT.
+
+The work is in `aivedio_engine.worker.runtime`; this module parses options, prepares the database and maps the
+outcome to an exit code. Heavy modules (dramatiq, the HTTP stack) load only when the command runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from aivedio_cli._context import state
+from aivedio_cli._render import ExitCode, fail
+from aivedio_engine.config import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+
+def serve(
+    ctx: typer.Context,
+    role: str = typer.Option(
+        "all", "--role", metavar="ROLES",
+        help="Comma list of api, relay, worker, scheduler, sweeper, or all (one process runs everything).",
+    ),
+    host: Optional[str] = typer.Option(None, "--host", help="API listen address (default: api.host)."),
+    port: Optional[int] = typer.Option(None, "--port", help="API listen port (default: api.port)."),
+) -> None:
+    """Run aivedio's process roles until SIGTERM or Ctrl-C, then shut down cleanly."""
+    from aivedio_engine.bootstrap import build_context
+    from aivedio_engine.worker import runtime
+
+    try:
+        roles = runtime.parse_roles(role)
+    except ValueError as exc:
+        fail(str(exc), ExitCode.USAGE)
+    settings = state(ctx).settings()
+    _configure_logging(settings)
+    app_ctx = build_context(settings)
+    try:
+        _prepare_database(app_ctx.engine, settings)
+        code = runtime.run(app_ctx, roles, threading.Event(), api_host=host, api_port=port)
+    finally:
+        app_ctx.close()
+    if code:
+        raise typer.Exit(code)
+
+
+def _prepare_database(engine: Engine, settings: Settings) -> None:
+    """Embedded: create the SQLite schema (one command must just work). PostgreSQL: refuse an outdated schema."""
+    from aivedio_engine.db import migrate
+
+    if not settings.is_postgres:
+        migrate.upgrade(engine)
+        return
+    behind = [s.name for s in migrate.status(engine) if s.state in (migrate.PENDING, migrate.CHECKSUM_MISMATCH)]
+    if behind:
+        fail(f"database schema is not up to date ({', '.join(behind)}): run `aivedio db upgrade` first")
+
+
+def _configure_logging(settings: Settings) -> None:
+    root = logging.getLogger()
+    if not root.handlers:  # an embedding application's logging wins
+        logging.basicConfig(
+            level=settings.logging.level,
+            format="%(asctime)s %(levelname)s %(process)d %(threadName)s %(name)s: %(message)s",
+        )

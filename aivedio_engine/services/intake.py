@@ -1,0 +1,45 @@
+"""The `generation.queued` effect: mark a still-queued task as ready for the dispatcher.
+
+No state change happens here. The task's `version` is the guard: the event announces version N, and if the task
+has moved on since (canceled, expired, already dispatched) the event is stale and does nothing. The guard is part
+of the UPDATE itself, so a concurrent cancel can never be overwritten by a late `generation.queued`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+
+from aivedio_engine.db.tables import generation_tasks
+from aivedio_engine.domain.status import TaskStatus
+from aivedio_engine.services.consume import Envelope, Outcome, consume_once
+
+#: one consumer group per effect: another effect on the same event (e.g. notifications) dedups separately.
+CONSUMER_GROUP = "intake"
+
+
+def mark_ready_for_dispatch(engine: Engine, envelope: Envelope, *, now: datetime) -> Outcome:
+    """Consume one `generation.queued` event: QUEUED task at the announced version → `next_action_at = now`."""
+
+    def effect(conn: Connection) -> str:
+        t = generation_tasks.c
+        updated = conn.execute(
+            sa.update(generation_tasks)
+            .where(
+                t.id == envelope.aggregate_id,
+                t.status == TaskStatus.QUEUED.value,
+                t.version == envelope.aggregate_version,
+            )
+            .values(next_action_at=now)
+        ).rowcount
+        if updated:
+            return "ready"
+        # Why not: kept in the inbox digest so an operator can tell a stale event from a missing task.
+        current = conn.execute(sa.select(t.status, t.version).where(t.id == envelope.aggregate_id)).first()
+        if current is None:
+            return "skipped: task not found"
+        return f"skipped: status={current.status} version={current.version}"
+
+    return consume_once(engine, CONSUMER_GROUP, envelope.event_id, envelope.aggregate_id, effect, now)

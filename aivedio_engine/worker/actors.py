@@ -1,0 +1,92 @@
+"""Thin actors: parse the envelope, call one service function. One entry per event type in `domain.events.ROUTES`.
+
+Actors are *declared* by `declare_actors(broker, ctx)` rather than decorated at import time: importing this module
+never touches `dramatiq.get_broker()` (which would invent a localhost broker), each test can declare them on its
+own StubBroker, and the process context reaches the service without a module-level global.
+
+Adding a consumer for another event type is one function here:
+
+    @consumes(EventType.FETCH_REQUESTED, max_retries=5, min_backoff=2_000, max_backoff=60_000, time_limit=30_000)
+    def fetch_output(ctx: AppContext, envelope: Envelope) -> None:
+        fetch.fetch_output(ctx.engine, ..., envelope, now=ctx.clock.now())
+
+The actor's name and queue come from ROUTES, so the relay (which publishes by name) and the worker agree.
+Retry options are always explicit: Dramatiq's defaults (20 retries, up to 7 days) are wrong for this product,
+and a submit-to-provider actor must use max_retries=0 (its retries belong to the attempt logic, DESIGN §6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import dramatiq
+
+from aivedio_engine.domain.events import ROUTES, EventType
+from aivedio_engine.services import intake
+from aivedio_engine.services.consume import Envelope, InvalidEnvelope
+
+if TYPE_CHECKING:
+    from aivedio_engine.bootstrap import AppContext
+
+Handler = Callable[["AppContext", Envelope], None]
+#: options every actor must state, so nobody inherits a default by accident
+REQUIRED_OPTIONS = frozenset({"max_retries", "min_backoff", "max_backoff", "time_limit"})
+#: errors that no retry can fix; the message goes straight to the dead letters
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (InvalidEnvelope,)
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    event_type: EventType
+    handler: Handler
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+#: event type → how it is consumed; filled by @consumes below
+REGISTRY: dict[EventType, ActorSpec] = {}
+
+
+def consumes(event_type: EventType, **options: Any) -> Callable[[Handler], Handler]:
+    """Register `handler(ctx, envelope)` as the consumer of `event_type` with explicit Dramatiq options."""
+    missing = REQUIRED_OPTIONS - options.keys()
+    if missing:
+        raise TypeError(f"actor for {event_type}: declare {', '.join(sorted(missing))} explicitly")
+
+    def register(handler: Handler) -> Handler:
+        if event_type in REGISTRY:
+            raise ValueError(f"{event_type} already has a consumer: {REGISTRY[event_type].handler.__name__}")
+        REGISTRY[event_type] = ActorSpec(event_type, handler, {"throws": PERMANENT_ERRORS, **options})
+        return handler
+
+    return register
+
+
+@consumes(EventType.GENERATION_QUEUED, max_retries=5, min_backoff=500, max_backoff=30_000, time_limit=30_000)
+def on_generation_queued(ctx: AppContext, envelope: Envelope) -> None:
+    intake.mark_ready_for_dispatch(ctx.engine, envelope, now=ctx.clock.now())
+
+
+def declare_actors(broker: dramatiq.Broker, ctx: AppContext) -> dict[str, dramatiq.Actor[Any, Any]]:
+    """Declare every registered consumer on `broker`, bound to `ctx`; returns them by actor name."""
+    declared: dict[str, dramatiq.Actor[Any, Any]] = {}
+    for spec in REGISTRY.values():
+        route = ROUTES[spec.event_type]
+        declared[route.actor] = dramatiq.actor(
+            _bind(spec.handler, ctx, route.actor),
+            broker=broker,
+            actor_name=route.actor,
+            queue_name=route.queue.value,
+            **spec.options,
+        )
+    return declared
+
+
+def _bind(handler: Handler, ctx: AppContext, name: str) -> Callable[[dict[str, Any]], None]:
+    def actor(envelope: dict[str, Any]) -> None:
+        handler(ctx, Envelope.parse(envelope))
+
+    actor.__name__ = actor.__qualname__ = name
+    actor.__module__ = handler.__module__
+    return actor

@@ -1,0 +1,101 @@
+"""Dramatiq middleware that records every message Dramatiq gives up on in the `dead_letters` table.
+
+Redis forgets its dead-letter queue after 7 days and the StubBroker keeps it only in memory, so the database is
+the record operators replay from. The row is written in `before_nack`, i.e. before the broker moves the message
+to its own DLQ: if this process dies in between, the message is redelivered and recorded again (seen_count
+grows) rather than existing only in Redis. A failure to write is logged by Dramatiq and the nack still happens,
+so a database outage cannot wedge a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import dramatiq
+from dramatiq.broker import MessageProxy
+from sqlalchemy import Engine
+from sqlalchemy.dialects import postgresql, sqlite
+
+from aivedio_engine.clock import new_id
+from aivedio_engine.config import mask_secrets
+from aivedio_engine.db.tables import dead_letters
+
+log = logging.getLogger(__name__)
+
+#: enough of the traceback to see where it failed without storing a whole stack per message
+TRACEBACK_TAIL_CHARS = 4000
+ERROR_CHARS = 500
+
+
+class DeadLetters(dramatiq.Middleware):
+    """Upsert a `dead_letters` row (by message id, counting repeats) when a message is rejected.
+
+    Args:
+        engine: a callable returning the Engine, so the broker can be built before the database is touched.
+        now: the injected clock's `now`.
+    """
+
+    def __init__(self, engine: Callable[[], Engine], now: Callable[[], datetime]) -> None:
+        self._engine = engine
+        self._now = now
+
+    def before_nack(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        record(self._engine(), message, self._now())
+
+
+def record(engine: Engine, message: MessageProxy | dramatiq.Message, now: datetime) -> None:
+    """Insert or bump the dead-letter row of `message`."""
+    exc: BaseException | None = getattr(message, "_exception", None)
+    options = dict(message.options)
+    tb = options.pop("traceback", None) or (
+        "".join(traceback.format_exception(exc)) if exc is not None else None
+    )
+    body = {
+        "queue_name": message.queue_name,
+        "actor_name": message.actor_name,
+        "args": list(message.args),
+        "kwargs": message.kwargs,
+        "options": options,
+        "message_id": message.message_id,
+        "message_timestamp": message.message_timestamp,
+    }
+    row: dict[str, Any] = {
+        "id": new_id(),
+        "message_id": message.message_id,
+        "actor": message.actor_name,
+        "queue": message.queue_name.removesuffix(".DQ"),
+        "message": body,
+        "error": one_line_error(exc) if exc is not None else "rejected without an exception (e.g. age limit)",
+        "traceback_tail": mask_secrets(tb[-TRACEBACK_TAIL_CHARS:]) if tb else None,
+        "first_seen_at": now,
+        "last_seen_at": now,
+    }
+    with engine.begin() as conn:
+        insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+        stmt = insert(dead_letters).values(**row)
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[dead_letters.c.message_id],
+                set_={
+                    "last_seen_at": stmt.excluded.last_seen_at,
+                    "seen_count": dead_letters.c.seen_count + 1,
+                    "error": stmt.excluded.error,
+                    "traceback_tail": stmt.excluded.traceback_tail,
+                    "message": stmt.excluded.message,
+                    # dead again after a replay: it needs attention again
+                    "replayed_at": None,
+                },
+            )
+        )
+    log.warning("dead letter recorded: actor=%s message_id=%s error=%s", row["actor"], row["message_id"], row["error"])
+
+
+def one_line_error(exc: BaseException) -> str:
+    """`Type: first line of the message`, credentials in URLs masked, bounded."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return mask_secrets(line)[:ERROR_CHARS]

@@ -1,0 +1,280 @@
+"""The outbox relay: PENDING outbox rows → broker messages (message_id = event_id) → PUBLISHED.
+
+At least once, never lost: rows are claimed, enqueued and marked in one short transaction, so a crash after an
+enqueue but before the commit leaves the row PENDING and it is published again (consumers dedup by event id).
+On PostgreSQL, `FOR UPDATE SKIP LOCKED` lets any number of relays share the table without claiming a row twice;
+on SQLite (embedded, one process) `BEGIN IMMEDIATE` serializes relays instead. Holding the row locks while
+enqueueing is deliberate: the broker call is a local, fast one, and it is the only I/O inside the transaction.
+
+Wake-up without slow polling: PostgreSQL `LISTEN aivedio_outbox` on a dedicated connection (writers NOTIFY in
+the transaction that inserts the row, so the notification arrives only after the row is visible); embedded mode
+waits on the in-process event set after such a commit. A periodic check (`fallback_interval_s`) covers lost
+notifications and rows whose `available_at` lies in the future.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import dramatiq
+import sqlalchemy as sa
+from dramatiq.errors import BrokerConnectionError
+from sqlalchemy import Connection, Engine
+
+from aivedio_engine.clock import Clock
+from aivedio_engine.db.engine import SQLITE_BEGIN_OPTION
+from aivedio_engine.db.outbox import NOTIFY_CHANNEL
+from aivedio_engine.db.tables import outbox_events
+from aivedio_engine.domain.events import ROUTES, EventType
+from aivedio_engine.domain.status import OutboxStatus
+from aivedio_engine.services.consume import Envelope
+from aivedio_engine.testing.failpoints import failpoint
+from aivedio_engine.worker.dead_letters import one_line_error
+
+log = logging.getLogger(__name__)
+
+try:  # the Redis client is only present with dramatiq[redis]; embedded mode does not need it
+    from redis.exceptions import ConnectionError as _RedisConnectionError
+    from redis.exceptions import TimeoutError as _RedisTimeoutError
+
+    _BROKER_DOWN: tuple[type[BaseException], ...] = (
+        BrokerConnectionError, _RedisConnectionError, _RedisTimeoutError, ConnectionError,
+    )
+except ImportError:  # pragma: no cover
+    _BROKER_DOWN = (BrokerConnectionError, ConnectionError)
+
+#: how often a waiting relay checks its stop event; not a database poll
+_STOP_CHECK_S = 0.25
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    claimed: int = 0
+    published: int = 0
+    failed: int = 0
+
+
+class Relay:
+    """Publishes due outbox rows to `broker`.
+
+    Args:
+        engine: the database (PostgreSQL or SQLite).
+        broker: the Dramatiq broker messages are enqueued on.
+        clock: "due" means `available_at <= clock.now()`.
+        batch_size: rows claimed per transaction.
+        max_publish_attempts: failed enqueues of one row before it is marked DEAD.
+        wakeup: embedded mode: set after a commit that wrote outbox rows (`AppContext.outbox_wakeup`).
+        fallback_interval_s: longest wait between two checks without any wake-up.
+        retry_backoff_s, retry_backoff_max_s: a failed row is retried after base × 2^attempts, capped.
+        error_backoff_s: pause after a batch that failed as a whole (database down, failpoint).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        broker: dramatiq.Broker,
+        clock: Clock,
+        *,
+        batch_size: int = 200,
+        max_publish_attempts: int = 10,
+        wakeup: threading.Event | None = None,
+        fallback_interval_s: float = 1.0,
+        retry_backoff_s: float = 1.0,
+        retry_backoff_max_s: float = 300.0,
+        error_backoff_s: float = 1.0,
+    ) -> None:
+        if batch_size < 1 or max_publish_attempts < 1:
+            raise ValueError("batch_size and max_publish_attempts must be >= 1")
+        self.engine = engine
+        self.broker = broker
+        self.clock = clock
+        self.batch_size = batch_size
+        self.max_publish_attempts = max_publish_attempts
+        self.wakeup = wakeup
+        self.fallback_interval_s = fallback_interval_s
+        self.retry_backoff_s = retry_backoff_s
+        self.retry_backoff_max_s = retry_backoff_max_s
+        self.error_backoff_s = error_backoff_s
+        #: set once run_forever is listening and has drained what was due at start
+        self.ready = threading.Event()
+        self.published_total = 0
+        self.failed_total = 0
+        self._postgres = engine.dialect.name == "postgresql"
+
+    # --- one batch ---------------------------------------------------------------------------------------------
+
+    def run_once(self) -> int:
+        """Claim up to `batch_size` due rows, publish them, commit; returns how many were published."""
+        return self.run_batch().published
+
+    def run_batch(self) -> BatchResult:
+        now = self.clock.now()
+        with self.engine.connect() as conn:
+            if not self._postgres:
+                conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+            with conn.begin():
+                rows = conn.execute(self._claim_query(now)).all()
+                if not rows:
+                    return BatchResult()
+                failpoint("relay.after_claim")
+                published, failures = self._enqueue_all(rows)
+                if published:
+                    conn.execute(
+                        sa.update(outbox_events)
+                        .where(outbox_events.c.id.in_(published))
+                        .values(status=OutboxStatus.PUBLISHED.value, published_at=now)
+                    )
+                for row, error in failures:
+                    self._record_failure(conn, row, error, now)
+                failpoint("relay.before_commit")
+        self.published_total += len(published)
+        self.failed_total += len(failures)
+        log.debug("outbox batch: claimed %d, published %d, failed %d", len(rows), len(published), len(failures))
+        return BatchResult(claimed=len(rows), published=len(published), failed=len(failures))
+
+    def _claim_query(self, now: datetime) -> sa.Select[Any]:
+        o = outbox_events.c
+        query = (
+            sa.select(outbox_events)
+            .where(o.status == OutboxStatus.PENDING.value, o.available_at <= now)
+            .order_by(o.id)
+            .limit(self.batch_size)
+        )
+        return query.with_for_update(skip_locked=True) if self._postgres else query
+
+    def _enqueue_all(self, rows: list[sa.Row[Any]]) -> tuple[list[Any], list[tuple[sa.Row[Any], BaseException]]]:
+        published: list[Any] = []
+        failures: list[tuple[sa.Row[Any], BaseException]] = []
+        for row in rows:
+            try:
+                self.broker.enqueue(_message(row))
+            except Exception as exc:  # noqa: BLE001 - any failure is recorded on the row, never lost
+                failures.append((row, exc))
+                if isinstance(exc, _BROKER_DOWN):
+                    # the rest would fail the same way; they stay PENDING without spending an attempt
+                    break
+                continue
+            failpoint("relay.after_enqueue")
+            published.append(row.id)
+        return published, failures
+
+    def _record_failure(self, conn: Connection, row: sa.Row[Any], exc: BaseException, now: datetime) -> None:
+        attempts = row.publish_attempts + 1
+        dead = attempts >= self.max_publish_attempts
+        delay = min(self.retry_backoff_s * 2 ** (attempts - 1), self.retry_backoff_max_s)
+        error = one_line_error(exc)
+        conn.execute(
+            sa.update(outbox_events)
+            .where(outbox_events.c.id == row.id)
+            .values(
+                publish_attempts=attempts,
+                last_error=error,
+                status=(OutboxStatus.DEAD if dead else OutboxStatus.PENDING).value,
+                available_at=now if dead else now + timedelta(seconds=delay),
+            )
+        )
+        log.warning("outbox %s: publish attempt %d/%d failed%s: %s", row.id, attempts,
+                    self.max_publish_attempts, " — marked DEAD" if dead else "", error)
+
+    # --- the loop ----------------------------------------------------------------------------------------------
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """Publish until `stop` is set; returns within a fraction of a second of it."""
+        listener: Any = None
+        try:
+            while not stop.is_set():
+                if self._postgres and listener is None:
+                    # LISTEN before checking the table, so a commit racing with the check still wakes us
+                    listener = self._listen()
+                if self.wakeup is not None:
+                    self.wakeup.clear()
+                try:
+                    result = self.run_batch()
+                except Exception:  # noqa: BLE001 - a database or failpoint error must not end the relay
+                    log.exception("outbox relay batch failed; retrying in %.1fs", self.error_backoff_s)
+                    stop.wait(self.error_backoff_s)
+                    continue
+                self.ready.set()
+                if result.claimed >= self.batch_size and not result.failed:
+                    continue  # a backlog: keep draining without waiting
+                listener = self._wait(listener, stop)
+        finally:
+            if listener is not None:
+                _close_quietly(listener)
+
+    def _wait(self, listener: Any, stop: threading.Event) -> Any:
+        """Block until a wake-up, the fallback interval or `stop`; returns the (possibly dropped) listener."""
+        deadline = time.monotonic() + self.fallback_interval_s
+        while not stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return listener
+            step = min(remaining, _STOP_CHECK_S)
+            if listener is not None:
+                try:
+                    if any(True for _ in listener.notifies(timeout=step, stop_after=1)):
+                        # one claim query answers a whole burst of commits: drop what else is queued
+                        for _ in listener.notifies(timeout=0):
+                            pass
+                        return listener
+                except Exception as exc:  # noqa: BLE001 - fall back to the interval until it reconnects
+                    log.warning("outbox LISTEN connection lost (%s); reconnecting", one_line_error(exc))
+                    _close_quietly(listener)
+                    return None
+            elif self.wakeup is not None:
+                if self.wakeup.wait(step):
+                    return listener
+            else:
+                stop.wait(step)
+        return listener
+
+    def _listen(self) -> Any:
+        import psycopg
+
+        url = self.engine.url.set(drivername="postgresql")
+        try:
+            conn = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True, connect_timeout=5)
+            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        except Exception as exc:  # noqa: BLE001 - without LISTEN the fallback interval still publishes
+            log.warning("outbox LISTEN failed (%s); using the %.1fs fallback interval",
+                        one_line_error(exc), self.fallback_interval_s)
+            return None
+        return conn
+
+
+def _message(row: sa.Row[Any]) -> dramatiq.Message[Any]:
+    """The broker message for one outbox row; ValueError for an event type this build does not route."""
+    route = ROUTES[EventType(row.event_type)]
+    occurred_at = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
+    envelope = Envelope(
+        event_id=row.id,
+        event_type=row.event_type,
+        schema_version=row.schema_version,
+        aggregate_id=row.aggregate_id,
+        aggregate_version=row.aggregate_version,
+        tenant_id=row.tenant_id,
+        trace_id=row.trace_id,
+        causation_id=row.causation_id,
+        occurred_at=occurred_at,
+        payload=row.payload,
+    )
+    return dramatiq.Message(
+        queue_name=route.queue.value,
+        actor_name=row.target,
+        args=(envelope.to_dict(),),
+        kwargs={},
+        options={},
+        message_id=str(row.id),
+    )
+
+
+def _close_quietly(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001
+        pass

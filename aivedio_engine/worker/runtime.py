@@ -1,0 +1,164 @@
+"""Process runtime: run the requested roles (api, relay, worker, ...) until a stop event or SIGTERM/SIGINT.
+
+One process may hold any set of roles; in embedded mode (StubBroker) the relay and the worker must share a
+process, because the in-memory broker is the only path between them. Shutdown order matters: relays stop first
+(no new messages), then the Dramatiq worker finishes the messages it holds and requeues its prefetched ones, then
+the API stops. A second signal falls through to the default handler, i.e. kills the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterable
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import dramatiq
+
+from aivedio_engine.worker.actors import declare_actors
+from aivedio_engine.worker.broker import setup_broker
+from aivedio_engine.worker.relay import Relay
+
+if TYPE_CHECKING:
+    from aivedio_engine.bootstrap import AppContext
+
+log = logging.getLogger(__name__)
+
+ROLES = ("api", "relay", "worker", "scheduler", "sweeper")
+#: roles this build runs; the others are accepted (deployments can list them already) and skipped with a warning
+IMPLEMENTED = frozenset({"api", "relay", "worker"})
+#: how long shutdown waits for in-flight actors before giving up on them (they are redelivered later)
+WORKER_SHUTDOWN_TIMEOUT_MS = 30_000
+_JOIN_TIMEOUT_S = 10.0
+_SIGNAL_CHECK_S = 0.1
+
+
+def parse_roles(text: str) -> set[str]:
+    """`"api,relay"` → {"api", "relay"}; "all" means every role. Raises ValueError on unknown or empty lists."""
+    parts = {p.strip().lower() for p in text.split(",") if p.strip()}
+    if not parts:
+        raise ValueError("--role: give at least one of " + ", ".join((*ROLES, "all")))
+    unknown = parts - set(ROLES) - {"all"}
+    if unknown:
+        raise ValueError(f"--role: unknown role {', '.join(sorted(unknown))} (choose from {', '.join((*ROLES, 'all'))})")
+    return set(ROLES) if "all" in parts else parts
+
+
+class Runtime:
+    """The started components of one process; `start()` then `shutdown()`. Tests drive it directly."""
+
+    def __init__(self, ctx: AppContext, roles: Iterable[str], stop: threading.Event,
+                 *, api_host: str | None = None, api_port: int | None = None) -> None:
+        self.ctx = ctx
+        self.roles = set(roles)
+        self.stop = stop
+        self.api_host = api_host or ctx.settings.api.host
+        self.api_port = api_port or ctx.settings.api.port
+        self.broker: dramatiq.Broker | None = None
+        self.worker: dramatiq.Worker | None = None
+        self.relays: list[Relay] = []
+        self.failed: BaseException | None = None
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        settings = self.ctx.settings
+        for role in sorted(self.roles - IMPLEMENTED):
+            log.warning("role %s is not available in this build yet; skipped", role)
+        if self.roles & {"relay", "worker"}:
+            self.broker = setup_broker(settings, self.ctx)
+            declare_actors(self.broker, self.ctx)
+            if settings.broker.kind == "stub" and not {"relay", "worker"} <= self.roles:
+                log.warning("broker.kind=stub keeps messages in this process: run relay and worker together")
+        if "worker" in self.roles:
+            assert self.broker is not None
+            # the CLI of Dramatiq emits this; TimeLimit starts its watchdog thread on it
+            self.broker.emit_after("process_boot")
+            self.worker = dramatiq.Worker(
+                self.broker,
+                worker_threads=settings.broker.worker_threads,
+                worker_timeout=settings.broker.consumer_idle_timeout_ms,
+            )
+            self.worker.start()
+        if "relay" in self.roles:
+            assert self.broker is not None
+            relay = Relay(self.ctx.engine, self.broker, self.ctx.clock,
+                          wakeup=None if settings.is_postgres else self.ctx.outbox_wakeup)
+            self.relays.append(relay)
+            self._spawn("aivedio-relay", relay.run_forever, self.stop)
+        if "api" in self.roles:
+            self._spawn("aivedio-api", self._serve_api)
+        log.info("aivedio running roles: %s", ", ".join(sorted(self.roles & IMPLEMENTED)) or "none")
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        for t in self._threads:
+            if t.name == "aivedio-relay":
+                t.join(_JOIN_TIMEOUT_S)
+        if self.worker is not None:
+            self.worker.stop(timeout=WORKER_SHUTDOWN_TIMEOUT_MS)
+        if self.broker is not None:
+            self.broker.close()
+        for t in self._threads:
+            t.join(_JOIN_TIMEOUT_S)
+        log.info("aivedio stopped")
+
+    def _spawn(self, name: str, target: Any, *args: Any) -> None:
+        def guarded() -> None:
+            try:
+                target(*args)
+            except BaseException as exc:  # noqa: BLE001 - a dead role must stop the process, not linger
+                log.exception("role thread %s failed; stopping", name)
+                self.failed = exc
+                self.stop.set()
+
+        t = threading.Thread(target=guarded, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _serve_api(self) -> None:
+        # imported here: processes without the api role never load the HTTP stack
+        from aivedio_engine.api.app import serve_api
+
+        serve_api(self.ctx, self.api_host, self.api_port, self.stop)
+
+
+def run(ctx: AppContext, roles: Iterable[str], stop: threading.Event,
+        *, api_host: str | None = None, api_port: int | None = None) -> int:
+    """Run `roles` until `stop` is set or SIGTERM/SIGINT arrives; returns a process exit code (0 clean)."""
+    runtime = Runtime(ctx, roles, stop, api_host=api_host, api_port=api_port)
+    received: list[int] = []
+    restore = _install_signal_handlers(received)
+    try:
+        runtime.start()
+        # The handler only appends to a list: calling Event.set() from a signal handler can deadlock if the
+        # signal lands while this thread holds the event's internal lock.
+        while not stop.wait(_SIGNAL_CHECK_S):
+            if received:
+                log.info("signal %s received; shutting down", signal.Signals(received[0]).name)
+                stop.set()
+    finally:
+        runtime.shutdown()
+        restore()
+    return 1 if runtime.failed is not None else 0
+
+
+def _install_signal_handlers(received: list[int]) -> Any:
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {s: signal.getsignal(s) for s in signals}
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        signal.signal(signum, signal.SIG_DFL)  # a second signal kills
+
+    for s in signals:
+        signal.signal(s, handler)
+
+    def restore() -> None:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+    return restore

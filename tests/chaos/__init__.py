@@ -1,0 +1,1 @@
+"""Chaos tier: real processes killed mid-flight, then the invariants are checked."""
