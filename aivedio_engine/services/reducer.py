@@ -177,3 +177,10 @@ def reduce_event(engine: Engine, envelope: Envelope, now: datetime) -> str:
     """Consume one `provider.status.observed` event exactly once in effect."""
     return consume_once(engine, CONSUMER_GROUP, envelope.event_id, envelope.aggregate_id,
                         lambda conn: reduce(conn, envelope.payload, now), now)
+
+
+def attempt_of(engine: Engine, obs: dict[str, Any]) -> Any:
+    """The attempt an observation is about (None while it is an orphan)."""
+    with engine.connect() as conn:
+        row = attempts.by_job(conn, obs["provider"], obs["job_id"])
+    return None if row is None else row.id

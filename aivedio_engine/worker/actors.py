@@ -17,6 +17,7 @@ and a submit-to-provider actor must use max_retries=0 (its retries belong to the
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 import dramatiq
 
 from aivedio_engine.domain.events import ROUTES, EventType
-from aivedio_engine.services import intake
+from aivedio_engine.services import intake, reducer
+from aivedio_engine.services.dispatch import release_if_finished
 from aivedio_engine.services.consume import Envelope, InvalidEnvelope
 
 if TYPE_CHECKING:
@@ -66,6 +68,24 @@ def consumes(event_type: EventType, **options: Any) -> Callable[[Handler], Handl
 @consumes(EventType.GENERATION_QUEUED, max_retries=5, min_backoff=500, max_backoff=30_000, time_limit=30_000)
 def on_generation_queued(ctx: AppContext, envelope: Envelope) -> None:
     intake.mark_ready_for_dispatch(ctx.engine, envelope, now=ctx.clock.now())
+
+
+@consumes(EventType.PROVIDER_SUBMIT_REQUESTED, max_retries=0, min_backoff=1_000, max_backoff=1_000,
+          time_limit=120_000)
+def submit_to_provider(ctx: AppContext, envelope: Envelope) -> None:
+    # max_retries=0: a paid call is never repeated by the broker; the attempt logic owns submit retries, and a
+    # duplicate delivery is harmless because only the NEW → SENDING winner calls the provider
+    attempt_id = uuid.UUID(envelope.payload["attempt_id"])
+    ctx.submitter.submit(attempt_id)
+    release_if_finished(ctx.engine, ctx.slots, attempt_id)
+
+
+@consumes(EventType.PROVIDER_STATUS_OBSERVED, max_retries=5, min_backoff=500, max_backoff=30_000, time_limit=30_000)
+def reduce_provider_status(ctx: AppContext, envelope: Envelope) -> None:
+    reducer.reduce_event(ctx.engine, envelope, ctx.clock.now())
+    attempt_id = reducer.attempt_of(ctx.engine, envelope.payload)
+    if attempt_id is not None:
+        release_if_finished(ctx.engine, ctx.slots, attempt_id)
 
 
 def declare_actors(broker: dramatiq.Broker, ctx: AppContext) -> dict[str, dramatiq.Actor[Any, Any]]:

@@ -28,11 +28,13 @@ log = logging.getLogger(__name__)
 
 ROLES = ("api", "relay", "worker", "scheduler", "sweeper")
 #: roles this build runs; the others are accepted (deployments can list them already) and skipped with a warning
-IMPLEMENTED = frozenset({"api", "relay", "worker"})
+IMPLEMENTED = frozenset(ROLES)
 #: how long shutdown waits for in-flight actors before giving up on them (they are redelivered later)
 WORKER_SHUTDOWN_TIMEOUT_MS = 30_000
 _JOIN_TIMEOUT_S = 10.0
 _SIGNAL_CHECK_S = 0.1
+#: the dispatcher and poller run this often; slots free up and polls come due continuously
+SCHEDULER_INTERVAL_S = 0.5
 
 
 def parse_roles(text: str) -> set[str]:
@@ -87,6 +89,10 @@ class Runtime:
                           wakeup=None if settings.is_postgres else self.ctx.outbox_wakeup)
             self.relays.append(relay)
             self._spawn("aivedio-relay", relay.run_forever, self.stop)
+        if "scheduler" in self.roles:
+            self._spawn("aivedio-scheduler", self._loop, self._schedule, SCHEDULER_INTERVAL_S)
+        if "sweeper" in self.roles:
+            self._spawn("aivedio-sweeper", self._loop, self.ctx.sweeper.sweep, settings.sweeper.interval_s)
         if "api" in self.roles:
             self._spawn("aivedio-api", self._serve_api)
         log.info("aivedio running roles: %s", ", ".join(sorted(self.roles & IMPLEMENTED)) or "none")
@@ -116,6 +122,20 @@ class Runtime:
         t = threading.Thread(target=guarded, name=name, daemon=True)
         t.start()
         self._threads.append(t)
+
+    def _schedule(self) -> None:
+        self.ctx.dispatcher.run_once()
+        self.ctx.sync.poll_due()
+
+    def _loop(self, step: Any, interval_s: float) -> None:
+        """Run `step` every `interval_s` until stopped; a failing step is logged and retried next tick, since the
+        database holds all state and the next pass picks up where this one failed."""
+        while not self.stop.is_set():
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - see docstring
+                log.exception("periodic step %s failed", getattr(step, "__name__", step))
+            self.stop.wait(interval_s)
 
     def _serve_api(self) -> None:
         # imported here: processes without the api role never load the HTTP stack

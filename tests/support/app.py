@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,28 @@ from aivedio_engine.config import load_settings
 from aivedio_engine.db import migrate
 
 
-def make_context(data_dir: Path, database_url: str | None = None, **overrides: Any) -> AppContext:
+class FakeClock:
+    """The engine's clock under test control: time moves only when a test advances it."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime.now(UTC)
+        self._lock = threading.Lock()
+
+    def now(self) -> datetime:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += timedelta(seconds=seconds)
+
+
+def make_context(data_dir: Path, database_url: str | None = None, clock: Any = None,
+                 **overrides: Any) -> AppContext:
     values: dict[str, Any] = {"data_dir": str(data_dir), **overrides}
     if database_url:
         values.setdefault("database", {})["url"] = database_url
-    ctx = build_context(load_settings(None, values))
+    ctx = build_context(load_settings(None, values), clock=clock)
     migrate.upgrade(ctx.engine)
     return ctx
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 
 from aivedio_engine.bootstrap import AppContext
-from aivedio_engine.db.tables import outbox_events, task_attempts
+from aivedio_engine.db.tables import outbox_events
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.status import OutboxStatus
 from aivedio_engine.services import intake, reducer
@@ -36,12 +36,9 @@ class Pump:
 
         def observed(env: Envelope) -> None:
             reducer.reduce_event(ctx.engine, env, ctx.clock.now())
-            with ctx.engine.connect() as conn:
-                attempt = conn.execute(sa.select(task_attempts.c.id).where(
-                    task_attempts.c.provider == env.payload["provider"],
-                    task_attempts.c.provider_job_id == env.payload["job_id"])).first()
-            if attempt is not None:
-                release_if_finished(ctx.engine, ctx.slots, attempt.id)
+            attempt_id = reducer.attempt_of(ctx.engine, env.payload)
+            if attempt_id is not None:
+                release_if_finished(ctx.engine, ctx.slots, attempt_id)
 
         return {
             EventType.GENERATION_QUEUED.value: lambda env: intake.mark_ready_for_dispatch(
