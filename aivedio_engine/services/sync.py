@@ -229,10 +229,16 @@ class ProviderSync:
         result = self._providers[attempt.provider].cancel(attempt.provider_job_id)
         now = self._clock.now()
         if isinstance(result, Canceled):
+            # the job's own record carries the vendor's billing verdict for the cancel; fall back to the rule
+            provider = self._providers[attempt.provider]
+            seen = provider.query(attempt.provider_job_id)
+            billed = seen.billed if isinstance(seen, Observation) and seen.status is JobStatus.CANCELED else None
+            if billed is None:
+                billed = provider.capabilities.cancel_is_billed
             with write_tx(self._engine) as conn:
                 observations.record(conn, attempt.provider, Observation(
                     job_id=attempt.provider_job_id, status=JobStatus.CANCELED, provider_updated_at=now,
-                    event_id=f"cancel:{attempt.id}"), EventSource.POLLING, now)
+                    billed=billed, event_id=f"cancel:{attempt.id}"), EventSource.POLLING, now)
             return "canceled"
         # too late, unsupported or failed: poll soon; completion or cancellation arrives through the reducer
         with write_tx(self._engine) as conn:
