@@ -113,19 +113,21 @@ class AppContext:
     def dispatcher(self) -> Dispatcher:
         from aivedio_engine.services.dispatch import Dispatcher
 
-        return Dispatcher(self.engine, self.clock, self.settings, self.slots)
+        return Dispatcher(self.engine, self.clock, self.settings, self.slots, rebuild_slots=self.rebuild_slots)
+
+    def rebuild_slots(self) -> dict[str, int]:
+        """Rebuild slot leases from the in-flight attempts (PostgreSQL/SQLite is the truth)."""
+        from aivedio_engine.slots.reconcile import reconcile_slots
+
+        report = reconcile_slots(self.engine, self.slots, ttl_s=self.settings.limits.slot_lease_ttl_s)
+        return {"in_flight": report.in_flight, "kept": report.kept, "dropped": report.dropped,
+                "added": len(report.added)}
 
     @cached_property
     def sweeper(self) -> Sweeper:
         from aivedio_engine.services.sweeper import Sweeper
-        from aivedio_engine.slots.reconcile import reconcile_slots
 
-        def rebuild_slots() -> dict[str, int]:
-            report = reconcile_slots(self.engine, self.slots, ttl_s=self.settings.limits.slot_lease_ttl_s)
-            return {"in_flight": report.in_flight, "kept": report.kept, "dropped": report.dropped,
-                    "added": len(report.added)}
-
-        return Sweeper(self.engine, self.clock, self.settings, self.sync, rebuild_slots)
+        return Sweeper(self.engine, self.clock, self.settings, self.sync, self.rebuild_slots)
 
     @cached_property
     def callbacks(self) -> CallbackService:

@@ -8,6 +8,7 @@ each pick is claimed with a version-checked transition, so two schedulers never 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -43,8 +44,9 @@ class ProviderHealth:
 
 class Dispatcher:
     def __init__(self, engine: Engine, clock: Clock, settings: Settings, slots: SlotStore,
-                 health: ProviderHealth | None = None) -> None:
+                 health: ProviderHealth | None = None, rebuild_slots: Callable[[], object] | None = None) -> None:
         self._engine = engine
+        self._rebuild_slots = rebuild_slots
         self._clock = clock
         self._settings = settings
         self._slots = slots
@@ -70,6 +72,10 @@ class Dispatcher:
         candidates, tenant_limits = self._candidates(now, limit=max(500, max_picks * 5))
         if not candidates:
             return 0
+        if self._rebuild_slots is not None and self._slots.current_fence() == 0:
+            # the store lost its state (Redis flushed or restarted): counts read now would be zero and admit
+            # far too much, so rebuild them from the in-flight attempts before planning
+            self._rebuild_slots()
         limits = self.limits(now, tenant_limits)
         budget = {p: b for p, br in self._health.breakers.items() if (b := br.submit_budget(now)) is not None}
         for name, throttle in self._health.throttles.items():
