@@ -19,6 +19,7 @@ from aivedio_engine.domain.status import EventSource
 from aivedio_engine.providers.base import CallbackRejected
 from aivedio_engine.services import observations
 from aivedio_engine.services.errors import NotFound, Unauthorized
+from aivedio_engine.testing.failpoints import failpoint
 
 
 class CallbackUnauthorized(Unauthorized):
@@ -55,4 +56,5 @@ class CallbackService:
             for obs in found:
                 stored += observations.record(conn, provider_name, obs, EventSource.CALLBACK, now,
                                               raw_body=raw_body, headers_digest=digest)
+        failpoint("callback.after_persist")
         return CallbackResult(received=len(found), stored=stored)

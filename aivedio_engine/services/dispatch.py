@@ -28,6 +28,7 @@ from aivedio_engine.domain.status import ATTEMPT_TERMINAL, EventSource, TaskStat
 from aivedio_engine.domain.throttle import Throttle
 from aivedio_engine.domain.transitions import Decision, TaskEvent, Trigger, decide
 from aivedio_engine.slots.base import Lease, SlotStore
+from aivedio_engine.testing.failpoints import failpoint
 
 _t = generation_tasks.c
 #: the submit message must be consumed within this; after it the sweeper re-emits it
@@ -113,6 +114,7 @@ class Dispatcher:
         if lease is None:
             return 0
         try:
+            failpoint("dispatch.after_acquire")
             claimed = self._claim(uuid.UUID(pick.task_id), attempt_id, pick, lease, now)
         except Exception:
             self._slots.release(lease)

@@ -23,6 +23,7 @@ from aivedio_engine.domain.transitions import AttemptEvent, Decision, Effect, Re
 from aivedio_engine.providers.base import JobStatus
 from aivedio_engine.services import billing
 from aivedio_engine.services.consume import Envelope, consume_once
+from aivedio_engine.testing.failpoints import failpoint
 
 _ATTEMPT_EVENT = {
     JobStatus.RUNNING: AttemptEvent.PROVIDER_RUNNING,
@@ -139,6 +140,7 @@ def _apply(conn: Connection, task: Any, attempt: Any, decision: Decision, obs: d
         extra["next_action_at"] = now
     tasks.apply(conn, task.id, decision, source=base["source"], source_event_id=base["source_event_id"], now=now,
                 extra=extra, payload=base["payload"])
+    failpoint("reducer.after_cas")
     if Effect.REQUEST_OUTPUT_FETCH in decision.effects:
         outbox.add(conn, EventType.FETCH_REQUESTED, aggregate_type="task", aggregate_id=task.id,
                    aggregate_version=decision.version, tenant_id=task.tenant_id, trace_id=task.trace_id, now=now,

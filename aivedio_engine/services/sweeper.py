@@ -30,6 +30,7 @@ from aivedio_engine.domain.status import TASK_TERMINAL, AlertSeverity, AttemptSt
 from aivedio_engine.domain.transitions import AttemptEvent, Decision, Effect, TaskEvent, Trigger, decide
 from aivedio_engine.services import billing
 from aivedio_engine.services.sync import ProviderSync
+from aivedio_engine.testing.failpoints import failpoint
 
 log = logging.getLogger("aivedio.sweeper")
 _t = generation_tasks.c
@@ -65,6 +66,7 @@ class Sweeper:
         r.retried = self._retry_due()
         r.resent = self._resend_submits()
         r.ambiguous = self._stuck_sending()
+        failpoint("sweeper.mid_batch")
         r.reconciled = len(self._sync.reconcile_due())
         r.cancels = self._sync.cancel_due()
         r.polled = self._sync.poll_due()
