@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,11 +21,10 @@ from aivedio_engine.db import attempts, outbox, tasks
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import generation_tasks, task_attempts, tenants
 from aivedio_engine.domain import admission
-from aivedio_engine.domain.breaker import Breaker
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.status import ATTEMPT_TERMINAL, EventSource, TaskStatus
-from aivedio_engine.domain.throttle import Throttle
 from aivedio_engine.domain.transitions import Decision, TaskEvent, Trigger, decide
+from aivedio_engine.services.provider_health import Health, provider_health
 from aivedio_engine.slots.base import Lease, SlotStore
 from aivedio_engine.testing.failpoints import failpoint
 
@@ -35,32 +33,24 @@ _t = generation_tasks.c
 SUBMIT_GRACE = timedelta(seconds=60)
 
 
-@dataclass
-class ProviderHealth:
-    """Per-provider admission state kept by the scheduler process (soft state: losing it only resets it)."""
-
-    breakers: dict[str, Breaker] = field(default_factory=dict)
-    throttles: dict[str, Throttle] = field(default_factory=dict)
-
-
 class Dispatcher:
     def __init__(self, engine: Engine, clock: Clock, settings: Settings, slots: SlotStore,
-                 health: ProviderHealth | None = None, rebuild_slots: Callable[[], object] | None = None) -> None:
+                 rebuild_slots: Callable[[], object] | None = None) -> None:
         self._engine = engine
         self._rebuild_slots = rebuild_slots
         self._clock = clock
         self._settings = settings
         self._slots = slots
-        self._health = health or ProviderHealth()
         self._cursor: dict[int, str] = {}
 
-    def limits(self, now: datetime, tenant_limits: dict[str, int]) -> admission.Limits:
+    def limits(self, now: datetime, tenant_limits: dict[str, int], health: Health) -> admission.Limits:
         providers = {}
         for name, cfg in self._settings.providers.items():
             if not cfg.enabled:
                 continue
-            throttle = self._health.throttles.get(name)
-            providers[name] = min(cfg.max_concurrency, throttle.capacity(now)) if throttle else cfg.max_concurrency
+            throttle = health.throttles.get(name)
+            # a throttled provider keeps its in-flight jobs; the AIMD estimate only bounds new admissions
+            providers[name] = min(cfg.max_concurrency, throttle.effective) if throttle else cfg.max_concurrency
         return admission.Limits(
             platform=self._settings.limits.platform_max_concurrency,
             tenant_default=self._settings.limits.tenant_default_max_concurrency,
@@ -77,11 +67,15 @@ class Dispatcher:
             # the store lost its state (Redis flushed or restarted): counts read now would be zero and admit
             # far too much, so rebuild them from the in-flight attempts before planning
             self._rebuild_slots()
-        limits = self.limits(now, tenant_limits)
-        budget = {p: b for p, br in self._health.breakers.items() if (b := br.submit_budget(now)) is not None}
-        for name, throttle in self._health.throttles.items():
+        health = provider_health(self._engine, self._settings, now)
+        limits = self.limits(now, tenant_limits, health)
+        budget = {p: b for p, br in health.breakers.items() if (b := br.submit_budget(now)) is not None}
+        for name, allowed in list(budget.items()):
+            if allowed == 1 and health.sending.get(name):
+                budget[name] = 0  # half-open: the single probe is already on its way
+        for name, throttle in health.throttles.items():
             if not throttle.can_submit(now):
-                budget[name] = 0
+                budget[name] = 0  # Retry-After has not passed
         selection = admission.select(candidates, self._slots.counts(), limits, max_picks=max_picks,
                                      cursor=self._cursor, submit_budget=budget)
         self._cursor = dict(selection.cursor)

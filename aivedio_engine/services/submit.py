@@ -30,6 +30,7 @@ from aivedio_engine.domain.status import AttemptStatus, EventSource, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent, Trigger, decide
 from aivedio_engine.providers.base import Accepted, Ambiguous, GenerationRequest, Provider, Rejected, SubmitResult
 from aivedio_engine.services import billing, observations
+from aivedio_engine.services.provider_health import error_code_with_retry_after
 from aivedio_engine.testing.failpoints import failpoint
 
 
@@ -111,7 +112,8 @@ class SubmitService:
 
     def _rejected(self, conn: Connection, attempt: Any, task: Any, result: Rejected, now: datetime) -> None:
         attempts.transition(conn, attempt, AttemptEvent.REJECTED_BEFORE_ACCEPT, now,
-                            last_error_class=result.error_class.value, provider_error_code=result.code)
+                            last_error_class=result.error_class.value,
+                            provider_error_code=error_code_with_retry_after(result.code, result.retry_after_s))
         if task.status != TaskStatus.DISPATCHING.value:
             return
         verdict = decide_retry(self._failure_context(conn, task, result, now),
