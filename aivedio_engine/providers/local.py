@@ -111,7 +111,8 @@ class LocalProvider:
             supports_callbacks=False, supports_lookup_by_request_key=True, supports_cancel=True,
             output_url_ttl_s=self._ttl_s, cancel_is_billed=False,
         )
-        self.root = Path(data_dir) / "local-provider"
+        # absolute: renders run with cwd set to their work dir, so a relative data dir would resolve twice
+        self.root = Path(data_dir).resolve() / "local-provider"
         self._work = self.root / ".work"
         self._work.mkdir(parents=True, exist_ok=True)
         _remove_stale(self.root, self._work, render_timeout_s + 60, retention_s)

@@ -405,3 +405,28 @@ def test_close_stops_the_server_and_refuses_new_jobs(make_provider: Callable[...
     with pytest.raises(OSError):
         _raw_get(provider, "/")
     provider.close()  # idempotent
+
+
+def test_a_relative_data_dir_renders_too(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The embedded default is data_dir=".aivedio", relative to the working directory."""
+    from aivedio_engine.config import ProviderSettings
+    from aivedio_engine.providers.base import Accepted, GenerationRequest, JobStatus, Observation
+    from aivedio_engine.providers.local import LocalProvider
+    from tests.support.sim import wait_until
+
+    monkeypatch.chdir(tmp_path)
+    provider = LocalProvider("local", ProviderSettings(adapter="local"), data_dir=Path(".aivedio"))
+    try:
+        accepted = provider.submit(GenerationRequest(prompt="relative", model="local-v1", duration_s=1,
+                                                     resolution="360p", aspect_ratio="16:9"), "rel-1")
+        assert isinstance(accepted, Accepted)
+
+        def finished() -> Observation | None:
+            obs = provider.query(accepted.job_id)
+            return obs if isinstance(obs, Observation) and obs.status in (JobStatus.SUCCEEDED, JobStatus.FAILED) \
+                else None
+
+        obs = wait_until(finished, timeout_s=60, what="render finished")
+        assert obs.status is JobStatus.SUCCEEDED, obs.error_message
+    finally:
+        provider.close()
