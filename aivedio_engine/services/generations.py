@@ -28,7 +28,7 @@ from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import assets, generation_tasks
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.requests import Catalog, InvalidRequest, estimate_cost, normalize, request_hash
-from aivedio_engine.domain.status import AssetKind, AssetStatus, EventSource, LedgerEntryType, StateEventOutcome, TaskStatus
+from aivedio_engine.domain.status import AssetKind, AssetStatus, EventSource, StateEventOutcome, TaskStatus
 from aivedio_engine.domain.transitions import Decision, Effect, Rejection, RejectionKind, TaskEvent, TaskSnapshot, decide
 from aivedio_engine.services.errors import (
     BadRequest,
@@ -161,15 +161,8 @@ class GenerationService:
         now = self._clock.now()
         task_id = new_id()
         deadline = now + timedelta(seconds=params["deadline_s"])
-        try:
-            ledger.require_balance(conn, tenant_id, cost)
-        except ledger.InsufficientBalance as exc:
-            raise InsufficientCredits(
-                f"this request needs {cost} credits; the balance is {exc.balance}",
-                balance=str(exc.balance), needed=str(cost),
-            ) from None
-        # Validation (request and assets) and the balance check happened above, in this transaction; the
-        # machine still decides each step, and the row is written once at the state the steps lead to.
+        # Validation (request and assets) happened above, in this transaction, and the reservation is its last
+        # statement; the machine still decides each step, and the row is written once at the state they lead to.
         history = [tasks.event_row(task_id=task_id, source=EventSource.API, source_event_id=f"{task_id}:0",
                                    event_type="created", from_status=None, to_status=TaskStatus.CREATED.value,
                                    task_version=0, outcome=StateEventOutcome.APPLIED, now=now)]
@@ -192,14 +185,19 @@ class GenerationService:
             trace_id=trace_id, created_at=now, updated_at=now,
         ).returning(*generation_tasks.c)).one()
         tasks.record_events(conn, history)
-        if Effect.RESERVE_CREDITS in effects:
-            ledger.post(conn, tenant_id=tenant_id, entry_type=LedgerEntryType.RESERVE, amount=-cost,
-                        business_key=f"reserve:{task_id}", now=now, created_by="api", task_id=task_id)
         if Effect.PUBLISH_QUEUED in effects:
             outbox.add(conn, EventType.GENERATION_QUEUED, aggregate_type="task", aggregate_id=task_id,
                        aggregate_version=snap.version, tenant_id=tenant_id, trace_id=trace_id, now=now,
                        payload={"task_id": str(task_id), "requested_model": params["model"],
                                 "priority": params["priority"], "deadline_at": deadline.isoformat()})
+        if Effect.RESERVE_CREDITS in effects:
+            try:
+                ledger.reserve(conn, tenant_id=tenant_id, task_id=task_id, amount=cost, now=now, created_by="api")
+            except ledger.InsufficientBalance as exc:
+                raise InsufficientCredits(
+                    f"this request needs {cost} credits; the balance is {exc.balance}",
+                    balance=str(exc.balance), needed=str(cost),
+                ) from None
         return row
 
     # --------------------------------------------------------------------------------------------- read
