@@ -21,6 +21,8 @@ class Rule(StrEnum):
     LATE_EVENT_AFTER_TERMINAL = "late_event_after_terminal"  # e.g. success after CANCELED: orphan product
     SUBMIT_UNKNOWN_PARKED = "submit_unknown_parked"  # reconciliation window passed without an answer
     RESUBMIT_WITHOUT_LOOKUP = "resubmit_without_lookup"  # cost risk: a duplicate paid job is possible
+    #: cost risk: listing the vendor's jobs found several that match the request; which one is ours is unknown
+    AMBIGUOUS_LIST_MATCH = "ambiguous_list_match"
     DUPLICATE_PROVIDER_JOB = "duplicate_provider_job"
     ORPHAN_CALLBACK_EXPIRED = "orphan_callback_expired"
 

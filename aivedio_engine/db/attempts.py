@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -15,6 +13,7 @@ from aivedio_engine.clock import new_id
 from aivedio_engine.db.tables import task_attempts
 from aivedio_engine.domain.status import AttemptStatus
 from aivedio_engine.domain.transitions import AttemptDecision, AttemptEvent, Rejection, decide_attempt
+from aivedio_engine.providers.fingerprint import request_fingerprint
 
 _a = task_attempts.c
 
@@ -29,7 +28,9 @@ def request_key(attempt_id: uuid.UUID) -> str:
 
 
 def fingerprint(params: dict[str, Any]) -> bytes:
-    return hashlib.sha256(json.dumps(params, sort_keys=True, separators=(",", ":")).encode()).digest()
+    """The vendor-visible fingerprint of the task's normalised params: what list-and-match reconciliation compares
+    with a listed job's echoed request, so it must be the adapters' function over the same fields."""
+    return request_fingerprint(params)
 
 
 def create(conn: Connection, *, task_id: uuid.UUID, attempt_no: int, provider: str, model: str,

@@ -72,6 +72,18 @@ class Observation:
 
 
 @dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One job in a vendor's listing of recent jobs, for matching an ambiguous submit (seed 000 §4.8.4)."""
+
+    job_id: str
+    created_at: datetime
+    status: JobStatus
+    #: `providers.fingerprint.request_fingerprint` of the request the vendor echoes for this job; None when the
+    #: echo is missing or unreadable — then the job may be anyone's, ours included.
+    fingerprint: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
 class Accepted:
     job_id: str
     observation: Observation | None = None
@@ -153,6 +165,13 @@ class Provider(Protocol):
     def find(self, request_key: str) -> Observation | NotFound | Unsupported | QueryFailed: ...
 
     def cancel(self, job_id: str) -> Canceled | TooLate | Unsupported | QueryFailed: ...
+
+    def list_jobs(self, created_after: datetime,
+                  created_before: datetime) -> list[JobSummary] | Unsupported | QueryFailed:
+        """Every job the vendor created in [created_after, created_before), all pages; Unsupported when the vendor
+        cannot list. Optional for the engine (a provider without it is treated as Unsupported), but a listing must
+        be complete or fail: a missing page could hide the one job that proves a submit was received."""
+        ...
 
     def parse_callback(self, headers: Mapping[str, str], raw_body: bytes, now: datetime) -> list[Observation]:
         """Verify the signature over the raw body (raise CallbackRejected), then parse."""

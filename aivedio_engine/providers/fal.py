@@ -176,6 +176,9 @@ class FalProvider:
     def find(self, request_key: str) -> Unsupported:
         return Unsupported()
 
+    def list_jobs(self, created_after: datetime, created_before: datetime) -> Unsupported:
+        return Unsupported()
+
     def cancel(self, job_id: str) -> Canceled | TooLate | Unsupported | QueryFailed:
         for app in self._apps:
             resp = v.send_query(self._http, "PUT", f"/{app}/requests/{job_id}/cancel", headers=self._headers())

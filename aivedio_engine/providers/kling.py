@@ -194,6 +194,9 @@ class KlingProvider:
             return self._observe(task, job_id or task_id, event_id=None)
         return NotFound()
 
+    def list_jobs(self, created_after: datetime, created_before: datetime) -> Unsupported:
+        return Unsupported()
+
     def cancel(self, job_id: str) -> Canceled | TooLate | Unsupported | QueryFailed:
         return Unsupported()
 

@@ -159,6 +159,9 @@ class LocalProvider:
             job_id = self._by_key.get(request_key)
             return NotFound() if job_id is None else self._observe(self._jobs[job_id])
 
+    def list_jobs(self, created_after: datetime, created_before: datetime) -> Unsupported:
+        return Unsupported()
+
     def cancel(self, job_id: str) -> Canceled | TooLate | Unsupported | QueryFailed:
         with self._lock:
             job = self._jobs.get(job_id)

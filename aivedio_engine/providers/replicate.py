@@ -19,9 +19,18 @@ What Replicate's documentation says, and where:
 - API predictions' inputs, outputs and files are deleted after one hour (mission_anchors §2.3).
 - Billing for public models: `aborted` is not charged, `canceled` is (mission_anchors §1b, §2.3).
 
+- `GET /v1/predictions` lists the account's predictions (API and web), newest first, 100 per page, as
+  `{next, previous, results: [prediction]}` with `next` the URL of the following page or null; each result
+  carries `id`, `created_at`, `status`, `model`, `version`, `input` and `data_removed`. `created_after` (at or
+  after) and `created_before` (before) filter by creation time, ISO 8601 (replicate-python-stainless,
+  `resources/predictions.py` `list` and `pagination.py` `CursorURLPageWithCreatedFilters`, generated from the
+  OpenAPI spec). `list_jobs` reads every page; reconciliation matches the echoed `input` to our request.
+
 Not documented, so [inference]:
 - No idempotency key or client reference exists (searched, not found): `find` is Unsupported and
-  `supports_lookup_by_request_key` is False.
+  `supports_lookup_by_request_key` is False; an ambiguous submit is reconciled by listing instead.
+- A listed prediction's `input` is what we sent (the model input keys below, unchanged); after the hour of
+  retention it is gone (`data_removed`), which only matters past the reconciliation window.
 - The hour of output retention is counted from `created_at` (the docs do not name the start; the earliest
   candidate is the safe one).
 - The model input keys (`prompt`, `duration`, `aspect_ratio`, `resolution`, `seed`, `image`) follow the common
@@ -34,8 +43,9 @@ Not documented, so [inference]:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from aivedio_engine.config import ProviderSettings
 from aivedio_engine.domain.retry import ErrorClass
@@ -48,6 +58,7 @@ from aivedio_engine.providers.base import (
     Canceled,
     GenerationRequest,
     JobStatus,
+    JobSummary,
     NotFound,
     Observation,
     Output,
@@ -56,6 +67,7 @@ from aivedio_engine.providers.base import (
     TooLate,
     Unsupported,
 )
+from aivedio_engine.providers.fingerprint import echoed_fingerprint
 from aivedio_engine.providers.webhooks import verify_webhook
 
 DEFAULT_BASE_URL = "https://api.replicate.com"
@@ -72,6 +84,8 @@ STATUSES = {
 }
 BILLED = {JobStatus.SUCCEEDED: True, JobStatus.CANCELED: True, JobStatus.ABORTED: False}
 TERMINAL = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.ABORTED}
+#: 100 predictions a page; a reconciliation window never needs more unless the account is very busy
+MAX_LIST_PAGES = 50
 
 
 class ReplicateProvider:
@@ -132,6 +146,39 @@ class ReplicateProvider:
     def find(self, request_key: str) -> Unsupported:
         return Unsupported()
 
+    def list_jobs(self, created_after: datetime,
+                  created_before: datetime) -> list[JobSummary] | Unsupported | QueryFailed:
+        window = {"created_after": _iso(created_after), "created_before": _iso(created_before)}
+        path, params = "/v1/predictions", dict(window)
+        origin = urlsplit(self._settings.base_url or DEFAULT_BASE_URL).netloc
+        jobs: list[JobSummary] = []
+        for _ in range(MAX_LIST_PAGES):
+            resp = v.send_query(self._http, "GET", path, params=params, headers=self._headers())
+            if not isinstance(resp, Response):
+                return resp
+            if resp.status != 200:
+                failure = v.query_failure(resp)
+                return failure if isinstance(failure, QueryFailed) else QueryFailed(ErrorClass.QUERY_FAILED, "HTTP 404")
+            data = v.json_object(resp.body)
+            results = data.get("results") if data else None
+            if not isinstance(results, list):
+                return QueryFailed(ErrorClass.QUERY_FAILED, "prediction list without results")
+            for item in results:
+                summary = self._summary(item)
+                if summary is None:  # a prediction we cannot identify could be ours: the listing proves nothing
+                    return QueryFailed(ErrorClass.QUERY_FAILED, "unreadable prediction in the list")
+                if created_after <= summary.created_at < created_before:
+                    jobs.append(summary)
+            nxt = data.get("next") if data else None
+            if not isinstance(nxt, str) or not nxt:
+                return jobs
+            url = urlsplit(nxt)
+            if url.netloc and url.netloc != origin:  # never send the API token to another host
+                return QueryFailed(ErrorClass.QUERY_FAILED, "next page on another host")
+            # the page URL carries the cursor; the filters are sent again as the official client does
+            path, params = url.path or path, {**window, **dict(parse_qsl(url.query))}
+        return QueryFailed(ErrorClass.QUERY_FAILED, f"prediction list longer than {MAX_LIST_PAGES} pages")
+
     def cancel(self, job_id: str) -> Canceled | TooLate | Unsupported | QueryFailed:
         resp = v.send_query(self._http, "POST", f"/v1/predictions/{job_id}/cancel", headers=self._headers())
         if not isinstance(resp, Response):
@@ -161,6 +208,26 @@ class ReplicateProvider:
             raise CallbackRejected(obs.message or "unreadable prediction")
         return [obs]
 
+    def _summary(self, item: Any) -> JobSummary | None:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
+            return None
+        status, created = STATUSES.get(str(item.get("status"))), v.parse_iso(item.get("created_at"))
+        if status is None or created is None:
+            return None
+        # we send "owner/name" or "owner/name:version" (see submit); the list names model and version apart
+        model, version = item.get("model"), item.get("version")
+        if isinstance(version, str) and f"{model}:{version}" in self._settings.models:
+            model = f"{model}:{version}"
+        inp = item.get("input") if isinstance(item.get("input"), dict) else {}
+        echo = {"prompt": inp.get("prompt"), "model": model, "duration_s": inp.get("duration"),
+                "resolution": inp.get("resolution"), "aspect_ratio": inp.get("aspect_ratio"), "seed": inp.get("seed")}
+        fingerprint = echoed_fingerprint(echo)
+        if fingerprint is None and model not in self._settings.models:
+            # another model's prediction (the playground, another app) is certainly not ours: any non-matching
+            # fingerprint says so, where None would block every "not created" verdict in the window
+            fingerprint = b"other-model:" + str(model).encode()
+        return JobSummary(job_id=item["id"], created_at=created, status=status, fingerprint=fingerprint)
+
     def _observe(self, data: dict[str, Any], job_id: str, event_id: str | None) -> Observation | QueryFailed:
         status = STATUSES.get(str(data.get("status")))
         if status is None:
@@ -186,6 +253,10 @@ class ReplicateProvider:
             event_id=event_id,
             raw=data,
         )
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _urls(output: Any) -> list[str]:

@@ -140,6 +140,9 @@ class RunwayProvider:
     def find(self, request_key: str) -> Unsupported:
         return Unsupported()
 
+    def list_jobs(self, created_after: datetime, created_before: datetime) -> Unsupported:
+        return Unsupported()
+
     # --- cancel --------------------------------------------------------------------------------------------------
 
     def cancel(self, job_id: str) -> Canceled | TooLate | Unsupported | QueryFailed:

@@ -26,6 +26,7 @@ from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent,
 from aivedio_engine.providers.base import (
     Canceled,
     JobStatus,
+    JobSummary,
     NotFound,
     Observation,
     QueryFailed,
@@ -37,6 +38,11 @@ from aivedio_engine.services import billing, observations
 _a = task_attempts.c
 _t = generation_tasks.c
 POLLABLE = (AttemptStatus.ACKED.value, AttemptStatus.RUNNING.value)
+#: the window listed around an ambiguous send: our clock and the vendor's differ, and a slow vendor may create
+#: the job well after the request left (seed 000 §4.8.4: match by time window and request fingerprint)
+LIST_BEFORE_SEND = timedelta(seconds=30)
+LIST_AFTER_SEND = timedelta(seconds=120)
+LISTED_TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.ABORTED})
 
 
 class ProviderSync:
@@ -174,7 +180,97 @@ class ProviderSync:
         return "not-created"
 
     def _without_lookup(self, attempt: Any, now: datetime) -> str:
-        """No lookup by request key: wait out the window, then park (or, if configured, resubmit with an alert)."""
+        """No lookup by request key: list the vendor's jobs around the send and match the request's fingerprint
+        (seed 000 §4.8.4). A vendor that cannot list either: wait out the window, then park (or, if configured,
+        resubmit with an alert). `reconcile_one` has already counted this round as a lookup."""
+        provider = self._providers[attempt.provider]
+        list_jobs = getattr(provider, "list_jobs", None)  # optional in the Protocol
+        sent_at = attempt.submitted_at or attempt.created_at
+        listing = list_jobs(sent_at - LIST_BEFORE_SEND, sent_at + LIST_AFTER_SEND) if list_jobs else Unsupported()
+        now = self._clock.now()
+        if isinstance(listing, Unsupported):
+            return self._wait_then_park(attempt, now)
+        if isinstance(listing, QueryFailed):
+            return self._next_listing(attempt, now, "lookup-failed")
+        return self._match_listing(attempt, provider, listing, sent_at, now)
+
+    def _match_listing(self, attempt: Any, provider: Any, listing: list[JobSummary], sent_at: datetime,
+                       now: datetime) -> str:
+        fp = bytes(attempt.request_fingerprint)
+        with self._engine.connect() as conn:
+            task = tasks.read(conn, attempt.task_id)
+            ids = [j.job_id for j in listing]
+            owned = set(conn.execute(sa.select(_a.provider_job_id).where(
+                _a.provider == attempt.provider, _a.provider_job_id.in_(ids))).scalars()) if ids else set()
+            # our other requests with the same fingerprint that may have made a listed job nobody owns yet: any
+            # send early enough for its job to land in the window, still waiting for (or lacking) its answer
+            rivals = conn.execute(sa.select(_a.id, _a.submit_state).where(
+                _a.provider == attempt.provider, _a.request_fingerprint == fp, _a.id != attempt.id,
+                _a.provider_job_id.is_(None),
+                _a.submit_state.in_((AttemptStatus.SENDING.value, AttemptStatus.UNKNOWN.value)),
+                sa.func.coalesce(_a.submitted_at, _a.created_at).between(
+                    sent_at - LIST_BEFORE_SEND - LIST_AFTER_SEND, sent_at + LIST_AFTER_SEND))).all()
+        if task is None or attempts.fingerprint(task.params) != fp:
+            # stored before fingerprints were the vendor-visible fields: no listed job could ever match it
+            return self._wait_then_park(attempt, now)
+        free = [j for j in listing if j.job_id not in owned]
+        candidates = [j for j in free if j.fingerprint == fp]
+        if len(candidates) == 1 and not rivals:
+            return self._found_listed(attempt, provider, candidates[0], now)
+        if candidates:
+            verdict, _ = self._step(self._reread(attempt), now)
+            if verdict is not LookupVerdict.PARK and any(r.submit_state == AttemptStatus.SENDING.value
+                                                         for r in rivals):
+                return self._next_listing(attempt, now, "ambiguous-listing")  # its answer may claim its job
+            return self._park_ambiguous(attempt, candidates, rivals, now)
+        if any(j.fingerprint is None for j in free):
+            return self._next_listing(attempt, now, "unsure-listing")  # an unreadable job may be ours
+        with write_tx(self._engine) as conn:
+            conn.execute(task_attempts.update().where(_a.id == attempt.id).values(last_not_found_at=now))
+        if (now - sent_at).total_seconds() >= self._reconcile.visibility_lag_s:
+            return self._not_created(attempt, now)
+        return self._next_listing(attempt, now, "not-found-yet")
+
+    def _found_listed(self, attempt: Any, provider: Any, job: JobSummary, now: datetime) -> str:
+        # a summary has no outputs: a finished job is recorded from its full record, never from the listing
+        obs = provider.query(job.job_id)
+        now = self._clock.now()
+        if not isinstance(obs, Observation):
+            if job.status in LISTED_TERMINAL:
+                return self._next_listing(attempt, now, "lookup-failed")
+            obs = Observation(job_id=job.job_id, status=job.status)
+        return self._found(attempt, obs, now)
+
+    def _park_ambiguous(self, attempt: Any, candidates: list[JobSummary], rivals: list[Any], now: datetime) -> str:
+        """Several jobs could be ours: a human decides. Never resubmit here — one of them very likely is ours."""
+        ids = sorted(j.job_id for j in candidates)
+        reason = (f"ambiguous submit to {attempt.provider}: {len(ids)} listed job(s) match the request "
+                  f"({', '.join(ids[:10])}) and {len(rivals)} other request(s) of ours could own them; "
+                  "not guessing — a duplicate paid job is possible")
+        with write_tx(self._engine) as conn:
+            conn.execute(generation_tasks.update().where(_t.id == attempt.task_id)
+                         .values(parked_reason=reason, next_action_at=None, updated_at=now))
+            alerts.raise_alert(conn, alerts.Rule.AMBIGUOUS_LIST_MATCH, AlertSeverity.CRITICAL,
+                               dedup_key=str(attempt.task_id), now=now, subject_type="task",
+                               subject_id=str(attempt.task_id), message=reason,
+                               details={"attempt_id": str(attempt.id), "provider": attempt.provider,
+                                        "candidate_job_ids": ids, "rival_attempt_ids": [str(r.id) for r in rivals],
+                                        "request_fingerprint": bytes(attempt.request_fingerprint).hex()})
+        return "parked-ambiguous"
+
+    def _next_listing(self, attempt: Any, now: datetime, outcome: str) -> str:
+        """Come back at the next scheduled lookup; at the end of the window, today's park (or resubmit)."""
+        verdict, wait_until = self._step(self._reread(attempt), now)
+        if verdict is LookupVerdict.PARK:
+            return self._park(attempt, now)
+        self._set_next_action(attempt.task_id, wait_until or now + timedelta(seconds=10))
+        return outcome
+
+    def _reread(self, attempt: Any) -> Any:
+        with self._engine.connect() as conn:
+            return attempts.read(conn, attempt.id)
+
+    def _wait_then_park(self, attempt: Any, now: datetime) -> str:
         verdict, wait_until = self._step(attempt, now)
         if verdict is not LookupVerdict.PARK:
             park_at = (attempt.submitted_at or attempt.created_at) + timedelta(seconds=self._reconcile.park_after_s)

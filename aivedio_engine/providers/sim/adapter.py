@@ -23,6 +23,7 @@ from aivedio_engine.providers.base import (
     Capabilities,
     GenerationRequest,
     JobStatus,
+    JobSummary,
     NotFound,
     Observation,
     Output,
@@ -32,10 +33,13 @@ from aivedio_engine.providers.base import (
     TooLate,
     Unsupported,
 )
+from aivedio_engine.providers.fingerprint import echoed_fingerprint
 from aivedio_engine.providers.webhooks import DEFAULT_TOLERANCE_S, verify_webhook
 
 DEFAULT_TIMEOUTS = Timeouts(connect=2.0, read=15.0, write=15.0, pool=2.0)
 MAX_CALLBACK_BYTES = 256 * 1024
+#: a window of reconciliation holds a few minutes of jobs; more pages than this and the listing is not trusted
+MAX_LIST_PAGES = 50
 
 
 class SimProvider:
@@ -112,6 +116,35 @@ class SimProvider:
             return Unsupported()
         return self._observation_or_failure(r)
 
+    def list_jobs(self, created_after: datetime,
+                  created_before: datetime) -> list[JobSummary] | Unsupported | QueryFailed:
+        params: dict[str, Any] = {"created_after": _iso(created_after), "created_before": _iso(created_before),
+                                  "limit": 100}
+        jobs: list[JobSummary] = []
+        for _ in range(MAX_LIST_PAGES):
+            r = self._get("/v1/jobs", params=params)
+            if isinstance(r, QueryFailed):
+                return r
+            if r.status == 501:
+                return Unsupported()
+            if r.status != 200:
+                return _failure(r)
+            data = _json(r)
+            items = data.get("jobs") if isinstance(data, dict) else None
+            if not isinstance(items, list):
+                return QueryFailed(ErrorClass.QUERY_FAILED, "unparseable job list")
+            for item in items:
+                summary = _summary(item)
+                if summary is None:  # a job we cannot even identify could be ours: the listing proves nothing
+                    return QueryFailed(ErrorClass.QUERY_FAILED, "unparseable job in the list")
+                if created_after <= summary.created_at < created_before:
+                    jobs.append(summary)
+            cursor = data.get("next")
+            if not isinstance(cursor, str) or not cursor:
+                return jobs
+            params["cursor"] = cursor
+        return QueryFailed(ErrorClass.QUERY_FAILED, f"job list longer than {MAX_LIST_PAGES} pages")
+
     def cancel(self, job_id: str) -> Canceled | TooLate | Unsupported | QueryFailed:
         try:
             r = self._http.request("POST", f"/v1/jobs/{_seg(job_id)}/cancel")
@@ -185,6 +218,25 @@ def _observation(data: dict[str, Any], event_id: str | None = None) -> Observati
         event_id=event_id,
         raw=data,
     )
+
+
+def _summary(item: Any) -> JobSummary | None:
+    """One listed job, or None when it has no usable id, creation time or status."""
+    if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
+        return None
+    created = _parse_time(item.get("created_at"))
+    try:
+        status = JobStatus(item.get("status"))
+    except ValueError:
+        return None
+    if created is None:
+        return None
+    return JobSummary(job_id=item["id"], created_at=created, status=status,
+                      fingerprint=echoed_fingerprint(item.get("request")))
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _parse_time(value: Any) -> datetime | None:

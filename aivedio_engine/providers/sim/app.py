@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI, Header
@@ -53,8 +54,11 @@ def create_app(state: SimState) -> Any:
         return JSONResponse(job) if job else _not_found()
 
     @api.get("/v1/jobs")
-    def find(request_key: str = "") -> Response:
+    def find(request_key: str = "", created_after: str = "", created_before: str = "", limit: int = 100,
+             cursor: str = "") -> Response:
         latency()
+        if not request_key and (created_after or created_before or cursor):
+            return _list(state, created_after, created_before, limit, cursor)
         if not state.config.lookup:
             return JSONResponse({"error": "unsupported"}, status_code=501)
         job = state.find(request_key) if request_key else None
@@ -101,7 +105,7 @@ def create_app(state: SimState) -> Any:
 
     @api.post("/_sim/config")
     def configure(body: dict[str, Any]) -> Response:
-        allowed = {"lookup", "max_concurrency", "job_seconds", "webhook_url"}
+        allowed = {"lookup", "listing", "max_concurrency", "job_seconds", "webhook_url"}
         unknown = set(body) - allowed
         if unknown:
             return JSONResponse({"error": "unknown_keys", "detail": sorted(unknown)}, status_code=400)
@@ -125,6 +129,25 @@ def create_app(state: SimState) -> Any:
 
 def _not_found() -> Response:
     return JSONResponse({"error": "not_found"}, status_code=404)
+
+
+def _list(state: SimState, created_after: str, created_before: str, limit: int, cursor: str) -> Response:
+    if not state.config.listing:
+        return JSONResponse({"error": "unsupported"}, status_code=501)
+    try:
+        after, before = _time_param(created_after), _time_param(created_before)
+        page_after = int(cursor) if cursor else None
+    except ValueError:
+        return JSONResponse({"error": "invalid_filter"}, status_code=400)
+    return JSONResponse(state.list_jobs(after, before, max(1, min(100, limit)), page_after))
+
+
+def _time_param(value: str) -> datetime | None:
+    """ISO 8601; a time without a zone is UTC. Raises ValueError."""
+    if not value:
+        return None
+    t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 class _DropConnection:

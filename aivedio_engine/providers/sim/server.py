@@ -55,6 +55,9 @@ class SimConfig:
     job_seconds: float = 2.0
     #: lookup by request key, and dedupe of a repeated Idempotency-Key; off = a vendor without either
     lookup: bool = True
+    #: `GET /v1/jobs?created_after=&created_before=` lists recent jobs, independent of `lookup` (Replicate can
+    #: list but not look up by key); off by default so that `lookup=False` stays a vendor that can do neither
+    listing: bool = False
     max_concurrency: int | None = None
     webhook_url: str | None = None
     webhook_secrets: tuple[str, ...] = ()
@@ -138,7 +141,7 @@ class SimState:
         self.dice = Dice(self.config.seed)
         self.jobs: dict[str, Job] = {}
         self.by_key: dict[str, list[Job]] = {}
-        self.calls = {"submit": 0, "query": 0, "find": 0, "cancel": 0, "output": 0}
+        self.calls = {"submit": 0, "query": 0, "find": 0, "list": 0, "cancel": 0, "output": 0}
         self.max_running = 0
         self._seq = 0
 
@@ -213,6 +216,24 @@ class SimState:
             found = [j for j in self.by_key.get(request_key, []) if self._visible(j, now)]
             return self._job_json(found[0], now) if found else None
 
+    def list_jobs(self, after: datetime | None, before: datetime | None, limit: int = 100,
+                  cursor: int | None = None) -> dict[str, Any]:
+        """Visible jobs created in [after, before), newest first, a page at a time; `next` is the cursor of the
+        following page. Items echo the request the job was made from, but not the request key: a vendor that
+        echoed it would offer lookup by key."""
+        with self._lock:
+            self.calls["list"] += 1
+            now = self.clock.now()
+            self._advance_jobs(now)
+            jobs = sorted((j for j in self.jobs.values() if self._visible(j, now)
+                           and (after is None or j.created_at >= after) and (before is None or j.created_at < before)
+                           and (cursor is None or j.seq < cursor)), key=lambda j: j.seq, reverse=True)
+            page = jobs[:limit]
+            return {"jobs": [{"id": j.id, "created_at": _iso(j.created_at), "status": j.status,
+                              "request": {k: v for k, v in j.request.items() if k != "callback_url"}}
+                             for j in page],
+                    "next": str(page[-1].seq) if len(jobs) > limit else None}
+
     def cancel(self, job_id: str) -> tuple[int, dict[str, Any]]:
         too_late = self.dice.roll("cancel_too_late", self.faults.p("cancel_too_late"))
         with self._lock:
@@ -272,6 +293,7 @@ class SimState:
                 "seed": self.config.seed,
                 "faults": self.config.faults.to_spec(),
                 "lookup": self.config.lookup,
+                "listing": self.config.listing,
                 "now": _iso(self.clock.now()),
             }
 
