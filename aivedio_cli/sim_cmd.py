@@ -28,6 +28,8 @@ def sim_provider(
         help="Standard Webhooks secret; repeat to send one signature per secret (key rotation)."),
     no_lookup: bool = typer.Option(
         False, "--no-lookup", help="No lookup by request key (501) and no Idempotency-Key dedupe."),
+    listing: bool = typer.Option(
+        False, "--list", help="Serve GET /v1/jobs?created_after=&created_before= (list-and-match reconciliation)."),
     job_seconds: float = typer.Option(2.0, "--job-seconds", min=0.01, help="Time from submit to success."),
     max_concurrency: Optional[int] = typer.Option(
         None, "--max-concurrency", min=1, help="Jobs running at once; the rest wait THROTTLED."),
@@ -48,7 +50,7 @@ def sim_provider(
     from aivedio_engine.providers.sim.server import RealClock, SimConfig, SimState
 
     state = SimState(
-        SimConfig(seed=seed, faults=fault_spec, job_seconds=job_seconds, lookup=not no_lookup,
+        SimConfig(seed=seed, faults=fault_spec, job_seconds=job_seconds, lookup=not no_lookup, listing=listing,
                   max_concurrency=max_concurrency, webhook_url=webhook_url,
                   webhook_secrets=tuple(webhook_secret), output_url_ttl_s=output_url_ttl),
         RealClock(),
