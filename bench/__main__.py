@@ -13,7 +13,7 @@ import sys
 from bench.common import BenchError
 
 #: name -> module exposing DESCRIPTION, add_arguments(parser) and run(args) -> exit code
-BENCHMARKS = {"api_create": "bench.api_create"}
+BENCHMARKS = {"api_create": "bench.api_create", "reducer": "bench.reducer"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=module.DESCRIPTION, description=module.DESCRIPTION)
         p.add_argument("--reps", type=int, default=3, help="A-B-A repetitions (default 3)")
-        p.add_argument("--duration", type=int, default=20, help="seconds per measured point (default 20)")
+        p.add_argument("--duration", type=int, default=20, help="seconds per measured point (default %(default)s)")
         p.add_argument("--json-out", default=None, help="JSON path (default bench/results/<name>-<time>.json)")
         module.add_arguments(p)
         p.set_defaults(_module=module)
