@@ -17,7 +17,7 @@ from sqlalchemy import Connection
 from aivedio_engine.clock import new_id
 from aivedio_engine.db.tables import generation_tasks, task_state_events
 from aivedio_engine.domain.status import EventSource, StateEventOutcome, TaskStatus
-from aivedio_engine.domain.transitions import Decision, TaskSnapshot
+from aivedio_engine.domain.transitions import Decision, TaskEvent, TaskSnapshot, Trigger, decide
 
 _t = generation_tasks.c
 
@@ -104,3 +104,15 @@ def apply(
         from_status=decision.from_status.value, to_status=decision.to_status.value, task_version=decision.version,
         outcome=StateEventOutcome.APPLIED, now=now, payload=payload,
     )
+
+
+def decide_and_apply(conn: Connection, task: Any, event: TaskEvent, now: datetime, *, source: EventSource,
+                     payload: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> Decision:
+    """Decide `event` for the task row just read (under its lock) and apply it; a rejection means the caller's
+    view is out of date, so it surfaces as VersionConflict (the caller's transaction rolls back)."""
+    decision = decide(snapshot(task), Trigger(event, expected_version=int(task.version)), now)
+    if not isinstance(decision, Decision):
+        raise VersionConflict(f"{event} rejected for task {task.id}: {decision.reason}")
+    apply(conn, task.id, decision, source=source, source_event_id=f"{task.id}:{decision.version}", now=now,
+          extra=extra, payload=payload)
+    return decision

@@ -27,7 +27,7 @@ from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.polling import PollPolicy, next_poll_at
 from aivedio_engine.domain.retry import FailureContext, Step, Verdict, decide_retry
 from aivedio_engine.domain.status import AttemptStatus, EventSource, TaskStatus
-from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent, Trigger, decide
+from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent
 from aivedio_engine.providers.base import Accepted, Ambiguous, GenerationRequest, Provider, Rejected, SubmitResult
 from aivedio_engine.services import billing, observations
 from aivedio_engine.services.provider_health import error_code_with_retry_after
@@ -150,10 +150,5 @@ class SubmitService:
 
     def _apply(self, conn: Connection, task: Any, event: TaskEvent, now: datetime, attempt_id: uuid.UUID,
                payload: dict[str, Any], extra: dict[str, Any] | None = None) -> Decision:
-        decision = decide(tasks.snapshot(task), Trigger(event, expected_version=int(task.version)), now)
-        if not isinstance(decision, Decision):
-            raise tasks.VersionConflict(f"{event} rejected for task {task.id}: {decision.reason}")
-        tasks.apply(conn, task.id, decision, source=EventSource.WORKER,
-                    source_event_id=f"{task.id}:{decision.version}", now=now, extra=extra,
-                    payload={"attempt_id": str(attempt_id), **payload})
-        return decision
+        return tasks.decide_and_apply(conn, task, event, now, source=EventSource.WORKER, extra=extra,
+                                      payload={"attempt_id": str(attempt_id), **payload})

@@ -22,7 +22,7 @@ from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.polling import LookupVerdict, PollPolicy, ReconcilePolicy, next_poll_at, reconcile_step
 from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, TaskStatus
-from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent, Trigger, decide
+from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent
 from aivedio_engine.providers.base import (
     Canceled,
     JobStatus,
@@ -366,9 +366,5 @@ class ProviderSync:
 
     def _apply(self, conn: Connection, task: Any, event: TaskEvent, now: datetime, payload: dict[str, Any],
                extra: dict[str, Any] | None = None) -> Decision:
-        decision = decide(tasks.snapshot(task), Trigger(event, expected_version=int(task.version)), now)
-        if not isinstance(decision, Decision):
-            raise tasks.VersionConflict(f"{event} rejected for task {task.id}: {decision.reason}")
-        tasks.apply(conn, task.id, decision, source=EventSource.SWEEPER,
-                    source_event_id=f"{task.id}:{decision.version}", now=now, extra=extra, payload=payload)
-        return decision
+        return tasks.decide_and_apply(conn, task, event, now, source=EventSource.SWEEPER, payload=payload,
+                                      extra=extra)
