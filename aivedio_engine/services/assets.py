@@ -1,22 +1,26 @@
 """Input assets: upload sessions, direct uploads, and validation at `complete()` (seed 000 §4.4 一, §4.7.1).
 
-The client declares name, size, type and optionally a SHA-256; we create the asset (UPLOADING) with a
-server-generated key and hand out a short-lived upload target. Storage-side limits are not trusted (emulators and
-some S3-compatible stores ignore POST policies, reliability_anchors §1.9), so `complete()` is the real control:
-exact size, checksum, magic number, then ffprobe through the policy gate on a local copy. Anything refused
-becomes REJECTED with the reason and its object is deleted; a missing object is a client error and leaves the
-asset UPLOADING so the client can still upload.
+The client declares name, size, type and optionally a SHA-256 (and, on S3, a part count for a multipart
+upload); we create the asset (UPLOADING) and hand out a short-lived target for a server-generated staging key,
+`tenants/{tid}/uploads/{session}`. Storage-side limits are not trusted (emulators and some S3-compatible stores
+ignore POST policies, reliability_anchors §1.9), so `complete()` is the real control: exact size, checksum,
+magic number, then ffprobe through the policy gate on a local copy. Anything refused becomes REJECTED with the
+reason; a missing object is a client error and leaves the asset UPLOADING so the client can still upload.
 
-No storage call and no ffprobe run inside a database transaction: `complete()` reads (tx A), works outside any
-transaction, then writes with a compare-and-set on status UPLOADING (tx B), so two concurrent completes produce
-one result and the loser returns the winner's.
+Processed bytes are validated bytes (U5): an upload URL stays usable until it expires, so the staging key is
+never processed. The validated local copy itself is published under a per-validation key no client can write,
+and only that key is recorded. One validation per asset (U25): `complete()` claims the asset (UPLOADING →
+VALIDATING) before the expensive work, so replays and concurrent calls cannot multiply ffprobe runs; a claim
+whose holder died is taken over after `_claim_ttl_s`.
+
+No storage call and no ffprobe run inside a database transaction: claim (tx), work outside any transaction,
+then a compare-and-set on VALIDATING (tx).
 """
 
 from __future__ import annotations
 
-import hashlib
+import math
 import re
-import tempfile
 import unicodedata
 import uuid
 from collections.abc import Iterable
@@ -31,10 +35,9 @@ from sqlalchemy import Engine
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import assets, upload_sessions
+from aivedio_engine.db.tables import assets, tenants, upload_sessions
 from aivedio_engine.domain.status import AssetKind, AssetStatus, UploadSessionStatus
-from aivedio_engine.media import sniff
-from aivedio_engine.media.probe import MediaLimits, ProbeError, ProbeResult, ProbeUnavailable, probe_file
+from aivedio_engine.media.probe import MediaLimits
 from aivedio_engine.services.errors import (
     Conflict,
     Forbidden,
@@ -42,13 +45,14 @@ from aivedio_engine.services.errors import (
     InvalidInput,
     NotFound,
     PayloadTooLarge,
-    Unavailable,
+    ServiceError,
 )
 from aivedio_engine.services.tenants import Principal
 from aivedio_engine.storage import keys
+from aivedio_engine.services.upload_validation import UploadValidator, discard
 from aivedio_engine.storage.base import (
-    CHUNK,
     LocallySignedStore,
+    MultipartStore,
     ObjectNotFound,
     ObjectStore,
     ObjectTooLarge,
@@ -92,13 +96,11 @@ class AssetView:
 
 
 @dataclass(frozen=True, slots=True)
-class _Outcome:
-    status: AssetStatus
-    reason: str | None = None
-    size: int | None = None
-    sha256: str | None = None
-    mime: str | None = None
-    probe: ProbeResult | None = None
+class PartUrls:
+    """Multipart upload target: PUT part n to `urls[n - 1]`, then call complete."""
+
+    urls: list[str]
+    expires_at: datetime
 
 
 def display_name(filename: str) -> str:
@@ -119,6 +121,12 @@ def _parse_id(value: uuid.UUID | str) -> uuid.UUID:
         raise NotFound("asset not found") from None
 
 
+class RateLimited(ServiceError):
+    """Too many upload sessions opened by one tenant in the last minute (U30); the API answers 429."""
+
+    code = "rate-limited"
+
+
 class AssetService:
     def __init__(self, engine: Engine, clock: Clock, settings: Settings, store: ObjectStore) -> None:
         self._engine = engine
@@ -126,29 +134,38 @@ class AssetService:
         self._settings = settings
         self._store = store
         self._limits = MediaLimits.from_settings(settings.media)
-        self._work_dir = Path(settings.data_dir) / "tmp"
+        self._validator = UploadValidator(store, self._limits, Path(settings.data_dir) / "tmp")
+        # a validation is bounded by ffprobe's timeout plus a download and a publish of the same bytes
+        self._claim_ttl_s = 3 * self._limits.timeout_s
 
     # --- create --------------------------------------------------------------------------------------------
 
     def create_upload(self, principal: Principal, filename: str, size_bytes: int, content_type: str,
-                      sha256: str | None = None) -> tuple[AssetView, UploadTarget]:
+                      sha256: str | None = None,
+                      parts: int | None = None) -> tuple[AssetView, UploadTarget | PartUrls]:
         if not isinstance(filename, str) or not 0 < len(filename) <= MAX_FILENAME:
             raise InvalidInput(f"filename must be 1-{MAX_FILENAME} characters", field="filename")
         max_bytes = self._settings.api.max_upload_bytes
-        if not isinstance(size_bytes, int) or isinstance(size_bytes, bool) or not 0 < size_bytes <= max_bytes:
+        if not isinstance(size_bytes, int) or isinstance(size_bytes, bool) or size_bytes <= 0:
             raise InvalidInput(f"size_bytes must be between 1 and {max_bytes}", field="size_bytes")
+        if size_bytes > max_bytes:
+            raise PayloadTooLarge(f"size_bytes {size_bytes} exceeds the upload limit of {max_bytes} bytes",
+                                  field="size_bytes")
         ctype = content_type.strip().lower() if isinstance(content_type, str) else ""
         if ctype not in CONTENT_TYPES:
             raise InvalidInput(f"content_type must be one of {', '.join(CONTENT_TYPES)}", field="content_type")
         digest = sha256.strip().lower() if isinstance(sha256, str) else sha256
         if digest is not None and not _SHA256.fullmatch(digest):
             raise InvalidInput("sha256 must be 64 hex characters", field="sha256")
+        if parts is not None:
+            self._check_parts(size_bytes, parts)
 
         now = self._clock.now()
         asset_id, session_id = new_id(), new_id()
-        key = keys.asset_original_key(principal.tenant_id, asset_id, ctype)
+        key = keys.upload_staging_key(principal.tenant_id, session_id)
         ttl = self._settings.storage.upload_url_ttl_s
         with write_tx(self._engine) as conn:
+            self._check_rate(conn, principal, now)
             conn.execute(assets.insert().values(
                 id=asset_id, tenant_id=principal.tenant_id, kind=CONTENT_TYPES[ctype].value,
                 status=AssetStatus.UPLOADING.value, bucket=self._store.bucket, object_key=key, size_bytes=size_bytes,
@@ -161,8 +178,50 @@ class AssetService:
                 declared_content_type=ctype, declared_sha256=digest, expires_at=now + timedelta(seconds=ttl),
                 created_at=now,
             ))
-        target = self._store.upload_target(key, size_bytes, ctype, ttl, upload_id=str(session_id), now=now)
+        if parts is None:
+            target = self._store.upload_target(key, size_bytes, ctype, ttl, upload_id=str(session_id), now=now)
+        else:
+            target = self._multipart_target(session_id, key, ctype, parts, ttl, now)
         return self.get(principal, asset_id), target
+
+    def _check_rate(self, conn: sa.Connection, principal: Principal, now: datetime) -> None:
+        """At most `limits.uploads_per_tenant_per_min` sessions per tenant per sliding minute. Counted from the
+        assets table (index tenant_id, created_at), so the limit holds across API processes in both modes; the
+        tenant row lock serialises one tenant's creates on PostgreSQL (SQLite's write lock already does)."""
+        limit = self._settings.limits.uploads_per_tenant_per_min
+        conn.execute(sa.select(tenants.c.id).where(tenants.c.id == principal.tenant_id)
+                     .with_for_update(key_share=True))
+        oldest_counted = conn.execute(
+            sa.select(_a.created_at)
+            .where(_a.tenant_id == principal.tenant_id, _a.created_at > now - timedelta(seconds=60),
+                   _a.kind.in_([k.value for k in set(CONTENT_TYPES.values())]))
+            .order_by(_a.created_at.desc()).offset(limit - 1).limit(1)
+        ).scalar()
+        if oldest_counted is not None:
+            wait = max(1, math.ceil((_aware(oldest_counted) + timedelta(seconds=60) - now).total_seconds()))
+            raise RateLimited(f"more than {limit} uploads started in the last minute; retry in {wait}s",
+                              retry_after=wait)
+
+    def _check_parts(self, size_bytes: int, parts: Any) -> None:
+        """Multipart bounds at initiate (U22): every part but the last is ≥ 5 MiB, so more than size/5 MiB + 1
+        parts cannot be a real upload, only a way to mint URLs; S3 itself stops at 10,000."""
+        if not isinstance(self._store, MultipartStore):
+            raise InvalidInput("multipart uploads need the s3 store; upload in one request instead", field="parts")
+        from aivedio_engine.storage.s3 import MAX_PARTS, MIN_PART_BYTES  # boto3 is loaded only with S3
+
+        most = min(MAX_PARTS, size_bytes // MIN_PART_BYTES + 1)
+        if not isinstance(parts, int) or isinstance(parts, bool) or not 1 <= parts <= most:
+            raise InvalidInput(f"parts must be between 1 and {most} for {size_bytes} bytes (parts other than the "
+                               f"last are at least {MIN_PART_BYTES} bytes; at most {MAX_PARTS} parts)", field="parts")
+
+    def _multipart_target(self, session_id: uuid.UUID, key: str, ctype: str, parts: int, ttl: int,
+                          now: datetime) -> PartUrls:
+        store = self._store
+        assert isinstance(store, MultipartStore)  # checked by _check_parts
+        upload_id = store.create_multipart(key, ctype)
+        with write_tx(self._engine) as conn:
+            conn.execute(upload_sessions.update().where(_s.id == session_id).values(multipart_upload_id=upload_id))
+        return PartUrls(store.presign_parts(key, upload_id, parts, ttl), now + timedelta(seconds=ttl))
 
     # --- read ----------------------------------------------------------------------------------------------
 
@@ -201,23 +260,40 @@ class AssetService:
 
     def complete(self, principal: Principal, asset_id: uuid.UUID | str) -> AssetView:
         asset_id = _parse_id(asset_id)
-        with self._engine.connect() as conn:  # tx A: read only
+        with self._engine.connect() as conn:  # read only
             row = self._row(conn, principal, asset_id)
-            if row.status != AssetStatus.UPLOADING.value:
-                return self._view(row)  # READY / REJECTED: completing again is a no-op
             session = conn.execute(
                 sa.select(upload_sessions).where(_s.asset_id == asset_id).order_by(_s.created_at.desc()).limit(1)
             ).first()
+        now = self._clock.now()
+        if row.status not in (AssetStatus.UPLOADING.value, AssetStatus.VALIDATING.value) or (
+                row.status == AssetStatus.VALIDATING.value and not self._claim_expired(row, now)):
+            return self._view(row)  # done, or being validated by another call: completing again is a no-op
         if session is None or session.status != UploadSessionStatus.OPEN.value:
             raise IllegalState("the asset has no open upload session")
+        head = self._uploaded(session)  # before claiming: "not uploaded yet" must leave the asset UPLOADING
 
-        outcome = self._validate(row.object_key, session)  # storage and ffprobe, outside any transaction
+        revision = new_id()
+        claim = {**(row.probe or {}), "validation": {"started_at": now.isoformat(), "revision": str(revision)}}
+        with write_tx(self._engine) as conn:
+            if conn.execute(assets.update().where(_a.id == asset_id, _a.status == row.status)
+                            .values(status=AssetStatus.VALIDATING.value, probe=claim)).rowcount != 1:
+                return self.get(principal, asset_id)  # another call claimed it first
+        try:
+            outcome = self._validator.validate(row, session, head, revision)
+        except BaseException:
+            unclaimed = {k: v for k, v in claim.items() if k != "validation"}
+            with write_tx(self._engine) as conn:  # our fault (ffprobe missing, storage down): let the client retry
+                conn.execute(assets.update().where(_a.id == asset_id, _a.status == AssetStatus.VALIDATING.value)
+                             .values(status=AssetStatus.UPLOADING.value, probe=unclaimed))
+            raise
 
         now = self._clock.now()
         values: dict[str, Any] = {
             "status": outcome.status.value, "error": outcome.reason, "mime_detected": outcome.mime,
             "size_bytes": outcome.size if outcome.size is not None else row.size_bytes,
             "checksum_algorithm": "sha256" if outcome.sha256 else None, "checksum_value": outcome.sha256,
+            "probe": {k: v for k, v in claim.items() if k != "validation"},
         }
         if outcome.probe is not None:
             video = outcome.probe.video
@@ -227,14 +303,14 @@ class AssetService:
                 width=video.width if video else None, height=video.height if video else None,
                 duration_ms=outcome.probe.duration_ms if is_video else None,
                 frame_rate_num=rate.numerator if rate else None, frame_rate_den=rate.denominator if rate else None,
-                probe={**(row.probe or {}), "ffprobe": outcome.probe.raw},
+                probe={**values["probe"], "ffprobe": outcome.probe.raw},
             )
-        if outcome.status is AssetStatus.READY:
-            values["ready_at"] = now
-        with write_tx(self._engine) as conn:  # tx B: compare-and-set on UPLOADING
+        if outcome.published:
+            values.update(object_key=outcome.published, ready_at=now)
+        with write_tx(self._engine) as conn:  # compare-and-set on our claim
             won = conn.execute(
                 assets.update().where(_a.id == asset_id, _a.tenant_id == principal.tenant_id,
-                                      _a.status == AssetStatus.UPLOADING.value).values(**values)
+                                      _a.status == AssetStatus.VALIDATING.value).values(**values)
             ).rowcount == 1
             if won:
                 conn.execute(
@@ -242,52 +318,64 @@ class AssetService:
                     .where(_s.id == session.id, _s.status == UploadSessionStatus.OPEN.value)
                     .values(status=UploadSessionStatus.COMPLETED.value, completed_at=now)
                 )
-        if won and outcome.status is AssetStatus.REJECTED:
-            self._discard(row.object_key)
+        # the staging object is either refused or copied: not kept (rejected bytes are attacker-controlled)
+        discard(self._store, session.object_key)
+        if not won and outcome.published:
+            discard(self._store, outcome.published)
         return self.get(principal, asset_id)
 
-    def _validate(self, key: str, session: Any) -> _Outcome:
-        declared = int(session.declared_size_bytes)
-        head = self._store.head(key)
+    def _claim_expired(self, row: Any, now: datetime) -> bool:
+        started = ((row.probe or {}).get("validation") or {}).get("started_at")
+        try:
+            return now - _aware(datetime.fromisoformat(started)) > timedelta(seconds=self._claim_ttl_s)
+        except (TypeError, ValueError):
+            return True  # a VALIDATING row without a readable claim can only be taken over
+
+    def _uploaded(self, session: Any) -> StoredObject:
+        """The uploaded object's facts; a multipart upload is completed here, from the parts S3 recorded."""
+        key, store = session.object_key, self._store
+        head = store.head(key)
+        if head is None and session.multipart_upload_id and isinstance(store, MultipartStore):
+            try:
+                head = store.complete_uploaded_parts(key, session.multipart_upload_id)  # type: ignore[attr-defined]
+            except ObjectNotFound:
+                raise InvalidInput("multipart upload incomplete: upload every part, then complete") from None
         if head is None:
             raise InvalidInput("object not uploaded")
-        if head.size != declared:
-            return _Outcome(AssetStatus.REJECTED, f"size mismatch: declared {declared} bytes, uploaded {head.size}",
-                            size=head.size)
-        self._work_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="validate-", dir=self._work_dir) as tmp:
-            local = Path(tmp) / "input"  # no extension: ffprobe must pick the demuxer from the bytes alone
-            try:
-                size = self._store.download_to(key, local)
-            except ObjectNotFound:
-                raise InvalidInput("object not uploaded") from None
-            with open(local, "rb") as f:
-                digest, head_bytes = _sha256_and_head(f)
-            if size != declared:  # replaced between HEAD and download
-                return _Outcome(AssetStatus.REJECTED, f"size mismatch: declared {declared} bytes, uploaded {size}",
-                                size=size, sha256=digest)
-            if session.declared_sha256 and session.declared_sha256 != digest:
-                return _Outcome(AssetStatus.REJECTED, "sha256 mismatch: the uploaded bytes differ from the declared "
-                                "checksum", size=size, sha256=digest)
-            found, reason = sniff.check_declared(head_bytes, session.declared_content_type)
-            if reason:
-                return _Outcome(AssetStatus.REJECTED, reason, size=size, sha256=digest, mime=found.mime)
-            try:
-                result = probe_file(local, sniff.family_of(session.declared_content_type), self._limits)
-            except ProbeUnavailable as exc:
-                raise Unavailable(f"media validation unavailable: {exc}") from None
-            except ProbeError as exc:
-                return _Outcome(AssetStatus.REJECTED, f"media rejected: {exc}", size=size, sha256=digest,
-                                mime=found.mime)
-        return _Outcome(AssetStatus.READY, size=size, sha256=digest, mime=found.mime, probe=result)
+        return head
 
-    def _discard(self, key: str) -> None:
-        """Rejected bytes are attacker-controlled: do not keep hosting them. Best effort — the sweeper's orphan
-        GC removes objects of REJECTED assets that survive a failed delete."""
-        try:
-            self._store.delete(key)
-        except Exception:  # noqa: BLE001 - the rejection is already recorded; deletion is housekeeping
-            pass
+    # --- abandoned uploads (U23) ---------------------------------------------------------------------------
+
+    def expire_abandoned_uploads(self, older_than_s: float = 86_400, batch: int = 500) -> int:
+        """Sessions whose upload URL expired more than `older_than_s` ago without a completed upload: the
+        asset becomes REJECTED, the session EXPIRED, an open multipart upload is aborted (its parts are billed
+        storage) and any staging object deleted. Returns how many were expired."""
+        cutoff = self._clock.now() - timedelta(seconds=older_than_s)
+        with self._engine.connect() as conn:
+            stale = conn.execute(
+                sa.select(upload_sessions).join(assets, _a.id == _s.asset_id)
+                .where(_s.status == UploadSessionStatus.OPEN.value, _s.expires_at < cutoff,
+                       _a.status == AssetStatus.UPLOADING.value).order_by(_s.expires_at).limit(batch)
+            ).all()
+        expired = 0
+        for session in stale:
+            with write_tx(self._engine) as conn:  # a concurrent complete() claims UPLOADING first, or loses here
+                if conn.execute(assets.update().where(_a.id == session.asset_id,
+                                                      _a.status == AssetStatus.UPLOADING.value)
+                                .values(status=AssetStatus.REJECTED.value,
+                                        error="upload abandoned: not completed before the upload URL expired")
+                                ).rowcount != 1:
+                    continue
+                conn.execute(upload_sessions.update().where(_s.id == session.id)
+                             .values(status=UploadSessionStatus.EXPIRED.value))
+            expired += 1
+            if session.multipart_upload_id and isinstance(self._store, MultipartStore):
+                try:
+                    self._store.abort_multipart(session.object_key, session.multipart_upload_id)
+                except Exception:  # noqa: BLE001 - the bucket's abort-incomplete-multipart rule is the backstop
+                    pass
+            discard(self._store, session.object_key)
+        return expired
 
     # --- fs uploads and downloads (served by the API) ------------------------------------------------------
 
@@ -341,12 +429,3 @@ class AssetService:
             return head, store.open_read(key)
         except ObjectNotFound:
             raise NotFound("object not found") from None
-
-
-def _sha256_and_head(stream: IO[bytes]) -> tuple[str, bytes]:
-    digest = hashlib.sha256()
-    first = stream.read(sniff.HEAD_BYTES)
-    digest.update(first)
-    while chunk := stream.read(CHUNK):
-        digest.update(chunk)
-    return digest.hexdigest(), first

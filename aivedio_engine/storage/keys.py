@@ -51,12 +51,23 @@ def tenant_prefix(tenant_id: uuid.UUID | str) -> str:
     return f"tenants/{_id(tenant_id)}/"
 
 
-def asset_original_key(tenant_id: uuid.UUID | str, asset_id: uuid.UUID | str, content_type: str) -> str:
+def asset_original_key(tenant_id: uuid.UUID | str, asset_id: uuid.UUID | str, content_type: str,
+                       revision: uuid.UUID | str | None = None) -> str:
+    """Where validated bytes live. Each validation publishes under its own `revision`, so a slow validator
+    that lost the race can never overwrite the bytes the winner recorded (reliability_anchors U5/U25)."""
     try:
         ext = EXTENSIONS[content_type]
     except KeyError:
         raise InvalidKey(f"no object extension for content type {content_type!r}") from None
-    return validate_key(f"{tenant_prefix(tenant_id)}assets/{_id(asset_id)}/original{ext}")
+    suffix = f"-{uuid.UUID(str(revision)).hex}" if revision is not None else ""
+    return validate_key(f"{tenant_prefix(tenant_id)}assets/{_id(asset_id)}/original{suffix}{ext}")
+
+
+def upload_staging_key(tenant_id: uuid.UUID | str, session_id: uuid.UUID | str) -> str:
+    """The only key a client can write (through its upload target). Never processed directly: `complete()`
+    validates a local copy and publishes that copy under `asset_original_key`, so re-using the upload URL
+    after validation changes nothing that is served or processed (reliability_anchors U5)."""
+    return validate_key(f"{tenant_prefix(tenant_id)}uploads/{_id(session_id)}")
 
 
 def raw_output_key(

@@ -159,7 +159,7 @@ def test_signed_url_downloads_as_attachment_before_expiry(h: Harness) -> None:
     assert "UTF-8''my%20clip%20%C3%A9.mp4" in r.headers["content-disposition"]
 
 
-def test_signed_url_stops_working_after_expiry(h: Harness) -> None:
+def test_signed_url_stops_working_after_expiry(h: Harness) -> None:  # U4
     k = key()
     h.store.put_stream(k, [b"secret"], "video/mp4", max_bytes=10)
     if h.store.kind == "s3":

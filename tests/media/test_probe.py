@@ -59,7 +59,7 @@ def test_real_webm_and_png_pass(media: dict[str, Path]) -> None:
     assert png.format_name == "png_pipe" and png.video is not None and (png.video.width, png.video.height) == (320, 240)
 
 
-def test_pixel_bomb_is_refused_before_decoding(media: dict[str, Path]) -> None:
+def test_pixel_bomb_is_refused_before_decoding(media: dict[str, Path]) -> None:  # U13
     # -max_pixels makes ffprobe report 0x0 for the 4000x4000 image; the gate turns that into a rejection
     doc = run_ffprobe(media["bomb.png"], "image", LIMITS)
     assert doc["streams"][0]["width"] == 0
@@ -72,7 +72,7 @@ def test_pixel_bomb_is_refused_before_decoding(media: dict[str, Path]) -> None:
 
 def test_hls_playlist_disguised_as_mp4_never_touches_the_network(
     tmp_path: Path, listener: tuple[socket.socket, int]
-) -> None:
+) -> None:  # U8
     sock, port = listener
     evil = tmp_path / "evil.mp4"
     evil.write_bytes(hls_playlist(f"http://127.0.0.1:{port}/internal-admin/secret.ts"))
@@ -81,19 +81,19 @@ def test_hls_playlist_disguised_as_mp4_never_touches_the_network(
     assert _connections(sock) == 0
 
 
-def test_ffconcat_and_text_are_refused(media: dict[str, Path]) -> None:
+def test_ffconcat_and_text_are_refused(media: dict[str, Path]) -> None:  # U9
     with pytest.raises(ProbeError, match="whitelist"):
         probe_file(media["concat.mp4"], "video", LIMITS)
     with pytest.raises(ProbeError):
         probe_file(media["text.mp4"], "video", LIMITS)
 
 
-def test_truncated_mp4_is_refused(media: dict[str, Path]) -> None:
+def test_truncated_mp4_is_refused(media: dict[str, Path]) -> None:  # U19
     with pytest.raises(ProbeError, match="moov atom not found"):
         probe_file(media["truncated.mp4"], "video", LIMITS)
 
 
-def test_too_many_streams_is_refused(media: dict[str, Path]) -> None:
+def test_too_many_streams_is_refused(media: dict[str, Path]) -> None:  # U18
     with pytest.raises(ProbeError, match="5 streams"):
         probe_file(media["five_streams.mp4"], "video", LIMITS)
 
@@ -118,7 +118,7 @@ def test_error_reasons_do_not_leak_local_paths(media: dict[str, Path]) -> None:
     assert str(media["text.mp4"].parent) not in str(info.value)
 
 
-def test_timeout_is_a_rejection(media: dict[str, Path]) -> None:
+def test_timeout_is_a_rejection(media: dict[str, Path]) -> None:  # U27
     with pytest.raises(ProbeError, match="timed out"):
         probe_file(media["clip.mp4"], "video", MediaLimits(timeout_s=0.001))
 

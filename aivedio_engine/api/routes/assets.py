@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from aivedio_engine.api.deps import Auth, Ctx
 from aivedio_engine.api.problems import Problem
-from aivedio_engine.services.assets import AssetView
+from aivedio_engine.services.assets import AssetView, PartUrls, RateLimited
 from aivedio_engine.services.errors import Forbidden, PayloadTooLarge
 from aivedio_engine.storage.base import CHUNK, UploadTarget, content_disposition
 
@@ -34,6 +34,8 @@ class CreateAssetRequest(BaseModel):
     size_bytes: StrictInt
     content_type: str = Field(min_length=1, max_length=128)
     sha256: str | None = Field(default=None, max_length=64)
+    #: S3 only: upload in this many parts (each but the last ≥ 5 MiB), one presigned PUT URL per part
+    parts: StrictInt | None = None
 
 
 class Asset(BaseModel):
@@ -57,10 +59,12 @@ class Asset(BaseModel):
 
 class UploadInstructions(BaseModel):
     method: str
-    url: str
+    #: None for a multipart upload: PUT part n to `part_urls[n - 1]` instead
+    url: str | None
     fields: dict[str, str]
     headers: dict[str, str]
     expires_at: str | None
+    part_urls: list[str] | None = None
 
 
 class CreatedAsset(Asset):
@@ -79,7 +83,10 @@ def render(asset: AssetView) -> dict[str, Any]:
     ).model_dump()
 
 
-def render_target(target: UploadTarget, request: Request, public_base_url: str) -> UploadInstructions:
+def render_target(target: UploadTarget | PartUrls, request: Request, public_base_url: str) -> UploadInstructions:
+    if isinstance(target, PartUrls):
+        return UploadInstructions(method="PUT", url=None, fields={}, headers={}, part_urls=target.urls,
+                                  expires_at=target.expires_at.isoformat())
     url = target.url
     if url.startswith("/"):  # fs store without a configured public URL: point at this API
         url = (public_base_url or str(request.base_url)).rstrip("/") + url
@@ -91,8 +98,12 @@ def render_target(target: UploadTarget, request: Request, public_base_url: str) 
 def create_asset(body: CreateAssetRequest, request: Request, response: Response, ctx: Ctx,
                  principal: Auth) -> dict[str, Any]:
     """Start an upload: returns the asset (UPLOADING) and where to send the bytes. Then call `complete`."""
-    asset, target = ctx.assets.create_upload(principal, body.filename, body.size_bytes, body.content_type,
-                                             body.sha256)
+    try:
+        asset, target = ctx.assets.create_upload(principal, body.filename, body.size_bytes, body.content_type,
+                                                 body.sha256, body.parts)
+    except RateLimited as exc:
+        raise Problem(429, "rate-limited", "Too many requests", str(exc),
+                      headers={"Retry-After": str(exc.extra["retry_after"])}) from None
     response.headers["Location"] = f"/v1/assets/{asset.id}"
     upload = render_target(target, request, ctx.settings.api.public_base_url)
     return {**render(asset), "upload": upload.model_dump()}
@@ -100,7 +111,8 @@ def create_asset(body: CreateAssetRequest, request: Request, response: Response,
 
 @router.post("/{asset_id}/complete", response_model=Asset)
 def complete_asset(asset_id: str, ctx: Ctx, principal: Auth) -> dict[str, Any]:
-    """Verify and validate the uploaded object: READY, or REJECTED with the reason in `error`."""
+    """Verify and validate the uploaded object: READY, or REJECTED with the reason in `error`; VALIDATING when
+    another call is already validating it (poll `GET`). Safe to repeat."""
     return render(ctx.assets.complete(principal, asset_id))
 
 
@@ -138,7 +150,13 @@ def _blocking_chunks(stream: AsyncIterator[bytes]) -> Iterator[bytes]:
 
 @files_router.put("/v1/uploads/{upload_id}")
 async def put_upload(upload_id: str, request: Request, ctx: Ctx, expires: str = "", sig: str = "") -> dict[str, Any]:
-    """Upload target of the fs store: the raw body, at most the declared size."""
+    """Upload target of the fs store: the raw body, at most the declared size, stored as sent."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        # we would either store bytes that are not what complete() should see, or decompress attacker-chosen
+        # input on the server (a zip bomb); refusing is the only honest answer (U29)
+        raise Problem(415, "unsupported-media-type", "Unsupported media type",
+                      "Content-Encoding is not supported on uploads: send the file's bytes as they are")
     length = request.headers.get("content-length", "")
     chunks = _blocking_chunks(request.stream().__aiter__())
     try:
