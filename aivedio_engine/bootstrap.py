@@ -19,12 +19,16 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from aivedio_engine.domain.requests import Catalog
+    from aivedio_engine.notify import Notifier
     from aivedio_engine.services.assets import AssetService
     from aivedio_engine.services.generations import GenerationService
     from aivedio_engine.services.tenants import TenantService
     from aivedio_engine.providers.registry import ProviderRegistry
     from aivedio_engine.services.callbacks import CallbackService
     from aivedio_engine.services.dispatch import Dispatcher
+    from aivedio_engine.services.media import MediaService
+    from aivedio_engine.services.output_fetch import OutputFetchService
+    from aivedio_engine.services.outputs import OutputService
     from aivedio_engine.services.submit import SubmitService
     from aivedio_engine.services.sweeper import Sweeper
     from aivedio_engine.services.sync import ProviderSync
@@ -135,7 +139,35 @@ class AppContext:
 
         return CallbackService(self.engine, self.clock, self.providers)
 
+    @cached_property
+    def output_fetch(self) -> OutputFetchService:
+        from aivedio_engine.fetch.fetcher import Fetcher
+        from aivedio_engine.services.output_fetch import OutputFetchService
+
+        fetcher = Fetcher(self.settings.fetch, clock=self.clock)
+        return OutputFetchService(self.engine, self.clock, self.settings, self.providers, self.storage, fetcher)
+
+    @cached_property
+    def outputs(self) -> OutputService:
+        from aivedio_engine.services.outputs import OutputService
+
+        return OutputService(self.engine, self.settings, self.storage)
+
+    @cached_property
+    def media(self) -> MediaService:
+        from aivedio_engine.services.media import MediaService
+
+        return MediaService(self.engine, self.clock, self.settings, self.storage, self.catalog)
+
+    @cached_property
+    def notifier(self) -> Notifier:
+        from aivedio_engine.notify import build_notifier
+
+        return build_notifier(self.settings)
+
     def close(self) -> None:
+        if "notifier" in self.__dict__:
+            self.notifier.close()
         if "providers" in self.__dict__:
             self.providers.close()
         if "engine" in self.__dict__:

@@ -35,6 +35,7 @@ from pydantic_settings import (
 )
 
 from aivedio_engine.domain.retry import DEFAULT_BUDGETS, RetryBudget, Step
+from aivedio_engine.domain.status import DerivativeProfile
 
 DEFAULT_CONFIG_FILE = "aivedio.toml"
 CONFIG_ENV_VAR = "AIVEDIO_CONFIG"
@@ -99,6 +100,8 @@ class ApiSettings(_Section):
     #: per-tenant request rate limit (requests per second, token bucket).
     tenant_rate_limit_per_s: float = Field(50.0, gt=0)
     max_upload_bytes: int = Field(2 * 1024 * 1024 * 1024, ge=1)
+    #: seconds between `: ping` comments on an idle event stream (keeps proxies from closing it).
+    sse_heartbeat_s: float = Field(15, gt=0)
 
 
 class ModelSettings(_Section):
@@ -140,6 +143,8 @@ class LimitsSettings(_Section):
     tenant_default_credits: Decimal = Decimal("1000")
     default_deadline_s: int = Field(3600, ge=10)
     slot_lease_ttl_s: int = Field(60, ge=5)
+    #: upload sessions (presigned targets) one tenant may open per minute; more answer 429.
+    uploads_per_tenant_per_min: int = Field(120, ge=1)
 
 
 class RetryBudgetSettings(_Section):
@@ -214,8 +219,9 @@ class FetchSettings(_Section):
 
 class MediaSettings(_Section):
     #: derivatives that must be READY before a task may succeed.
-    required_profiles: list[str] = ["proxy_mp4", "thumbnail"]
-    optional_profiles: list[str] = ["hls", "waveform"]
+    required_profiles: list[DerivativeProfile] = [DerivativeProfile.PROXY_MP4, DerivativeProfile.HLS,
+                                                  DerivativeProfile.THUMBNAIL]
+    optional_profiles: list[DerivativeProfile] = [DerivativeProfile.WAVEFORM]
     pipeline_version: int = Field(1, ge=1)
     max_pixels: int = Field(3840 * 2160, ge=1)
     min_fps: float = Field(1, gt=0)
@@ -224,6 +230,8 @@ class MediaSettings(_Section):
     max_duration_s: float = Field(60, gt=0)
     timeout_s: float = Field(600, gt=0)
     memory_limit_bytes: int = Field(2 * 1024 * 1024 * 1024, ge=64 * 1024 * 1024)
+    #: output moderation: a prompt containing one of these terms holds the output for a human.
+    review_prompt_terms: list[str] = []
 
 
 class PollingSettings(_Section):

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aivedio_engine import __version__
 from aivedio_engine.api import problems
-from aivedio_engine.api.routes import callbacks, generations, health, models
+from aivedio_engine.api.routes import callbacks, events, generations, health, models
 from aivedio_engine.bootstrap import AppContext
 
 #: paths whose bodies are streamed uploads, capped by the upload's own declared size instead
@@ -32,6 +32,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     problems.install(app)
     app.include_router(health.router)
     app.include_router(generations.router)
+    app.include_router(events.router)
     app.include_router(models.router)
     app.include_router(callbacks.router)
     for router in _optional_routers():

@@ -25,6 +25,10 @@ class Rule(StrEnum):
     AMBIGUOUS_LIST_MATCH = "ambiguous_list_match"
     DUPLICATE_PROVIDER_JOB = "duplicate_provider_job"
     ORPHAN_CALLBACK_EXPIRED = "orphan_callback_expired"
+    #: a stored raw output differs from what the provider serves now; both are kept, nothing is overwritten
+    OUTPUT_CHECKSUM_MISMATCH = "output_checksum_mismatch"
+    OUTPUT_FETCH_FAILED = "output_fetch_failed"  # the provider's output could not be brought home
+    MEDIA_FAILED = "media_failed"  # the output was stored but could not be made playable
 
 
 def raise_alert(

@@ -15,9 +15,11 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
+from aivedio_engine.db import outbox
 from aivedio_engine.db.tables import generation_tasks, task_state_events
 from aivedio_engine.domain.status import EventSource, StateEventOutcome, TaskStatus
-from aivedio_engine.domain.transitions import Decision, TaskEvent, TaskSnapshot, Trigger, decide
+from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.transitions import Decision, Effect, TaskEvent, TaskSnapshot, Trigger, decide
 
 _t = generation_tasks.c
 
@@ -94,11 +96,18 @@ def apply(
         values.setdefault("finished_at", now)
     if decision.cancel_outcome is not None:
         values.setdefault("cancel_outcome", decision.cancel_outcome.value)
-    result = conn.execute(
+    row = conn.execute(
         generation_tasks.update().where(_t.id == task_id, _t.version == decision.version - 1).values(**values)
-    )
-    if result.rowcount != 1:
+        .returning(_t.tenant_id, _t.trace_id)
+    ).first()
+    if row is None:
         raise VersionConflict(f"task {task_id} is no longer at version {decision.version - 1}")
+    if Effect.NOTIFY in decision.effects:
+        # the notifier's trigger; subscribers read the change itself from the state event history
+        outbox.add(conn, EventType.TASK_STATUS_CHANGED, aggregate_type="task", aggregate_id=task_id,
+                   aggregate_version=decision.version, tenant_id=row.tenant_id, trace_id=row.trace_id, now=now,
+                   payload={"task_id": str(task_id), "version": decision.version,
+                            "status": decision.to_status.value, "progress": decision.progress})
     record_event(
         conn, task_id=task_id, source=source, source_event_id=source_event_id, event_type=decision.event.value,
         from_status=decision.from_status.value, to_status=decision.to_status.value, task_version=decision.version,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import dramatiq
 
 from aivedio_engine.domain.events import ROUTES, EventType
-from aivedio_engine.services import intake, reducer
+from aivedio_engine.services import intake, notifications, reducer
 from aivedio_engine.services.dispatch import release_if_finished
 from aivedio_engine.services.consume import Envelope, InvalidEnvelope
 
@@ -86,6 +86,24 @@ def reduce_provider_status(ctx: AppContext, envelope: Envelope) -> None:
     attempt_id = reducer.attempt_of(ctx.engine, envelope.payload)
     if attempt_id is not None:
         release_if_finished(ctx.engine, ctx.slots, attempt_id)
+
+
+@consumes(EventType.FETCH_REQUESTED, max_retries=3, min_backoff=1_000, max_backoff=60_000, time_limit=900_000)
+def fetch_output(ctx: AppContext, envelope: Envelope) -> None:
+    # failures of the download itself are retried by the service within its budget (delayed outbox row);
+    # broker retries only cover a crash or a database error around it
+    ctx.output_fetch.handle(envelope)
+
+
+@consumes(EventType.MEDIA_PROCESS_REQUESTED, max_retries=3, min_backoff=1_000, max_backoff=60_000,
+          time_limit=1_800_000)
+def process_media(ctx: AppContext, envelope: Envelope) -> None:
+    ctx.media.handle(envelope)
+
+
+@consumes(EventType.TASK_STATUS_CHANGED, max_retries=3, min_backoff=200, max_backoff=5_000, time_limit=10_000)
+def notify_status_changed(ctx: AppContext, envelope: Envelope) -> None:
+    notifications.on_status_changed(ctx.notifier, envelope)
 
 
 def declare_actors(broker: dramatiq.Broker, ctx: AppContext) -> dict[str, dramatiq.Actor[Any, Any]]:

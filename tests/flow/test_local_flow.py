@@ -1,4 +1,4 @@
-"""A generation through the real local provider (ffmpeg) in embedded mode, up to the output fetch request."""
+"""A generation through the real local provider (ffmpeg) in embedded mode: submit, poll, fetch, media, settle."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts, task_state_events
+from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks, task_attempts, task_state_events
 from tests.support.app import make_context, tenant_with_key
 from tests.support.pump import Pump
 
 
-def test_local_provider_drives_a_task_to_output_fetching(tmp_path: Path) -> None:
+def test_local_provider_drives_a_task_to_succeeded(tmp_path: Path) -> None:
     ctx = make_context(tmp_path / "data", polling={"min_interval_s": 1, "max_interval_s": 2, "jitter": 0})
     who = tenant_with_key(ctx, "alice", credits=100)
     task = ctx.generations.create(who.tenant_id, "k1", {"prompt": "a paper boat", "model": "local-v1",
@@ -32,12 +32,11 @@ def test_local_provider_drives_a_task_to_output_fetching(tmp_path: Path) -> None
         pump.run()
         with ctx.engine.connect() as conn:
             status = conn.execute(sa.select(generation_tasks.c.status)).scalar_one()
-        if status == "OUTPUT_FETCHING":
+        if status == "SUCCEEDED":
             break
         woke.wait(0.2)  # bounded wait for the render to progress before the next poll
-    assert status == "OUTPUT_FETCHING", status
-    fetch = [e for e in pump.parked if e["event_type"] == "fetch.requested"]
-    assert len(fetch) == 1 and fetch[0]["outputs"] and fetch[0]["outputs"][0]["url"].startswith("http://127.0.0.1:")
+    assert status == "SUCCEEDED", status
+    assert pump.seen["fetch.requested"] == 1 and pump.seen["media.process.requested"] == 1
     with ctx.engine.connect() as conn:
         history = [r.to_status for r in conn.execute(
             sa.select(task_state_events.c.to_status).where(task_state_events.c.outcome == "applied")
@@ -46,8 +45,16 @@ def test_local_provider_drives_a_task_to_output_fetching(tmp_path: Path) -> None
         reserves = conn.execute(sa.select(sa.func.count()).select_from(credit_ledger)
                                 .where(credit_ledger.c.entry_type == "RESERVE")).scalar_one()
     assert history[:6] == ["CREATED", "VALIDATING", "QUOTA_RESERVED", "QUEUED", "DISPATCHING", "SUBMITTED"]
-    assert history[-1] == "OUTPUT_FETCHING"
+    assert history[-3:] == ["OUTPUT_FETCHING", "POST_PROCESSING", "SUCCEEDED"]
     assert attempt.submit_state == "SUCCEEDED" and attempt.provider_job_id
     assert reserves == 1
+    with ctx.engine.connect() as conn:
+        kinds = {r.kind: r for r in conn.execute(sa.select(assets).where(assets.c.status == "READY"))}
+        task = conn.execute(sa.select(generation_tasks)).one()
+        ledger = {r.entry_type: r.amount for r in conn.execute(sa.select(credit_ledger))}
+    assert {"RAW_OUTPUT", "PROXY", "HLS", "THUMBNAIL", "WAVEFORM"} <= kinds.keys()
+    assert kinds["RAW_OUTPUT"].duration_ms and kinds["RAW_OUTPUT"].width
+    assert task.output_asset_id == kinds["RAW_OUTPUT"].id and task.reserved_amount == 0
+    assert ledger["RESERVE"] + ledger["SETTLE"] == -task.actual_cost  # settled in the success transaction
     assert ctx.slots.counts().get("provider:local", 0) == 0  # the slot came back with the finished attempt
     ctx.close()

@@ -3,7 +3,6 @@ the Dramatiq actors call, in order, without a broker. Broker delivery itself is 
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 from collections.abc import Callable
 
@@ -11,11 +10,9 @@ import sqlalchemy as sa
 
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.tables import outbox_events
-from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.status import OutboxStatus
-from aivedio_engine.services import intake, reducer
 from aivedio_engine.services.consume import Envelope
-from aivedio_engine.services.dispatch import release_if_finished
+from aivedio_engine.worker.actors import REGISTRY
 
 
 class Pump:
@@ -24,28 +21,12 @@ class Pump:
         self.seen: Counter[str] = Counter()
         #: deliver every n-th event twice (0 = never), as a redelivering broker would
         self.duplicate_every = duplicate_every
-        self.parked: list[dict] = []  # events for consumers that do not exist yet (e.g. fetch)
+        self.parked: list[dict] = []  # events without a registered consumer
 
     def _handlers(self) -> dict[str, Callable[[Envelope], None]]:
-        ctx = self.ctx
-
-        def submit(env: Envelope) -> None:
-            attempt_id = uuid.UUID(env.payload["attempt_id"])
-            ctx.submitter.submit(attempt_id)
-            release_if_finished(ctx.engine, ctx.slots, attempt_id)
-
-        def observed(env: Envelope) -> None:
-            reducer.reduce_event(ctx.engine, env, ctx.clock.now())
-            attempt_id = reducer.attempt_of(ctx.engine, env.payload)
-            if attempt_id is not None:
-                release_if_finished(ctx.engine, ctx.slots, attempt_id)
-
-        return {
-            EventType.GENERATION_QUEUED.value: lambda env: intake.mark_ready_for_dispatch(
-                ctx.engine, env, now=ctx.clock.now()),
-            EventType.PROVIDER_SUBMIT_REQUESTED.value: submit,
-            EventType.PROVIDER_STATUS_OBSERVED.value: observed,
-        }
+        """The registered consumers, exactly as the Dramatiq actors call them."""
+        return {spec.event_type.value: (lambda env, handler=spec.handler: handler(self.ctx, env))
+                for spec in REGISTRY.values()}
 
     def run(self, max_events: int = 10_000) -> int:
         """Deliver every pending outbox row once (some twice); returns how many were delivered."""
@@ -54,7 +35,8 @@ class Pump:
         while delivered < max_events:
             with self.ctx.engine.connect() as conn:
                 rows = conn.execute(sa.select(outbox_events)
-                                    .where(outbox_events.c.status == OutboxStatus.PENDING.value)
+                                    .where(outbox_events.c.status == OutboxStatus.PENDING.value,
+                                           outbox_events.c.available_at <= self.ctx.clock.now())
                                     .order_by(outbox_events.c.id).limit(200)).all()
             if not rows:
                 return delivered

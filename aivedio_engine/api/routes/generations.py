@@ -9,9 +9,12 @@ from fastapi import APIRouter, Body, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from aivedio_engine.api.deps import Auth, Ctx
+from aivedio_engine.domain.status import TaskStatus
 from aivedio_engine.services.generations import TaskView
 
 router = APIRouter(prefix="/v1/generations", tags=["generations"])
+#: states in which derivatives exist (a reviewer may look at a held output; the client gets it once approved)
+_PLAYABLE = frozenset({TaskStatus.SUCCEEDED.value})
 
 
 class GenerationRequest(BaseModel):
@@ -50,6 +53,8 @@ class Generation(BaseModel):
     updated_at: str
     finished_at: str | None
     links: dict[str, str]
+    #: signed, expiring playback URLs of the READY derivatives (proxy_mp4, hls, thumbnail, waveform)
+    outputs: dict[str, str] = Field(default_factory=dict)
 
 
 class GenerationPage(BaseModel):
@@ -57,7 +62,7 @@ class GenerationPage(BaseModel):
     next_cursor: str | None
 
 
-def render(task: TaskView) -> Generation:
+def render(task: TaskView, outputs: dict[str, str] | None = None) -> Generation:
     base = f"/v1/generations/{task.id}"
     return Generation(
         id=task.id, status=task.status, version=task.version, progress=task.progress, model=task.model,
@@ -66,7 +71,7 @@ def render(task: TaskView) -> Generation:
         error_class=task.last_error_class, parked_reason=task.parked_reason, params=task.params,
         deadline_at=_iso(task.deadline_at), created_at=_iso(task.created_at) or "",
         updated_at=_iso(task.updated_at) or "", finished_at=_iso(task.finished_at),
-        links={"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel"},
+        links={"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel"}, outputs=outputs or {},
     )
 
 
@@ -95,7 +100,8 @@ def create_generation(
 
 @router.get("/{task_id}", response_model=Generation)
 def get_generation(task_id: uuid.UUID, ctx: Ctx, principal: Auth) -> Generation:
-    return render(ctx.generations.get(principal.tenant_id, task_id))
+    task = ctx.generations.get(principal.tenant_id, task_id)
+    return render(task, ctx.outputs.urls(principal.tenant_id, task_id) if task.status in _PLAYABLE else None)
 
 
 @router.get("", response_model=GenerationPage)
@@ -105,7 +111,11 @@ def list_generations(
     status: str | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: uuid.UUID | None = None,
+    idempotency_key: Annotated[str | None, Query(max_length=255)] = None,
 ) -> GenerationPage:
+    if idempotency_key is not None:  # at most one task per key: lets a client resume a batch without re-sending
+        found = ctx.generations.find_by_key(principal.tenant_id, idempotency_key)
+        return GenerationPage(data=[render(found)] if found else [], next_cursor=None)
     page, nxt = ctx.generations.list(principal.tenant_id, status=status, limit=limit, cursor=cursor)
     return GenerationPage(data=[render(t) for t in page], next_cursor=None if nxt is None else str(nxt))
 

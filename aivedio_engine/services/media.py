@@ -1,0 +1,284 @@
+"""Making a stored output playable: the `media.process.requested` consumer (DESIGN §10, seed 000 §4.8.9–4.8.11).
+
+The raw output is copied from the store into a per-job temp dir, checked against the checksum recorded when it
+was fetched (what is processed is exactly what was stored), probed through the sandboxed ffprobe gate, and
+turned into derivatives (`media.derive`) that are uploaded under deterministic keys. Then one short transaction
+records the probe facts and every derivative's own status, and decides: every required profile READY → the
+moderation hook → SUCCEEDED with the credit settlement and notification in the same transaction (or
+MANUAL_REVIEW with a review item); a gate rejection → FAILED_FINAL; a failure that may pass on another run →
+retry within the `media` budget, past which a human decides (seed §4.9.5: media failures never regenerate).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+
+from aivedio_engine.clock import Clock, new_id
+from aivedio_engine.config import Settings
+from aivedio_engine.db import alerts, outbox, tasks
+from aivedio_engine.db.tables import assets, generation_tasks, review_items
+from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.requests import Catalog, InvalidRequest
+from aivedio_engine.domain.retry import ErrorClass, FailureContext, Step, Verdict, decide_retry
+from aivedio_engine.domain.status import (
+    AlertSeverity,
+    AssetKind,
+    AssetStatus,
+    DerivativeProfile,
+    EventSource,
+    ReviewState,
+    TaskStatus,
+)
+from aivedio_engine.domain.transitions import TaskEvent
+from aivedio_engine.media import derive
+from aivedio_engine.media.probe import MediaLimits, ProbeError, ProbeResult, ProbeUnavailable, probe_file
+from aivedio_engine.services import billing
+from aivedio_engine.services.consume import Envelope, consume_once
+from aivedio_engine.storage import keys
+from aivedio_engine.storage.base import ObjectStore, iter_file, sha256_of
+
+CONSUMER_GROUP = "media"
+KIND = {DerivativeProfile.PROXY_MP4: AssetKind.PROXY, DerivativeProfile.HLS: AssetKind.HLS,
+        DerivativeProfile.THUMBNAIL: AssetKind.THUMBNAIL, DerivativeProfile.WAVEFORM: AssetKind.WAVEFORM}
+#: a little slack over the model's maximum: vendors round clip lengths up to whole frames or GOPs
+DURATION_SLACK_S = 1.0
+
+
+class ModerationHook(Protocol):
+    def hold_reason(self, task: Any, probe: ProbeResult) -> str | None:
+        """Why the output must wait for a human (MANUAL_REVIEW), or None to let it through."""
+
+
+@dataclass(frozen=True)
+class PromptTermsModeration:
+    """The built-in rule: hold outputs whose prompt mentions a configured term. No terms: everything passes."""
+
+    terms: tuple[str, ...] = ()
+
+    def hold_reason(self, task: Any, probe: ProbeResult) -> str | None:
+        prompt = str(task.prompt).casefold()
+        hit = next((t for t in self.terms if t.casefold() in prompt), None)
+        return None if hit is None else f"prompt matches review term {hit!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    profile: DerivativeProfile
+    status: str
+    key: str
+    size: int | None = None
+    sha256: str | None = None
+    error: str | None = None
+    retryable: bool = False
+
+
+@dataclass
+class Outcome:
+    probe: ProbeResult | None = None
+    #: the output itself is unacceptable (gate, checksum): final
+    rejected: str | None = None
+    #: our side failed (ffprobe missing, store hiccup): another run may pass
+    unavailable: str | None = None
+    derived: dict[DerivativeProfile, Derived] = field(default_factory=dict)
+
+
+class MediaService:
+    def __init__(self, engine: Engine, clock: Clock, settings: Settings, store: ObjectStore, catalog: Catalog,
+                 moderation: ModerationHook | None = None, rng: random.Random | None = None) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._settings = settings
+        self._store = store
+        self._catalog = catalog
+        self._moderation = moderation or PromptTermsModeration(tuple(settings.media.review_prompt_terms))
+        self._rng = rng or random.Random()
+        media = settings.media
+        self.required = tuple(media.required_profiles)
+        self.profiles = tuple(dict.fromkeys(self.required + tuple(media.optional_profiles)))
+
+    def handle(self, envelope: Envelope) -> str:
+        task_id, asset_id = uuid.UUID(envelope.payload["task_id"]), uuid.UUID(envelope.payload["asset_id"])
+        with self._engine.connect() as conn:
+            task = tasks.read(conn, task_id)
+            raw = conn.execute(sa.select(assets).where(assets.c.id == asset_id)).first()
+        if task is None or raw is None:
+            return "unknown task or asset"
+        if task.status != TaskStatus.POST_PROCESSING.value:
+            return f"skipped: task is {task.status}"
+        outcome = self._process(task, raw, self.limits_for(task))
+        result: list[str] = []
+        consume_once(self._engine, CONSUMER_GROUP, envelope.event_id, task_id,
+                     lambda conn: _keep(result, self._record(conn, envelope, raw, outcome)), self._clock.now())
+        return result[0] if result else "duplicate"
+
+    def limits_for(self, task: Any) -> MediaLimits:
+        limits = MediaLimits.from_settings(self._settings.media)
+        try:
+            model = self._catalog.find(task.requested_model, task.selected_provider)
+        except InvalidRequest:
+            return limits  # the model left the catalog since: the platform limit still applies
+        return replace(limits, max_duration_s=min(limits.max_duration_s, model.max_duration_s + DURATION_SLACK_S))
+
+    # --- files (no transaction open) ---------------------------------------------------------------------
+
+    def _process(self, task: Any, raw: Any, limits: MediaLimits) -> Outcome:
+        with derive.job_dir() as workdir:
+            src = workdir / "raw.mp4"
+            try:
+                self._store.download_to(raw.object_key, src)
+            except Exception as exc:  # noqa: BLE001 - any store failure is ours; the output may still be fine
+                return Outcome(unavailable=f"cannot read the stored output: {type(exc).__name__}")
+            with open(src, "rb") as f:
+                if raw.checksum_value and sha256_of(f)[0] != raw.checksum_value:
+                    return Outcome(rejected="stored output does not match the checksum recorded at fetch")
+            try:
+                probe = probe_file(src, "video", limits)
+            except ProbeUnavailable as exc:
+                return Outcome(unavailable=str(exc))
+            except ProbeError as exc:
+                return Outcome(rejected=f"output refused by the media gate: {exc}")
+            outcome = Outcome(probe=probe)
+            results = derive.build_derivatives(src, probe, workdir / "out", self.profiles, limits)
+            for profile, res in results.items():
+                outcome.derived[profile] = self._upload(task, raw, res)
+        return outcome
+
+    def _upload(self, task: Any, raw: Any, res: derive.DerivativeResult) -> Derived:
+        pv = self._settings.media.pipeline_version
+        if res.status != "READY" or res.main is None:
+            return Derived(res.profile, res.status,
+                           keys.derivative_key(task.tenant_id, raw.id, res.profile, pv, "failed"),
+                           error=res.error, retryable=res.retryable)
+        main = None
+        for path in res.files:
+            key = keys.derivative_key(task.tenant_id, raw.id, res.profile, pv, path.name)
+            with open(path, "rb") as f:
+                obj = self._store.put_stream(key, iter_file(f), derive.content_type_for(path),
+                                             self._settings.fetch.max_bytes)
+            if path == res.main:
+                main = obj
+        assert main is not None, "the main file is one of the derivative's files"
+        return Derived(res.profile, "READY", main.key, main.size, main.sha256)
+
+    # --- the decision (one transaction) ------------------------------------------------------------------
+
+    def _record(self, conn: Connection, envelope: Envelope, raw: Any, outcome: Outcome) -> str:
+        now = self._clock.now()
+        task = tasks.read(conn, raw.task_id, lock=True)
+        if task.status != TaskStatus.POST_PROCESSING.value:
+            return f"skipped: task is {task.status}"
+        if outcome.rejected:
+            _set_asset(conn, raw.id, status=AssetStatus.REJECTED.value, error=outcome.rejected[:2000])
+            return self._fail(conn, task, outcome.rejected, now)
+        if outcome.probe is not None:
+            _set_asset(conn, raw.id, **_probe_columns(outcome.probe), status=AssetStatus.READY.value, ready_at=now)
+        for derived in outcome.derived.values():
+            if derived.status != "SKIPPED":  # e.g. no waveform for a silent clip: nothing to record
+                self._save_derivative(conn, task, raw, derived, now)
+        missing = [p for p in self.required if outcome.derived.get(p) is None
+                   or outcome.derived[p].status != AssetStatus.READY.value]
+        if outcome.unavailable or missing:
+            reasons = outcome.unavailable or "; ".join(
+                f"{p.value}: {outcome.derived[p].error if p in outcome.derived else 'not built'}" for p in missing)
+            final = not outcome.unavailable and not any(outcome.derived[p].retryable
+                                                        for p in missing if p in outcome.derived)
+            return self._retry_or_escalate(conn, envelope, task, raw, reasons, final, now)
+        assert outcome.probe is not None
+        hold = self._moderation.hold_reason(task, outcome.probe)
+        if hold:
+            return self._review(conn, task, raw.id, hold, now)
+        decision = tasks.decide_and_apply(conn, task, TaskEvent.PLAYABLE_ASSET_READY, now,
+                                          source=EventSource.WORKER,
+                                          payload={"profiles": sorted(p.value for p in outcome.derived)})
+        billing.close_reservation(conn, task, decision, now, reason="succeeded")
+        return "succeeded"
+
+    def _save_derivative(self, conn: Connection, task: Any, raw: Any, d: Derived, now: datetime) -> None:
+        a = assets.c
+        values = dict(status=AssetStatus.READY.value if d.status == "READY" else AssetStatus.FAILED.value,
+                      object_key=d.key, size_bytes=d.size, checksum_algorithm="sha256" if d.sha256 else None,
+                      checksum_value=d.sha256, error=d.error and d.error[:2000],
+                      ready_at=now if d.status == "READY" else None)
+        pv = self._settings.media.pipeline_version
+        existing = conn.execute(sa.select(a.id).where(a.parent_asset_id == raw.id, a.profile == d.profile.value,
+                                                      a.pipeline_version == pv)).scalar()
+        if existing is not None:
+            conn.execute(assets.update().where(a.id == existing).values(**values))
+            return
+        conn.execute(assets.insert().values(
+            id=new_id(), tenant_id=task.tenant_id, kind=KIND[d.profile].value, parent_asset_id=raw.id,
+            task_id=task.id, profile=d.profile.value, pipeline_version=pv, bucket=self._store.bucket,
+            created_at=now, **values))
+
+    def _retry_or_escalate(self, conn: Connection, envelope: Envelope, task: Any, raw: Any, reason: str,
+                           final: bool, now: datetime) -> str:
+        p = envelope.payload
+        tried = int(p.get("try", 1))
+        first = _ts(p.get("first_failure_at")) or now
+        verdict, why, retry_at = Verdict.GIVE_UP, "not retryable", None
+        if not final:
+            decision = decide_retry(FailureContext(ErrorClass.MEDIA_WORKER_CRASHED, tried, first,
+                                                   _ts(p.get("step_started_at")) or first, task.deadline_at),
+                                    self._settings.retry.budget(Step.MEDIA), now, self._rng)
+            verdict, why, retry_at = decision.verdict, decision.reason, decision.retry_at
+        if verdict is Verdict.RETRY:
+            conn.execute(generation_tasks.update().where(generation_tasks.c.id == task.id).values(
+                last_error_class=ErrorClass.MEDIA_WORKER_CRASHED.value, last_error_code="media_retry",
+                updated_at=now))
+            outbox.add(conn, EventType.MEDIA_PROCESS_REQUESTED, aggregate_type="task", aggregate_id=task.id,
+                       aggregate_version=int(task.version), tenant_id=task.tenant_id, trace_id=task.trace_id,
+                       now=now, available_at=retry_at or now,
+                       payload={**p, "try": tried + 1, "first_failure_at": first.isoformat(),
+                                "step_started_at": (_ts(p.get("step_started_at")) or first).isoformat()})
+            return f"retry: {why}"
+        if verdict is Verdict.MANUAL:
+            return self._review(conn, task, raw.id, f"media processing failed ({why}): {reason}", now)
+        return self._fail(conn, task, reason, now)
+
+    def _fail(self, conn: Connection, task: Any, reason: str, now: datetime) -> str:
+        decision = tasks.decide_and_apply(conn, task, TaskEvent.FINAL_FAILURE, now, source=EventSource.WORKER,
+                                          extra={"last_error_class": "media_rejected",
+                                                 "last_error_code": reason[:128]},
+                                          payload={"reason": reason[:500]})
+        billing.close_reservation(conn, task, decision, now, reason="media_failed")
+        alerts.raise_alert(conn, alerts.Rule.MEDIA_FAILED, AlertSeverity.WARNING, dedup_key=str(task.id), now=now,
+                           subject_type="task", subject_id=str(task.id), message=reason[:500])
+        return f"failed: {reason[:80]}"
+
+    def _review(self, conn: Connection, task: Any, asset_id: uuid.UUID, reason: str, now: datetime) -> str:
+        tasks.decide_and_apply(conn, task, TaskEvent.REVIEW_REQUIRED, now, source=EventSource.WORKER,
+                               extra={"review_state": ReviewState.PENDING.value}, payload={"reason": reason[:500]})
+        conn.execute(review_items.insert().values(id=new_id(), task_id=task.id, asset_id=asset_id,
+                                                  reason=reason[:2000], state=ReviewState.PENDING.value,
+                                                  created_at=now))
+        return "held for review"
+
+
+def _probe_columns(probe: ProbeResult) -> dict[str, Any]:
+    video = probe.video
+    rate = video.frame_rate if video else None
+    return dict(duration_ms=probe.duration_ms, width=video.width if video else None,
+                height=video.height if video else None,
+                frame_rate_num=rate.numerator if rate else None, frame_rate_den=rate.denominator if rate else None,
+                probe=probe.raw)
+
+
+def _set_asset(conn: Connection, asset_id: uuid.UUID, **values: Any) -> None:
+    conn.execute(assets.update().where(assets.c.id == asset_id).values(**values))
+
+
+def _keep(sink: list[str], value: str) -> str:
+    sink.append(value)
+    return value
+
+
+def _ts(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+

@@ -1,0 +1,118 @@
+"""Status change notifications (DESIGN §12): the `task.status.changed` consumer and the SSE event source.
+
+The stored state event history is the stream: an event is one applied transition, its id the task version it
+produced. Signals from the notifier only say "read again", so a resumed, duplicated or reordered signal can
+never produce a duplicate, out-of-order or foreign event. `GET /v1/generations/{id}` stays the source of truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+
+from aivedio_engine.db import tasks
+from aivedio_engine.db.tables import task_state_events
+from aivedio_engine.domain.status import TASK_TERMINAL, StateEventOutcome, TaskStatus
+from aivedio_engine.notify import Notifier
+from aivedio_engine.services.consume import Envelope
+from aivedio_engine.services.errors import NotFound
+
+_e = task_state_events.c
+
+
+def on_status_changed(notifier: Notifier, envelope: Envelope) -> None:
+    """Consume `task.status.changed`: wake the task's streams. No inbox dedup: streams dedupe by version."""
+    notifier.publish(envelope.aggregate_id, envelope.aggregate_version)
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    events: list[dict[str, Any]]
+    #: the task's status when read; with `version`, tells a stream that nothing more can follow
+    status: str
+    version: int
+
+    @property
+    def finished(self) -> bool:
+        return TaskStatus(self.status) in TASK_TERMINAL
+
+
+def history(engine: Engine, tenant_id: uuid.UUID, task_id: uuid.UUID,
+            after_version: int | None = None) -> list[dict[str, Any]]:
+    """Applied state changes of the tenant's task after `after_version` (all of them for None), oldest first,
+    as `{"id", "status", "version", "progress", "at"}`. A foreign or missing task is NotFound, as for GET."""
+    return _read(engine, tenant_id, task_id, after_version).events
+
+
+def _read(engine: Engine, tenant_id: uuid.UUID, task_id: uuid.UUID, after_version: int | None) -> _Read:
+    stmt = (sa.select(_e.to_status, _e.task_version, _e.payload, _e.created_at)
+            .where(_e.task_id == task_id, _e.outcome == StateEventOutcome.APPLIED.value)
+            .order_by(_e.task_version))
+    if after_version is not None:
+        stmt = stmt.where(_e.task_version > after_version)
+    with engine.connect() as conn:
+        # the task first: its transition and history row commit together, so every version up to the one read
+        # here is already in the history read next
+        task = _owned_task(conn, tenant_id, task_id)
+        rows = conn.execute(stmt).all()
+    version = int(task.version)
+    return _Read([_event(task_id, row, task, version) for row in rows], task.status, version)
+
+
+def _owned_task(conn: Connection, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Any:
+    task = tasks.read(conn, task_id, tenant_id)
+    if task is None:  # the same answer as for a missing task: a foreign id must not be distinguishable
+        raise NotFound(f"generation {task_id} not found")
+    return task
+
+
+def _check_owner(engine: Engine, tenant_id: uuid.UUID, task_id: uuid.UUID) -> None:
+    with engine.connect() as conn:
+        _owned_task(conn, tenant_id, task_id)
+
+
+def _event(task_id: uuid.UUID, row: Any, task: Any, task_version: int) -> dict[str, Any]:
+    # history rows do not store progress: the current one is on the task, earlier ones only where the
+    # transition's payload recorded it (provider observations do)
+    if int(row.task_version) == task_version:
+        progress: int | None = int(task.progress)
+    else:
+        recorded = (row.payload or {}).get("progress")
+        progress = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else None
+    return {"id": str(task_id), "status": row.to_status, "version": int(row.task_version), "progress": progress,
+            "at": row.created_at.isoformat()}
+
+
+async def open_stream(engine: Engine, notifier: Notifier, tenant_id: uuid.UUID, task_id: uuid.UUID,
+                      after_version: int | None, heartbeat_s: float) -> AsyncIterator[list[dict[str, Any]] | None]:
+    """Check the task belongs to the tenant (NotFound before any byte is sent), then return the stream: batches
+    of events after `after_version`, or None after every `heartbeat_s` without news; it ends once the
+    task's terminal event has been yielded."""
+    await asyncio.to_thread(_check_owner, engine, tenant_id, task_id)
+    return _follow(engine, notifier, tenant_id, task_id, after_version, heartbeat_s)
+
+
+async def _follow(engine: Engine, notifier: Notifier, tenant_id: uuid.UUID, task_id: uuid.UUID,
+                  after_version: int | None, heartbeat_s: float) -> AsyncIterator[list[dict[str, Any]] | None]:
+    # subscribed before the first read: a change committed after that read still wakes the wait below
+    with notifier.subscribe(task_id) as sub:
+        after = after_version
+        while True:
+            try:
+                read = await asyncio.to_thread(_read, engine, tenant_id, task_id, after)
+            except NotFound:
+                return  # checked at open; gone since (tenant removed): nothing more to say
+            if read.events:
+                after = read.events[-1]["version"]
+                yield read.events
+            if read.finished and (after is None or after >= read.version):
+                return
+            # a timeout re-reads too: signals may be lost (Redis reconnect, a process without a notify worker)
+            if not await sub.wait(heartbeat_s):
+                yield None  # the caller's heartbeat

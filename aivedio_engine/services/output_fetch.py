@@ -1,0 +1,284 @@
+"""Bringing a provider's output home: the `fetch.requested` consumer (DESIGN §10, seed 000 §4.4 steps 30–32).
+
+Network first, database second: the download streams straight into the object store (hashing as it goes) with
+no transaction open; then one short transaction records the RAW_OUTPUT asset, moves the task
+OUTPUT_FETCHING → POST_PROCESSING and asks for media processing. Duplicate deliveries are harmless: the inbox
+row and the task's version make the second commit a no-op, and the store key is deterministic.
+
+An object already under the key (a crash after the upload, before the commit) is never overwritten: the new
+download is spooled to disk and compared; equal bytes reuse the object, different bytes are stored beside it
+and raise an alert. A 403/404/410 first asks the provider for a fresh URL (seed §4.9.3); other failures retry
+within the `output_fetch` budget through a delayed outbox row, then fail the task (the provider delivered, so
+its cost is settled) with an alert.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+
+from aivedio_engine.clock import Clock, new_id
+from aivedio_engine.config import Settings
+from aivedio_engine.db import alerts, attempts, outbox, tasks
+from aivedio_engine.db.tables import assets, generation_tasks
+from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.retry import ErrorClass, FailureContext, Step, Verdict, decide_retry
+from aivedio_engine.domain.status import AlertSeverity, AssetKind, AssetStatus, EventSource, TaskStatus
+from aivedio_engine.domain.transitions import TaskEvent
+from aivedio_engine.fetch.fetcher import Fetcher, FetchError
+from aivedio_engine.fetch.policy import FetchPolicy
+from aivedio_engine.providers.base import Observation
+from aivedio_engine.providers.registry import ProviderRegistry
+from aivedio_engine.services import billing
+from aivedio_engine.services.consume import Envelope, consume_once
+from aivedio_engine.storage import keys
+from aivedio_engine.storage.base import HashingCounter, ObjectStore, iter_file, sha256_of
+
+CONSUMER_GROUP = "output-fetch"
+RAW_CONTENT_TYPE = "video/mp4"
+#: an output URL answering these has expired or was revoked: ask the provider for a fresh one first
+_EXPIRED = {403, 404, 410}
+#: refusals no retry can fix: the URL or the body breaks our policy
+_POLICY = {"blocked_scheme", "blocked_host", "blocked_address", "too_large", "bad_encoding", "too_many_redirects"}
+
+
+class FetchFailure(Exception):
+    def __init__(self, error_class: ErrorClass | None, code: str, message: str, *, url_refreshed: bool) -> None:
+        super().__init__(message)
+        #: None: a policy refusal, never retried
+        self.error_class = error_class
+        self.code = code
+        self.url_refreshed = url_refreshed
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    index: int
+    key: str
+    size: int
+    sha256: str
+
+
+def fetch_priority(expires_at: datetime | None, now: datetime, ttl_cap_s: float = 86_400) -> float:
+    """Seconds of URL lifetime left (smaller = fetch sooner); outputs without an expiry go last."""
+    if expires_at is None:
+        return ttl_cap_s
+    return max(0.0, min(ttl_cap_s, (expires_at - now).total_seconds()))
+
+
+class OutputFetchService:
+    def __init__(self, engine: Engine, clock: Clock, settings: Settings, providers: ProviderRegistry,
+                 store: ObjectStore, fetcher: Fetcher, rng: random.Random | None = None) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._settings = settings
+        self._providers = providers
+        self._store = store
+        self._fetcher = fetcher
+        self._rng = rng or random.Random()
+
+    # --- the consumer ------------------------------------------------------------------------------------
+
+    def handle(self, envelope: Envelope) -> str:
+        p = envelope.payload
+        task_id, attempt_id = uuid.UUID(p["task_id"]), uuid.UUID(p["attempt_id"])
+        with self._engine.connect() as conn:
+            task = tasks.read(conn, task_id)
+            attempt = attempts.read(conn, attempt_id)
+            done = _raw_assets(conn, task_id, attempt_id)
+        if task is None or attempt is None:
+            return "unknown task"
+        if task.status != TaskStatus.OUTPUT_FETCHING.value:
+            return f"skipped: task is {task.status}"
+        outputs = sorted(p.get("outputs") or [], key=lambda o: o.get("index", 0))
+        refreshed = False  # each try may ask for a fresh URL once: the last fresh one may have expired too
+        try:
+            if not outputs:  # a success without URLs: ask again before giving up
+                outputs, refreshed = self._fresh_outputs(attempt), True
+            stored = []
+            for out in outputs:
+                index = int(out.get("index", 0))
+                if index in done:
+                    stored.append(done[index])
+                    continue
+                result, refreshed = self._store_output(task, attempt, out, refreshed)
+                stored.append(result)
+        except FetchFailure as failure:
+            self._failed(envelope, failure)
+            return f"failed: {failure.code}"
+        consume_once(self._engine, CONSUMER_GROUP, envelope.event_id, task_id,
+                     lambda conn: self._persisted(conn, task_id, attempt_id, stored), self._clock.now())
+        return f"stored {len(stored)}"
+
+    # --- network -----------------------------------------------------------------------------------------
+
+    def _policy(self, provider: str) -> FetchPolicy:
+        cfg = self._settings.providers[provider]
+        runtime_origin = getattr(self._providers[provider], "base_url", "")
+        if not cfg.base_url and runtime_origin:  # local: its loopback server picks a port at start
+            cfg = cfg.model_copy(update={"base_url": runtime_origin})
+        return FetchPolicy.for_provider(cfg)
+
+    def _store_output(self, task: Any, attempt: Any, out: dict[str, Any], refreshed: bool) -> tuple[Stored, bool]:
+        index = int(out.get("index", 0))
+        key = keys.raw_output_key(task.tenant_id, task.id, attempt.id, index)
+        try:
+            return self._download(task, attempt, key, index, out["url"]), refreshed
+        except FetchError as exc:
+            if exc.status not in _EXPIRED or refreshed:
+                raise _failure(exc, refreshed) from None
+        fresh = {int(o.get("index", 0)): o for o in self._fresh_outputs(attempt)}
+        if index not in fresh:
+            raise FetchFailure(ErrorClass.OUTPUT_URL_EXPIRED, "no_fresh_url",
+                               f"provider has no URL for output {index}", url_refreshed=True)
+        try:
+            return self._download(task, attempt, key, index, fresh[index]["url"]), True
+        except FetchError as exc:
+            raise _failure(exc, True) from None
+
+    def _fresh_outputs(self, attempt: Any) -> list[dict[str, Any]]:
+        answer = self._providers[attempt.provider].query(attempt.provider_job_id)
+        if not isinstance(answer, Observation) or not answer.outputs:
+            raise FetchFailure(ErrorClass.OUTPUT_URL_EXPIRED, "refresh_failed",
+                               f"provider gave no fresh output URL ({type(answer).__name__})", url_refreshed=True)
+        return [{"url": o.url, "index": o.index, "expires_at": o.expires_at and o.expires_at.isoformat()}
+                for o in answer.outputs]
+
+    def _download(self, task: Any, attempt: Any, key: str, index: int, url: str) -> Stored:
+        policy = self._policy(attempt.provider)
+        cap = self._settings.fetch.max_bytes
+        if self._store.head(key) is None:
+            with self._fetcher.open(url, policy) as download:
+                obj = self._store.put_stream(key, download.chunks(), RAW_CONTENT_TYPE, cap)
+            return Stored(index, key, obj.size, obj.sha256 or "")
+        # never overwrite what may already be referenced: spool, compare, keep both when they differ
+        with tempfile.TemporaryDirectory(prefix="aivedio-fetch-") as tmp:
+            spool = Path(tmp) / "output"
+            counter = HashingCounter(cap)
+            with self._fetcher.open(url, policy) as download, open(spool, "wb") as f:
+                for chunk in counter.feed(download.chunks()):
+                    f.write(chunk)
+            existing = self._existing_sha(key)
+            if existing == counter.hexdigest:
+                return Stored(index, key, counter.size, counter.hexdigest)
+            other = key.removesuffix(".mp4") + f"-{counter.hexdigest[:16]}.mp4"
+            with open(spool, "rb") as f:
+                obj = self._store.put_stream(other, iter_file(f), RAW_CONTENT_TYPE, cap)
+        with self._engine.begin() as conn:
+            alerts.raise_alert(conn, alerts.Rule.OUTPUT_CHECKSUM_MISMATCH, AlertSeverity.WARNING,
+                               dedup_key=key, now=self._clock.now(), subject_type="task", subject_id=str(task.id),
+                               message=f"output {index} of job {attempt.provider_job_id} differs from the stored "
+                                       f"object; kept both ({key}, {other})")
+        return Stored(index, other, obj.size, obj.sha256 or "")
+
+    def _existing_sha(self, key: str) -> str | None:
+        head = self._store.head(key)
+        if head is None:
+            return None
+        if head.sha256:
+            return head.sha256
+        with self._store.open_read(key) as f:
+            return sha256_of(f)[0]
+
+    # --- database ----------------------------------------------------------------------------------------
+
+    def _persisted(self, conn: Connection, task_id: uuid.UUID, attempt_id: uuid.UUID, stored: list[Stored]) -> str:
+        now = self._clock.now()
+        task = tasks.read(conn, task_id, lock=True)
+        if task.status != TaskStatus.OUTPUT_FETCHING.value:
+            return f"skipped: task is {task.status}"
+        existing = _raw_assets(conn, task_id, attempt_id)
+        ids = []
+        for item in stored:
+            if item.index in existing:
+                ids.append(_raw_asset_id(conn, task_id, attempt_id, item.index))
+                continue
+            asset_id = new_id()
+            conn.execute(assets.insert().values(
+                id=asset_id, tenant_id=task.tenant_id, kind=AssetKind.RAW_OUTPUT.value, task_id=task_id,
+                attempt_id=attempt_id, output_index=item.index, status=AssetStatus.PROCESSING.value,
+                bucket=self._store.bucket, object_key=item.key, size_bytes=item.size, checksum_algorithm="sha256",
+                checksum_value=item.sha256, mime_detected=RAW_CONTENT_TYPE, created_at=now))
+            ids.append(asset_id)
+        decision = tasks.decide_and_apply(conn, task, TaskEvent.OUTPUT_PERSISTED, now, source=EventSource.WORKER,
+                                          extra={"output_asset_id": ids[0]},
+                                          payload={"outputs": len(ids), "bytes": sum(s.size for s in stored)})
+        outbox.add(conn, EventType.MEDIA_PROCESS_REQUESTED, aggregate_type="task", aggregate_id=task_id,
+                   aggregate_version=decision.version, tenant_id=task.tenant_id, trace_id=task.trace_id, now=now,
+                   payload={"task_id": str(task_id), "asset_id": str(ids[0])})
+        return f"persisted {len(ids)}"
+
+    def _failed(self, envelope: Envelope, failure: FetchFailure) -> None:
+        now = self._clock.now()
+        p = envelope.payload
+
+        def record(conn: Connection) -> str:
+            task = tasks.read(conn, uuid.UUID(p["task_id"]), lock=True)
+            if task.status != TaskStatus.OUTPUT_FETCHING.value:
+                return f"skipped: task is {task.status}"
+            tried = int(p.get("try", 1))
+            first = _ts(p.get("first_failure_at")) or now
+            verdict, reason, retry_at = Verdict.GIVE_UP, f"{failure.code}: output refused by fetch policy", None
+            if failure.error_class is not None:
+                decision = decide_retry(
+                    FailureContext(failure.error_class, tried, first, _ts(p.get("step_started_at")) or first,
+                                   task.deadline_at, url_refreshed=failure.url_refreshed),
+                    self._settings.retry.budget(Step.OUTPUT_FETCH), now, self._rng)
+                verdict, reason, retry_at = decision.verdict, decision.reason, decision.retry_at
+            error = {"last_error_class": (failure.error_class or ErrorClass.PROVIDER_REJECTED).value,
+                     "last_error_code": failure.code[:128]}
+            if verdict in (Verdict.RETRY, Verdict.REFRESH_URL):
+                conn.execute(sa.update(generation_tasks).where(generation_tasks.c.id == task.id)
+                             .values(**error, updated_at=now))
+                outbox.add(conn, EventType.FETCH_REQUESTED, aggregate_type="task", aggregate_id=task.id,
+                           aggregate_version=int(task.version), tenant_id=task.tenant_id, trace_id=task.trace_id,
+                           now=now, available_at=retry_at or now,
+                           payload={**p, "try": tried + 1, "first_failure_at": first.isoformat(),
+                                    "step_started_at": (_ts(p.get("step_started_at")) or first).isoformat()})
+                return f"retry: {reason}"
+            decision = tasks.decide_and_apply(conn, task, TaskEvent.FINAL_FAILURE, now, source=EventSource.WORKER,
+                                              extra=error, payload={"reason": reason, "error": str(failure)[:500]})
+            billing.close_reservation(conn, task, decision, now, reason="output_fetch_failed")
+            alerts.raise_alert(conn, alerts.Rule.OUTPUT_FETCH_FAILED, AlertSeverity.WARNING, dedup_key=str(task.id),
+                               now=now, subject_type="task", subject_id=str(task.id),
+                               message=f"output fetch gave up ({reason}): {str(failure)[:300]}")
+            return f"gave up: {reason}"
+
+        consume_once(self._engine, CONSUMER_GROUP, envelope.event_id, uuid.UUID(p["task_id"]), record, now)
+
+
+def _failure(exc: FetchError, refreshed: bool) -> FetchFailure:
+    if exc.reason in _POLICY:
+        return FetchFailure(None, exc.reason, str(exc), url_refreshed=refreshed)
+    if exc.status in _EXPIRED:
+        return FetchFailure(ErrorClass.OUTPUT_URL_EXPIRED, f"http_{exc.status}", str(exc), url_refreshed=refreshed)
+    code = f"http_{exc.status}" if exc.status else exc.reason
+    return FetchFailure(ErrorClass.OUTPUT_DOWNLOAD_TRANSIENT, code, str(exc), url_refreshed=refreshed)
+
+
+def _raw_assets(conn: Connection, task_id: uuid.UUID, attempt_id: uuid.UUID) -> dict[int, Stored]:
+    a = assets.c
+    rows = conn.execute(sa.select(a.output_index, a.object_key, a.size_bytes, a.checksum_value)
+                        .where(a.task_id == task_id, a.attempt_id == attempt_id,
+                               a.kind == AssetKind.RAW_OUTPUT.value)).all()
+    return {r.output_index: Stored(r.output_index, r.object_key, r.size_bytes or 0, r.checksum_value or "")
+            for r in rows}
+
+
+def _raw_asset_id(conn: Connection, task_id: uuid.UUID, attempt_id: uuid.UUID, index: int) -> uuid.UUID:
+    a = assets.c
+    return conn.execute(sa.select(a.id).where(a.task_id == task_id, a.attempt_id == attempt_id,
+                                              a.output_index == index,
+                                              a.kind == AssetKind.RAW_OUTPUT.value)).scalar_one()
+
+
+def _ts(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
