@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from aivedio_cli import capacity_cmd, config_cmd, db_cmd, serve_cmd, states_cmd, tenants_cmd
-from aivedio_cli import sim_cmd
+from aivedio_cli import generate_cmd, sim_cmd
 from aivedio_cli._context import CliState
 from aivedio_engine import __version__
 
@@ -22,6 +22,8 @@ app.add_typer(db_cmd.app, name="db")
 app.add_typer(capacity_cmd.app, name="capacity")
 app.add_typer(tenants_cmd.tenants_app, name="tenants")
 app.add_typer(tenants_cmd.keys_app, name="keys")
+app.command("generate")(generate_cmd.generate)
+app.add_typer(generate_cmd.batch_app, name="batch")
 app.command("states")(states_cmd.states)
 app.command("serve")(serve_cmd.serve)
 app.command("sim-provider")(sim_cmd.sim_provider)

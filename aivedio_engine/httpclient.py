@@ -7,7 +7,7 @@ ambiguous. `NotSent` means it certainly did not (DNS, connection refused, connec
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -61,12 +61,15 @@ class HttpClient:
             transport=transport,
         )
 
-    def request(self, method: str, url: str, *, json: Any = None, content: bytes | None = None,
+    def request(self, method: str, url: str, *, json: Any = None, content: bytes | Iterable[bytes] | None = None,
                 headers: Mapping[str, str] | None = None, params: Mapping[str, Any] | None = None,
-                timeout: float | None = None) -> Response:
+                timeout: float | None = None, data: Mapping[str, str] | None = None,
+                files: Mapping[str, Any] | None = None) -> Response:
+        """`content` may be an iterable of chunks (streamed); `data` + `files` make a multipart form."""
         try:
-            r = self._client.request(method, url, json=json, content=content, headers=dict(headers or {}),
-                                     params=params, timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
+            r = self._client.request(method, url, json=json, content=content, data=data, files=files,
+                                     headers=dict(headers or {}), params=params,
+                                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol,
                 httpx.LocalProtocolError) as exc:
             raise NotSent(_describe(exc)) from None

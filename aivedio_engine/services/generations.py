@@ -208,6 +208,12 @@ class GenerationService:
             raise NotFound(f"generation {task_id} not found")
         return TaskView.of(row)
 
+    def find_by_key(self, tenant_id: uuid.UUID, idempotency_key: str) -> TaskView | None:
+        """The task an Idempotency-Key created, if any: lets a client resume without re-sending anything."""
+        with self._engine.connect() as conn:
+            row = self._by_key(conn, tenant_id, _check_key(idempotency_key))
+        return None if row is None else TaskView.of(row)
+
     def list(self, tenant_id: uuid.UUID, status: str | None = None, limit: int = 50,
              cursor: uuid.UUID | None = None) -> tuple[list[TaskView], uuid.UUID | None]:
         """Newest first, keyset-paginated on the time-ordered id; returns (page, next cursor or None)."""

@@ -105,6 +105,23 @@ class TenantService:
             conn.execute(api_keys.update().where(api_keys.c.id == key_id).values(revoked_at=self._clock.now()))
         return True
 
+    def local_principal(self, name: str = "local") -> Principal:
+        """Embedded mode's own user: the tenant `name` with a key, created with the default credits on first use."""
+        stmt = (sa.select(api_keys.c.id, tenants.c.id.label("tenant_id"))
+                .join(api_keys, sa.and_(api_keys.c.tenant_id == tenants.c.id, api_keys.c.revoked_at.is_(None)),
+                      isouter=True)
+                .where(tenants.c.name == name))
+        with self._engine.connect() as conn:
+            row = conn.execute(stmt).first()
+        if row is None:
+            tenant_id = self.create(name).id
+        elif row.id is None:
+            tenant_id = row.tenant_id
+        else:
+            return Principal(tenant_id=row.tenant_id, key_id=row.id)
+        key_id, _ = self.create_key(tenant_id, name="embedded")
+        return Principal(tenant_id=tenant_id, key_id=key_id)
+
     def authenticate(self, key: str) -> Principal | None:
         """The tenant behind a live key of an active tenant, or None."""
         if not key.startswith(KEY_PREFIX) or len(key) > 128:

@@ -1,0 +1,193 @@
+"""`aivedio generate` (the main job) and `aivedio batch run`.
+
+Without `--api-url` the engine runs inside this command (embedded: data dir, schema and a local tenant are made
+on first use); with `--api-url` and `--api-key` the command is an HTTP client of a running `aivedio serve`.
+Progress goes to stderr, so `--json` leaves exactly one JSON document on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from aivedio_cli._context import state
+from aivedio_cli._render import ExitCode, emit_json, fail
+
+if TYPE_CHECKING:
+    from aivedio_engine.client import GenerationClient, Snapshot
+
+batch_app = typer.Typer(help="Run many generations from a JSONL file.", no_args_is_help=True)
+
+_API_URL = typer.Option(None, "--api-url", envvar="AIVEDIO_API_URL",
+                        help="Talk to a running server instead of running the engine here.")
+_API_KEY = typer.Option(None, "--api-key", envvar="AIVEDIO_API_KEY", help="API key for --api-url.")
+
+
+def _err() -> Console:
+    return Console(file=sys.stderr)
+
+
+@contextmanager
+def _client(ctx: typer.Context, api_url: str | None, api_key: str | None) -> Iterator[GenerationClient]:
+    from aivedio_engine.client import ClientError, EmbeddedClient, RemoteClient
+
+    if api_url:
+        if not api_key:
+            fail("--api-url needs --api-key (or AIVEDIO_API_KEY)", ExitCode.USAGE)
+        remote = RemoteClient(api_url, api_key)
+        try:
+            yield remote
+        finally:
+            remote.close()
+        return
+    from aivedio_engine import embedded
+    from aivedio_engine.bootstrap import build_context
+
+    app_ctx = build_context(state(ctx).settings())
+    try:
+        with embedded.running(app_ctx) as principal:
+            yield EmbeddedClient(app_ctx, principal)
+    except (embedded.SchemaOutdated, ClientError) as exc:
+        fail(str(exc))
+    finally:
+        app_ctx.close()
+
+
+def generate(
+    ctx: typer.Context,
+    prompt: str = typer.Argument(..., help="What the video should show."),
+    image: list[Path] = typer.Option([], "--image", help="Reference image (PNG/JPEG/WebP); repeatable."),
+    video: list[Path] = typer.Option([], "--video", help="Reference video (MP4/WebM); repeatable."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model (default: the first one offered)."),
+    provider: Optional[str] = typer.Option(None, "--provider", help="Provider (default: the model's default)."),
+    duration: Optional[int] = typer.Option(None, "--duration", min=1, help="Length in seconds."),
+    resolution: Optional[str] = typer.Option(None, "--resolution", help="e.g. 720p."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the task to its end and print the outputs."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    key: Optional[str] = typer.Option(None, "--idempotency-key", help="Resubmitting with the same key is a no-op."),
+    timeout: float = typer.Option(900, "--timeout", min=1, help="Seconds --wait waits before giving up."),
+    api_url: Optional[str] = _API_URL,
+    api_key: Optional[str] = _API_KEY,
+) -> None:
+    """Generate one video. Exit code 0 only when the task SUCCEEDED (or, without --wait, was accepted)."""
+    from aivedio_engine.client import ClientError
+    from aivedio_engine.jobs import JobSpec, submit
+
+    options = {k: v for k, v in {"model": model, "provider": provider, "duration_s": duration,
+                                 "resolution": resolution}.items() if v is not None}
+    spec = JobSpec(prompt, tuple(image), tuple(video), options, key or f"cli:{uuid.uuid4()}")
+    err = _err()
+    with _client(ctx, api_url, api_key) as client:
+        try:
+            snap, resumed = submit(client, spec)
+            if not as_json:
+                err.print(f"task {snap.id} {'(already submitted) ' if resumed else ''}is {snap.status}")
+            if wait:
+                snap = _follow_with_progress(client, snap, err, timeout)
+        except ClientError as exc:
+            fail(str(exc))
+    if as_json:
+        emit_json({"id": snap.id, "status": snap.status, "version": snap.version, "error": snap.error,
+                   "outputs": snap.outputs})
+    else:
+        _print_result(snap, err)
+    if wait and snap.status != "SUCCEEDED":
+        raise typer.Exit(int(ExitCode.FAILED))
+
+
+def _follow_with_progress(client: GenerationClient, snap: Snapshot, err: Console, timeout: float) -> Snapshot:
+    from aivedio_engine.jobs import follow
+
+    with Progress(TextColumn("[bold]{task.fields[status]:<16}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), console=err, transient=False) as progress:
+        bar = progress.add_task("generate", total=100, status=snap.status)
+        seen: list[str] = []
+
+        def changed(s: Snapshot) -> None:
+            if not seen or seen[-1] != s.status:
+                seen.append(s.status)
+                progress.console.print(f"  {s.status}")
+            progress.update(bar, completed=s.progress, status=s.status)
+
+        return follow(client, snap, changed, timeout_s=timeout)
+
+
+def _print_result(snap: Snapshot, err: Console) -> None:
+    if snap.status == "SUCCEEDED":
+        err.print(f"[green]SUCCEEDED[/green] {snap.id}")
+        for profile, where in sorted(snap.outputs.items()):
+            typer.echo(f"{profile}: {where}")
+    elif snap.finished:
+        err.print(f"[red]{snap.status}[/red] {snap.id}" + (f" ({snap.error})" if snap.error else ""))
+    else:
+        err.print(f"{snap.status} {snap.id}: not finished; follow with --wait or `aivedio serve`")
+
+
+@batch_app.command("run")
+def batch_run(
+    ctx: typer.Context,
+    file: Path = typer.Argument(..., help="JSONL: one {\"prompt\": ..., \"images\": [...], ...} per line."),
+    concurrency: int = typer.Option(4, "--concurrency", min=1, max=256, help="Generations in flight at once."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write one JSON result per line here."),
+    timeout: float = typer.Option(1800, "--timeout", min=1, help="Seconds to wait for each generation."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    api_url: Optional[str] = _API_URL,
+    api_key: Optional[str] = _API_KEY,
+) -> None:
+    """Run every line of FILE; a re-run resumes (same idempotency key per line). Exit 3 if some failed."""
+    from aivedio_engine.client import ClientError
+    from aivedio_engine.jobs import BatchResult, parse_batch, run_batch
+
+    try:
+        specs = parse_batch(file)
+    except ClientError as exc:
+        fail(str(exc), ExitCode.USAGE)
+    err = _err()
+    lock = threading.Lock()
+    sink = open(out, "w", encoding="utf-8") if out else None  # noqa: SIM115 - closed below
+    try:
+        with _client(ctx, api_url, api_key) as client, \
+                Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]}"),
+                         TimeElapsedColumn(), console=err) as progress:
+            bar = progress.add_task("batch", total=len(specs), failed="")
+            failed = [0]
+
+            def done(result: BatchResult) -> None:
+                with lock:
+                    failed[0] += not result.ok
+                    progress.update(bar, advance=1, failed=f"{failed[0]} failed" if failed[0] else "")
+                    if sink:
+                        sink.write(json.dumps(result.as_dict(), sort_keys=True) + "\n")
+                        sink.flush()
+
+            results = run_batch(client, specs, concurrency=concurrency, timeout_s=timeout, on_result=done)
+    finally:
+        if sink:
+            sink.close()
+    summary = _summary(results)
+    if as_json:
+        emit_json(summary)
+    else:
+        err.print(f"{summary['succeeded']} succeeded, {summary['failed']} failed, "
+                  f"{summary['resumed']} resumed of {summary['total']}")
+        for r in results:
+            if not r.ok:
+                err.print(f"  line {r.spec.line}: {r.as_dict()['status']} {r.error or ''}".rstrip())
+    if summary["failed"]:
+        raise typer.Exit(int(ExitCode.PARTIAL))
+
+
+def _summary(results: list[Any]) -> dict[str, Any]:
+    return {"total": len(results), "succeeded": sum(r.ok for r in results),
+            "failed": sum(not r.ok for r in results), "resumed": sum(r.resumed for r in results),
+            "results": [r.as_dict() for r in results]}

@@ -1,0 +1,56 @@
+"""Running the whole engine inside one command (`aivedio generate`, `aivedio batch run` without `--api-url`).
+
+First use creates what a fresh machine lacks: the data directory, the schema (embedded: SQLite; PostgreSQL must
+already be migrated — that is an operator's decision) and the local tenant with its key. The background roles
+(relay, worker, scheduler, sweeper) run as threads of this process until the block ends; tasks left unfinished
+stay in the database and continue with the next run or `aivedio serve`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aivedio_engine.db import migrate
+
+if TYPE_CHECKING:
+    from aivedio_engine.bootstrap import AppContext
+    from aivedio_engine.services.tenants import Principal
+
+BACKGROUND_ROLES = frozenset({"relay", "worker", "scheduler", "sweeper"})
+
+
+class SchemaOutdated(Exception):
+    pass
+
+
+def prepare(ctx: AppContext) -> Principal:
+    """Data dir, schema and local tenant, each created only when missing."""
+    Path(ctx.settings.data_dir).mkdir(parents=True, exist_ok=True)
+    if ctx.settings.is_postgres:
+        behind = [s.name for s in migrate.status(ctx.engine) if s.state != migrate.APPLIED]
+        if behind:
+            raise SchemaOutdated(f"database schema is not up to date ({', '.join(behind)}): "
+                                 "run `aivedio db upgrade` first")
+    else:
+        migrate.upgrade(ctx.engine)
+    return ctx.tenants.local_principal()
+
+
+@contextmanager
+def running(ctx: AppContext) -> Iterator[Principal]:
+    """The engine's background roles running in this process for the duration of the block."""
+    from aivedio_engine.worker.runtime import Runtime
+
+    principal = prepare(ctx)
+    runtime = Runtime(ctx, BACKGROUND_ROLES, threading.Event())
+    runtime.start()
+    try:
+        yield principal
+    finally:
+        runtime.shutdown()
+    if runtime.failed is not None:
+        raise RuntimeError(f"an engine role failed: {runtime.failed}") from runtime.failed
