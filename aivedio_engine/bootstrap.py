@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aivedio_engine.clock import Clock, SystemClock
 from aivedio_engine.config import Settings
@@ -36,6 +36,19 @@ if TYPE_CHECKING:
     from aivedio_engine.storage.base import ObjectStore
 
 
+class shared_property(cached_property):  # type: ignore[type-arg]  # noqa: N801 - a decorator
+    """`cached_property` that builds once even when threads race for it (Python 3.12 dropped its lock):
+    two provider registries or engines would each hold half of the process's state."""
+
+    _lock = threading.RLock()  # reentrant: building one component builds the ones it needs
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None or self.attrname in instance.__dict__:
+            return super().__get__(instance, owner)
+        with self._lock:
+            return super().__get__(instance, owner)
+
+
 @dataclass
 class AppContext:
     settings: Settings
@@ -43,7 +56,7 @@ class AppContext:
     #: set after a commit that wrote outbox rows (embedded mode); relays wait on it.
     outbox_wakeup: threading.Event = field(default_factory=threading.Event)
 
-    @cached_property
+    @shared_property
     def engine(self) -> Engine:
         from aivedio_engine.db import outbox
         from aivedio_engine.db.engine import make_engine
@@ -53,43 +66,43 @@ class AppContext:
             outbox.install_commit_wakeup(engine, self.outbox_wakeup)
         return engine
 
-    @cached_property
+    @shared_property
     def catalog(self) -> Catalog:
         from aivedio_engine.services.catalog import build_catalog
 
         return build_catalog(self.settings)
 
-    @cached_property
+    @shared_property
     def tenants(self) -> TenantService:
         from aivedio_engine.services.tenants import TenantService
 
         return TenantService(self.engine, self.clock, self.settings)
 
-    @cached_property
+    @shared_property
     def generations(self) -> GenerationService:
         from aivedio_engine.services.generations import GenerationService
 
         return GenerationService(self.engine, self.clock, self.catalog, self.settings)
 
-    @cached_property
+    @shared_property
     def assets(self) -> AssetService:
         from aivedio_engine.services.assets import AssetService
 
         return AssetService(self.engine, self.clock, self.settings, self.storage)
 
-    @cached_property
+    @shared_property
     def storage(self) -> ObjectStore:
         from aivedio_engine.storage import build_store
 
         return build_store(self.settings)
 
-    @cached_property
+    @shared_property
     def providers(self) -> ProviderRegistry:
         from aivedio_engine.providers.registry import ProviderRegistry
 
         return ProviderRegistry(self.settings)
 
-    @cached_property
+    @shared_property
     def slots(self) -> SlotStore:
         from aivedio_engine.slots import build_slot_store
         from aivedio_engine.slots.reconcile import fence_floor
@@ -100,20 +113,20 @@ class AppContext:
 
         return build_slot_store(self.settings, fence_floor=floor)
 
-    @cached_property
+    @shared_property
     def submitter(self) -> SubmitService:
         from aivedio_engine.services.submit import SubmitService
 
         return SubmitService(self.engine, self.clock, self.settings, self.providers,
                              callback_base=self.settings.api.public_base_url or None)
 
-    @cached_property
+    @shared_property
     def sync(self) -> ProviderSync:
         from aivedio_engine.services.sync import ProviderSync
 
         return ProviderSync(self.engine, self.clock, self.settings, self.providers)
 
-    @cached_property
+    @shared_property
     def dispatcher(self) -> Dispatcher:
         from aivedio_engine.services.dispatch import Dispatcher
 
@@ -127,19 +140,21 @@ class AppContext:
         return {"in_flight": report.in_flight, "kept": report.kept, "dropped": report.dropped,
                 "added": len(report.added)}
 
-    @cached_property
+    @shared_property
     def sweeper(self) -> Sweeper:
         from aivedio_engine.services.sweeper import Sweeper
 
-        return Sweeper(self.engine, self.clock, self.settings, self.sync, self.rebuild_slots)
+        return Sweeper(self.engine, self.clock, self.settings, self.sync, self.rebuild_slots,
+                       upload_expirer=lambda: self.assets.expire_abandoned_uploads(
+                           older_than_s=self.settings.sweeper.abandoned_upload_s))
 
-    @cached_property
+    @shared_property
     def callbacks(self) -> CallbackService:
         from aivedio_engine.services.callbacks import CallbackService
 
         return CallbackService(self.engine, self.clock, self.providers)
 
-    @cached_property
+    @shared_property
     def output_fetch(self) -> OutputFetchService:
         from aivedio_engine.fetch.fetcher import Fetcher
         from aivedio_engine.services.output_fetch import OutputFetchService
@@ -147,19 +162,19 @@ class AppContext:
         fetcher = Fetcher(self.settings.fetch, clock=self.clock)
         return OutputFetchService(self.engine, self.clock, self.settings, self.providers, self.storage, fetcher)
 
-    @cached_property
+    @shared_property
     def outputs(self) -> OutputService:
         from aivedio_engine.services.outputs import OutputService
 
         return OutputService(self.engine, self.settings, self.storage)
 
-    @cached_property
+    @shared_property
     def media(self) -> MediaService:
         from aivedio_engine.services.media import MediaService
 
         return MediaService(self.engine, self.clock, self.settings, self.storage, self.catalog)
 
-    @cached_property
+    @shared_property
     def notifier(self) -> Notifier:
         from aivedio_engine.notify import build_notifier
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -30,14 +31,21 @@ class ProviderRegistry(Mapping[str, Provider]):
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._built: dict[str, Provider] = {}
+        # worker threads ask for the same provider at once; two instances of a stateful adapter (local keeps
+        # its jobs in memory) would each know only half of the jobs
+        self._lock = threading.Lock()
 
     def __getitem__(self, name: str) -> Provider:
-        if name not in self._built:
-            cfg = self._settings.providers.get(name)
-            if cfg is None or not cfg.enabled:
-                raise UnknownProvider(name)
-            self._built[name] = build_adapter(name, cfg, self._settings)
-        return self._built[name]
+        built = self._built.get(name)
+        if built is not None:
+            return built
+        with self._lock:
+            if name not in self._built:
+                cfg = self._settings.providers.get(name)
+                if cfg is None or not cfg.enabled:
+                    raise UnknownProvider(name)
+                self._built[name] = build_adapter(name, cfg, self._settings)
+            return self._built[name]
 
     def __iter__(self) -> Iterator[str]:
         return (n for n, p in self._settings.providers.items() if p.enabled)
