@@ -244,6 +244,10 @@ class PollingSettings(_Section):
 class SweeperSettings(_Section):
     interval_s: float = Field(10, gt=0)
     idle_grace_s: float = Field(60, gt=0)
+    #: an output fetch or media step with no progress and no pending request this long is published again.
+    data_plane_stuck_s: float = Field(900, gt=0)
+    #: upload sessions whose URL expired this long ago without an upload are expired and cleaned up.
+    abandoned_upload_s: float = Field(86_400, gt=0)
 
 
 class LoggingSettings(_Section):

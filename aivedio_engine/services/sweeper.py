@@ -6,13 +6,17 @@ here and driven on (DESIGN §3). Every scan is idempotent; running two sweepers 
 - SENDING attempts older than the grace (crash between tx A and tx B) → treated as ambiguous: UNKNOWN.
 - Non-terminal tasks past `deadline_at` → EXPIRED, the reservation closed by the billing rule.
 - SUBMIT_UNKNOWN → reconciliation; CANCEL_REQUESTED → provider cancel; due polls.
+- OUTPUT_FETCHING / POST_PROCESSING untouched for `data_plane_stuck_s` with no request pending (its message
+  went to the dead letters, or the worker died holding it) → the fetch or media request is published again.
 - Orphan provider events past their TTL → an alert (kept, never silently dropped).
+- Upload sessions abandoned for a day → expired (their multipart uploads aborted, staging bytes deleted).
 - Slot leases rebuilt from the in-flight attempts.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -24,9 +28,16 @@ from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
 from aivedio_engine.db import alerts, attempts, outbox, tasks
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import generation_tasks, provider_events, task_attempts
+from aivedio_engine.db.tables import generation_tasks, outbox_events, provider_events, task_attempts
 from aivedio_engine.domain.events import EventType
-from aivedio_engine.domain.status import TASK_TERMINAL, AlertSeverity, AttemptStatus, EventSource, TaskStatus
+from aivedio_engine.domain.status import (
+    TASK_TERMINAL,
+    AlertSeverity,
+    AttemptStatus,
+    EventSource,
+    OutboxStatus,
+    TaskStatus,
+)
 from aivedio_engine.domain.transitions import AttemptEvent, Decision, Effect, TaskEvent, Trigger, decide
 from aivedio_engine.services import billing
 from aivedio_engine.services.sync import ProviderSync
@@ -48,17 +59,20 @@ class SweepReport:
     cancels: int = 0
     polled: int = 0
     orphans_expired: int = 0
+    redriven: int = 0
+    uploads_expired: int = 0
     slots: dict[str, Any] = field(default_factory=dict)
 
 
 class Sweeper:
     def __init__(self, engine: Engine, clock: Clock, settings: Settings, sync: ProviderSync,
-                 slot_reconciler: Any = None) -> None:
+                 slot_reconciler: Any = None, upload_expirer: Callable[[], int] | None = None) -> None:
         self._engine = engine
         self._clock = clock
         self._settings = settings
         self._sync = sync
         self._slot_reconciler = slot_reconciler
+        self._upload_expirer = upload_expirer
 
     def sweep(self) -> SweepReport:
         r = SweepReport()
@@ -71,6 +85,9 @@ class Sweeper:
         r.cancels = self._sync.cancel_due()
         r.polled = self._sync.poll_due()
         r.orphans_expired = self._orphans()
+        r.redriven = self._redrive_data_plane()
+        if self._upload_expirer is not None:
+            r.uploads_expired = self._upload_expirer()
         if self._slot_reconciler is not None:
             r.slots = dict(self._slot_reconciler())
         return r
@@ -146,6 +163,40 @@ class Sweeper:
                                 source_event_id=f"{task.id}:{decision.version}", now=now,
                                 extra={"next_action_at": now, "last_error_class": "sender_lost"})
         return len(ids)
+
+    def _redrive_data_plane(self) -> int:
+        now = self._clock.now()
+        stuck_before = now - timedelta(seconds=self._settings.sweeper.data_plane_stuck_s)
+        o = outbox_events.c
+        steps = {TaskStatus.OUTPUT_FETCHING.value: EventType.FETCH_REQUESTED,
+                 TaskStatus.POST_PROCESSING.value: EventType.MEDIA_PROCESS_REQUESTED}
+        redriven = 0
+        for status, event_type in steps.items():
+            pending = sa.exists().where(o.aggregate_id == _t.id, o.event_type == event_type.value,
+                                        o.status == OutboxStatus.PENDING.value)
+            for task_id in self._ids(sa.select(_t.id).where(_t.status == status, _t.updated_at <= stuck_before,
+                                                            ~pending)):
+                with write_tx(self._engine) as conn:
+                    task = tasks.read(conn, task_id, lock=True)
+                    if task.status != status:
+                        continue
+                    payload = self._request_payload(conn, task, event_type)
+                    outbox.add(conn, event_type, aggregate_type="task", aggregate_id=task.id,
+                               aggregate_version=int(task.version), tenant_id=task.tenant_id,
+                               trace_id=task.trace_id, now=now, payload={**payload, "redriven": True})
+                    # the clock restarts, so one stuck task is re-driven once per window, not on every sweep
+                    conn.execute(generation_tasks.update().where(_t.id == task.id).values(updated_at=now))
+                    redriven += 1
+        return redriven
+
+    @staticmethod
+    def _request_payload(conn: Any, task: Any, event_type: EventType) -> dict[str, Any]:
+        if event_type is EventType.MEDIA_PROCESS_REQUESTED:
+            return {"task_id": str(task.id), "asset_id": str(task.output_asset_id)}
+        attempt = attempts.current(conn, task.id)
+        # no outputs: the fetcher asks the provider for fresh URLs (the old ones may have expired meanwhile)
+        return {"task_id": str(task.id), "attempt_id": str(attempt.id), "provider": attempt.provider,
+                "job_id": attempt.provider_job_id, "outputs": []}
 
     def _orphans(self) -> int:
         now = self._clock.now()
