@@ -22,7 +22,7 @@ def test_faulty_callbacks_converge(tmp_path: Path, pg_url: str) -> None:
         with running_api(ctx) as base:
             sim.configure(webhook_url=f"{base}/v1/callbacks/sim")
             create_tasks(ctx, 80)
-            drv = Driver(ctx, sim, Pump(ctx), step_s=4)
+            drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=4)
             original_round = drv.round
 
             def round_with_callbacks() -> None:

@@ -31,7 +31,7 @@ def test_cancel_a_running_job_confirms_and_settles_by_billing(tmp_path: Path, pg
     with running_sim(seed=21, job_seconds=60) as sim:
         ctx = sim_context(tmp_path, sim, pg_url)
         [tid] = create_tasks(ctx, 1)
-        drv = Driver(ctx, sim, Pump(ctx), step_s=6)
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=6)
         drv.run_until(lambda: drv.all_in("RUNNING"))
         view = ctx.generations.cancel(_task(ctx, tid).tenant_id, tid)
         assert view.status == "CANCEL_REQUESTED"
@@ -48,7 +48,7 @@ def test_cancel_too_late_lets_completion_win(tmp_path: Path, pg_url: str) -> Non
     with running_sim(seed=22, faults="cancel_too_late=1", job_seconds=30) as sim:
         ctx = sim_context(tmp_path, sim, pg_url)
         [tid] = create_tasks(ctx, 1)
-        drv = Driver(ctx, sim, Pump(ctx), step_s=6)
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=6)
         drv.run_until(lambda: drv.all_in("RUNNING"))
         ctx.generations.cancel(_task(ctx, tid).tenant_id, tid)
         drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"))
@@ -60,7 +60,7 @@ def test_cancel_while_submit_unknown_waits_for_reconciliation(tmp_path: Path, pg
     with running_sim(seed=23, faults="ambiguous=1", job_seconds=30) as sim:
         ctx = sim_context(tmp_path, sim, pg_url)
         [tid] = create_tasks(ctx, 1)
-        drv = Driver(ctx, sim, Pump(ctx), step_s=2)
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=2)
         drv.run_until(lambda: drv.all_in("SUBMIT_UNKNOWN"))
         ctx.generations.cancel(_task(ctx, tid).tenant_id, tid)
         sim.set_faults("")
@@ -78,7 +78,7 @@ def test_deadline_expires_a_queued_task_and_releases_credits(tmp_path: Path, pg_
             conn.execute(generation_tasks.update().where(generation_tasks.c.id == b)
                          .values(deadline_at=ctx.clock.now()))
         sim.configure(job_seconds=600)
-        drv = Driver(ctx, sim, Pump(ctx), step_s=1)
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=1)
         drv.round()
         drv.round()
         row = _task(ctx, b)
@@ -92,7 +92,7 @@ def test_stale_and_contradicting_observations_are_recorded_not_applied(tmp_path:
     with running_sim(seed=25, job_seconds=60) as sim:
         ctx = sim_context(tmp_path, sim, pg_url)
         [tid] = create_tasks(ctx, 1)
-        drv = Driver(ctx, sim, Pump(ctx), step_s=6)
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=6)
         drv.run_until(lambda: drv.all_in("RUNNING"))
         job_id = sim.truth()["jobs"][0]["id"]
         ctx.generations.cancel(_task(ctx, tid).tenant_id, tid)

@@ -36,7 +36,7 @@ def test_crash_once_at_each_point(tmp_path: Path, pg_url: str, point: str) -> No
         ctx = sim_context(tmp_path, sim, pg_url, max_concurrency=5)
         create_tasks(ctx, 20)
         failpoints.configure(f"{point}=raise@3")
-        drv = Driver(ctx, sim, Pump(ctx), step_s=6)
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=6)
         crashes = 0
         for _ in range(200):
             if drv.all_in("OUTPUT_FETCHING"):
@@ -45,7 +45,7 @@ def test_crash_once_at_each_point(tmp_path: Path, pg_url: str, point: str) -> No
                 drv.round()
             except FailpointError:
                 crashes += 1  # the "process" died; the next round is a fresh one reading the same database
-                drv.pump = Pump(ctx)
+                drv.pump = Pump(ctx, stop_at_fetch=True)
         assert crashes == 1 and failpoints.hits(point) >= 3
         assert drv.all_in("OUTPUT_FETCHING"), drv.statuses()
         truth = sim.truth()

@@ -57,7 +57,7 @@ def test_list_and_match_resolves_every_ambiguous_submit_without_duplicates(tmp_p
         # resubmitting is allowed: that none happens shows the listing answered, not the fallback
         ctx = _context(tmp_path, sim, pg, resubmit=True)
         create_tasks(ctx, 100)
-        drv = Driver(ctx, sim, Pump(ctx))
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
         drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"))
         truth = sim.truth()
         assert len(truth["jobs"]) == 100 and truth["duplicate_paid_jobs"] == 0
@@ -76,7 +76,7 @@ def test_a_job_the_listing_does_not_show_yet_is_not_taken_for_absent(tmp_path: P
         sim.configure(listing=True)
         ctx = _context(tmp_path, sim, pg, resubmit=True)
         create_tasks(ctx, 5)
-        drv = Driver(ctx, sim, Pump(ctx))
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
         drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"))
         assert len(sim.truth()["jobs"]) == 5 and _resubmits(ctx) == 0
         assert sim.truth()["calls"]["list"] >= 10  # at least two listings per task
@@ -95,7 +95,7 @@ def test_submits_that_never_arrived_are_confirmed_absent_and_resubmitted_once(tm
         sim.configure(listing=True)
         ctx = _context(tmp_path, sim, pg, resubmit=False)
         create_tasks(ctx, 30)
-        drv = Driver(ctx, sim, Pump(ctx))
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
         drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"))
         truth = sim.truth()
         assert len(truth["jobs"]) == 30 and truth["duplicate_paid_jobs"] == 0
@@ -114,7 +114,7 @@ def test_identical_requests_sent_ambiguously_together_are_parked_not_guessed(tmp
         twins = [ctx.generations.create(tenant_with_key(ctx, name, credits=1000).tenant_id, "same-key", params).task.id
                  for name in ("tenant-a", "tenant-b")]
         [single] = create_tasks(ctx, 1, prefix="solo")
-        drv = Driver(ctx, sim, Pump(ctx))
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
 
         def settled() -> bool:
             with ctx.engine.connect() as conn:
@@ -153,7 +153,7 @@ def test_a_vendor_that_can_neither_look_up_nor_list_waits_out_the_window_then_pa
     with running_sim(seed=8, faults="ambiguous=1", job_seconds=3, lookup=False) as sim:  # listing stays off
         ctx = _context(tmp_path, sim, pg, resubmit=False, park_after_s=120)
         ids = create_tasks(ctx, 5)
-        drv = Driver(ctx, sim, Pump(ctx))
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
 
         def parked() -> bool:
             with ctx.engine.connect() as conn:

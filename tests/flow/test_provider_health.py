@@ -14,7 +14,7 @@ def test_breaker_opens_after_5_failures_and_probes_after_30s(tmp_path: Path, pg_
         ctx = sim_context(tmp_path, sim, pg_url, max_concurrency=20,
                           retry={"submit": {"max_attempts": 10, "base_delay_s": 1, "max_delay_s": 1}})
         create_tasks(ctx, 20)
-        drv = Driver(ctx, sim, Pump(ctx), step_s=2)
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=2)
         drv.round()  # 20 dispatched together, all fail: ≥ 5 consecutive failures open the breaker
         submits_before = sim.truth()["calls"]["submit"]
         assert submits_before == 20
@@ -34,7 +34,7 @@ def test_429_with_retry_after_pauses_submits(tmp_path: Path, pg_url: str) -> Non
         ctx = sim_context(tmp_path, sim, pg_url, max_concurrency=8,
                           retry={"submit": {"max_attempts": 10, "base_delay_s": 1, "max_delay_s": 1}})
         create_tasks(ctx, 8)
-        drv = Driver(ctx, sim, Pump(ctx), step_s=2)
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=2)
         drv.round()
         first = sim.truth()["calls"]["submit"]
         sim.set_faults("")

@@ -16,7 +16,7 @@ def test_flushall_mid_run(tmp_path: Path, pg_url: str) -> None:
         ctx = sim_context(tmp_path, sim, pg_url, max_concurrency=3, mode="distributed",
                           redis={"url": f"unix://{sock}", "key_prefix": "flush-test:"})
         create_tasks(ctx, 12)
-        drv = Driver(ctx, sim, Pump(ctx), step_s=6)
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=6)
         drv.run_until(lambda: drv.statuses()["OUTPUT_FETCHING"] >= 3)
         before = sim.truth()
         client.flushall()

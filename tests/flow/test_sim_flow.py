@@ -28,7 +28,7 @@ def test_500_tasks_every_message_delivered_twice(tmp_path: Path, pg: str) -> Non
     with running_sim(seed=1, job_seconds=3) as sim:
         ctx = sim_context(tmp_path, sim, pg, max_concurrency=100)
         ids = create_tasks(ctx, 500)
-        drv = Driver(ctx, sim, Pump(ctx, duplicate_every=1))
+        drv = Driver(ctx, sim, Pump(ctx, duplicate_every=1, stop_at_fetch=True))
         rounds = drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"))
         truth = sim.truth()
         assert len(truth["jobs"]) == 500 and truth["duplicate_paid_jobs"] == 0
@@ -45,7 +45,7 @@ def test_ambiguous_submits_with_lookup_make_no_duplicate_jobs(tmp_path: Path, pg
     with running_sim(seed=2, faults="ambiguous=0.2", job_seconds=3) as sim:
         ctx = sim_context(tmp_path, sim, pg)
         create_tasks(ctx, 100)
-        drv = Driver(ctx, sim, Pump(ctx))
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
         drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"))
         truth = sim.truth()
         assert truth["duplicate_paid_jobs"] == 0 and len(truth["jobs"]) == 100
@@ -65,7 +65,7 @@ def test_without_lookup_duplicates_equal_recorded_resubmits_each_alerted(tmp_pat
                           reconcile={"lookup_after_s": [10, 60, 300], "park_after_s": 120,
                                      "resubmit_without_lookup": True})
         create_tasks(ctx, 60)
-        drv = Driver(ctx, sim, Pump(ctx))
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
         drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"))
         truth = sim.truth()
         with ctx.engine.connect() as conn:
@@ -84,7 +84,7 @@ def test_provider_concurrency_limit_is_never_exceeded(tmp_path: Path, pg: str) -
     with running_sim(seed=4, job_seconds=10) as sim:
         ctx = sim_context(tmp_path, sim, pg, max_concurrency=3)
         create_tasks(ctx, 30)
-        drv = Driver(ctx, sim, Pump(ctx))
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
         drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"), max_rounds=400)
         assert sim.truth()["max_concurrent_running"] <= 3
         assert len(sim.truth()["jobs"]) == 30
@@ -96,7 +96,7 @@ def test_rejections_retry_then_fail_with_credits_released(tmp_path: Path, pg: st
         ctx = sim_context(tmp_path, sim, pg, retry={"submit": {"base_delay_s": 1, "max_delay_s": 2,
                                                                 "max_attempts": 3}})
         create_tasks(ctx, 5, credits=1000)
-        drv = Driver(ctx, sim, Pump(ctx))
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
         drv.run_until(lambda: drv.all_in("FAILED_FINAL"))
         assert sim.truth()["jobs"] == []
         assert drv.attempts_per_task() == {3: 5}

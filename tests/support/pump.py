@@ -10,23 +10,26 @@ import sqlalchemy as sa
 
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.tables import outbox_events
+from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.status import OutboxStatus
 from aivedio_engine.services.consume import Envelope
 from aivedio_engine.worker.actors import REGISTRY
 
 
 class Pump:
-    def __init__(self, ctx: AppContext, *, duplicate_every: int = 0) -> None:
+    def __init__(self, ctx: AppContext, *, duplicate_every: int = 0, stop_at_fetch: bool = False) -> None:
         self.ctx = ctx
         self.seen: Counter[str] = Counter()
         #: deliver every n-th event twice (0 = never), as a redelivering broker would
         self.duplicate_every = duplicate_every
-        self.parked: list[dict] = []  # events without a registered consumer
+        self.parked: list[dict] = []  # events without a registered consumer, or held back by stop_at_fetch
+        #: control-plane tests end at OUTPUT_FETCHING: the fetch request is parked, no download or transcode runs
+        self.held = {EventType.FETCH_REQUESTED.value} if stop_at_fetch else set()
 
     def _handlers(self) -> dict[str, Callable[[Envelope], None]]:
         """The registered consumers, exactly as the Dramatiq actors call them."""
         return {spec.event_type.value: (lambda env, handler=spec.handler: handler(self.ctx, env))
-                for spec in REGISTRY.values()}
+                for spec in REGISTRY.values() if spec.event_type.value not in self.held}
 
     def run(self, max_events: int = 10_000) -> int:
         """Deliver every pending outbox row once (some twice); returns how many were delivered."""
