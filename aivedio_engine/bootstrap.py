@@ -166,7 +166,11 @@ class AppContext:
     def outputs(self) -> OutputService:
         from aivedio_engine.services.outputs import OutputService
 
-        return OutputService(self.engine, self.settings, self.storage)
+        from aivedio_engine.storage.fs import load_signing_key
+        from aivedio_engine.storage.signing import UrlSigner
+
+        key = load_signing_key(self.settings.storage.signing_key.get_secret_value(), self.settings.data_dir)
+        return OutputService(self.engine, self.settings, self.storage, UrlSigner(key, self.clock))
 
     @shared_property
     def media(self) -> MediaService:

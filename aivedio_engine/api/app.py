@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aivedio_engine import __version__
 from aivedio_engine.api import problems
-from aivedio_engine.api.routes import callbacks, events, generations, health, models
+from aivedio_engine.api.routes import callbacks, events, generations, health, models, playback
 from aivedio_engine.bootstrap import AppContext
 
 #: paths whose bodies are streamed uploads, capped by the upload's own declared size instead
@@ -35,6 +35,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     app.include_router(events.router)
     app.include_router(models.router)
     app.include_router(callbacks.router)
+    app.include_router(playback.router)
     for router in _optional_routers():
         app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=ctx.settings.api.max_body_bytes)

@@ -2,25 +2,41 @@
 
 Only derivatives are handed out, never the raw provider output: what clients play was transcoded by us
 (reliability_anchors U11: a polyglot upload or output is never served as-is).
+
+HLS needs one more step: a playlist names its segments relatively, and a relative name resolved against a
+signed object URL carries no signature. So the HLS link points at `/v1/playback/{asset}/index.m3u8` (signed by
+us), which serves the stored playlist with every segment (and the init segment) replaced by its own signed URL.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode
 
 import sqlalchemy as sa
 from sqlalchemy import Engine
 
 from aivedio_engine.config import Settings
 from aivedio_engine.db.tables import assets, generation_tasks
-from aivedio_engine.domain.status import AssetStatus
+from aivedio_engine.domain.status import AssetStatus, DerivativeProfile
+from aivedio_engine.services.errors import Forbidden, NotFound
 from aivedio_engine.storage.base import ObjectStore
+from aivedio_engine.storage.signing import UrlSigner
+
+
+PLAYLIST_PATH = "/v1/playback/{asset_id}/index.m3u8"
+#: a playlist is a few hundred lines; anything bigger is not one of ours
+MAX_PLAYLIST_BYTES = 1024 * 1024
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_MAP_URI = re.compile(r'URI="([^"]*)"')
 
 
 @dataclass(frozen=True, slots=True)
 class OutputFile:
+    asset_id: uuid.UUID
     profile: str
     key: str
     size_bytes: int | None
@@ -29,27 +45,73 @@ class OutputFile:
 
 
 class OutputService:
-    def __init__(self, engine: Engine, settings: Settings, store: ObjectStore) -> None:
+    def __init__(self, engine: Engine, settings: Settings, store: ObjectStore, signer: UrlSigner) -> None:
         self._engine = engine
         self._settings = settings
         self._store = store
+        self._signer = signer
 
     def files(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> dict[str, OutputFile]:
         """READY derivatives of the task's output under the current pipeline version, by profile."""
         a, t = assets.c, generation_tasks.c
-        stmt = (sa.select(a.profile, a.object_key, a.size_bytes, a.width, a.height)
+        stmt = (sa.select(a.id, a.profile, a.object_key, a.size_bytes, a.width, a.height)
                 .join(generation_tasks, t.output_asset_id == a.parent_asset_id)
                 .where(t.id == task_id, t.tenant_id == tenant_id, a.tenant_id == tenant_id,
                        a.status == AssetStatus.READY.value,
                        a.pipeline_version == self._settings.media.pipeline_version))
         with self._engine.connect() as conn:
             rows = conn.execute(stmt).all()
-        return {r.profile: OutputFile(r.profile, r.object_key, r.size_bytes, r.width, r.height) for r in rows}
+        return {r.profile: OutputFile(r.id, r.profile, r.object_key, r.size_bytes, r.width, r.height) for r in rows}
 
     def urls(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> dict[str, str]:
-        """Signed, expiring playback URLs (`storage.playback_url_ttl_s`)."""
+        """Signed, expiring playback URLs (`storage.playback_url_ttl_s`); paths starting with / are on our API."""
         ttl = self._settings.storage.playback_url_ttl_s
-        return {p: self._store.signed_get_url(f.key, ttl) for p, f in self.files(tenant_id, task_id).items()}
+        urls = {}
+        for profile, f in self.files(tenant_id, task_id).items():
+            if profile == DerivativeProfile.HLS.value:
+                expires = self._signer.expires_in(ttl)
+                path = PLAYLIST_PATH.format(asset_id=f.asset_id)
+                sig = self._signer.sign("GET", path, expires)
+                urls[profile] = f"{path}?{urlencode({'expires': expires, 'sig': sig})}"
+            else:
+                urls[profile] = self._store.signed_get_url(f.key, ttl)
+        return urls
+
+    def signed_playlist(self, asset_id: str, expires: int, sig: str) -> str:
+        """The stored HLS playlist with each segment URI replaced by a signed URL living as long as the link."""
+        try:
+            asset_uuid = uuid.UUID(asset_id)
+        except ValueError:
+            raise Forbidden("invalid playback signature") from None
+        path = PLAYLIST_PATH.format(asset_id=asset_uuid)
+        if not self._signer.verify("GET", path, expires, sig):
+            raise Forbidden("invalid or expired playback signature")
+        with self._engine.connect() as conn:
+            key = conn.execute(sa.select(assets.c.object_key).where(
+                assets.c.id == asset_uuid, assets.c.profile == DerivativeProfile.HLS.value,
+                assets.c.status == AssetStatus.READY.value)).scalar()
+        if key is None:
+            raise NotFound("playlist not found")
+        with self._store.open_read(key) as f:
+            text = f.read(MAX_PLAYLIST_BYTES + 1)
+        if len(text) > MAX_PLAYLIST_BYTES:
+            raise NotFound("playlist not found")
+        ttl = max(1, expires - self._signer.expires_in(0))
+        folder = key.rsplit("/", 1)[0] + "/"
+
+        def signed(name: str) -> str:
+            if not _SAFE_NAME.fullmatch(name):  # our playlists name files in their own folder, nothing else
+                raise NotFound("playlist not found")
+            return self._store.signed_get_url(folder + name, ttl)
+
+        lines = []
+        for line in text.decode("utf-8").splitlines():
+            if line.startswith("#EXT-X-MAP:"):
+                line = _MAP_URI.sub(lambda m: f'URI="{signed(m.group(1))}"', line)
+            elif line and not line.startswith("#"):
+                line = signed(line.strip())
+            lines.append(line)
+        return "\n".join(lines) + "\n"
 
     def local_paths(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> dict[str, Path]:
         """Files on this machine (fs store only: embedded mode)."""

@@ -16,9 +16,6 @@ replayed as an upload and vice versa.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 import os
 import secrets
@@ -41,6 +38,7 @@ from aivedio_engine.storage.base import (
     UploadTarget,
 )
 from aivedio_engine.storage.keys import validate_key
+from aivedio_engine.storage.signing import UrlSigner
 
 SIGNING_KEY_FILE = "signing.key"
 SIGNING_KEY_BYTES = 32
@@ -84,7 +82,7 @@ class FsStore:
                  clock: Clock | None = None) -> None:
         self.root = Path(root).resolve()
         self.bucket = bucket
-        self._key = signing_key
+        self._signer = UrlSigner(signing_key, clock)
         self._base = public_base_url.rstrip("/")
         self._clock = clock or SystemClock()
         (self.root / ".tmp").mkdir(parents=True, exist_ok=True)
@@ -165,15 +163,11 @@ class FsStore:
         return now or self._clock.now()
 
     def sign(self, method: str, resource: str, expires: int, filename: str | None = None) -> str:
-        message = "\n".join((method.upper(), resource, str(expires), filename or "")).encode()
-        digest = hmac.new(self._key, message, hashlib.sha256).digest()
-        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+        return self._signer.sign(method, resource, expires, filename)
 
     def verify(self, method: str, resource: str, expires: int, sig: str, *, filename: str | None = None,
                now: datetime | None = None) -> bool:
-        if self._now(now).timestamp() > expires:
-            return False
-        return hmac.compare_digest(self.sign(method, resource, expires, filename), sig)
+        return self._signer.verify(method, resource, expires, sig, filename=filename, now=self._now(now))
 
     def signed_get_url(self, key: str, ttl_s: int, filename: str | None = None, *,
                        now: datetime | None = None) -> str:

@@ -13,9 +13,11 @@ def sample_png(path: Path, size: str = "320x240") -> Path:
     return path
 
 
-def ffprobe_duration(path: Path) -> float:
-    """Duration ffprobe reads from a local file (an HLS playlist included: its segments are read too)."""
-    proc = subprocess.run(["ffprobe", "-v", "error", "-protocol_whitelist", "file", "-show_entries",
+def ffprobe_duration(path: Path | str, *, network: bool = False) -> float:
+    """Duration ffprobe reads from a local file or (network=True) a loopback URL; for an HLS playlist its
+    segments are read too, so a playlist whose segment links do not work fails here."""
+    protocols = "file,http,tcp" if network else "file"
+    proc = subprocess.run(["ffprobe", "-v", "error", "-protocol_whitelist", protocols, "-show_entries",
                            "format=duration:stream=codec_name", "-of", "json", str(path)],
                           capture_output=True, text=True, timeout=60, check=True)
     doc = json.loads(proc.stdout)

@@ -99,9 +99,14 @@ def create_generation(
 
 
 @router.get("/{task_id}", response_model=Generation)
-def get_generation(task_id: uuid.UUID, ctx: Ctx, principal: Auth) -> Generation:
+def get_generation(task_id: uuid.UUID, request: Request, ctx: Ctx, principal: Auth) -> Generation:
     task = ctx.generations.get(principal.tenant_id, task_id)
-    return render(task, ctx.outputs.urls(principal.tenant_id, task_id) if task.status in _PLAYABLE else None)
+    if task.status not in _PLAYABLE:
+        return render(task)
+    base = (ctx.settings.api.public_base_url or str(request.base_url)).rstrip("/")
+    # links served by this API (fs objects, HLS playlists) come as paths: make them absolute for players
+    urls = {p: base + u if u.startswith("/") else u for p, u in ctx.outputs.urls(principal.tenant_id, task_id).items()}
+    return render(task, urls)
 
 
 @router.get("", response_model=GenerationPage)
