@@ -215,6 +215,8 @@ class FetchSettings(_Section):
     total_timeout_s: float = Field(600, gt=0)
     min_bytes_per_s: int = Field(64 * 1024, ge=0)
     max_bytes: int = Field(2 * 1024 * 1024 * 1024, ge=1)
+    #: a fetch whose output URL expires within this many seconds goes to the urgent fetch queue.
+    urgent_within_s: float = Field(900, ge=0)
 
 
 class MediaSettings(_Section):

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db.tables import outbox_events
-from aivedio_engine.domain.events import ROUTES, EventType
+from aivedio_engine.domain.events import ROUTES, EventType, Route
 from aivedio_engine.domain.status import OutboxStatus
 
 NOTIFY_CHANNEL = "aivedio_outbox"
@@ -37,8 +37,10 @@ def add(
     tenant_id: uuid.UUID | None = None,
     trace_id: str | None = None,
     causation_id: uuid.UUID | None = None,
+    route: Route | None = None,
 ) -> uuid.UUID:
-    """Insert one PENDING outbox row; returns its id, which becomes the broker message id."""
+    """Insert one PENDING outbox row; returns its id, which becomes the broker message id. `route` picks one of
+    the event type's alternate routes (e.g. the urgent fetch queue); the default is `ROUTES[event_type]`."""
     event_id = new_id()
     conn.execute(
         outbox_events.insert().values(
@@ -49,7 +51,7 @@ def add(
             event_type=event_type.value,
             payload=payload,
             status=OutboxStatus.PENDING.value,
-            target=ROUTES[event_type].actor,
+            target=(route or ROUTES[event_type]).actor,
             available_at=available_at or now,
             tenant_id=tenant_id,
             trace_id=trace_id,

@@ -29,7 +29,7 @@ from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
 from aivedio_engine.db import alerts, attempts, outbox, tasks
 from aivedio_engine.db.tables import assets, generation_tasks
-from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.events import EventType, fetch_route
 from aivedio_engine.domain.retry import ErrorClass, FailureContext, Step, Verdict, decide_retry
 from aivedio_engine.domain.status import AlertSeverity, AssetKind, AssetStatus, EventSource, TaskStatus
 from aivedio_engine.domain.transitions import TaskEvent
@@ -65,13 +65,6 @@ class Stored:
     key: str
     size: int
     sha256: str
-
-
-def fetch_priority(expires_at: datetime | None, now: datetime, ttl_cap_s: float = 86_400) -> float:
-    """Seconds of URL lifetime left (smaller = fetch sooner); outputs without an expiry go last."""
-    if expires_at is None:
-        return ttl_cap_s
-    return max(0.0, min(ttl_cap_s, (expires_at - now).total_seconds()))
 
 
 class OutputFetchService:
@@ -238,9 +231,11 @@ class OutputFetchService:
             if verdict in (Verdict.RETRY, Verdict.REFRESH_URL):
                 conn.execute(sa.update(generation_tasks).where(generation_tasks.c.id == task.id)
                              .values(**error, updated_at=now))
+                expiries = [_ts(o.get("expires_at")) for o in p.get("outputs") or []]
                 outbox.add(conn, EventType.FETCH_REQUESTED, aggregate_type="task", aggregate_id=task.id,
                            aggregate_version=int(task.version), tenant_id=task.tenant_id, trace_id=task.trace_id,
                            now=now, available_at=retry_at or now,
+                           route=fetch_route(expiries, retry_at or now, self._settings.fetch.urgent_within_s),
                            payload={**p, "try": tried + 1, "first_failure_at": first.isoformat(),
                                     "step_started_at": (_ts(p.get("step_started_at")) or first).isoformat()})
                 return f"retry: {reason}"

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine
 
 from aivedio_engine.db import alerts, attempts, outbox, tasks
 from aivedio_engine.db.tables import generation_tasks, task_state_events
-from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.events import EventType, fetch_route
 from aivedio_engine.domain.status import AlertSeverity, EventSource, StateEventOutcome, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, Decision, Effect, Rejection, RejectionKind, TaskEvent, Trigger, decide
 from aivedio_engine.providers.base import JobStatus
@@ -53,7 +53,7 @@ def task_event_for(status: JobStatus, task_status: str) -> TaskEvent | None:
     }.get(status)
 
 
-def reduce(conn: Connection, obs: dict[str, Any], now: datetime) -> str:
+def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s: float = 900) -> str:
     """Apply one observation (the outbox payload built by `services.observations`). Returns a digest."""
     attempt = attempts.by_job(conn, obs["provider"], obs["job_id"])
     if attempt is None:
@@ -100,7 +100,7 @@ def reduce(conn: Connection, obs: dict[str, Any], now: datetime) -> str:
         if result.kind is RejectionKind.DUPLICATE:
             _progress_only(conn, task, obs.get("progress"), now)
         return outcome.value
-    _apply(conn, task, attempt, result, obs, base, now)
+    _apply(conn, task, attempt, result, obs, base, now, urgent_fetch_s)
     return f"applied:{result.to_status.value}"
 
 
@@ -128,7 +128,7 @@ def _move_attempt(conn: Connection, attempt: Any, status: JobStatus, obs: dict[s
 
 
 def _apply(conn: Connection, task: Any, attempt: Any, decision: Decision, obs: dict[str, Any],
-           base: dict[str, Any], now: datetime) -> None:
+           base: dict[str, Any], now: datetime, urgent_fetch_s: float) -> None:
     extra: dict[str, Any] = {}
     if decision.from_status in (TaskStatus.SUBMITTED, TaskStatus.DISPATCHING) and task.started_at is None:
         extra["started_at"] = now
@@ -142,9 +142,10 @@ def _apply(conn: Connection, task: Any, attempt: Any, decision: Decision, obs: d
                 extra=extra, payload=base["payload"])
     failpoint("reducer.after_cas")
     if Effect.REQUEST_OUTPUT_FETCH in decision.effects:
+        expiries = [_ts(o.get("expires_at")) for o in obs.get("outputs", [])]
         outbox.add(conn, EventType.FETCH_REQUESTED, aggregate_type="task", aggregate_id=task.id,
                    aggregate_version=decision.version, tenant_id=task.tenant_id, trace_id=task.trace_id, now=now,
-                   payload={"task_id": str(task.id), "attempt_id": str(attempt.id), "provider": attempt.provider,
+                   route=fetch_route(expiries, now, urgent_fetch_s), payload={"task_id": str(task.id), "attempt_id": str(attempt.id), "provider": attempt.provider,
                             "job_id": attempt.provider_job_id, "outputs": obs.get("outputs", [])})
     billing.close_reservation(conn, task, decision, now, reason=decision.event.value, billed=obs.get("billed"))
 
@@ -175,10 +176,10 @@ def _ts(value: Any) -> datetime | None:
 CONSUMER_GROUP = "reducer"
 
 
-def reduce_event(engine: Engine, envelope: Envelope, now: datetime) -> str:
+def reduce_event(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s: float = 900) -> str:
     """Consume one `provider.status.observed` event exactly once in effect."""
     return consume_once(engine, CONSUMER_GROUP, envelope.event_id, envelope.aggregate_id,
-                        lambda conn: reduce(conn, envelope.payload, now), now)
+                        lambda conn: reduce(conn, envelope.payload, now, urgent_fetch_s), now)
 
 
 def attempt_of(engine: Engine, obs: dict[str, Any]) -> Any:

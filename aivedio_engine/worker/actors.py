@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import dramatiq
 
-from aivedio_engine.domain.events import ROUTES, EventType
+from aivedio_engine.domain.events import ALTERNATE_ROUTES, ROUTES, EventType
 from aivedio_engine.services import intake, notifications, reducer
 from aivedio_engine.services.dispatch import release_if_finished
 from aivedio_engine.services.consume import Envelope, InvalidEnvelope
@@ -82,7 +82,7 @@ def submit_to_provider(ctx: AppContext, envelope: Envelope) -> None:
 
 @consumes(EventType.PROVIDER_STATUS_OBSERVED, max_retries=5, min_backoff=500, max_backoff=30_000, time_limit=30_000)
 def reduce_provider_status(ctx: AppContext, envelope: Envelope) -> None:
-    reducer.reduce_event(ctx.engine, envelope, ctx.clock.now())
+    reducer.reduce_event(ctx.engine, envelope, ctx.clock.now(), ctx.settings.fetch.urgent_within_s)
     attempt_id = reducer.attempt_of(ctx.engine, envelope.payload)
     if attempt_id is not None:
         release_if_finished(ctx.engine, ctx.slots, attempt_id)
@@ -110,14 +110,15 @@ def declare_actors(broker: dramatiq.Broker, ctx: AppContext) -> dict[str, dramat
     """Declare every registered consumer on `broker`, bound to `ctx`; returns them by actor name."""
     declared: dict[str, dramatiq.Actor[Any, Any]] = {}
     for spec in REGISTRY.values():
-        route = ROUTES[spec.event_type]
-        declared[route.actor] = dramatiq.actor(
-            _bind(spec.handler, ctx, route.actor),
-            broker=broker,
-            actor_name=route.actor,
-            queue_name=route.queue.value,
-            **spec.options,
-        )
+        for route in (ROUTES[spec.event_type], *ALTERNATE_ROUTES.get(spec.event_type, ())):
+            declared[route.actor] = dramatiq.actor(
+                _bind(spec.handler, ctx, route.actor),
+                broker=broker,
+                actor_name=route.actor,
+                queue_name=route.queue.value,
+                priority=route.priority,
+                **spec.options,
+            )
     return declared
 
 

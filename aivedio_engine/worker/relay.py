@@ -30,7 +30,7 @@ from aivedio_engine.clock import Clock
 from aivedio_engine.db.engine import SQLITE_BEGIN_OPTION
 from aivedio_engine.db.outbox import NOTIFY_CHANNEL
 from aivedio_engine.db.tables import outbox_events
-from aivedio_engine.domain.events import ROUTES, EventType
+from aivedio_engine.domain.events import BY_ACTOR, EventType
 from aivedio_engine.domain.status import OutboxStatus
 from aivedio_engine.services.consume import Envelope
 from aivedio_engine.testing.failpoints import failpoint
@@ -249,7 +249,8 @@ class Relay:
 
 def _message(row: sa.Row[Any]) -> dramatiq.Message[Any]:
     """The broker message for one outbox row; ValueError for an event type this build does not route."""
-    route = ROUTES[EventType(row.event_type)]
+    EventType(row.event_type)  # an unknown type raises ValueError: this build does not route it
+    route = BY_ACTOR[row.target]
     occurred_at = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
     envelope = Envelope(
         event_id=row.id,

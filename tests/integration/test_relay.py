@@ -275,3 +275,23 @@ def test_embedded_commit_wakes_the_relay_without_polling(tmp_path: Any) -> None:
           f"max {max(latencies) * 1000:.1f} ms")
     assert max(latencies) < 0.5
     ctx.close()
+
+
+def test_a_row_targeted_at_the_urgent_fetch_route_goes_to_its_queue(engine: sa.Engine) -> None:
+    from aivedio_engine.domain.events import URGENT_FETCH
+
+    clock = MutableClock()
+    with engine.begin() as conn:
+        tenant = insert_tenant(conn)
+        urgent = outbox.add(conn, EventType.FETCH_REQUESTED, aggregate_type="task", aggregate_id=uuid.uuid4(),
+                            aggregate_version=1, payload={}, now=T0, tenant_id=tenant, route=URGENT_FETCH)
+        normal = outbox.add(conn, EventType.FETCH_REQUESTED, aggregate_type="task", aggregate_id=uuid.uuid4(),
+                            aggregate_version=1, payload={}, now=T0, tenant_id=tenant)
+    broker = StubBroker(middleware=[])
+    for queue in ("fetch", "fetch_urgent"):
+        broker.declare_queue(queue)
+    assert Relay(engine, broker, clock).run_once() == 2
+    first = dramatiq.Message.decode(broker.queues["fetch_urgent"].get_nowait())
+    second = dramatiq.Message.decode(broker.queues["fetch"].get_nowait())
+    assert (first.message_id, first.actor_name) == (str(urgent), "fetch_output_urgent")
+    assert (second.message_id, second.actor_name) == (str(normal), "fetch_output")
