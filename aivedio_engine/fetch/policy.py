@@ -256,6 +256,9 @@ def check_url(url: str, policy: FetchPolicy) -> Target:
         raise PolicyError(BLOCKED_HOST, f"host not on the allow-list: {target.redacted}")
     if target.port != 443 and not (origin and target.port == policy.origin_port):
         raise PolicyError(BLOCKED_HOST, f"port {target.port} is not allowed: {target.redacted}")
+    if origin and policy.allow_loopback_origin and target.port != policy.origin_port:
+        # a loopback origin (local, sim) is one service on one port, not every service on the machine
+        raise PolicyError(BLOCKED_HOST, f"port {target.port} is not the origin's port: {target.redacted}")
     if target.ip is not None:
         check_address(target.ip, policy, target.host)
     return target

@@ -187,6 +187,8 @@ def test_sim_origin_allows_http_and_loopback() -> None:
         ("http://127.0.0.2:8765/o.mp4", "blocked_scheme"),  # other loopback host
         ("http://cdn.provider.example/o.mp4", "blocked_scheme"),  # http for a non-origin host
         ("http://localhost:8765/o.mp4", "blocked_scheme"),  # another name for the origin is not the origin
+        ("https://127.0.0.1/o.mp4", "blocked_host"),  # https on the loopback origin's host, but not its port
+        ("https://127.0.0.1:443/o.mp4", "blocked_host"),
     ],
 )
 def test_sim_origin_is_narrow(url: str, reason: str) -> None:
