@@ -92,18 +92,20 @@ class OutputFetchService:
         if task.status != TaskStatus.OUTPUT_FETCHING.value:
             return f"skipped: task is {task.status}"
         outputs = sorted(p.get("outputs") or [], key=lambda o: o.get("index", 0))
-        refreshed = False  # each try may ask for a fresh URL once: the last fresh one may have expired too
+        # each try may ask for fresh URLs once (the last fresh ones may have expired too); that one answer then
+        # serves every output of the try, by index: the other outputs' observed URLs expired just the same
+        fresh: dict[int, dict[str, Any]] = {}
         try:
             if not outputs:  # a success without URLs: ask again before giving up
-                outputs, refreshed = self._fresh_outputs(attempt), True
+                outputs = self._fresh_outputs(attempt)
+                fresh.update((int(o.get("index", 0)), o) for o in outputs)
             stored = []
             for out in outputs:
                 index = int(out.get("index", 0))
                 if index in done:
                     stored.append(done[index])
                     continue
-                result, refreshed = self._store_output(task, attempt, out, refreshed)
-                stored.append(result)
+                stored.append(self._store_output(task, attempt, out, fresh))
         except FetchFailure as failure:
             self._failed(envelope, failure)
             return f"failed: {failure.code}"
@@ -120,20 +122,21 @@ class OutputFetchService:
             cfg = cfg.model_copy(update={"base_url": runtime_origin})
         return FetchPolicy.for_provider(cfg)
 
-    def _store_output(self, task: Any, attempt: Any, out: dict[str, Any], refreshed: bool) -> tuple[Stored, bool]:
+    def _store_output(self, task: Any, attempt: Any, out: dict[str, Any], fresh: dict[int, dict[str, Any]]) -> Stored:
+        """`fresh`: this try's fresh URLs by index, empty until asked for; filled here on the first expiry."""
         index = int(out.get("index", 0))
         key = keys.raw_output_key(task.tenant_id, task.id, attempt.id, index)
         try:
-            return self._download(task, attempt, key, index, out["url"]), refreshed
+            return self._download(task, attempt, key, index, (fresh.get(index) or out)["url"])
         except FetchError as exc:
-            if exc.status not in _EXPIRED or refreshed:
-                raise _failure(exc, refreshed) from None
-        fresh = {int(o.get("index", 0)): o for o in self._fresh_outputs(attempt)}
+            if exc.status not in _EXPIRED or fresh:
+                raise _failure(exc, bool(fresh)) from None
+        fresh.update((int(o.get("index", 0)), o) for o in self._fresh_outputs(attempt))
         if index not in fresh:
             raise FetchFailure(ErrorClass.OUTPUT_URL_EXPIRED, "no_fresh_url",
                                f"provider has no URL for output {index}", url_refreshed=True)
         try:
-            return self._download(task, attempt, key, index, fresh[index]["url"]), True
+            return self._download(task, attempt, key, index, fresh[index]["url"])
         except FetchError as exc:
             raise _failure(exc, True) from None
 
