@@ -126,6 +126,17 @@ def test_fifty_generations_through_distributed_serve(tmp_path: Path, pg_url: str
         lines = [json.loads(line) for line in results.read_text().splitlines()]
         assert len(lines) == TASKS and {r["status"] for r in lines} == {"SUCCEEDED"}
 
+        # the main job as a client of the running server: reference upload by presigned POST, signed URLs back
+        one = subprocess.run([sys.executable, "-m", "aivedio_cli", "generate", "a red fox running through snow",
+                              "--image", str(image), "--model", "sim-v1", "--duration", "2", "--wait", "--json",
+                              "--api-url", f"http://127.0.0.1:{api_port}", "--api-key", key],
+                             env=env, capture_output=True, text=True, timeout=180)
+        assert one.returncode == 0, one.stderr[-2000:]
+        single = json.loads(one.stdout)
+        assert single["status"] == "SUCCEEDED" and single["outputs"]["proxy_mp4"].startswith("http")
+        _download(single["outputs"]["proxy_mp4"], tmp_path / "single.mp4")
+        assert ffprobe_duration(tmp_path / "single.mp4") > 0.5  # the sim serves the same 1 s sample clip
+
         # a re-run resumes every line: no upload, no new task
         again = subprocess.run([sys.executable, "-m", "aivedio_cli", "batch", "run", str(batch), "--json",
                                 "--api-url", f"http://127.0.0.1:{api_port}", "--api-key", key],
@@ -140,7 +151,7 @@ def test_fifty_generations_through_distributed_serve(tmp_path: Path, pg_url: str
                                    .where(credit_ledger.c.entry_type == "SETTLE")).scalar_one()
             hls = conn.execute(sa.select(assets.c.object_key).where(assets.c.profile == "hls",
                                                                     assets.c.status == "READY")).scalars().all()
-        assert count == TASKS and reserved == 0 and settles == TASKS and len(hls) == TASKS
+        assert count == TASKS + 1 and reserved == 0 and settles == TASKS + 1 and len(hls) == TASKS + 1
 
         for i, line in enumerate(lines):
             proxy = tmp_path / f"proxy-{i}.mp4"
