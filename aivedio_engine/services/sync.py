@@ -107,13 +107,17 @@ class ProviderSync:
             rows = conn.execute(stmt).all()
         return [(r.task_id, self.reconcile_one(r.id)) for r in rows]
 
-    def reconcile_one(self, attempt_id: uuid.UUID) -> str:
+    def reconcile_one(self, attempt_id: uuid.UUID, *, force: bool = False) -> str:
+        """One reconciliation step. `force` (an operator's `aivedio reconcile`) asks the provider now, whatever
+        the lookup schedule or the park window says; what the answer proves is then handled as usual."""
         with self._engine.connect() as conn:
             attempt = attempts.read(conn, attempt_id)
         if attempt is None or attempt.submit_state != AttemptStatus.UNKNOWN.value:
             return "not-unknown"
         now = self._clock.now()
         verdict, wait_until = self._step(attempt, now)
+        if force and verdict in (LookupVerdict.WAIT, LookupVerdict.PARK):
+            verdict = LookupVerdict.LOOK_UP
         if verdict is LookupVerdict.WAIT:
             self._set_next_action(attempt.task_id, wait_until)
             return "waiting"

@@ -1,0 +1,262 @@
+"""Operator views of generation tasks (DESIGN §13 `aivedio tasks ...`): list with filters, one task's timeline,
+a live stream of state changes, and cancellation by an operator.
+
+Unlike `GenerationService`, nothing here is scoped to a tenant: these are the on-call engineer's tools, and every
+change they make carries an `Operation` and leaves an audit row in the same transaction.
+Results are plain dataclasses and dicts whose keys are the JSON contract of `--json` (see `jsonable`).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Engine
+
+from aivedio_engine.clock import Clock
+from aivedio_engine.db import tasks
+from aivedio_engine.db.session import write_tx
+from aivedio_engine.db.tables import generation_tasks, task_state_events, tenants
+from aivedio_engine.domain.status import EventSource, TaskStatus
+from aivedio_engine.domain.transitions import Effect, Rejection, RejectionKind, TaskEvent, decide
+from aivedio_engine.services import billing
+from aivedio_engine.services.errors import IllegalState, InvalidInput, NotFound
+from aivedio_engine.services.operations import Operation, record
+from aivedio_engine.services.task_timeline import Timeline, build_timeline
+
+_t = generation_tasks.c
+_e = task_state_events.c
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+#: how far behind the newest event a live tail re-reads: a transaction that took its (time-ordered) id earlier
+#: may commit after a later one, and a tail that only looked past its cursor would never show it
+TAIL_GRACE = timedelta(seconds=5)
+
+__all__ = ["CancelResult", "EventTail", "TaskOps", "TaskRow", "Timeline", "jsonable", "parse_duration"]
+
+
+def parse_duration(text: str) -> timedelta:
+    """`90`, `90s`, `10m`, `2h`, `1d` → timedelta."""
+    match = _DURATION.match(text or "")
+    if not match:
+        raise InvalidInput(f"not a duration: {text!r} (use e.g. 30s, 10m, 2h, 1d)", field="duration")
+    return timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
+
+
+def parse_status(text: str) -> TaskStatus:
+    try:
+        return TaskStatus(text.strip().upper())
+    except ValueError:
+        raise InvalidInput(f"unknown status {text!r} (one of: {', '.join(s.value for s in TaskStatus)})",
+                           field="status") from None
+
+
+def jsonable(value: Any) -> Any:
+    """Dataclasses, datetimes, Decimals and UUIDs → the JSON the CLI and TUI print (ISO times, exact money)."""
+    if hasattr(value, "__dataclass_fields__"):
+        value = asdict(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return format(value, "f")  # "0.00000000", never "0E-8"
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, bytes | memoryview):
+        return bytes(value).hex()
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    task_id: uuid.UUID
+    tenant_id: uuid.UUID
+    tenant: str
+    status: str
+    version: int
+    model: str
+    provider: str | None
+    attempts: int
+    progress: int
+    parked_reason: str | None
+    last_error_class: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult:
+    task_id: uuid.UUID
+    tenant_id: uuid.UUID
+    from_status: str
+    #: where the task is (or, for a dry run, would be) after the cancel
+    to_status: str
+    #: canceled | cancel_requested | already | would_cancel | would_request_cancel
+    outcome: str
+    dry_run: bool
+    #: credits given back by this cancel (None when nothing was booked)
+    released: Decimal | None
+
+
+class TaskOps:
+    def __init__(self, engine: Engine, clock: Clock) -> None:
+        self._engine = engine
+        self._clock = clock
+
+    # --------------------------------------------------------------------------------------------- list
+    def list(self, *, status: str | None = None, tenant: str | None = None, provider: str | None = None,
+             older_than: timedelta | None = None, limit: int = 50) -> list[TaskRow]:
+        """Most recently changed first. `older_than` compares `updated_at`: a task nothing touched for that long
+        (the question on-call asks: what is stuck?), not merely one created long ago."""
+        if limit < 1:
+            raise InvalidInput("limit must be at least 1", field="limit")
+        stmt = (sa.select(generation_tasks, tenants.c.name.label("tenant_name"))
+                .join(tenants, tenants.c.id == _t.tenant_id))
+        if status is not None:
+            stmt = stmt.where(_t.status == parse_status(status).value)
+        if provider is not None:
+            stmt = stmt.where(_t.selected_provider == provider)
+        if older_than is not None:
+            stmt = stmt.where(_t.updated_at <= self._clock.now() - older_than)
+        with self._engine.connect() as conn:
+            if tenant is not None:
+                stmt = stmt.where(_t.tenant_id == self._tenant_id(conn, tenant))
+            rows = conn.execute(stmt.order_by(_t.updated_at.desc(), _t.id.desc()).limit(limit)).all()
+        return [TaskRow(task_id=r.id, tenant_id=r.tenant_id, tenant=r.tenant_name, status=r.status,
+                        version=int(r.version), model=r.requested_model, provider=r.selected_provider,
+                        attempts=int(r.current_attempt_no), progress=int(r.progress), parked_reason=r.parked_reason,
+                        last_error_class=r.last_error_class, created_at=r.created_at, updated_at=r.updated_at)
+                for r in rows]
+
+    @staticmethod
+    def _tenant_id(conn: sa.Connection, tenant: str) -> uuid.UUID:
+        """A tenant given by id or by name; an unknown name is NotFound rather than an empty list."""
+        try:
+            return uuid.UUID(tenant)
+        except ValueError:
+            pass
+        found = conn.execute(sa.select(tenants.c.id).where(tenants.c.name == tenant)).scalar()
+        if found is None:
+            raise NotFound(f"tenant {tenant!r} not found")
+        return found
+
+    # ----------------------------------------------------------------------------------------- timeline
+    def timeline(self, task_id: uuid.UUID) -> Timeline:
+        with self._engine.connect() as conn:
+            found = build_timeline(conn, task_id)
+        if found is None:
+            raise NotFound(f"task {task_id} not found")
+        return found
+
+    # --------------------------------------------------------------------------------------------- tail
+    def tail(self, *, after: uuid.UUID | None = None, status: str | None = None, last: int = 10) -> EventTail:
+        return EventTail(self._engine, after=after, to_status=parse_status(status).value if status else None,
+                         last=last)
+
+    # ------------------------------------------------------------------------------------------- cancel
+    def cancel_preview(self, task_id: uuid.UUID) -> CancelResult:
+        """What `cancel` would do now; reads only (the confirmation prompt shows it)."""
+        with self._engine.connect() as conn:
+            row = tasks.read(conn, task_id)
+            if row is None:
+                raise NotFound(f"task {task_id} not found")
+            return self._decide_cancel(row, dry_run=True)[0]
+
+    def cancel(self, task_id: uuid.UUID, op: Operation) -> CancelResult:
+        """Cancel as an operator, for any tenant: the same decision and bookings as a client's cancel
+        (`GenerationService.cancel`), recorded from source `admin` with the operator and reason, and the audit
+        row in the same transaction. Repeating it is harmless; a finished task is IllegalState."""
+        reason = op.require_reason()
+        with write_tx(self._engine) as conn:
+            row = tasks.read(conn, task_id, lock=True)
+            if row is None:
+                raise NotFound(f"task {task_id} not found")
+            now = self._clock.now()
+            result, decision = self._decide_cancel(row, dry_run=op.dry_run)
+            if decision is not None and not op.dry_run:
+                extra: dict[str, Any] = {"cancel_requested_at": now}
+                if Effect.REQUEST_PROVIDER_CANCEL in decision.effects or Effect.SCHEDULE_RECONCILE in decision.effects:
+                    extra["next_action_at"] = now  # the sweeper drives the provider cancel from the task row
+                tasks.apply(conn, task_id, decision, source=EventSource.ADMIN,
+                            source_event_id=f"{task_id}:{decision.version}", now=now, extra=extra,
+                            payload={"requested_by": op.actor, "reason": reason})
+                released = billing.close_reservation(conn, row, decision, now, reason="canceled",
+                                                     created_by=f"operator:{op.actor}"[:128])
+                if released is not None:
+                    result = replace(result, released=Decimal(row.reserved_amount) - released)
+            record(conn, op, affected_ids=[task_id], outcome=result.outcome, now=now)
+            return result
+
+    def _decide_cancel(self, row: Any, *, dry_run: bool) -> tuple[CancelResult, Any]:
+        decision = decide(tasks.snapshot(row), TaskEvent.CANCEL_REQUESTED, self._clock.now())
+        base = dict(task_id=row.id, tenant_id=row.tenant_id, from_status=row.status, dry_run=dry_run, released=None)
+        if isinstance(decision, Rejection):
+            if row.status in (TaskStatus.CANCELED.value, TaskStatus.CANCEL_REQUESTED.value):
+                return CancelResult(**base, to_status=row.status, outcome="already"), None
+            why = "finished" if decision.kind is RejectionKind.TERMINAL else "past the point of cancellation"
+            raise IllegalState(f"task {row.id} is {row.status}: {why}", current_status=row.status)
+        direct = decision.to_status is TaskStatus.CANCELED
+        outcome = ("would_cancel" if direct else "would_request_cancel") if dry_run else \
+            ("canceled" if direct else "cancel_requested")
+        return CancelResult(**base, to_status=decision.to_status.value, outcome=outcome), decision
+
+
+class EventTail:
+    """Follows `task_state_events` in id order (ids are UUIDv7, i.e. time-ordered). It starts after `after`, or
+    with the newest `last` events like tail(1), and re-reads a short grace window behind its cursor, skipping
+    events it already returned, so an event whose transaction committed late still shows up once. Nothing at or
+    before the starting point is ever returned (that history is what `--after` / `last` chose to skip)."""
+
+    def __init__(self, engine: Engine, *, after: uuid.UUID | None, to_status: str | None, last: int = 10) -> None:
+        self._engine = engine
+        self._to_status = to_status
+        self._last = max(0, last)
+        self.cursor: uuid.UUID | None = after
+        self._start: uuid.UUID | None = after
+        self._started = after is not None
+        self._seen: set[uuid.UUID] = set()
+
+    def poll(self, limit: int = 500) -> list[dict[str, Any]]:
+        stmt = sa.select(task_state_events)
+        if self._to_status is not None:
+            stmt = stmt.where(_e.to_status == self._to_status)
+        with self._engine.connect() as conn:
+            if not self._started:
+                rows = list(reversed(conn.execute(stmt.order_by(_e.id.desc()).limit(self._last)).all()))
+                self._start = rows[-1].id if rows else conn.execute(  # PostgreSQL has no max(uuid)
+                    sa.select(_e.id).order_by(_e.id.desc()).limit(1)).scalar()
+                self.cursor = self._start
+                self._started = True
+            else:
+                floors = [f for f in (_grace_floor(self.cursor), self._start) if f is not None]
+                if floors:
+                    stmt = stmt.where(_e.id > max(floors))
+                rows = conn.execute(stmt.order_by(_e.id).limit(limit + len(self._seen))).all()
+        fresh = [r for r in rows if r.id not in self._seen][:limit]
+        if fresh:
+            self.cursor = max(fresh[-1].id, self.cursor) if self.cursor else fresh[-1].id
+            floor = _grace_floor(self.cursor)
+            self._seen = {i for i in self._seen | {r.id for r in fresh} if floor is None or i > floor}
+        return [_event(r) for r in fresh]
+
+
+def _grace_floor(cursor: uuid.UUID | None) -> uuid.UUID | None:
+    """The smallest UUIDv7 of TAIL_GRACE before `cursor`'s millisecond timestamp."""
+    if cursor is None:
+        return None
+    ms = max(0, (cursor.int >> 80) - int(TAIL_GRACE.total_seconds() * 1000))
+    return uuid.UUID(int=ms << 80)
+
+
+def _event(r: Any) -> dict[str, Any]:
+    return {"cursor": r.id, "at": r.created_at, "task_id": r.task_id, "attempt_id": r.attempt_id,
+            "source": r.source, "event_type": r.event_type, "from_status": r.from_status, "to_status": r.to_status,
+            "task_version": int(r.task_version), "outcome": r.outcome}
