@@ -245,13 +245,22 @@ class GenerationService:
                     return TaskView.of(row)
                 reason = "finished" if result.kind is RejectionKind.TERMINAL else "past the point of cancellation"
                 raise IllegalState(f"generation is {row.status}: {reason}", current_status=row.status)
-            extra: dict[str, Any] = {"cancel_requested_at": now}
-            if Effect.REQUEST_PROVIDER_CANCEL in result.effects or Effect.SCHEDULE_RECONCILE in result.effects:
-                extra["next_action_at"] = now  # the provider cancel is driven from the task row
-            tasks.apply(conn, task_id, result, source=EventSource.API, source_event_id=f"{task_id}:{result.version}",
-                        now=now, extra=extra, payload={"requested_by": requested_by})
-            billing.close_reservation(conn, row, result, now, reason="canceled", created_by=requested_by)
+            apply_cancel(conn, row, result, now, source=EventSource.API, created_by=requested_by,
+                         payload={"requested_by": requested_by})
             return TaskView.of(tasks.read(conn, task_id))
+
+
+def apply_cancel(conn: Connection, row: Any, decision: Decision, now: datetime, *, source: EventSource,
+                 created_by: str, payload: dict[str, Any]) -> Decimal | None:
+    """Record a decided cancel on the locked task row: the transition, and the reservation released when no
+    provider job can have cost anything (the provider cancel itself is driven later from the task row).
+    Returns the cost booked, as `billing.close_reservation` does."""
+    extra: dict[str, Any] = {"cancel_requested_at": now}
+    if Effect.REQUEST_PROVIDER_CANCEL in decision.effects or Effect.SCHEDULE_RECONCILE in decision.effects:
+        extra["next_action_at"] = now
+    tasks.apply(conn, row.id, decision, source=source, source_event_id=f"{row.id}:{decision.version}", now=now,
+                extra=extra, payload=payload)
+    return billing.close_reservation(conn, row, decision, now, reason="canceled", created_by=created_by)
 
 
 def _check_key(key: str | None) -> str:

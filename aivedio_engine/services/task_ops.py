@@ -23,9 +23,9 @@ from aivedio_engine.db import tasks
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import generation_tasks, task_state_events, tenants
 from aivedio_engine.domain.status import EventSource, TaskStatus
-from aivedio_engine.domain.transitions import Effect, Rejection, RejectionKind, TaskEvent, decide
-from aivedio_engine.services import billing
+from aivedio_engine.domain.transitions import Rejection, RejectionKind, TaskEvent, decide
 from aivedio_engine.services.errors import IllegalState, InvalidInput, NotFound
+from aivedio_engine.services.generations import apply_cancel
 from aivedio_engine.services.operations import Operation, record
 from aivedio_engine.services.task_timeline import Timeline, build_timeline
 
@@ -182,14 +182,9 @@ class TaskOps:
             now = self._clock.now()
             result, decision = self._decide_cancel(row, dry_run=op.dry_run)
             if decision is not None and not op.dry_run:
-                extra: dict[str, Any] = {"cancel_requested_at": now}
-                if Effect.REQUEST_PROVIDER_CANCEL in decision.effects or Effect.SCHEDULE_RECONCILE in decision.effects:
-                    extra["next_action_at"] = now  # the sweeper drives the provider cancel from the task row
-                tasks.apply(conn, task_id, decision, source=EventSource.ADMIN,
-                            source_event_id=f"{task_id}:{decision.version}", now=now, extra=extra,
-                            payload={"requested_by": op.actor, "reason": reason})
-                released = billing.close_reservation(conn, row, decision, now, reason="canceled",
-                                                     created_by=f"operator:{op.actor}"[:128])
+                released = apply_cancel(conn, row, decision, now, source=EventSource.ADMIN,
+                                        created_by=f"operator:{op.actor}"[:128],
+                                        payload={"requested_by": op.actor, "reason": reason})
                 if released is not None:
                     result = replace(result, released=Decimal(row.reserved_amount) - released)
             record(conn, op, affected_ids=[task_id], outcome=result.outcome, now=now)
