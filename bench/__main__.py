@@ -13,7 +13,7 @@ import sys
 from bench.common import BenchError
 
 #: name -> module exposing DESCRIPTION, add_arguments(parser) and run(args) -> exit code
-BENCHMARKS = {"api_create": "bench.api_create", "reducer": "bench.reducer"}
+BENCHMARKS = {"api_create": "bench.api_create", "reducer": "bench.reducer", "e2e_overhead": "bench.e2e_overhead"}
 
 
 def main(argv: list[str] | None = None) -> int:
