@@ -16,9 +16,9 @@ import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
 
 from aivedio_engine.db import alerts, attempts, outbox, tasks
-from aivedio_engine.db.tables import generation_tasks, task_state_events
+from aivedio_engine.db.tables import generation_tasks, task_attempts, task_state_events
 from aivedio_engine.domain.events import EventType, fetch_route
-from aivedio_engine.domain.status import AlertSeverity, EventSource, StateEventOutcome, TaskStatus
+from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, StateEventOutcome, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, Decision, Effect, Rejection, RejectionKind, TaskEvent, Trigger, decide
 from aivedio_engine.providers.base import JobStatus
 from aivedio_engine.services import billing
@@ -56,6 +56,8 @@ def task_event_for(status: JobStatus, task_status: str) -> TaskEvent | None:
 def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s: float = 900) -> str:
     """Apply one observation (the outbox payload built by `services.observations`). Returns a digest."""
     attempt = attempts.by_job(conn, obs["provider"], obs["job_id"])
+    if attempt is None:
+        attempt = _bind_ambiguous(conn, obs, now)
     if attempt is None:
         return "unmatched"
     task = tasks.read(conn, attempt.task_id, lock=True)
@@ -102,6 +104,29 @@ def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s:
         return outcome.value
     _apply(conn, task, attempt, result, obs, base, now, urgent_fetch_s)
     return f"applied:{result.to_status.value}"
+
+
+def _bind_ambiguous(conn: Connection, obs: dict[str, Any], now: datetime) -> Any:
+    """A status for an unknown job id that carries the request key of one of our ambiguous submits is the proof a
+    lookup would have given (seed §4.8.4): the job exists. Bind it, move SUBMIT_UNKNOWN → SUBMITTED, and let the
+    observation apply. Without this, a vendor without lookup would leave such a task parked while it is billed."""
+    key = obs.get("request_key")
+    if not key:
+        return None
+    a = task_attempts.c
+    found = conn.execute(sa.select(a.id).where(a.provider == obs["provider"], a.provider_request_key == key,
+                                               a.submit_state == AttemptStatus.UNKNOWN.value)).first()
+    if found is None:
+        return None
+    attempt = attempts.read(conn, found.id, lock=True)
+    attempts.transition(conn, attempt, AttemptEvent.PROVIDER_JOB_FOUND, now, provider_job_id=obs["job_id"],
+                        next_poll_at=now)
+    task = tasks.read(conn, attempt.task_id, lock=True)
+    if task.status == TaskStatus.SUBMIT_UNKNOWN.value:
+        tasks.decide_and_apply(conn, task, TaskEvent.PROVIDER_JOB_FOUND, now, source=EventSource(obs["source"]),
+                               payload={"job_id": obs["job_id"], "via": "request key in a provider status"},
+                               extra={"next_action_at": None, "parked_reason": None})
+    return attempts.read(conn, attempt.id)
 
 
 def _move_attempt(conn: Connection, attempt: Any, status: JobStatus, obs: dict[str, Any],
