@@ -1,0 +1,118 @@
+"""`aivedio review list|claim|approve|reject`: the manual review queue from the command line (DESIGN §13)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Optional
+
+import typer
+
+from aivedio_cli._mutate import DRY_RUN, REASON, YES, confirm, operation
+from aivedio_cli._render import ExitCode, emit_json, fail, out
+from aivedio_cli._services import service_context
+from aivedio_engine.services.operations import Operation, current_operator
+from aivedio_engine.services.review import DEFAULT_TTL_S, LIST_STATES, Decided, ReviewService
+
+app = typer.Typer(help="Manual review queue: list, claim, approve, reject.", no_args_is_help=True)
+
+ITEM = typer.Argument(..., help="Review item id (or the id of a task with an open review item).")
+AS = typer.Option(None, "--as", help="Reviewer name (default: $AIVEDIO_OPERATOR, else user@host).")
+JSON = typer.Option(False, "--json", help="Print JSON.")
+
+
+def _item(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        fail(f"not a review item or task id: {value!r}", ExitCode.USAGE)
+
+
+@app.command("list")
+def list_items(
+    ctx: typer.Context,
+    state: Optional[str] = typer.Option(None, "--state", help=f"One of: {', '.join(LIST_STATES)}. Default: all."),
+    as_json: bool = JSON,
+) -> None:
+    """The queue, oldest first. An expired claim shows as pending: anyone may take it over."""
+    if state is not None and state not in LIST_STATES:
+        fail(f"--state must be one of {', '.join(LIST_STATES)}, got {state!r}", ExitCode.USAGE)
+    with service_context(ctx) as app_ctx:
+        items = ReviewService(app_ctx.engine, app_ctx.clock).list(state)
+    if as_json:
+        emit_json([i.to_dict() for i in items])
+        return
+    console = out()
+    if not items:
+        console.print("no review items" + (f" in state {state}" if state else ""))
+    # one line per item rather than a table: ids stay whole (copyable, greppable) at any terminal width
+    for i in items:
+        holder = ""
+        if i.state == "claimed":
+            until = i.claimed_until.isoformat(timespec="seconds") if i.claimed_until else "?"
+            holder = f" by {i.claimed_by} until {until}"
+        elif i.decided_by:
+            holder = f" by {i.decided_by}"
+        console.print(f"{i.id}  {i.state}{holder}  task {i.task_id} ({i.task_status})  {i.reason}", highlight=False)
+
+
+@app.command("claim")
+def claim(
+    ctx: typer.Context,
+    item: str = ITEM,
+    as_: Optional[str] = AS,
+    ttl: float = typer.Option(DEFAULT_TTL_S, "--ttl", help="Seconds the claim holds; after that others may take it."),
+    dry_run: bool = DRY_RUN,
+    as_json: bool = JSON,
+) -> None:
+    """Claim an item so no other reviewer decides it; claiming your own item again extends the claim."""
+    ref = _item(item)
+    reviewer = as_ or current_operator()
+    op = Operation(command="review claim", reason=None, dry_run=dry_run,
+                   args={"item": item, "reviewer": reviewer, "ttl_s": ttl})
+    with service_context(ctx) as app_ctx:
+        view = ReviewService(app_ctx.engine, app_ctx.clock).claim(ref, reviewer, op, ttl)
+    if as_json:
+        emit_json({"dry_run": dry_run, "item": view.to_dict()})
+        return
+    until = view.claimed_until.isoformat(timespec="seconds") if view.claimed_until else "?"
+    prefix = "dry run: would claim" if dry_run else "claimed"
+    out().print(f"{prefix} review item {view.id} (task {view.task_id}) for {reviewer} until {until}",
+                highlight=False)
+
+
+@app.command("approve")
+def approve(ctx: typer.Context, item: str = ITEM, reason: Optional[str] = REASON, as_: Optional[str] = AS,
+            yes: bool = YES, dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
+    """Approve the held output: the task SUCCEEDS and its credits are settled."""
+    _decide(ctx, "approve", item, reason, as_, yes, dry_run, as_json)
+
+
+@app.command("reject")
+def reject(ctx: typer.Context, item: str = ITEM, reason: Optional[str] = REASON, as_: Optional[str] = AS,
+           yes: bool = YES, dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
+    """Reject the held output: the task FAILS (FAILED_FINAL); the provider's cost is still settled."""
+    _decide(ctx, "reject", item, reason, as_, yes, dry_run, as_json)
+
+
+def _decide(ctx: typer.Context, verb: str, item: str, reason: Optional[str], as_: Optional[str], yes: bool,
+            dry_run: bool, as_json: bool) -> None:
+    ref = _item(item)
+    reviewer = as_ or current_operator()
+    op = operation(f"review {verb}", reason, dry_run, item=item, reviewer=reviewer)
+    if not dry_run:
+        confirm(f"{verb} review item {item} as {reviewer}?", yes)
+    with service_context(ctx) as app_ctx:
+        service = ReviewService(app_ctx.engine, app_ctx.clock)
+        result = (service.approve if verb == "approve" else service.reject)(ref, reviewer, op)
+    if as_json:
+        emit_json(_decided_json(result))
+        return
+    settled = "nothing was reserved" if result.settled is None else f"settled at {result.settled} credits"
+    prefix = f"dry run: would {verb}" if dry_run else {"approve": "approved", "reject": "rejected"}[verb]
+    out().print(f"{prefix} review item {result.item.id}: task {result.item.task_id} → {result.task_status},"
+                f" {settled}", highlight=False)
+
+
+def _decided_json(result: Decided) -> dict[str, Any]:
+    return {"dry_run": result.dry_run, "item": result.item.to_dict(), "task_status": result.task_status,
+            "settled": None if result.settled is None else str(result.settled)}
