@@ -52,7 +52,10 @@ def _client(ctx: typer.Context, api_url: str | None, api_key: str | None) -> Ite
         return
     from aivedio_engine import embedded
     from aivedio_engine.bootstrap import build_context
+    from aivedio_engine.observability.logging import configure_logging
 
+    # the engine runs here: its logs are masked too; WARNING unless configured, the terminal shows progress
+    configure_logging(state(ctx).settings(), default_level="WARNING")
     app_ctx = build_context(state(ctx).settings())
     try:
         with embedded.running(app_ctx) as principal:

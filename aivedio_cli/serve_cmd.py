@@ -6,7 +6,6 @@ outcome to an exit code. Heavy modules (dramatiq, the HTTP stack) load only when
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import TYPE_CHECKING, Optional
 
@@ -62,9 +61,6 @@ def _prepare_database(engine: Engine, settings: Settings) -> None:
 
 
 def _configure_logging(settings: Settings) -> None:
-    root = logging.getLogger()
-    if not root.handlers:  # an embedding application's logging wins
-        logging.basicConfig(
-            level=settings.logging.level,
-            format="%(asctime)s %(levelname)s %(process)d %(threadName)s %(name)s: %(message)s",
-        )
+    from aivedio_engine.observability.logging import configure_logging
+
+    configure_logging(settings)

@@ -142,11 +142,13 @@ class AppContext:
 
     @shared_property
     def sweeper(self) -> Sweeper:
+        from aivedio_engine.observability.alert_rules import AlertEvaluator
         from aivedio_engine.services.sweeper import Sweeper
 
         return Sweeper(self.engine, self.clock, self.settings, self.sync, self.rebuild_slots,
                        upload_expirer=lambda: self.assets.expire_abandoned_uploads(
-                           older_than_s=self.settings.sweeper.abandoned_upload_s))
+                           older_than_s=self.settings.sweeper.abandoned_upload_s),
+                       alert_evaluator=AlertEvaluator(self.engine, self.clock, self.settings))
 
     @shared_property
     def callbacks(self) -> CallbackService:

@@ -255,6 +255,44 @@ class SweeperSettings(_Section):
 class LoggingSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "console"] = "console"
+    #: one INFO line per HTTP request from the API (path with signed query strings redacted, trace_id bound).
+    access_log: bool = True
+
+
+class MetricsSettings(_Section):
+    """`GET /metrics` (seed 000 §4.10.7): database-derived gauges are read at scrape time."""
+
+    enabled: bool = True
+    #: statement timeout of the scrape's queries (PostgreSQL); a slow database yields aivedio_metrics_db_up 0.
+    query_timeout_ms: int = Field(2000, ge=100)
+    #: window of the rate-like gauges (submission rate, state transition conflicts, callback lag).
+    window_s: float = Field(300, gt=0)
+    #: scrapes within this many seconds of the last one get the same answer (one query set, whoever asks).
+    cache_s: float = Field(5, ge=0)
+
+
+class AlertSettings(_Section):
+    """Alert rules of seed 004 §17, evaluated by the sweeper over live data."""
+
+    enabled: bool = True
+    #: evaluate at most this often (s), however often the sweeper runs.
+    interval_s: float = Field(60, gt=0)
+    #: failed tasks and the media failure rate are counted over this window (s).
+    window_s: float = Field(3600, gt=0)
+    failed_tasks: int = Field(20, ge=1)
+    provider_consecutive_failures: int = Field(5, ge=1)
+    queue_depth: int = Field(500, ge=1)
+    queue_age_s: float = Field(900, gt=0)
+    media_failure_rate: float = Field(0.2, gt=0, le=1)
+    media_min_samples: int = Field(10, ge=1)
+    #: a tenant/project spending more than cost_factor × its hourly mean of the previous day, and at least
+    #: cost_min_per_hour, in the last hour; or more than cost_budget_per_hour (0: no budget).
+    cost_factor: float = Field(5, gt=1)
+    cost_min_per_hour: Decimal = Field(Decimal("100"), ge=0)
+    cost_budget_per_hour: Decimal = Field(Decimal("0"), ge=0)
+    #: fs object store / data dir: alert below this many free bytes or this free fraction.
+    min_free_bytes: int = Field(1024 ** 3, ge=0)
+    min_free_ratio: float = Field(0.05, ge=0, lt=1)
 
 
 def _default_providers() -> dict[str, ProviderSettings]:
@@ -303,6 +341,8 @@ class Settings(BaseSettings):
     polling: PollingSettings = PollingSettings()
     sweeper: SweeperSettings = SweeperSettings()
     logging: LoggingSettings = LoggingSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    alerts: AlertSettings = AlertSettings()
 
     @model_validator(mode="after")
     def _coherent(self) -> Settings:

@@ -8,12 +8,13 @@ from __future__ import annotations
 import threading
 import uuid
 
+import structlog
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aivedio_engine import __version__
 from aivedio_engine.api import problems
-from aivedio_engine.api.routes import callbacks, events, generations, health, models, playback
+from aivedio_engine.api.routes import callbacks, events, generations, health, metrics, models, playback
 from aivedio_engine.bootstrap import AppContext
 
 #: paths whose bodies are streamed uploads, capped by the upload's own declared size instead
@@ -36,6 +37,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     app.include_router(models.router)
     app.include_router(callbacks.router)
     app.include_router(playback.router)
+    app.include_router(metrics.router)
     for router in _optional_routers():
         app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=ctx.settings.api.max_body_bytes)
@@ -68,7 +70,9 @@ class RequestId:
                 message.setdefault("headers", []).append((b"x-request-id", request_id.encode()))
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        # the request id is the trace id of every line logged while serving it (uvicorn's access line included)
+        with structlog.contextvars.bound_contextvars(trace_id=request_id):
+            await self.app(scope, receive, send_with_id)
 
 
 class BodyLimit:
@@ -120,8 +124,9 @@ def serve_api(ctx: AppContext, host: str, port: int, stop: threading.Event | Non
     """Run the API with uvicorn until `stop` is set (or SIGINT/SIGTERM when run in the main thread)."""
     import uvicorn
 
-    config = uvicorn.Config(create_app(ctx), host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=5)
+    # log_config=None: uvicorn's records go through the process's (structured, masking) logging setup
+    config = uvicorn.Config(create_app(ctx), host=host, port=port, log_config=None, log_level=None,
+                            access_log=ctx.settings.logging.access_log, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     if stop is not None:
         def _watch() -> None:

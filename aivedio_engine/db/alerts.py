@@ -29,6 +29,13 @@ class Rule(StrEnum):
     OUTPUT_CHECKSUM_MISMATCH = "output_checksum_mismatch"
     OUTPUT_FETCH_FAILED = "output_fetch_failed"  # the provider's output could not be brought home
     MEDIA_FAILED = "media_failed"  # the output was stored but could not be made playable
+    # threshold rules over live data (seed 004 §17), evaluated by observability.alert_rules
+    FAILED_TASKS_HIGH = "failed_tasks_high"
+    PROVIDER_CONSECUTIVE_FAILURES = "provider_consecutive_failures"
+    QUEUE_BACKLOG = "queue_backlog"
+    MEDIA_FAILURE_RATE = "media_failure_rate"
+    COST_ANOMALY = "cost_anomaly"
+    STORAGE_CAPACITY_LOW = "storage_capacity_low"
 
 
 def raise_alert(

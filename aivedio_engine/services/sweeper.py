@@ -11,6 +11,7 @@ here and driven on (DESIGN §3). Every scan is idempotent; running two sweepers 
 - Orphan provider events past their TTL → an alert (kept, never silently dropped).
 - Upload sessions abandoned for a day → expired (their multipart uploads aborted, staging bytes deleted).
 - Slot leases rebuilt from the in-flight attempts.
+- Alert rules over live data (seed 004 §17), at most every `alerts.interval_s` (observability.alert_rules).
 """
 
 from __future__ import annotations
@@ -61,18 +62,21 @@ class SweepReport:
     orphans_expired: int = 0
     redriven: int = 0
     uploads_expired: int = 0
+    alerts: int = 0
     slots: dict[str, Any] = field(default_factory=dict)
 
 
 class Sweeper:
     def __init__(self, engine: Engine, clock: Clock, settings: Settings, sync: ProviderSync,
-                 slot_reconciler: Any = None, upload_expirer: Callable[[], int] | None = None) -> None:
+                 slot_reconciler: Any = None, upload_expirer: Callable[[], int] | None = None,
+                 alert_evaluator: Callable[[], int] | None = None) -> None:
         self._engine = engine
         self._clock = clock
         self._settings = settings
         self._sync = sync
         self._slot_reconciler = slot_reconciler
         self._upload_expirer = upload_expirer
+        self._alert_evaluator = alert_evaluator
 
     def sweep(self) -> SweepReport:
         r = SweepReport()
@@ -90,6 +94,8 @@ class Sweeper:
             r.uploads_expired = self._upload_expirer()
         if self._slot_reconciler is not None:
             r.slots = dict(self._slot_reconciler())
+        if self._alert_evaluator is not None:  # last: a failing rule must not keep the repairs above from running
+            r.alerts = self._alert_evaluator()
         return r
 
     def _ids(self, stmt: sa.Select[Any]) -> list[Any]:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import dramatiq
 
 from aivedio_engine.domain.events import ALTERNATE_ROUTES, ROUTES, EventType
+from aivedio_engine.observability.logging import task_context
+from aivedio_engine.observability.metrics import measure_actor
 from aivedio_engine.services import intake, notifications, reducer
 from aivedio_engine.services.dispatch import release_if_finished
 from aivedio_engine.services.consume import Envelope, InvalidEnvelope
@@ -124,7 +126,9 @@ def declare_actors(broker: dramatiq.Broker, ctx: AppContext) -> dict[str, dramat
 
 def _bind(handler: Handler, ctx: AppContext, name: str) -> Callable[[dict[str, Any]], None]:
     def actor(envelope: dict[str, Any]) -> None:
-        handler(ctx, Envelope.parse(envelope))
+        parsed = Envelope.parse(envelope)
+        with task_context(parsed), measure_actor(name):  # every line logged by the handler carries its task ids
+            handler(ctx, parsed)
 
     actor.__name__ = actor.__qualname__ = name
     actor.__module__ = handler.__module__

@@ -1,0 +1,244 @@
+"""Alert rules of seed 004 §17 over live data: facts from SQL, thresholds from `[alerts]`, rows in `alerts`.
+
+`gather` reads the facts (index-backed aggregates, see `snapshot`), `evaluate` is pure (facts + thresholds →
+findings) and `AlertEvaluator` — called by the sweeper, at most every `alerts.interval_s` — writes each finding
+with `alerts.raise_alert`, whose dedup key keeps one open alert per rule and subject: a condition that holds
+on the next evaluation only moves its `last_seen_at`. Alerts are closed by people (acknowledged, resolved),
+not by the rule going quiet, so a flapping condition cannot hide.
+
+The rules:
+- failed tasks: tasks reaching FAILED_FINAL or EXPIRED within `window_s` reach `failed_tasks`;
+- provider failing in a row: a provider's newest `provider_consecutive_failures` finished attempts all failed;
+- queue backlog: QUEUED tasks reach `queue_depth`, or the oldest has waited `queue_age_s`;
+- media failure rate: of the media steps finished within `window_s` (at least `media_min_samples`), the share
+  that failed (FAILED_FINAL, or held for a human because processing failed) reaches `media_failure_rate`;
+- cost anomaly, per project (per tenant for tasks without one): the credits committed in the last hour (ledger:
+  reservations net of releases and refunds) exceed `cost_budget_per_hour`, or exceed `cost_factor` × the hourly
+  mean of the 24 hours before while being at least `cost_min_per_hour`;
+- storage capacity: a local data path (data dir; the object store root for `fs`) has less than `min_free_bytes`
+  or `min_free_ratio` free. An S3 bucket has no capacity to read through its API, so it is not checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from aivedio_engine.db.alerts import Rule, raise_alert
+from aivedio_engine.db.session import write_tx
+from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts, task_state_events
+from aivedio_engine.domain.status import (
+    AlertSeverity,
+    AttemptStatus,
+    LedgerEntryType,
+    StateEventOutcome,
+    TaskStatus,
+)
+from aivedio_engine.observability.snapshot import TERMINAL, since_floor, storage_usage
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
+
+    from aivedio_engine.clock import Clock
+    from aivedio_engine.config import AlertSettings, Settings
+
+_t, _a, _e, _l = generation_tasks.c, task_attempts.c, task_state_events.c, credit_ledger.c
+FAILED = (TaskStatus.FAILED_FINAL.value, TaskStatus.EXPIRED.value)
+FINISHED_ATTEMPT = (AttemptStatus.SUCCEEDED.value, AttemptStatus.FAILED.value,
+                    AttemptStatus.FAILED_BEFORE_ACCEPT.value)
+FAILED_ATTEMPT = frozenset({AttemptStatus.FAILED.value, AttemptStatus.FAILED_BEFORE_ACCEPT.value})
+#: how media processing words a hold for a human after it failed (services.media._retry_or_escalate)
+MEDIA_HOLD_PREFIX = "media processing failed"
+#: ledger entries that commit or give back credits (manual adjustments are an operator's, not usage)
+SPEND_ENTRIES = (LedgerEntryType.RESERVE.value, LedgerEntryType.SETTLE.value, LedgerEntryType.RELEASE.value,
+                 LedgerEntryType.REFUND.value)
+HOUR = timedelta(hours=1)
+BASELINE_HOURS = 24
+#: a provider's failure streak is looked for among attempts created this recently
+STREAK_WINDOW_S = 86_400
+
+
+@dataclass(frozen=True)
+class Spend:
+    tenant_id: str
+    project_id: str | None
+    last_hour: Decimal
+    baseline_per_hour: Decimal  # mean of the BASELINE_HOURS hours before the last one
+
+
+@dataclass(frozen=True)
+class Facts:
+    failed_tasks: int = 0
+    provider_streaks: dict[str, int] = field(default_factory=dict)  # failed finished attempts in a row, newest first
+    queue_depth: int = 0
+    queue_oldest_age_s: float = 0.0
+    media_finished: int = 0
+    media_failed: int = 0
+    spend: list[Spend] = field(default_factory=list)
+    disks: dict[str, tuple[int, int]] = field(default_factory=dict)  # path → (free bytes, total bytes)
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: Rule
+    severity: AlertSeverity
+    dedup_key: str
+    message: str
+    subject_type: str | None = None
+    subject_id: str | None = None
+    details: dict[str, Any] | None = None
+
+
+def evaluate(f: Facts, cfg: AlertSettings) -> list[Finding]:
+    """The findings the facts give under the thresholds; pure."""
+    out: list[Finding] = []
+    window = _span(cfg.window_s)
+    if f.failed_tasks >= cfg.failed_tasks:
+        out.append(Finding(Rule.FAILED_TASKS_HIGH, AlertSeverity.WARNING, "all",
+                           f"{f.failed_tasks} tasks failed in the last {window} (threshold {cfg.failed_tasks})",
+                           details={"failed": f.failed_tasks, "window_s": cfg.window_s}))
+    for provider, streak in sorted(f.provider_streaks.items()):
+        if streak >= cfg.provider_consecutive_failures:
+            out.append(Finding(Rule.PROVIDER_CONSECUTIVE_FAILURES, AlertSeverity.CRITICAL, provider,
+                               f"provider {provider}: the last {streak} finished attempts all failed",
+                               subject_type="provider", subject_id=provider, details={"streak": streak}))
+    if f.queue_depth >= cfg.queue_depth or (f.queue_depth and f.queue_oldest_age_s >= cfg.queue_age_s):
+        out.append(Finding(Rule.QUEUE_BACKLOG, AlertSeverity.WARNING, "queued",
+                           f"{f.queue_depth} tasks queued, the oldest for {_span(f.queue_oldest_age_s)} "
+                           f"(thresholds {cfg.queue_depth} tasks, {_span(cfg.queue_age_s)})",
+                           details={"depth": f.queue_depth, "oldest_age_s": round(f.queue_oldest_age_s, 1)}))
+    if f.media_finished >= cfg.media_min_samples and f.media_failed / f.media_finished >= cfg.media_failure_rate:
+        out.append(Finding(Rule.MEDIA_FAILURE_RATE, AlertSeverity.WARNING, "media",
+                           f"{f.media_failed} of {f.media_finished} media steps failed in the last {window} "
+                           f"(threshold {cfg.media_failure_rate:.0%})",
+                           details={"failed": f.media_failed, "finished": f.media_finished}))
+    for s in f.spend:
+        reason = _cost_reason(s, cfg)
+        if reason:
+            subject_type, subject_id = ("project", s.project_id) if s.project_id else ("tenant", s.tenant_id)
+            out.append(Finding(Rule.COST_ANOMALY, AlertSeverity.CRITICAL, f"{subject_type}:{subject_id}",
+                               f"{subject_type} {subject_id}: {_num(s.last_hour)} credits committed in the last "
+                               f"hour, {reason}", subject_type=subject_type, subject_id=subject_id,
+                               details={"tenant_id": s.tenant_id, "last_hour": _num(s.last_hour),
+                                        "baseline_per_hour": _num(s.baseline_per_hour)}))
+    for path, (free, total) in sorted(f.disks.items()):
+        if free < cfg.min_free_bytes or (total and free / total < cfg.min_free_ratio):
+            out.append(Finding(Rule.STORAGE_CAPACITY_LOW, AlertSeverity.CRITICAL, path[-255:],
+                               f"{path}: {free / 1024 ** 3:.1f} GiB free of {total / 1024 ** 3:.1f} GiB",
+                               subject_type="path", subject_id=path[-128:], details={"free": free, "total": total}))
+    return out
+
+
+def _cost_reason(s: Spend, cfg: AlertSettings) -> str | None:
+    if cfg.cost_budget_per_hour > 0 and s.last_hour > cfg.cost_budget_per_hour:
+        return f"over the budget of {_num(cfg.cost_budget_per_hour)} per hour"
+    # a subject without history has no baseline to deviate from; the budget covers it
+    if s.baseline_per_hour > 0 and s.last_hour >= cfg.cost_min_per_hour and \
+            s.last_hour > Decimal(str(cfg.cost_factor)) * s.baseline_per_hour:
+        return f"over {cfg.cost_factor:g} × its hourly mean of {s.baseline_per_hour:.2f} the day before"
+    return None
+
+
+def _num(d: Decimal) -> str:
+    return format(d.normalize(), "f")  # ledger amounts carry 8 decimals: "6", not "6.00000000"
+
+
+def _span(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
+def gather(conn: Connection, settings: Settings, now: datetime) -> Facts:
+    """The facts the rules need, read on one connection."""
+    cfg = settings.alerts
+    since, floor = since_floor(now, cfg.window_s)
+    recent = sa.and_(_e.id >= floor, _e.created_at >= since, _e.outcome == StateEventOutcome.APPLIED.value)
+    failed = conn.execute(sa.select(sa.func.count(sa.distinct(_e.task_id)))
+                          .where(recent, _e.to_status.in_(FAILED))).scalar_one()
+    media_finished = media_failed = 0
+    reason = _e.payload["reason"].as_string()
+    held_for_failure = sa.case((reason.like(MEDIA_HOLD_PREFIX + "%"), 1), else_=0)
+    for to_status, n, held in conn.execute(
+            sa.select(_e.to_status, sa.func.count(), sa.func.sum(held_for_failure))
+            .where(recent, _e.from_status == TaskStatus.POST_PROCESSING.value).group_by(_e.to_status)):
+        if to_status in (TaskStatus.SUCCEEDED.value, TaskStatus.FAILED_FINAL.value, TaskStatus.MANUAL_REVIEW.value):
+            media_finished += int(n)
+            media_failed += int(n) if to_status == TaskStatus.FAILED_FINAL.value else int(held or 0)
+    depth, oldest = conn.execute(sa.select(sa.func.count(), sa.func.min(_t.created_at)).where(
+        _t.status.not_in(TERMINAL), _t.status == TaskStatus.QUEUED.value)).one()
+    return Facts(
+        failed_tasks=int(failed), provider_streaks=_streaks(conn, settings, now), queue_depth=int(depth),
+        queue_oldest_age_s=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
+        media_finished=media_finished, media_failed=media_failed, spend=_spend(conn, now),
+        disks={p: (u.free, u.total) for p, u in storage_usage(settings).items()},
+    )
+
+
+def _streaks(conn: Connection, settings: Settings, now: datetime) -> dict[str, int]:
+    """Per provider: how many of its newest finished attempts failed before the first success (capped at the
+    threshold, which is all the rule needs to know)."""
+    limit = settings.alerts.provider_consecutive_failures
+    _, floor = since_floor(now, STREAK_WINDOW_S)
+    out = {}
+    for provider in sorted(p for p, c in settings.providers.items() if c.enabled):
+        states = conn.execute(sa.select(_a.submit_state).where(
+            _a.id >= floor, _a.provider == provider, _a.submit_state.in_(FINISHED_ATTEMPT))
+            .order_by(_a.id.desc()).limit(limit)).scalars().all()
+        streak = 0
+        for state in states:
+            if state not in FAILED_ATTEMPT:
+                break
+            streak += 1
+        out[provider] = streak
+    return out
+
+
+def _spend(conn: Connection, now: datetime) -> list[Spend]:
+    hour_ago = now - HOUR
+    since, floor = since_floor(now, (BASELINE_HOURS + 1) * HOUR.total_seconds())
+    recent = sa.case((_l.created_at >= hour_ago, _l.amount), else_=0)
+    before = sa.case((_l.created_at < hour_ago, _l.amount), else_=0)
+    rows = conn.execute(
+        sa.select(_l.tenant_id, _t.project_id, sa.func.sum(recent), sa.func.sum(before))
+        .select_from(credit_ledger.outerjoin(generation_tasks, _t.id == _l.task_id))
+        .where(_l.id >= floor, _l.created_at >= since, _l.entry_type.in_(SPEND_ENTRIES))
+        .group_by(_l.tenant_id, _t.project_id))
+    # ledger amounts are signed from the tenant's side: a reservation is negative, so spend is the negated sum
+    return [Spend(str(tenant), str(project) if project else None, -Decimal(last or 0),
+                  max(Decimal(0), -Decimal(earlier or 0)) / BASELINE_HOURS)
+            for tenant, project, last, earlier in rows]
+
+
+class AlertEvaluator:
+    """The sweeper's hook: evaluate the rules at most every `alerts.interval_s` and record what fires."""
+
+    def __init__(self, engine: Engine, clock: Clock, settings: Settings) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._settings = settings
+        self._last: datetime | None = None
+
+    def __call__(self) -> int:
+        cfg = self._settings.alerts
+        now = self._clock.now()
+        if not cfg.enabled or (self._last is not None and (now - self._last).total_seconds() < cfg.interval_s):
+            return 0
+        self._last = now
+        return len(self.evaluate_now())
+
+    def evaluate_now(self) -> list[Finding]:
+        """Evaluate and record now, whatever the interval (an operator's command, a test)."""
+        now = self._clock.now()
+        with self._engine.connect() as conn:
+            findings = evaluate(gather(conn, self._settings, now), self._settings.alerts)
+        if findings:
+            with write_tx(self._engine) as conn:
+                for f in findings:
+                    raise_alert(conn, f.rule, f.severity, dedup_key=f.dedup_key, message=f.message, now=now,
+                                subject_type=f.subject_type, subject_id=f.subject_id, details=f.details)
+        return findings
