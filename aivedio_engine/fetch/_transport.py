@@ -12,6 +12,7 @@ a DNS-rebinding answer can never be used. No redirects are followed, no proxy or
 from __future__ import annotations
 
 import ipaddress
+import ssl
 from collections.abc import Iterator
 
 import httpx
@@ -70,8 +71,10 @@ def open_pinned(
     timeout = httpx.Timeout(
         connect=connect_timeout_s, read=idle_timeout_s, write=idle_timeout_s, pool=connect_timeout_s
     )
+    # a CA bundle path (tests, private CDNs) becomes a context: httpx deprecated verify=<path>
+    tls: bool | ssl.SSLContext = ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
     client = httpx.Client(
-        transport=httpx.HTTPTransport(verify=verify, retries=0, trust_env=False),
+        transport=httpx.HTTPTransport(verify=tls, retries=0, trust_env=False),
         timeout=timeout,
         follow_redirects=False,
         trust_env=False,
