@@ -151,6 +151,7 @@ class ReviewState(StrEnum):
     CLAIMED = "CLAIMED"
     APPROVED = "APPROVED"
     REJECTED = "REJECTED"
+    EXPIRED = "EXPIRED"  # the task passed its deadline while waiting for a reviewer
 
 
 class AlertSeverity(StrEnum):

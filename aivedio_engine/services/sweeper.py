@@ -29,7 +29,7 @@ from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
 from aivedio_engine.db import alerts, attempts, outbox, tasks
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import generation_tasks, outbox_events, provider_events, task_attempts
+from aivedio_engine.db.tables import generation_tasks, outbox_events, provider_events, review_items, task_attempts
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.status import (
     TASK_TERMINAL,
@@ -37,6 +37,7 @@ from aivedio_engine.domain.status import (
     AttemptStatus,
     EventSource,
     OutboxStatus,
+    ReviewState,
     TaskStatus,
 )
 from aivedio_engine.domain.transitions import AttemptEvent, Decision, Effect, TaskEvent, Trigger, decide
@@ -125,6 +126,8 @@ class Sweeper:
             tasks.apply(conn, task_id, decision, source=EventSource.SWEEPER,
                         source_event_id=f"{task_id}:{decision.version}", now=now, extra=extra)
             billing.close_reservation(conn, task, decision, now, reason=event.value, created_by="sweeper")
+            if decision.from_status is TaskStatus.MANUAL_REVIEW:
+                _close_review_items(conn, task_id, now)
             if Effect.REQUEST_PROVIDER_CANCEL in decision.effects:
                 current = attempts.current(conn, task_id)
                 if current is not None and current.provider_job_id:
@@ -220,3 +223,13 @@ class Sweeper:
                 conn.execute(provider_events.update().where(provider_events.c.id == row.id)
                              .values(expires_at=now + timedelta(days=30)))
         return len(rows)
+
+
+def _close_review_items(conn: Any, task_id: Any, now: Any) -> None:
+    """An expired task's open review item closes with it: nobody can approve or reject it any more."""
+    conn.execute(review_items.update().where(
+        review_items.c.task_id == task_id,
+        review_items.c.state.in_([ReviewState.PENDING.value, ReviewState.CLAIMED.value]))
+        .values(state=ReviewState.EXPIRED.value, decided_by="sweeper", decided_at=now,
+                note="task expired while waiting for review"))
+    conn.execute(generation_tasks.update().where(_t.id == task_id).values(review_state=ReviewState.EXPIRED.value))

@@ -375,3 +375,19 @@ def test_late_media_request_after_the_review_hold_changes_nothing(tmp_path: Path
     assert history(s.ctx, s.task_id).count(("POST_PROCESSING", "MANUAL_REVIEW")) == 1
     assert_only_reserved(s.ctx, s.task_id)
     s.ctx.close()
+
+
+def test_a_held_task_that_passes_its_deadline_closes_its_review_item(tmp_path: Path, sim: SimHandle) -> None:
+    s = staged(tmp_path, sim, prompt="a fox", media={"review_prompt_terms": ["fox"]})
+    assert s.media() == "held for review"
+    task = task_row(s.ctx, s.task_id)
+    s.ctx.clock.advance((task.deadline_at - s.ctx.clock.now()).total_seconds() + 1)  # type: ignore[attr-defined]
+
+    assert s.ctx.sweeper.sweep().expired == 1
+
+    task = task_row(s.ctx, s.task_id)
+    (item,) = reviews(s)
+    assert task.status == "EXPIRED" and task.review_state == "EXPIRED"
+    assert item.state == "EXPIRED" and item.decided_by == "sweeper"
+    assert_settled(s.ctx, s.task_id)  # the provider delivered: its cost is settled, not released
+    s.ctx.close()
