@@ -1,0 +1,160 @@
+"""`aivedio tui`: the operator's dashboard (DESIGN §13), with k9s keys (ecosystem_anchors §1.5).
+
+Each top-level screen is a Textual mode, so switching with a digit (or `:` name) keeps every screen's cursor,
+filter and pushed detail screens; Esc pops a detail screen, else returns to the previously visited screen.
+
+`mutate()` is the only way a screen changes anything: read-only refusal, the confirmation asking for a reason,
+the audit `Operation`, the service call in a worker, the toast and the refresh are all here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.screen import ModalScreen, Screen
+
+from aivedio_engine.services.operations import Operation, current_operator
+from tui.commands import ScreensProvider
+from tui.mutation import Mutation, explain
+from tui.screens.capacity import CapacityScreen
+from tui.screens.ledger import LedgerScreen
+from tui.screens.overview import OverviewScreen
+from tui.screens.replay import ReplayScreen
+from tui.screens.review import ReviewScreen
+from tui.screens.tasks import TaskDetailScreen, TasksScreen
+from tui.screens.unknown import UnknownScreen
+from tui.styles import CSS
+from tui.widgets import ConfirmModal, HelpScreen
+
+if TYPE_CHECKING:
+    from aivedio_engine.bootstrap import AppContext
+    from tui.data import EngineData
+    from tui.screens.base import OpsScreen
+
+
+@dataclass(frozen=True)
+class Entry:
+    mode: str
+    key: str
+    title: str
+    help: str
+    screen: type[Screen[Any]]
+    aliases: tuple[str, ...] = ()
+
+
+ENTRIES = (
+    Entry("overview", "1", "Overview", "counts, queue age, outbox, providers, alerts", OverviewScreen, ("ov", "home")),
+    Entry("tasks", "2", "Tasks", "all tasks, filter, Enter for the timeline", TasksScreen, ("jobs", "t")),
+    Entry("review", "3", "Review queue", "claim, approve, reject held outputs", ReviewScreen, ("rv", "queue")),
+    Entry("unknown", "4", "SUBMIT_UNKNOWN", "ambiguous submits, reconcile now", UnknownScreen,
+          ("su", "reconcile", "ambiguous")),
+    Entry("replay", "5", "DLQ / orphans", "dead letters, orphan events, DEAD outbox rows; replay", ReplayScreen,
+          ("dlq", "orphans", "outbox", "dead")),
+    Entry("ledger", "6", "Ledger", "tenant balances and entries", LedgerScreen, ("credits", "balance")),
+    Entry("capacity", "7", "Capacity", "live capacity model from measured rates", CapacityScreen,
+          ("cap", "slots")),
+)
+#: actions that would act behind an open modal (a confirmation, the help, the palette): ignored there
+_NOT_IN_MODALS = {"goto", "help", "back", "command_palette"}
+
+
+class AivedioApp(App[None]):
+    TITLE = "aivedio"
+    CSS = CSS
+    MODES = {e.mode: e.screen for e in ENTRIES}
+    DEFAULT_MODE = "overview"
+    COMMANDS = App.COMMANDS | {ScreensProvider}
+    BINDINGS = [
+        Binding("question_mark", "help", "Help"),
+        Binding("colon", "command_palette", "Go to…"),
+        Binding("escape", "back", "Back", show=False),
+        Binding("q", "quit", "Quit", show=False),
+        *(Binding(e.key, f"goto('{e.mode}')", e.title, show=False) for e in ENTRIES),
+    ]
+
+    def __init__(self, data: EngineData, *, readonly: bool = False, operator: str | None = None,
+                 refresh_s: float | None = 2.0) -> None:
+        super().__init__()
+        self.data = data
+        self.readonly = readonly
+        self.operator = operator or current_operator()
+        #: live refresh period of the overview; None: only on demand (r) and when a screen is shown again
+        self.refresh_s = refresh_s
+        self.entries = ENTRIES
+        self.history: list[str] = []
+        self.sub_title = f"{data.describe} · {self.operator}" + (" · READ-ONLY" if readonly else "")
+
+    # --- navigation -------------------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return not (action in _NOT_IN_MODALS and isinstance(self.screen, ModalScreen))
+
+    def action_goto(self, mode: str) -> None:
+        if mode == self.current_mode:
+            return
+        self.history = [m for m in self.history if m != self.current_mode][-20:] + [self.current_mode]
+        self.switch_mode(mode)
+
+    def action_back(self) -> None:
+        if len(self.screen_stack) > 1:
+            self.pop_screen()
+        elif self.history:
+            self.switch_mode(self.history.pop())
+
+    def open_task(self, task_id: uuid.UUID) -> None:
+        self.action_goto("tasks")
+        self.push_screen(TaskDetailScreen(task_id))
+
+    def action_help(self) -> None:
+        screen = self.screen
+        own = screen.help_keys() if hasattr(screen, "help_keys") else []
+        name = getattr(screen, "NAME", "") or type(screen).__name__
+        everywhere = [(e.key, e.title) for e in ENTRIES] + [
+            (":", "go to a screen or task id"), ("Ctrl+P", "command palette"), ("Esc", "back"),
+            ("?", "this help"), ("q", "quit")]
+        self.push_screen(HelpScreen(name, own, everywhere, self.readonly))
+
+    # --- the one mutation path --------------------------------------------------------------------------------
+
+    def mutate(self, mutation: Mutation, screen: OpsScreen) -> None:
+        if self.readonly:
+            self.notify(f"read-only session: {mutation.command} refused", title="refused", severity="error")
+            return
+
+        def confirmed(reason: str | None) -> None:
+            if reason is None:
+                self.notify("cancelled: nothing changed", title=mutation.command)
+            else:
+                self._apply(mutation, reason, screen)
+
+        self.push_screen(ConfirmModal(mutation.title, mutation.lines, reason_required=mutation.reason_required),
+                         confirmed)
+
+    @work(thread=True, group="mutations", exit_on_error=False)
+    def _apply(self, mutation: Mutation, reason: str, screen: OpsScreen) -> None:
+        op = Operation(command=mutation.command, reason=reason or None, actor=self.operator, args=mutation.args)
+        try:
+            message = mutation.run(op)
+        except Exception as exc:  # noqa: BLE001 - a refusal (Conflict, IllegalState …) is news for the operator
+            self.call_from_thread(self.notify, explain(exc), title=f"{mutation.command}: not done",
+                                  severity="error", timeout=10)
+        else:
+            self.call_from_thread(self.notify, message, title=mutation.command)
+        self.call_from_thread(self._refresh, screen)
+
+    @staticmethod
+    def _refresh(screen: OpsScreen) -> None:
+        if screen.is_attached:  # the operator may have left a detail screen while the change ran
+            screen.reload()
+
+
+def run(ctx: AppContext, *, readonly: bool = False, refresh_s: float | None = 2.0) -> None:
+    """Run the dashboard on `ctx` until the operator quits (called by `aivedio tui`)."""
+    from tui.data import EngineData
+
+    AivedioApp(EngineData(ctx), readonly=readonly, refresh_s=refresh_s).run()

@@ -1,0 +1,83 @@
+"""Ledger: every tenant's balance against its ledger sum, and the entries of the highlighted tenant."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable
+from textual.worker import get_current_worker
+
+from aivedio_engine.services.ledger_ops import Balance
+from tui.data import fmt_money
+from tui.mutation import explain
+from tui.screens.base import OpsScreen
+
+
+class LedgerScreen(OpsScreen):
+    NAME = "Ledger"
+    FILTER_HINT = "filter: words that must appear in the tenant's name or id; empty clears"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.balances: list[Balance] = []
+        self.entries_of: uuid.UUID | None = None
+
+    def compose_body(self) -> ComposeResult:
+        with Vertical(id="ledger-body"):
+            balances: DataTable[Any] = DataTable(id="balances", cursor_type="row", zebra_stripes=True)
+            for label, key in (("tenant", "tenant"), ("id", "id"), ("balance", "balance"),
+                               ("ledger sum", "sum"), ("held by open tasks", "reserved"), ("entries", "entries"),
+                               ("consistent", "ok")):
+                balances.add_column(label, key=key)
+            balances.border_title = "Balances"
+            yield balances
+            entries: DataTable[Any] = DataTable(id="entries", cursor_type="row", zebra_stripes=True)
+            for label, key in (("at", "at"), ("type", "type"), ("amount", "amount"), ("task", "task"),
+                               ("business key", "key"), ("by", "by"), ("reason", "reason")):
+                entries.add_column(label, key=key)
+            entries.border_title = "Entries (newest first)"
+            yield entries
+
+    def fetch(self) -> list[Balance]:
+        words = self.filter_text.lower().split()
+        return [b for b in self.ops.data.balances() if all(w in f"{b.tenant} {b.tenant_id}".lower() for w in words)]
+
+    def show(self, balances: list[Balance]) -> None:
+        self.balances = balances
+        self.fill(self.query_one("#balances", DataTable), [
+            (str(b.tenant_id), (b.tenant, str(b.tenant_id), fmt_money(b.credit_balance), fmt_money(b.ledger_sum),
+                                fmt_money(b.reserved), str(b.entries), "yes" if b.consistent else "NO"))
+            for b in balances])
+        self.set_status(self.status_for(len(balances), "tenants"))
+        self._tenant_highlighted()
+
+    @on(DataTable.RowHighlighted, "#balances")
+    def _tenant_highlighted(self) -> None:
+        key = self.selected_key(self.query_one("#balances", DataTable))
+        if key is None:
+            self.query_one("#entries", DataTable).clear()
+            return
+        self._load_entries(uuid.UUID(key))
+
+    @work(thread=True, exclusive=True, group="entries", exit_on_error=False)
+    def _load_entries(self, tenant_id: uuid.UUID) -> None:
+        worker = get_current_worker()
+        try:
+            rows = self.ops.data.entries(tenant_id)
+        except Exception as exc:  # noqa: BLE001
+            if not worker.is_cancelled:
+                self.app.call_from_thread(self.notify, explain(exc), title="ledger entries", severity="error")
+            return
+        if not worker.is_cancelled:
+            self.app.call_from_thread(self._show_entries, tenant_id, rows)
+
+    def _show_entries(self, tenant_id: uuid.UUID, rows: list[dict[str, Any]]) -> None:
+        self.entries_of = tenant_id
+        self.fill(self.query_one("#entries", DataTable), [
+            (str(r["id"]), (r["created_at"].strftime("%m-%d %H:%M:%S"), r["entry_type"], fmt_money(r["amount"]),
+                            str(r["task_id"] or ""), r["business_key"], r["created_by"] or "", r["reason"] or ""))
+            for r in rows])

@@ -1,0 +1,107 @@
+"""Overview: the live operational figures (seed 000 §4.10.7), re-read every few seconds in a worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid
+from textual.timer import Timer
+from textual.widgets import DataTable
+
+from tui.data import Overview, fmt_age, fmt_money
+from tui.screens.base import OpsScreen
+
+#: (row key, label) of the key-figures table, in display order
+FIGURES = (
+    ("queue_depth", "queued tasks"),
+    ("queue_p95", "queue age p95"),
+    ("queue_oldest", "oldest queued"),
+    ("submit_unknown", "SUBMIT_UNKNOWN"),
+    ("outbox_due", "outbox due"),
+    ("outbox_oldest", "outbox oldest age"),
+    ("dead_letters", "DLQ (not replayed)"),
+    ("orphans", "orphan provider events"),
+    ("reserved", "reserved credits"),
+    ("reserved_age", "oldest reservation"),
+    ("alerts", "open alerts"),
+)
+
+
+def _table(id_: str, *columns: tuple[str, str]) -> DataTable[Any]:
+    table: DataTable[Any] = DataTable(id=id_, cursor_type="none", zebra_stripes=True)
+    for label, key in columns:
+        table.add_column(label, key=key)
+    return table
+
+
+class OverviewScreen(OpsScreen):
+    NAME = "Overview"
+    BINDINGS = [Binding("p", "pause", "Pause/resume live refresh")]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused = False
+        self._timer: Timer | None = None
+        self.overview: Overview | None = None
+
+    def compose_body(self) -> ComposeResult:
+        with Grid(id="overview-grid"):
+            states = _table("states", ("state", "state"), ("tasks", "tasks"))
+            states.border_title = "Unfinished tasks by state"
+            yield states
+            figures = _table("figures", ("figure", "figure"), ("value", "value"))
+            figures.border_title = "Key figures"
+            yield figures
+            providers = _table("providers", ("provider", "provider"), ("active/limit", "active"),
+                               ("unknown", "unknown"), ("orphans", "orphans"))
+            providers.border_title = "Providers"
+            yield providers
+            alerts = _table("alerts", ("raised", "raised"), ("severity", "severity"), ("rule", "rule"),
+                            ("message", "message"))
+            alerts.border_title = "Open alerts"
+            yield alerts
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        if self.ops.refresh_s:
+            self._timer = self.set_interval(self.ops.refresh_s, self._tick)
+
+    def _tick(self) -> None:
+        if not self.paused and self.is_current:
+            self.reload()
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self.notify("live refresh paused" if self.paused else "live refresh resumed")
+        if self.overview is not None:
+            self.set_status(self._status(self.overview))
+
+    def fetch(self) -> Overview:
+        return self.ops.data.overview()
+
+    def show(self, o: Overview) -> None:
+        self.overview = o
+        self.fill(self.query_one("#states", DataTable), [(s, (s, str(n))) for s, n in o.by_status.items()])
+        values = {
+            "queue_depth": str(o.queue_depth), "queue_p95": fmt_age(o.queue_p95_age_s),
+            "queue_oldest": fmt_age(o.queue_oldest_age_s), "submit_unknown": str(o.submit_unknown),
+            "outbox_due": str(o.outbox_due), "outbox_oldest": fmt_age(o.outbox_oldest_age_s),
+            "dead_letters": str(o.dead_letters), "orphans": str(o.orphans),
+            "reserved": fmt_money(o.reserved_credits), "reserved_age": fmt_age(o.reserved_oldest_age_s),
+            "alerts": str(len(o.alerts)),
+        }
+        self.fill(self.query_one("#figures", DataTable), [(k, (label, values[k])) for k, label in FIGURES])
+        self.fill(self.query_one("#providers", DataTable), [
+            (p.name, (p.name, f"{p.active}/{p.limit if p.limit is not None else '∞'}", str(p.unknown),
+                      str(p.orphans))) for p in o.providers])
+        self.fill(self.query_one("#alerts", DataTable), [
+            (f"{i}", (a.raised_at.strftime("%m-%d %H:%M:%S"), a.severity, a.rule, a.message[:120]))
+            for i, a in enumerate(o.alerts)])
+        self.set_status(self._status(o))
+
+    def _status(self, o: Overview) -> str:
+        live = "paused" if self.paused else (f"every {self.ops.refresh_s:g}s" if self.ops.refresh_s else "off")
+        text = f"{sum(o.by_status.values())} unfinished tasks · as of {o.now:%H:%M:%S} UTC · live refresh {live}"
+        return text + (" · read-only" if self.ops.readonly else "")

@@ -1,0 +1,120 @@
+"""The app's CSS. Kept as a string rather than a .tcss file so a wheel install needs no package-data entry."""
+
+CSS = """
+#status-line {
+    height: 1;
+    padding: 0 1;
+    background: $panel;
+    color: $text-muted;
+    width: 1fr;
+}
+
+DataTable {
+    height: 1fr;
+}
+
+DataTable, #review-card, #capacity-notes {
+    border: round $primary 50%;
+    border-title-color: $accent;
+    border-title-style: bold;
+}
+
+#overview-grid {
+    grid-size: 2 2;
+    grid-columns: 1fr 1fr;
+    grid-rows: 1fr 1fr;
+}
+
+#review-body > #review {
+    height: 2fr;
+}
+
+#review-card {
+    height: auto;
+    min-height: 5;
+    padding: 0 1;
+}
+
+#ledger-body > DataTable {
+    height: 1fr;
+}
+
+#capacity-body > DataTable {
+    height: auto;
+    max-height: 14;
+}
+
+#capacity-notes {
+    height: auto;
+    padding: 0 1;
+}
+
+#task-header {
+    height: auto;
+    padding: 0 1;
+    border: round $accent 40%;
+}
+
+ConfirmModal, HelpScreen {
+    align: center middle;
+}
+
+.modal-box {
+    width: 90;
+    max-width: 95%;
+    height: auto;
+    max-height: 90%;
+    padding: 1 2;
+    border: thick $error 60%;
+    background: $surface;
+}
+
+#help-columns {
+    height: auto;
+}
+
+#help-columns > Static {
+    width: 1fr;
+}
+
+HelpScreen .modal-box {
+    border: thick $primary 60%;
+}
+
+.modal-title {
+    text-style: bold;
+    margin-bottom: 1;
+}
+
+.modal-hint {
+    color: $text-muted;
+    margin-top: 1;
+}
+
+.modal-error {
+    color: $error;
+    height: auto;
+}
+
+.modal-buttons {
+    height: auto;
+    align-horizontal: right;
+    margin-top: 1;
+}
+
+.modal-buttons Button {
+    margin-left: 2;
+}
+
+FilterPrompt {
+    align: center bottom;
+}
+
+#filter-box {
+    width: 100%;
+    height: auto;
+    padding: 0 1;
+    background: $surface;
+    border-top: solid $primary;
+}
+"""

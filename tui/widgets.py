@@ -1,0 +1,128 @@
+"""Modals shared by every screen: the confirmation that asks for a reason, the `/` filter prompt and `?` help."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+
+class ConfirmModal(ModalScreen[str | None]):
+    """Says exactly what will change and asks why. Dismisses with the reason (possibly "" when a reason is
+    optional), or None when cancelled. Nothing is changed by the modal itself."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str, lines: Sequence[str], *, reason_required: bool = True,
+                 confirm_label: str = "Confirm", danger: bool = True) -> None:
+        super().__init__()
+        self._title = title
+        self._lines = list(lines)
+        self._required = reason_required
+        self._confirm_label = confirm_label
+        self._danger = danger
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm-box", classes="modal-box"):
+            yield Label(self._title, id="confirm-title", classes="modal-title")
+            yield Static(Text("\n".join(self._lines)), id="confirm-lines")
+            hint = "Reason (required; stored in the audit log)" if self._required else \
+                "Reason (optional; stored in the audit log)"
+            yield Label(hint, classes="modal-hint")
+            yield Input(placeholder="why? e.g. INC-1234 …", id="reason")
+            yield Label("", id="confirm-error", classes="modal-error")
+            with Horizontal(classes="modal-buttons"):
+                yield Button(self._confirm_label, id="confirm", variant="error" if self._danger else "primary")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#reason", Input).focus()
+
+    @on(Input.Submitted, "#reason")
+    @on(Button.Pressed, "#confirm")
+    def _confirm(self) -> None:
+        reason = self.query_one("#reason", Input).value.strip()
+        if self._required and not reason:
+            self.query_one("#confirm-error", Label).update("a reason is required")
+            return
+        self.dismiss(reason)
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class FilterPrompt(ModalScreen[str | None]):
+    """The k9s `/` prompt: one line at the bottom; Enter applies (empty clears), Esc keeps the old filter."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, current: str, hint: str) -> None:
+        super().__init__()
+        self._current = current
+        self._hint = hint
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="filter-box"):
+            yield Label(self._hint, classes="modal-hint")
+            yield Input(value=self._current, placeholder="/ filter …", id="filter")
+
+    def on_mount(self) -> None:
+        self.query_one("#filter", Input).focus()
+
+    @on(Input.Submitted, "#filter")
+    def _apply(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class HelpScreen(ModalScreen[None]):
+    """`?`: the keys of the screen it was opened from, then the keys that work everywhere."""
+
+    BINDINGS = [Binding("escape,question_mark,q", "close", "Close")]
+
+    def __init__(self, screen_title: str, screen_keys: Iterable[tuple[str, str]],
+                 global_keys: Iterable[tuple[str, str]], readonly: bool) -> None:
+        super().__init__()
+        self._screen_title = screen_title
+        self._screen_keys = list(screen_keys)
+        self._global_keys = list(global_keys)
+        self._readonly = readonly
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-box", classes="modal-box"):
+            yield Label(f"Help — {self._screen_title}", classes="modal-title")
+            with Horizontal(id="help-columns"):
+                yield Static(_key_table(self._screen_title, self._screen_keys), id="help-screen-keys")
+                yield Static(_key_table("Everywhere", self._global_keys), id="help-global-keys")
+            if self._readonly:
+                yield Label("read-only session: every action that changes data is refused", classes="modal-error")
+            yield Label("Esc, ? or q closes this help", classes="modal-hint")
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+def _key_table(title: str, keys: Sequence[tuple[str, str]]) -> Text:
+    text = Text()
+    text.append(f"{title}\n", style="bold underline")
+    if not keys:
+        text.append("  (no keys of its own)\n", style="dim")
+    for key, what in keys:
+        text.append(f"  {key:<12}", style="bold")
+        text.append(f"{what}\n")
+    return text
+
+
+def key_label(key: str) -> str:
+    """Binding key names → what is printed on the keycap."""
+    names = {"question_mark": "?", "slash": "/", "colon": ":", "escape": "Esc", "enter": "Enter"}
+    return ",".join(names.get(k, k) for k in key.split(","))
