@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+import structlog
 from sqlalchemy import Connection, Engine
 
 from aivedio_engine.db import tasks
@@ -24,11 +25,35 @@ from aivedio_engine.services.consume import Envelope
 from aivedio_engine.services.errors import NotFound
 
 _e = task_state_events.c
+log = structlog.get_logger("aivedio.tasks")
 
 
-def on_status_changed(notifier: Notifier, envelope: Envelope) -> None:
-    """Consume `task.status.changed`: wake the task's streams. No inbox dedup: streams dedupe by version."""
+def on_status_changed(notifier: Notifier, engine: Engine, envelope: Envelope) -> None:
+    """Consume `task.status.changed`: wake the task's streams (no inbox dedup: streams dedupe by version), and
+    for a terminal status write the task's summary line."""
     notifier.publish(envelope.aggregate_id, envelope.aggregate_version)
+    status = envelope.payload.get("status")
+    if status and TaskStatus(status) in TASK_TERMINAL:
+        log_summary(engine, envelope.aggregate_id)
+
+
+def log_summary(engine: Engine, task_id: uuid.UUID) -> None:
+    """The per-task summary of seed 004 §18 — input and output summaries, provider, cost, time, error,
+    retries — read after the commit, so the settled cost is in it. Never the prompt."""
+    with engine.connect() as conn:
+        row = tasks.read(conn, task_id)
+    if row is None:
+        return
+    params = row.params or {}
+    finished = row.finished_at or row.updated_at
+    log.info("task.finished", task_id=str(row.id), tenant_id=str(row.tenant_id), trace_id=row.trace_id,
+             status=row.status, model=row.requested_model, provider=row.selected_provider,
+             input={"duration_s": params.get("duration_s"), "resolution": params.get("resolution"),
+                    "aspect_ratio": params.get("aspect_ratio"), "references": len(params.get("asset_ids") or [])},
+             output_asset_id=row.output_asset_id and str(row.output_asset_id),
+             estimated_cost=str(row.estimated_cost), actual_cost=row.actual_cost and str(row.actual_cost),
+             seconds=round((finished - row.created_at).total_seconds(), 3), attempts=int(row.current_attempt_no),
+             error_class=row.last_error_class, error_code=row.last_error_code, cancel=row.cancel_outcome)
 
 
 @dataclass(frozen=True, slots=True)

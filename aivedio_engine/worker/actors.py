@@ -105,7 +105,7 @@ def process_media(ctx: AppContext, envelope: Envelope) -> None:
 
 @consumes(EventType.TASK_STATUS_CHANGED, max_retries=3, min_backoff=200, max_backoff=5_000, time_limit=10_000)
 def notify_status_changed(ctx: AppContext, envelope: Envelope) -> None:
-    notifications.on_status_changed(ctx.notifier, envelope)
+    notifications.on_status_changed(ctx.notifier, ctx.engine, envelope)
 
 
 def declare_actors(broker: dramatiq.Broker, ctx: AppContext) -> dict[str, dramatiq.Actor[Any, Any]]:

@@ -73,6 +73,11 @@ def test_generate_logs_json_with_task_ids_and_no_secrets(tmp_path: Path) -> None
     assert {line["actor"] for line in actor_lines} >= {"submit_to_provider", "fetch_output", "process_media"}
     assert all(line["task_id"] == task_id for line in actor_lines)
     assert any(line["logger"] == "httpx" and line.get("task_id") == task_id for line in lines)  # a library's line
+    # seed 004 §18: one summary line per finished task, with the settled cost and no prompt
+    (summary,) = [line for line in lines if line["event"] == "task.finished"]
+    assert summary["task_id"] == task_id and summary["status"] == "SUCCEEDED" and summary["provider"] == "local"
+    assert summary["actual_cost"] and summary["attempts"] == 1 and summary["seconds"] > 0
+    assert summary["input"]["duration_s"] and "prompt" not in summary
 
 
 @pytest.mark.timeout(300)
