@@ -9,8 +9,13 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from aivedio_cli._mutate import DRY_RUN, YES, confirm, operation
 from aivedio_cli._render import ExitCode, emit_json, fail, out
 from aivedio_cli._services import service_context
+from aivedio_engine.services.operations import Operation
+
+#: creating is additive and reversible, so its reason is optional; it is audited either way
+REASON_OPTIONAL = typer.Option(None, "--reason", help="Why (stored in the audit log).")
 
 tenants_app = typer.Typer(help="Tenants: create and list.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys: create (shown once) and revoke.", no_args_is_help=True)
@@ -29,18 +34,25 @@ def create_tenant(
     name: str = typer.Argument(..., help="Unique tenant name."),
     credits: Optional[str] = typer.Option(None, "--credits", help="Initial credits (default: limits.tenant_default_credits)."),
     as_json: bool = typer.Option(False, "--json"),
+    dry_run: bool = DRY_RUN,
+    yes: bool = YES,
+    reason: Optional[str] = REASON_OPTIONAL,
 ) -> None:
-    """Create a tenant with an initial credit grant (booked as a ledger ADJUSTMENT)."""
+    """Create a tenant with an initial credit grant (booked as a ledger ADJUSTMENT). Audited."""
     amount = None
     if credits is not None:
         try:
             amount = Decimal(credits)
         except InvalidOperation:
             fail(f"--credits must be a number, got {credits!r}", ExitCode.USAGE)
+    op = Operation("tenants create", reason, dry_run=dry_run, args={"name": name, "credits": credits})
     with service_context(ctx) as app:
-        tenant = app.tenants.create(name, amount)
+        tenant = app.tenants.create(name, amount, op=op)
     if as_json:
-        emit_json({"tenant_id": str(tenant.id), "name": tenant.name, "credit_balance": str(tenant.credit_balance)})
+        emit_json({"tenant_id": None if dry_run else str(tenant.id), "name": tenant.name,
+                   "credit_balance": str(tenant.credit_balance), "dry_run": dry_run})
+    elif dry_run:
+        out().print(f"dry run: would create tenant [bold]{tenant.name}[/] with {tenant.credit_balance} credits")
     else:
         out().print(f"created tenant [bold]{tenant.name}[/] {tenant.id} with {tenant.credit_balance} credits")
 
@@ -66,10 +78,20 @@ def create_key(
     tenant: str = typer.Option(..., "--tenant", help="Tenant id."),
     name: Optional[str] = typer.Option(None, "--name", help="A label for the key."),
     as_json: bool = typer.Option(False, "--json"),
+    dry_run: bool = DRY_RUN,
+    yes: bool = YES,
+    reason: Optional[str] = REASON_OPTIONAL,
 ) -> None:
-    """Create an API key. It is printed once; only its hash is stored."""
+    """Create an API key. It is printed once; only its hash is stored. Audited (never the key)."""
+    op = Operation("keys create", reason, dry_run=dry_run, args={"tenant": tenant, "name": name})
     with service_context(ctx) as app:
-        key_id, key = app.tenants.create_key(_uuid(tenant, "tenant"), name)
+        key_id, key = app.tenants.create_key(_uuid(tenant, "tenant"), name, op=op)
+    if dry_run:
+        if as_json:
+            emit_json({"tenant_id": tenant, "dry_run": True})
+        else:
+            out().print(f"dry run: would create a key for tenant {tenant}")
+        return
     if as_json:
         emit_json({"api_key": key, "key_id": str(key_id), "tenant_id": tenant})
     else:
@@ -81,11 +103,20 @@ def revoke_key(
     ctx: typer.Context,
     key_id: str = typer.Argument(..., help="Key id (from `keys create`)."),
     as_json: bool = typer.Option(False, "--json"),
+    dry_run: bool = DRY_RUN,
+    yes: bool = YES,
+    reason: Optional[str] = typer.Option(None, "--reason", help="Why (required unless --dry-run; audited)."),
 ) -> None:
     """Revoke a key: requests with it get 401 from now on."""
+    op = operation("keys revoke", reason, dry_run, key_id=key_id)
+    kid = _uuid(key_id, "key")
+    if not dry_run:
+        confirm(f"revoke API key {key_id}?", yes)
     with service_context(ctx) as app:
-        changed = app.tenants.revoke_key(_uuid(key_id, "key"))
+        changed = app.tenants.revoke_key(kid, op=op)
     if as_json:
-        emit_json({"key_id": key_id, "revoked": True, "changed": changed})
+        emit_json({"key_id": key_id, "revoked": not dry_run, "changed": changed and not dry_run, "dry_run": dry_run})
+    elif dry_run:
+        out().print(f"dry run: would revoke {key_id}" if changed else f"{key_id} is already revoked")
     else:
         out().print(f"revoked {key_id}" if changed else f"{key_id} was already revoked")

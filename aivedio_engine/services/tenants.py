@@ -15,6 +15,7 @@ from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
 from aivedio_engine.db import ledger
 from aivedio_engine.db.session import write_tx
+from aivedio_engine.services.operations import Operation, record
 from aivedio_engine.db.tables import api_keys, tenants
 from aivedio_engine.domain.status import LedgerEntryType, TenantStatus
 from aivedio_engine.services.errors import Conflict, InvalidInput, NotFound
@@ -49,7 +50,8 @@ class TenantService:
         self._clock = clock
         self._settings = settings
 
-    def create(self, name: str, credits: Decimal | None = None, max_concurrency: int | None = None) -> TenantView:
+    def create(self, name: str, credits: Decimal | None = None, max_concurrency: int | None = None,
+               op: Operation | None = None) -> TenantView:
         name = name.strip()
         if not name or len(name) > 128:
             raise InvalidInput("tenant name must be 1-128 characters")
@@ -61,6 +63,9 @@ class TenantService:
         with write_tx(self._engine) as conn:
             if conn.execute(sa.select(tenants.c.id).where(tenants.c.name == name)).first():
                 raise Conflict(f"a tenant named {name!r} already exists")
+            if op is not None and op.dry_run:
+                record(conn, op, affected_ids=[], outcome="would_create", now=now)
+                return TenantView(tenant_id, name, TenantStatus.ACTIVE.value, amount, 0)
             conn.execute(tenants.insert().values(
                 id=tenant_id, name=name, status=TenantStatus.ACTIVE.value, credit_balance=0,
                 max_concurrency=max_concurrency, created_at=now, updated_at=now,
@@ -68,7 +73,9 @@ class TenantService:
             if amount:
                 ledger.post(conn, tenant_id=tenant_id, entry_type=LedgerEntryType.ADJUSTMENT, amount=amount,
                             business_key=f"adjustment:tenant:{tenant_id}:initial", now=now,
-                            created_by="cli", reason="initial credits")
+                            created_by=op.actor if op else "cli", reason="initial credits")
+            if op is not None:
+                record(conn, op, affected_ids=[tenant_id], outcome="created", now=now)
         return TenantView(tenant_id, name, TenantStatus.ACTIVE.value, amount, 0)
 
     def list(self) -> list[TenantView]:
@@ -81,29 +88,38 @@ class TenantService:
         with self._engine.connect() as conn:
             return [TenantView(*row) for row in conn.execute(stmt)]
 
-    def create_key(self, tenant_id: uuid.UUID, name: str | None = None) -> tuple[uuid.UUID, str]:
+    def create_key(self, tenant_id: uuid.UUID, name: str | None = None,
+                   op: Operation | None = None) -> tuple[uuid.UUID, str]:
         """Returns (key id, the key itself). The key is not stored and cannot be shown again."""
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         key_id = new_id()
         with write_tx(self._engine) as conn:
             if not conn.execute(sa.select(tenants.c.id).where(tenants.c.id == tenant_id)).first():
                 raise NotFound(f"tenant {tenant_id} not found")
+            if op is not None and op.dry_run:
+                record(conn, op, affected_ids=[tenant_id], outcome="would_create", now=self._clock.now())
+                return key_id, ""
             conn.execute(api_keys.insert().values(
                 id=key_id, tenant_id=tenant_id, key_hash=hash_key(key), prefix=key[:12], name=name,
                 created_at=self._clock.now(),
             ))
+            if op is not None:  # the key itself is never recorded, only its id
+                record(conn, op, affected_ids=[tenant_id, key_id], outcome="created", now=self._clock.now())
         return key_id, key
 
-    def revoke_key(self, key_id: uuid.UUID) -> bool:
-        """Revoke a key by id; False when it was already revoked."""
+    def revoke_key(self, key_id: uuid.UUID, op: Operation | None = None) -> bool:
+        """Revoke a key by id; False when it was already revoked (or, for a dry run, would be)."""
         with write_tx(self._engine) as conn:
             row = conn.execute(sa.select(api_keys.c.revoked_at).where(api_keys.c.id == key_id)).first()
             if row is None:
                 raise NotFound(f"api key {key_id} not found")
-            if row.revoked_at is not None:
-                return False
-            conn.execute(api_keys.update().where(api_keys.c.id == key_id).values(revoked_at=self._clock.now()))
-        return True
+            changed = row.revoked_at is None
+            if changed and not (op and op.dry_run):
+                conn.execute(api_keys.update().where(api_keys.c.id == key_id).values(revoked_at=self._clock.now()))
+            if op is not None:
+                record(conn, op, affected_ids=[key_id], outcome="revoked" if changed else "already",
+                       now=self._clock.now())
+        return changed
 
     def local_principal(self, name: str = "local") -> Principal:
         """Embedded mode's own user: the tenant `name` with a key, created with the default credits on first use."""
