@@ -55,15 +55,18 @@ class AppContext:
     clock: Clock = field(default_factory=SystemClock)
     #: set after a commit that wrote outbox rows (embedded mode); relays wait on it.
     outbox_wakeup: threading.Event = field(default_factory=threading.Event)
+    #: set after a commit that made a task ready or freed a slot (embedded mode); the dispatcher waits on it.
+    dispatch_wakeup: threading.Event = field(default_factory=threading.Event)
 
     @shared_property
     def engine(self) -> Engine:
-        from aivedio_engine.db import outbox
+        from aivedio_engine.db import wakeup
         from aivedio_engine.db.engine import make_engine
 
         engine = make_engine(self.settings)
         if not self.settings.is_postgres:
-            outbox.install_commit_wakeup(engine, self.outbox_wakeup)
+            wakeup.install_commit_hooks(engine, {wakeup.OUTBOX: self.outbox_wakeup,
+                                                 wakeup.DISPATCH: self.dispatch_wakeup})
         return engine
 
     @shared_property

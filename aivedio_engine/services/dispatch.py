@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
-from aivedio_engine.db import attempts, outbox, tasks
+from aivedio_engine.db import attempts, outbox, tasks, wakeup
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import generation_tasks, task_attempts, tenants
 from aivedio_engine.domain import admission
@@ -167,4 +167,8 @@ def release_if_finished(engine: Engine, slots: SlotStore, attempt_id: uuid.UUID)
         if state is None or state not in {s.value for s in ATTEMPT_TERMINAL}:
             return False
         lease = attempt_lease(conn, attempt_id)
-    return lease is not None and slots.release(lease)
+    released = lease is not None and slots.release(lease)
+    if released:  # a freed slot may admit a waiting task: wake the dispatcher
+        with engine.begin() as conn:
+            wakeup.notify(conn, wakeup.DISPATCH)
+    return released

@@ -12,6 +12,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
 
+from aivedio_engine.db import wakeup
 from aivedio_engine.db.tables import generation_tasks
 from aivedio_engine.domain.status import TaskStatus
 from aivedio_engine.services.consume import Envelope, Outcome, consume_once
@@ -35,6 +36,7 @@ def mark_ready_for_dispatch(engine: Engine, envelope: Envelope, *, now: datetime
             .values(next_action_at=now)
         ).rowcount
         if updated:
+            wakeup.notify(conn, wakeup.DISPATCH)  # the dispatcher looks now, not at its next tick
             return "ready"
         # Why not: kept in the inbox digest so an operator can tell a stale event from a missing task.
         current = conn.execute(sa.select(t.status, t.version).where(t.id == envelope.aggregate_id)).first()

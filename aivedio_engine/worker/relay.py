@@ -29,6 +29,7 @@ from sqlalchemy import Connection, Engine
 from aivedio_engine.clock import Clock
 from aivedio_engine.db.engine import SQLITE_BEGIN_OPTION
 from aivedio_engine.db.outbox import NOTIFY_CHANNEL
+from aivedio_engine.db.wakeup import Waiter
 from aivedio_engine.db.tables import outbox_events
 from aivedio_engine.domain.events import BY_ACTOR, EventType
 from aivedio_engine.domain.status import OutboxStatus
@@ -185,14 +186,10 @@ class Relay:
 
     def run_forever(self, stop: threading.Event) -> None:
         """Publish until `stop` is set; returns within a fraction of a second of it."""
-        listener: Any = None
+        waiter = Waiter(self.engine, NOTIFY_CHANNEL, self.wakeup)
         try:
+            waiter.listen()  # before the first claim: a commit racing with it still wakes the next wait
             while not stop.is_set():
-                if self._postgres and listener is None:
-                    # LISTEN before checking the table, so a commit racing with the check still wakes us
-                    listener = self._listen()
-                if self.wakeup is not None:
-                    self.wakeup.clear()
                 try:
                     result = self.run_batch()
                 except Exception:  # noqa: BLE001 - a database or failpoint error must not end the relay
@@ -202,49 +199,17 @@ class Relay:
                 self.ready.set()
                 if result.claimed >= self.batch_size and not result.failed:
                     continue  # a backlog: keep draining without waiting
-                listener = self._wait(listener, stop)
+                self._wait(waiter, stop)
         finally:
-            if listener is not None:
-                _close_quietly(listener)
+            waiter.close()
 
-    def _wait(self, listener: Any, stop: threading.Event) -> Any:
-        """Block until a wake-up, the fallback interval or `stop`; returns the (possibly dropped) listener."""
+    def _wait(self, waiter: Waiter, stop: threading.Event) -> None:
+        """Block until a wake-up, the fallback interval or `stop`."""
         deadline = time.monotonic() + self.fallback_interval_s
         while not stop.is_set():
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return listener
-            step = min(remaining, _STOP_CHECK_S)
-            if listener is not None:
-                try:
-                    if any(True for _ in listener.notifies(timeout=step, stop_after=1)):
-                        # one claim query answers a whole burst of commits: drop what else is queued
-                        for _ in listener.notifies(timeout=0):
-                            pass
-                        return listener
-                except Exception as exc:  # noqa: BLE001 - fall back to the interval until it reconnects
-                    log.warning("outbox LISTEN connection lost (%s); reconnecting", one_line_error(exc))
-                    _close_quietly(listener)
-                    return None
-            elif self.wakeup is not None:
-                if self.wakeup.wait(step):
-                    return listener
-            else:
-                stop.wait(step)
-        return listener
-
-    def _listen(self) -> Any:
-        import psycopg
-
-        url = self.engine.url.set(drivername="postgresql")
-        try:
-            conn = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True, connect_timeout=5)
-            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        except Exception as exc:  # noqa: BLE001 - without LISTEN the fallback interval still publishes
-            log.warning("outbox LISTEN failed (%s); using the %.1fs fallback interval",
-                        one_line_error(exc), self.fallback_interval_s)
-            return None
-        return conn
+            if remaining <= 0 or waiter.wait(min(remaining, _STOP_CHECK_S)):
+                return
 
 
 def _message(row: sa.Row[Any]) -> dramatiq.Message[Any]:
@@ -272,10 +237,3 @@ def _message(row: sa.Row[Any]) -> dramatiq.Message[Any]:
         options={},
         message_id=str(row.id),
     )
-
-
-def _close_quietly(conn: Any) -> None:
-    try:
-        conn.close()
-    except Exception:  # noqa: BLE001
-        pass

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import dramatiq
 
+from aivedio_engine.db import wakeup
+from aivedio_engine.db.wakeup import Waiter
 from aivedio_engine.worker.actors import declare_actors
 from aivedio_engine.worker.broker import setup_broker
 from aivedio_engine.worker.relay import Relay
@@ -33,7 +35,7 @@ IMPLEMENTED = frozenset(ROLES)
 WORKER_SHUTDOWN_TIMEOUT_MS = 30_000
 _JOIN_TIMEOUT_S = 10.0
 _SIGNAL_CHECK_S = 0.1
-#: the dispatcher and poller run this often; slots free up and polls come due continuously
+#: the dispatcher and poller run at least this often; a task becoming ready or a slot freed wakes them at once
 SCHEDULER_INTERVAL_S = 0.5
 
 
@@ -90,7 +92,7 @@ class Runtime:
             self.relays.append(relay)
             self._spawn("aivedio-relay", relay.run_forever, self.stop)
         if "scheduler" in self.roles:
-            self._spawn("aivedio-scheduler", self._loop, self._schedule, SCHEDULER_INTERVAL_S)
+            self._spawn("aivedio-scheduler", self._schedule_forever)
         if "sweeper" in self.roles:
             self._spawn("aivedio-sweeper", self._loop, self.ctx.sweeper.sweep, settings.sweeper.interval_s)
         if "api" in self.roles:
@@ -127,15 +129,26 @@ class Runtime:
         self.ctx.dispatcher.run_once()
         self.ctx.sync.poll_due()
 
-    def _loop(self, step: Any, interval_s: float) -> None:
-        """Run `step` every `interval_s` until stopped; a failing step is logged and retried next tick, since the
-        database holds all state and the next pass picks up where this one failed."""
+    def _schedule_forever(self) -> None:
+        waiter = Waiter(self.ctx.engine, wakeup.DISPATCH, self.ctx.dispatch_wakeup)
+        try:
+            self._loop(self._schedule, SCHEDULER_INTERVAL_S, waiter.wait)
+        finally:
+            waiter.close()
+
+    def _loop(self, step: Any, interval_s: float, wait: Any = None) -> None:
+        """Run `step` every `interval_s` (or sooner, when `wait` returns early) until stopped; a failing step is
+        logged and retried next tick, since the database holds all state and the next pass picks up where this
+        one failed."""
         while not self.stop.is_set():
             try:
                 step()
             except Exception:  # noqa: BLE001 - see docstring
                 log.exception("periodic step %s failed", getattr(step, "__name__", step))
-            self.stop.wait(interval_s)
+            if wait is None:
+                self.stop.wait(interval_s)
+            else:
+                wait(interval_s)
 
     def _serve_api(self) -> None:
         # imported here: processes without the api role never load the HTTP stack
