@@ -431,3 +431,23 @@ def wait_for_quiet(max_wait_s: float, busy_below: float = 0.25, window_s: float 
     while busy >= busy_below and time.monotonic() - start < max_wait_s:
         busy = box_busy(window_s)
     return {"busy_fraction": round(busy, 3), "waited_s": round(time.monotonic() - start, 1)}
+
+
+def redis_cleanup(redis_url: str, prefix: str) -> int:
+    """Delete every key under a benchmark's private prefix; returns how many went."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    n = 0
+    try:
+        batch = []
+        for key in r.scan_iter(match=f"{prefix}*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                n += r.delete(*batch)
+                batch = []
+        if batch:
+            n += r.delete(*batch)
+    finally:
+        r.close()
+    return n

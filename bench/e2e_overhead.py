@@ -94,7 +94,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -1229,7 +1229,7 @@ def run(args: argparse.Namespace) -> int:
                 except BenchError as exc:
                     print(f"warning: could not drop {db}: {exc}", file=sys.stderr)
         try:
-            doc["redis_keys_deleted"] = _redis_cleanup(args.redis_url, key_prefix)
+            doc["redis_keys_deleted"] = common.redis_cleanup(args.redis_url, key_prefix)
         except Exception as exc:  # noqa: BLE001
             print(f"warning: Redis cleanup of {key_prefix}* failed: {exc}", file=sys.stderr)
         doc["finished"] = common.utc_now()
@@ -1244,25 +1244,6 @@ def _scheduler_interval() -> float:
     from aivedio_engine.worker.runtime import SCHEDULER_INTERVAL_S
 
     return SCHEDULER_INTERVAL_S
-
-
-def _redis_cleanup(redis_url: str, prefix: str) -> int:
-    import redis
-
-    r = redis.Redis.from_url(redis_url)
-    n = 0
-    try:
-        batch: list[Any] = []
-        for key in r.scan_iter(match=f"{prefix}*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                n += r.delete(*batch)
-                batch = []
-        if batch:
-            n += r.delete(*batch)
-    finally:
-        r.close()
-    return n
 
 
 # ------------------------------------------------------------------------------------------- summary
@@ -1490,7 +1471,7 @@ def render(doc: dict[str, Any]) -> str:
         srows.append(cells)
     out += ["", "Where the time goes (ms; consecutive stages along the path from state-event timestamps, the "
                 "webhook's received_at and the client's clocks; they sum to the headline; median over all reps):",
-            table(["stage", "idle p50", "idle p99", f"load p50", f"load p99"], srows)]
+            table(["stage", "idle p50", "idle p99", "load p50", "load p99"], srows)]
 
     # CPU
     crows = []

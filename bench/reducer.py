@@ -573,25 +573,6 @@ def actor_inproc_point(settings: Any, sl: Slice, warm: Slice, threads: int, db: 
         ctx.close()
 
 
-def redis_cleanup(redis_url: str, prefix: str) -> int:
-    import redis
-
-    r = redis.Redis.from_url(redis_url)
-    n = 0
-    try:
-        batch = []
-        for key in r.scan_iter(match=f"{prefix}*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                n += r.delete(*batch)
-                batch = []
-        if batch:
-            n += r.delete(*batch)
-    finally:
-        r.close()
-    return n
-
-
 # ------------------------------------------------------------------------------------------ round trips
 _RFQ = re.compile(r"^B\t\d+\tReadyForQuery\b")
 _FRONT = re.compile(r"^F\t\d+\t(\w+)\t?(.*)$", re.S)
@@ -1044,7 +1025,7 @@ def run(args: argparse.Namespace) -> int:
                 except BenchError as exc:
                     print(f"warning: could not drop {db}: {exc}", file=sys.stderr)
         try:
-            doc["redis_keys_deleted"] = redis_cleanup(cfg.redis_url, cfg.key_prefix)
+            doc["redis_keys_deleted"] = common.redis_cleanup(cfg.redis_url, cfg.key_prefix)
         except Exception as exc:  # noqa: BLE001
             print(f"warning: Redis cleanup of {cfg.key_prefix}* failed: {exc}", file=sys.stderr)
         doc["finished"] = common.utc_now()

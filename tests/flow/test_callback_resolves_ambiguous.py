@@ -12,7 +12,7 @@ from aivedio_engine.db.tables import alerts, task_attempts, task_state_events
 from tests.support.app import running_api
 from tests.support.flow import Driver, create_tasks, sim_context
 from tests.support.pump import Pump
-from tests.support.sim import running_sim, wait_until
+from tests.support.sim import running_sim
 
 
 def test_a_callback_with_our_request_key_binds_the_ambiguous_job(tmp_path: Path) -> None:
@@ -21,15 +21,7 @@ def test_a_callback_with_our_request_key_binds_the_ambiguous_job(tmp_path: Path)
         with running_api(ctx) as base:
             sim.configure(webhook_url=f"{base}/v1/callbacks/sim")
             create_tasks(ctx, 5)
-            drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=3)
-            original_round = drv.round
-
-            def round_with_callbacks() -> None:
-                original_round()
-                wait_until(lambda: sim.truth()["callbacks"]["pending"] == 0, timeout_s=30,
-                           what="sim callbacks delivered")
-
-            drv.round = round_with_callbacks  # type: ignore[method-assign]
+            drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=3, callbacks=True)
             drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"), max_rounds=40)
         truth = sim.truth()
         with ctx.engine.connect() as conn:

@@ -12,7 +12,7 @@ from aivedio_engine.db.tables import provider_events, task_state_events
 from tests.support.app import running_api
 from tests.support.flow import Driver, create_tasks, sim_context
 from tests.support.pump import Pump
-from tests.support.sim import SECRET, running_sim, wait_until
+from tests.support.sim import SECRET, running_sim
 
 
 def test_faulty_callbacks_converge(tmp_path: Path, pg_url: str) -> None:
@@ -22,15 +22,7 @@ def test_faulty_callbacks_converge(tmp_path: Path, pg_url: str) -> None:
         with running_api(ctx) as base:
             sim.configure(webhook_url=f"{base}/v1/callbacks/sim")
             create_tasks(ctx, 80)
-            drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=4)
-            original_round = drv.round
-
-            def round_with_callbacks() -> None:
-                original_round()
-                wait_until(lambda: sim.truth()["callbacks"]["pending"] == 0, timeout_s=30,
-                           what="sim callbacks delivered")
-
-            drv.round = round_with_callbacks  # type: ignore[method-assign]
+            drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=4, callbacks=True)
             drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"), max_rounds=150)
             stats = sim.truth()["callbacks"]
         assert stats["duplicates"] > 0 and stats["dropped"] > 0 and stats["reordered"] > 0 and stats["early"] > 0

@@ -13,7 +13,7 @@ from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.tables import generation_tasks, task_attempts
 from tests.support.app import FakeClock, make_context, tenant_with_key
 from tests.support.pump import Pump
-from tests.support.sim import SimHandle
+from tests.support.sim import SimHandle, wait_until
 
 
 def sim_context(tmp_path: Path, sim: SimHandle, database_url: str | None = None, *,
@@ -38,6 +38,8 @@ class Driver:
     sim: SimHandle
     pump: Pump
     step_s: float = 6.0
+    #: the sim sends real webhooks (to a running API): each round waits until they are all delivered
+    callbacks: bool = False
 
     def round(self) -> None:
         self.ctx.dispatcher.run_once(max_picks=200)
@@ -46,6 +48,9 @@ class Driver:
         self.pump.run()
         self.ctx.clock.advance(self.step_s)  # type: ignore[attr-defined]
         self.sim.advance(self.step_s)
+        if self.callbacks:
+            wait_until(lambda: self.sim.truth()["callbacks"]["pending"] == 0, timeout_s=30,
+                       what="sim callbacks delivered")
 
     def run_until(self, done: Any, max_rounds: int = 200) -> int:
         for i in range(max_rounds):
