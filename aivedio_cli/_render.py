@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from enum import IntEnum
 from typing import Any, NoReturn
 
@@ -30,6 +31,14 @@ def fail(message: str, code: ExitCode = ExitCode.FAILED) -> NoReturn:
     first_line = message.strip().splitlines()[0] if message.strip() else "unknown error"
     print(f"error: {first_line}", file=sys.stderr)
     raise typer.Exit(int(code))
+
+
+def parse_id(value: str, what: str) -> uuid.UUID:
+    """A UUID argument, or a one-line usage error naming what was expected."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        fail(f"not a {what} id: {value!r}", ExitCode.USAGE)
 
 
 def emit_json(data: Any) -> None:

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from aivedio_cli._mutate import DRY_RUN, REASON, YES, confirm, operation
-from aivedio_cli._render import ExitCode, emit_json, fail, out
+from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id
 from aivedio_cli._services import service_context
 from aivedio_engine.services.errors import Conflict, InsufficientCredits
 
@@ -28,12 +28,7 @@ JSON = typer.Option(False, "--json", help="JSON on stdout.")
 
 
 def _uuid(value: Optional[str], what: str) -> Optional[uuid.UUID]:
-    if value is None:
-        return None
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        fail(f"not a {what} id: {value!r}", ExitCode.USAGE)
+    return None if value is None else parse_id(value, what)
 
 
 def _plain(value: Any) -> Any:

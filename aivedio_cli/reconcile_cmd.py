@@ -16,9 +16,9 @@ import typer
 from rich.console import Console
 
 from aivedio_cli._mutate import DRY_RUN, PLAN, PLAN_OUT, REASON, YES, confirm, operation, read_plan, write_plan
-from aivedio_cli._render import ExitCode, emit_json, fail, out
+from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id
 from aivedio_cli._services import service_context
-from aivedio_cli.tasks_cmd import duration_opt, id_arg, id_table, print_table, wide
+from aivedio_cli.tasks_cmd import duration_opt, id_table, print_table, wide
 from aivedio_engine.services.reconcile_ops import COMMAND, Candidate, Outcome, ReconcileOps
 from aivedio_engine.services.task_ops import jsonable
 
@@ -52,7 +52,7 @@ def reconcile(
     if plan is not None and (task or provider or older_than):
         fail("--plan applies exactly the saved set: do not combine it with --task, --provider or --older-than",
              ExitCode.USAGE)
-    task_id = id_arg(task) if task else None
+    task_id = parse_id(task, "task") if task else None
     age = duration_opt(older_than, "--older-than")
     preview_only = dry_run or plan_out is not None
     filters = {"task": task, "provider": provider, "older_than": older_than, "limit": limit}
@@ -80,7 +80,7 @@ def reconcile(
 
 
 def _plan_ids(path: Path) -> list[uuid.UUID]:
-    return [id_arg(i, "task id in the plan") for i in read_plan(path, COMMAND)]
+    return [parse_id(i, "task (in the plan)") for i in read_plan(path, COMMAND)]
 
 
 def _render_preview(found: list[Candidate], as_json: bool, plan_out: Optional[Path]) -> None:

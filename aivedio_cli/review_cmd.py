@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, Optional
 
 import typer
 
 from aivedio_cli._mutate import DRY_RUN, REASON, YES, confirm, operation
-from aivedio_cli._render import ExitCode, emit_json, fail, out
+from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id
 from aivedio_cli._services import service_context
 from aivedio_engine.services.operations import Operation, current_operator
 from aivedio_engine.services.review import DEFAULT_TTL_S, LIST_STATES, Decided, ReviewService
@@ -18,13 +17,6 @@ app = typer.Typer(help="Manual review queue: list, claim, approve, reject.", no_
 ITEM = typer.Argument(..., help="Review item id (or the id of a task with an open review item).")
 AS = typer.Option(None, "--as", help="Reviewer name (default: $AIVEDIO_OPERATOR, else user@host).")
 JSON = typer.Option(False, "--json", help="Print JSON.")
-
-
-def _item(value: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        fail(f"not a review item or task id: {value!r}", ExitCode.USAGE)
 
 
 @app.command("list")
@@ -65,7 +57,7 @@ def claim(
     as_json: bool = JSON,
 ) -> None:
     """Claim an item so no other reviewer decides it; claiming your own item again extends the claim."""
-    ref = _item(item)
+    ref = parse_id(item, "review item or task")
     reviewer = as_ or current_operator()
     op = Operation(command="review claim", reason=None, dry_run=dry_run,
                    args={"item": item, "reviewer": reviewer, "ttl_s": ttl})
@@ -96,7 +88,7 @@ def reject(ctx: typer.Context, item: str = ITEM, reason: Optional[str] = REASON,
 
 def _decide(ctx: typer.Context, verb: str, item: str, reason: Optional[str], as_: Optional[str], yes: bool,
             dry_run: bool, as_json: bool) -> None:
-    ref = _item(item)
+    ref = parse_id(item, "review item or task")
     reviewer = as_ or current_operator()
     op = operation(f"review {verb}", reason, dry_run, item=item, reviewer=reviewer)
     if not dry_run:

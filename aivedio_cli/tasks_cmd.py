@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import uuid
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -17,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aivedio_cli._mutate import DRY_RUN, REASON, YES, confirm, operation
-from aivedio_cli._render import ExitCode, emit_json, fail, out
+from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id
 from aivedio_cli._services import service_context
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.services.errors import InvalidInput
@@ -28,13 +27,6 @@ app = typer.Typer(help="Generation tasks: list, show a timeline, follow state ch
 
 PIPED_WIDTH = 250
 JSON = typer.Option(False, "--json", help="Machine-readable output (the stable contract).")
-
-
-def id_arg(value: str, what: str = "task id") -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        fail(f"not a {what}: {value!r}", ExitCode.USAGE)
 
 
 def duration_opt(value: Optional[str], name: str) -> Optional[timedelta]:
@@ -104,7 +96,7 @@ def show(ctx: typer.Context, task_id: str = typer.Argument(..., help="Task id.")
     State events (with outcome and source), attempts, provider events, ledger rows, assets, review items,
     alerts about the task and its outbox rows.
     """
-    tid = id_arg(task_id)
+    tid = parse_id(task_id, "task")
     with service_context(ctx) as app_ctx:
         timeline = ops(app_ctx).timeline(tid)
     if as_json:
@@ -162,7 +154,7 @@ def tail(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
 ) -> None:
     """Follow task state changes as they are recorded (polls the database). Ctrl-C stops."""
-    start = id_arg(after, "cursor") if after else None
+    start = parse_id(after, "cursor") if after else None
     with service_context(ctx) as app_ctx:
         follower = ops(app_ctx).tail(after=start, status=status, last=last)
         try:
@@ -201,7 +193,7 @@ def cancel(
     Same rules as a client's cancel: before a provider job → CANCELED and the credits released; with a job →
     CANCEL_REQUESTED and the provider is asked to stop it.
     """
-    tid = id_arg(task_id)
+    tid = parse_id(task_id, "task")
     op = operation("tasks cancel", reason, dry_run, task_id=str(tid))
     with service_context(ctx) as app_ctx:
         task_ops = ops(app_ctx)

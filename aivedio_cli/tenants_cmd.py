@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from decimal import Decimal, InvalidOperation
 from typing import Optional
 
@@ -10,7 +9,7 @@ import typer
 from rich.table import Table
 
 from aivedio_cli._mutate import DRY_RUN, YES, confirm, operation
-from aivedio_cli._render import ExitCode, emit_json, fail, out
+from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id
 from aivedio_cli._services import service_context
 from aivedio_engine.services.operations import Operation
 
@@ -19,13 +18,6 @@ REASON_OPTIONAL = typer.Option(None, "--reason", help="Why (stored in the audit 
 
 tenants_app = typer.Typer(help="Tenants: create and list.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys: create (shown once) and revoke.", no_args_is_help=True)
-
-
-def _uuid(value: str, what: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        fail(f"not a {what} id: {value!r}", ExitCode.USAGE)
 
 
 @tenants_app.command("create")
@@ -85,7 +77,7 @@ def create_key(
     """Create an API key. It is printed once; only its hash is stored. Audited (never the key)."""
     op = Operation("keys create", reason, dry_run=dry_run, args={"tenant": tenant, "name": name})
     with service_context(ctx) as app:
-        key_id, key = app.tenants.create_key(_uuid(tenant, "tenant"), name, op=op)
+        key_id, key = app.tenants.create_key(parse_id(tenant, "tenant"), name, op=op)
     if dry_run:
         if as_json:
             emit_json({"tenant_id": tenant, "dry_run": True})
@@ -109,7 +101,7 @@ def revoke_key(
 ) -> None:
     """Revoke a key: requests with it get 401 from now on."""
     op = operation("keys revoke", reason, dry_run, key_id=key_id)
-    kid = _uuid(key_id, "key")
+    kid = parse_id(key_id, "key")
     if not dry_run:
         confirm(f"revoke API key {key_id}?", yes)
     with service_context(ctx) as app:
