@@ -451,3 +451,16 @@ def redis_cleanup(redis_url: str, prefix: str) -> int:
     finally:
         r.close()
     return n
+
+
+def add_infra_args(p: Any) -> None:
+    """The options every benchmark that starts the system shares: the shared-box wait and where PostgreSQL and
+    Redis are."""
+    p.add_argument("--wait-quiet", type=int, default=0, metavar="S",
+                   help="before each repetition, wait up to S seconds for the box to be < 25 %% busy (shared box)")
+    p.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p.add_argument("--pg-host", default=os.environ.get("PGHOST", "127.0.0.1"))
+    p.add_argument("--pg-port", type=int, default=int(os.environ.get("PGPORT", "5432")))
+    p.add_argument("--pg-user", default=os.environ.get("PGUSER", "postgres"))
+    p.add_argument("--pg-admin-db", default="postgres", help="database to connect to for CREATE/DROP DATABASE")
+    p.add_argument("--keep-dbs", action="store_true", help="do not drop the benchmark databases at the end")

@@ -91,14 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the secondary point: the actor function called by plain threads (no Dramatiq)")
     p.add_argument("--profile", type=int, default=8, help="seconds of py-spy profile of the in-process mode (0 skips)")
     p.add_argument("--profile-threads", type=int, default=4, help="threads of the profiled in-process run")
-    p.add_argument("--wait-quiet", type=int, default=0, metavar="S",
-                   help="before each repetition, wait up to S seconds for the box to be < 25 %% busy (shared box)")
-    p.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    p.add_argument("--pg-host", default=os.environ.get("PGHOST", "127.0.0.1"))
-    p.add_argument("--pg-port", type=int, default=int(os.environ.get("PGPORT", "5432")))
-    p.add_argument("--pg-user", default=os.environ.get("PGUSER", "postgres"))
-    p.add_argument("--pg-admin-db", default="postgres", help="database to connect to for CREATE/DROP DATABASE")
-    p.add_argument("--keep-dbs", action="store_true", help="do not drop the benchmark databases at the end")
+    common.add_infra_args(p)
 
 
 def _csv(text: str, allowed: Sequence[str] | None = None) -> list[str]:
