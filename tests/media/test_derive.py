@@ -320,3 +320,23 @@ def test_job_dir_is_removed_even_when_the_job_raises(tmp_path: Path) -> None:
     ("thumb.JPG", "image/jpeg"), ("waveform.png", "image/png"), ("notes.txt", "application/octet-stream")])
 def test_content_type_for(name: str, expected: str) -> None:
     assert content_type_for(Path(name)) == expected
+
+
+def test_u26_source_metadata_never_reaches_a_derivative(tmp_path: Path) -> None:
+    """reliability_anchors U26: location and other tags of the source (a phone's GPS, a comment, a title) are
+    not copied into anything we serve; the thumbnail JPEG carries no EXIF at all."""
+    src = tmp_path / "tagged.mp4"
+    _ffmpeg("-f", "lavfi", "-i", "testsrc2=size=320x240:rate=25:duration=2", "-f", "lavfi", "-i",
+            "sine=frequency=440:duration=2", "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p",
+            "-c:a", "aac", "-shortest", "-metadata", "location=+40.6892-074.0445/",
+            "-metadata", "comment=secret-gps-note", "-metadata", "title=private title",
+            "-metadata:s:v", "handler_name=SecretCam", str(src))
+    assert _ffprobe(src)["format"]["tags"]["location"]  # the source really carries them
+    results = build_derivatives(src, probe_file(src, "video", LIMITS), tmp_path / "out", list(P), LIMITS)
+    for profile in (P.PROXY_MP4, P.HLS):
+        doc = _ffprobe(_ready(results[profile]).main)  # type: ignore[arg-type]
+        tags = {**doc["format"].get("tags", {}), **{k: v for s in doc["streams"] for k, v in s.get("tags", {}).items()}}
+        text = json.dumps(tags)
+        assert "40.6892" not in text and "secret" not in text.lower() and "private title" not in text, tags
+    jpeg = _ready(results[P.THUMBNAIL]).main.read_bytes()  # type: ignore[union-attr]
+    assert b"Exif" not in jpeg[:4096] and b"40.6892" not in jpeg
