@@ -138,6 +138,14 @@ class EmbeddedClient:
     def get(self, task_id: str) -> Snapshot:
         return self._snapshot(self._ctx.generations.get(self._principal.tenant_id, uuid.UUID(task_id)))
 
+    def changes(self, task_id: str, after_version: int) -> list[Snapshot]:
+        """Every state change after `after_version`, from the stored history (none is missed between polls)."""
+        from aivedio_engine.services import notifications
+
+        events = notifications.history(self._ctx.engine, self._principal.tenant_id, uuid.UUID(task_id),
+                                       after_version)
+        return [Snapshot(task_id, e["status"], int(e["version"]), int(e["progress"] or 0)) for e in events]
+
     def _snapshot(self, task: Any) -> Snapshot:
         outputs: dict[str, str] = {}
         if task.status == TaskStatus.SUCCEEDED.value:

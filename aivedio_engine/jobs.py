@@ -49,14 +49,22 @@ def follow(client: GenerationClient, snap: Snapshot, on_change: Callable[[Snapsh
            timeout_s: float, interval_s: float = 0.25, stop: threading.Event | None = None) -> Snapshot:
     """Report every change of status or progress until the task ends, `timeout_s` passes or `stop` is set.
 
-    Polls `get` — the source of truth — at `interval_s`; a change missed between two reads is still visible as
-    the next status, and the final snapshot is always re-read."""
+    Polls `get` — the source of truth — at `interval_s`. A client that can read the stored history
+    (`changes`, embedded) reports every transition, also those that came and went between two polls; otherwise
+    a change missed between two reads is still visible as the next status. The final snapshot is always re-read."""
     stop = stop or threading.Event()
     deadline = time.monotonic() + timeout_s
-    last = (snap.status, snap.progress)
+    history = getattr(client, "changes", None)
+    last, seen_version = (snap.status, snap.progress), snap.version
     on_change(snap)
     while not snap.finished and time.monotonic() < deadline and not stop.is_set():
         stop.wait(interval_s)
+        if history is not None:
+            for change in history(snap.id, seen_version):
+                seen_version = change.version
+                if change.status != last[0]:
+                    last = (change.status, change.progress)
+                    on_change(change)
         snap = client.get(snap.id)
         if (snap.status, snap.progress) != last:
             last = (snap.status, snap.progress)

@@ -34,7 +34,11 @@ def test_generate_with_a_reference_image_on_a_fresh_data_dir(tmp_path: Path) -> 
     assert 1.5 < ffprobe_duration(Path(doc["outputs"]["proxy_mp4"])) < 3
     assert 1.5 < ffprobe_duration(Path(doc["outputs"]["hls"])) < 3
     assert Path(doc["outputs"]["thumbnail"]).read_bytes()[:3] == b"\xff\xd8\xff"
-    assert "SUCCEEDED" in run.stderr  # the live progress display went to stderr, stdout holds only the JSON
+    # the live progress display went to stderr (every transition, from the history); stdout holds only the JSON
+    shown = [line.strip() for line in run.stderr.splitlines()]
+    assert [s for s in ("QUEUED", "DISPATCHING", "SUBMITTED", "OUTPUT_FETCHING", "POST_PROCESSING", "SUCCEEDED")
+            if s in shown] == ["QUEUED", "DISPATCHING", "SUBMITTED", "OUTPUT_FETCHING", "POST_PROCESSING",
+                               "SUCCEEDED"]
 
     # the same key again: the original task comes back, nothing is uploaded or created twice
     again = _aivedio(data, "generate", "a red fox running through snow", "--image", str(image), "--duration", "2",
