@@ -15,7 +15,7 @@ Per task the client POSTs /v1/generations (unique Idempotency-Key) on an open-lo
 GET /v1/generations/{id}/events (SSE; `--observe get` polls GET every `--get-interval-ms` instead) until the
 terminal status, then confirms it with one GET (status and playable outputs, for the gate). The path between:
 
-    202 → [scheduler tick, every SCHEDULER_INTERVAL_S = 0.5 s] dispatch → outbox → relay (LISTEN/NOTIFY) → Redis
+    202 → relay → intake (NOTIFY wakes the dispatcher; 0.5 s fallback tick) → dispatch → outbox → relay (LISTEN/NOTIFY) → Redis
     → submit actor → POST /v1/jobs to the sim → [sim job: job_seconds] → webhook POST to the API → outbox → relay
     → reducer → fetch.requested → relay → fetch actor: GET output from the sim, S3 PUT → media.process.requested
     → relay → media actor: S3 GET, ffprobe + ffmpeg (proxy MP4, HLS, thumbnail), S3 PUTs → SUCCEEDED
@@ -899,7 +899,7 @@ def _db_extras(system: System, task_ids: list[str]) -> dict[str, dict[str, Any]]
 
 #: the path in order; each stage is the time between two consecutive marks (see task_marks)
 STAGE_LABELS = (
-    ("dispatch_wait", "202 → DISPATCHING (scheduler tick, 0.5 s period)"),
+    ("dispatch_wait", "202 → DISPATCHING (intake, dispatcher woken by NOTIFY)"),
     ("submit", "DISPATCHING → SUBMITTED (relay, hop, POST to the sim)"),
     ("provider_excess", "SUBMITTED → succeeded webhook stored, − job_seconds"),
     ("reduce", "webhook stored → OUTPUT_FETCHING (relay, hop, reducer)"),
