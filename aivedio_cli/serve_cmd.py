@@ -6,6 +6,7 @@ outcome to an exit code. Heavy modules (dramatiq, the HTTP stack) load only when
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import TYPE_CHECKING, Optional
 
@@ -16,6 +17,7 @@ from aivedio_cli._render import ExitCode, fail
 from aivedio_engine.config import Settings
 
 if TYPE_CHECKING:
+    from aivedio_engine.bootstrap import AppContext
     from sqlalchemy import Engine
 
 
@@ -41,6 +43,8 @@ def serve(
     app_ctx = build_context(settings)
     try:
         _prepare_database(app_ctx.engine, settings)
+        if roles & {"api", "sweeper"}:
+            _prepare_storage(app_ctx)
         code = runtime.run(app_ctx, roles, threading.Event(), api_host=host, api_port=port)
     finally:
         app_ctx.close()
@@ -58,6 +62,20 @@ def _prepare_database(engine: Engine, settings: Settings) -> None:
     behind = [s.name for s in migrate.status(engine) if s.state in (migrate.PENDING, migrate.CHECKSUM_MISMATCH)]
     if behind:
         fail(f"database schema is not up to date ({', '.join(behind)}): run `aivedio db upgrade` first")
+
+
+def _prepare_storage(app_ctx: AppContext) -> None:
+    """S3: the bucket rule that aborts multipart uploads abandoned for a day (U23's backstop for uploads whose
+    session row is gone). Idempotent, merged with the operator's rules; a bucket policy that forbids it costs
+    only storage, so it is a warning, not a refusal to start."""
+    ensure = getattr(app_ctx.storage, "ensure_multipart_lifecycle", None)
+    if ensure is None:
+        return
+    try:
+        ensure()
+    except Exception as exc:  # noqa: BLE001 - see docstring
+        logging.getLogger("aivedio.serve").warning(
+            "could not set the bucket rule that aborts abandoned multipart uploads: %s", type(exc).__name__)
 
 
 def _configure_logging(settings: Settings) -> None:

@@ -111,6 +111,8 @@ def test_fifty_generations_through_distributed_serve(tmp_path: Path, pg_url: str
         stack.enter_context(_serve(config, "api,scheduler,sweeper", tmp_path / "api.log"))
         stack.enter_context(_serve(config, "relay,worker", tmp_path / "worker.log"))
         wait_until(lambda: _ready(api_port), timeout_s=30, what="API ready")
+        rules = moto_s3.client().get_bucket_lifecycle_configuration(Bucket=moto_s3.bucket)["Rules"]
+        assert any(r.get("AbortIncompleteMultipartUpload", {}).get("DaysAfterInitiation") == 1 for r in rules)
 
         image = sample_png(tmp_path / "ref.png")
         batch = tmp_path / "batch.jsonl"
