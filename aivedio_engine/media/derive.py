@@ -17,7 +17,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -29,8 +28,9 @@ from typing import Any, Literal
 import ffmpeg
 
 from aivedio_engine.domain.status import DerivativeProfile
+from aivedio_engine.media import sandbox
 from aivedio_engine.media.probe import DECODERS, FORMATS, STREAM_HEADROOM, MediaLimits, ProbeResult
-from aivedio_engine.media.render import error_summary, limits_prefix
+from aivedio_engine.media.render import error_summary
 
 #: short side of the proxy and the HLS rendition; 720p plays everywhere and keeps review uploads small
 PROXY_SHORT_SIDE = 720
@@ -238,7 +238,7 @@ def _summary(stderr: bytes, hide: Sequence[Path]) -> str:
 
 def run_ffmpeg(argv: Sequence[str], limits: MediaLimits, hide: Sequence[Path] = ()) -> None:
     """Run one ffmpeg argv under the sandbox limits; MediaError (classified) when it does not succeed."""
-    prefix = limits_prefix(shutil.which("prlimit"), limits.timeout_s, limits.memory_limit_bytes)
+    prefix = sandbox.prefix(sandbox.encoder_cpu_s(limits.timeout_s), limits.memory_limit_bytes)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
     try:
         proc = subprocess.run([*prefix, *argv], stdin=subprocess.DEVNULL, capture_output=True,
@@ -254,21 +254,14 @@ def run_ffmpeg(argv: Sequence[str], limits: MediaLimits, hide: Sequence[Path] = 
     if proc.returncode == 127:  # prlimit or the loader could not start ffmpeg (also: memory cap below its libraries)
         named = stderr.replace(argv[0].encode(), Path(argv[0]).name.encode())
         raise MediaUnavailable(f"ffmpeg could not be started: {_summary(named, hidden) or 'exit code 127'}")
-    if proc.returncode < 0 or proc.returncode == _SIGNALLED_EXIT:
-        raise MediaError(f"ffmpeg stopped by {_signal_name(proc.returncode)} (resource limit)")
+    if proc.returncode < 0:
+        raise MediaError(f"ffmpeg {sandbox.signal_reason(proc.returncode)} (resource limit)")
+    if proc.returncode == _SIGNALLED_EXIT:
+        raise MediaError("ffmpeg stopped by a signal (resource limit)")
     if any(marker in stderr for marker in _ENOMEM_MARKERS):
         raise MediaError("ffmpeg ran out of memory (resource limit)")
     message = _summary(stderr, hidden)
     raise MediaError(message or f"ffmpeg failed with exit code {proc.returncode}")
-
-
-def _signal_name(returncode: int) -> str:
-    if returncode >= 0:
-        return "a signal"
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
 
 
 # --- derivatives -----------------------------------------------------------------------------------------

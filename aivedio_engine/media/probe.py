@@ -16,12 +16,13 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
+
+from aivedio_engine.media import sandbox
 
 #: ffprobe demuxer names accepted per declared family (a demuxer name may be a comma list, e.g. "mov,mp4,...")
 FORMATS = {"video": ("mov", "mp4", "matroska", "webm"), "image": ("png_pipe", "jpeg_pipe", "webp_pipe")}
@@ -111,17 +112,9 @@ def ffprobe_argv(path: Path, family: str, limits: MediaLimits, ffprobe: str = "f
     ]
 
 
-def _sandbox_prefix(limits: MediaLimits) -> list[str]:
-    prlimit = shutil.which("prlimit")
-    if not prlimit:
-        return []
-    cpu = max(1, math.ceil(limits.timeout_s))
-    return [prlimit, f"--as={limits.memory_limit_bytes}", f"--cpu={cpu}", "--nofile=256", "--"]
-
-
 def run_ffprobe(path: Path, family: str, limits: MediaLimits, ffprobe: str = "ffprobe") -> dict[str, Any]:
     """ffprobe's JSON for a local file. ProbeError when the content is refused or unreadable."""
-    argv = _sandbox_prefix(limits) + ffprobe_argv(path, family, limits, ffprobe)
+    argv = sandbox.prefix(math.ceil(limits.timeout_s), limits.memory_limit_bytes) + ffprobe_argv(path, family, limits, ffprobe)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=limits.timeout_s,
@@ -134,7 +127,7 @@ def run_ffprobe(path: Path, family: str, limits: MediaLimits, ffprobe: str = "ff
         raise ProbeUnavailable(_first_line(proc.stderr, path) or "ffprobe could not be started")
     if proc.returncode != 0:
         if proc.returncode < 0:
-            raise ProbeError(f"probe killed by signal {-proc.returncode} (resource limit)")
+            raise ProbeError(f"probe {sandbox.signal_reason(proc.returncode)} (resource limit)")
         raise ProbeError(_first_line(proc.stderr, path) or f"ffprobe failed with exit code {proc.returncode}")
     try:
         doc = json.loads(proc.stdout or b"{}")

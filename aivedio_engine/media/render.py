@@ -246,15 +246,6 @@ def _tone(spec: ClipSpec, rng: random.Random) -> ffmpeg.nodes.FilterableStream:
 # --- running aids (still pure: the caller owns the process) ----------------------------------------------
 
 
-def limits_prefix(prlimit: str | None, timeout_s: float, address_space_bytes: int = 2 * 1024**3) -> list[str]:
-    """A prlimit prefix (prlimit execs its command, so the pid stays ffmpeg's); [] when prlimit is missing."""
-    if prlimit is None:
-        return []
-    # CPU seconds add up over encoder threads, so the CPU cap is a multiple of the wall-clock timeout
-    cpu = max(2, int(timeout_s * 4) + 1)
-    return [prlimit, f"--as={address_space_bytes}", f"--cpu={cpu}", "--nofile=256", "--"]
-
-
 def progress_percent(line: bytes, duration_s: float) -> int | None:
     """0–99 from one `-progress` line (`out_time_us=...`); 100 is for the caller to set on success."""
     key, _, value = line.decode("ascii", "replace").strip().partition("=")

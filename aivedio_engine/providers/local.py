@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from aivedio_engine.clock import Clock, SystemClock
 from aivedio_engine.config import ModelSettings, ProviderSettings
 from aivedio_engine.domain.retry import ErrorClass
-from aivedio_engine.media import render
+from aivedio_engine.media import render, sandbox
 from aivedio_engine.providers.base import (
     Accepted,
     CallbackRejected,
@@ -299,7 +299,7 @@ class LocalProvider:
             caption = work / "caption.txt"
             caption.write_text(render.caption_text(job.prompt, job.spec.width, job.spec.height), encoding="utf-8")
         partial = work / "out.mp4"
-        argv = render.limits_prefix(shutil.which("prlimit"), self._timeout_s) + render.clip_argv(
+        argv = sandbox.prefix(sandbox.encoder_cpu_s(self._timeout_s), 2 * 1024**3) + render.clip_argv(
             job.spec, partial, image=job.image, caption_file=caption, font_file=font, ffmpeg_bin=self._ffmpeg)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
         with open(work / "stderr.log", "wb") as errors:  # a file, not a pipe: a chatty ffmpeg cannot block

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aivedio_engine.media import render
+from aivedio_engine.media import render, sandbox
 from aivedio_engine.media.render import RenderSpecError, caption_text, clip_argv, frame_size, make_spec
 
 HOSTILE = "INJ'ECT\"ED: [x];[y] drawtext=text=%{eif\\:1/0\\:d}, movie=/etc/passwd,\nZQXJ\\line %{pts}"
@@ -231,8 +231,9 @@ def test_error_summary_is_one_printable_line_without_our_paths(tmp_path: Path) -
     assert render.error_summary(b"x" * 1000) == "x" * 200 and render.error_summary(b"\n \n") == ""
 
 
-def test_limits_prefix() -> None:
-    assert render.limits_prefix(None, 60) == []
-    prefix = render.limits_prefix("/usr/bin/prlimit", 60)
+def test_sandbox_prefix_sets_a_soft_cpu_limit_below_the_hard_one() -> None:
+    prefix = sandbox.prefix(sandbox.encoder_cpu_s(60), 2 * 1024**3, prlimit="/usr/bin/prlimit")
     assert prefix[0] == "/usr/bin/prlimit" and prefix[-1] == "--"
-    assert "--cpu=241" in prefix and "--nofile=256" in prefix and f"--as={2 * 1024**3}" in prefix
+    # SIGXCPU at 241 s of CPU, SIGKILL only a second later: a CPU bomb reads as such, not as the OOM killer
+    assert "--cpu=241:242" in prefix and "--nofile=256" in prefix and f"--as={2 * 1024**3}" in prefix
+    assert sandbox.signal_reason(-9) == "killed by SIGKILL" and sandbox.signal_reason(-200) == "killed by signal 200"
