@@ -9,9 +9,8 @@ Two kinds:
   index-backed aggregates on one connection, with a short statement timeout). A failing read is reported as
   `aivedio_metrics_db_up 0`, never as a failed scrape.
 
-Not exposed: polling_qps / polling_error_rate (a failed provider query is not recorded anywhere, and
-`poll_count` sums over a moving window are not monotonic; a counter in `services.sync` is the right source) and
-orphan_object_count in the storage sense (it needs a bucket listing; `aivedio_orphan_provider_events` counts
+polling_qps / polling_error_rate are the process counter `aivedio_provider_polls_total{provider,outcome}`
+(`rate()` of it, and the `failed` share), counted where the polling runs. Not exposed: orphan_object_count in the storage sense (it needs a bucket listing; `aivedio_orphan_provider_events` counts
 provider events for jobs we never recorded, the cost-relevant orphans).
 """
 
@@ -55,6 +54,9 @@ ACTOR_CALLS = Counter("aivedio_actor_messages", "Broker messages handled by this
                       ["actor", "outcome"])
 ACTOR_SECONDS = Histogram("aivedio_actor_duration_seconds", "Time one actor call took in this process.",
                           ["actor"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800))
+#: status queries of the polling loop: observed (a status came back), not_found (not visible yet), failed
+PROVIDER_POLLS = Counter("aivedio_provider_polls", "Provider status queries made by this process's polling loop.",
+                         ["provider", "outcome"])
 ACTOR_IN_PROGRESS = Gauge("aivedio_actor_in_progress", "Actor calls running now in this process.", ["actor"])
 MEDIA_ACTORS = ("process_media", "validate_asset")
 

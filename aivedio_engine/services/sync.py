@@ -23,6 +23,7 @@ from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.polling import LookupVerdict, PollPolicy, ReconcilePolicy, next_poll_at, reconcile_step
 from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent
+from aivedio_engine.observability.metrics import PROVIDER_POLLS
 from aivedio_engine.providers.base import (
     Canceled,
     JobStatus,
@@ -42,6 +43,7 @@ POLLABLE = (AttemptStatus.ACKED.value, AttemptStatus.RUNNING.value)
 #: the job well after the request left (seed 000 §4.8.4: match by time window and request fingerprint)
 LIST_BEFORE_SEND = timedelta(seconds=30)
 LIST_AFTER_SEND = timedelta(seconds=120)
+_POLL_OUTCOME = {Observation: "observed", NotFound: "not_found", QueryFailed: "failed"}
 LISTED_TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.ABORTED})
 
 
@@ -82,6 +84,7 @@ class ProviderSync:
 
     def _poll_one(self, row: Any) -> None:
         result = self._providers[row.provider].query(row.provider_job_id)
+        PROVIDER_POLLS.labels(row.provider, _POLL_OUTCOME.get(type(result), "failed")).inc()
         now = self._clock.now()
         nxt = next_poll_at(self._poll, submitted_at=row.submitted_at or now, now=now, rng=self._rng,
                            url_expires_at=row.output_url_expires_at,

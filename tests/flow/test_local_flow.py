@@ -7,8 +7,12 @@ import time
 from pathlib import Path
 
 import sqlalchemy as sa
+from prometheus_client import REGISTRY
 
 from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks, task_attempts, task_state_events
+from aivedio_engine.domain.retry import ErrorClass
+from aivedio_engine.providers.base import QueryFailed
+from aivedio_engine.services.sync import ProviderSync
 from tests.support.app import make_context, tenant_with_key
 from tests.support.pump import Pump
 
@@ -58,3 +62,35 @@ def test_local_provider_drives_a_task_to_succeeded(tmp_path: Path) -> None:
     assert ledger["RESERVE"] + ledger["SETTLE"] == -task.actual_cost  # settled in the success transaction
     assert ctx.slots.counts().get("provider:local", 0) == 0  # the slot came back with the finished attempt
     ctx.close()
+
+
+def _polls(provider: str, outcome: str) -> float:
+    return REGISTRY.get_sample_value("aivedio_provider_polls_total", {"provider": provider, "outcome": outcome}) or 0.0
+
+
+def test_every_status_query_of_the_polling_loop_is_counted_by_outcome(tmp_path: Path) -> None:
+    """polling_qps and polling_error_rate (seed 000 §4.10.7) come from one counter; a failed query changes
+    nothing but the attempt's schedule."""
+    ctx = make_context(tmp_path / "data", polling={"min_interval_s": 1, "max_interval_s": 2, "jitter": 0})
+    try:
+        who = tenant_with_key(ctx, "alice", credits=100)
+        ctx.generations.create(who.tenant_id, "k1", {"prompt": "a kite", "model": "local-v1", "duration_s": 2})
+        assert ctx.dispatcher.run_once() == 1
+        Pump(ctx, stop_at_fetch=True).run()
+
+        class Failing:
+            def query(self, job_id: str) -> QueryFailed:
+                return QueryFailed(ErrorClass.QUERY_FAILED, "bad gateway")
+
+        before = {o: _polls("local", o) for o in ("observed", "failed")}
+        for providers in ({"local": Failing()}, ctx.providers):
+            with ctx.engine.begin() as conn:
+                conn.execute(task_attempts.update().values(next_poll_at=ctx.clock.now()))
+            assert ProviderSync(ctx.engine, ctx.clock, ctx.settings, providers).poll_due() == 1
+        with ctx.engine.connect() as conn:
+            attempt = conn.execute(sa.select(task_attempts)).one()
+        assert _polls("local", "failed") == before["failed"] + 1
+        assert _polls("local", "observed") == before["observed"] + 1
+        assert attempt.poll_count == 2 and attempt.submit_state in ("ACKED", "RUNNING", "SUCCEEDED")
+    finally:
+        ctx.close()
