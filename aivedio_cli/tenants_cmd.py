@@ -25,6 +25,8 @@ def create_tenant(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Unique tenant name."),
     credits: Optional[str] = typer.Option(None, "--credits", help="Initial credits (default: limits.tenant_default_credits)."),
+    max_upload_bytes: Optional[int] = typer.Option(
+        None, "--max-upload-bytes", min=1, help="This tenant's upload size cap (default: api.max_upload_bytes)."),
     as_json: bool = typer.Option(False, "--json"),
     dry_run: bool = DRY_RUN,
     yes: bool = YES,
@@ -37,9 +39,10 @@ def create_tenant(
             amount = Decimal(credits)
         except InvalidOperation:
             fail(f"--credits must be a number, got {credits!r}", ExitCode.USAGE)
-    op = Operation("tenants create", reason, dry_run=dry_run, args={"name": name, "credits": credits})
+    op = Operation("tenants create", reason, dry_run=dry_run,
+                   args={"name": name, "credits": credits, "max_upload_bytes": max_upload_bytes})
     with service_context(ctx) as app:
-        tenant = app.tenants.create(name, amount, op=op)
+        tenant = app.tenants.create(name, amount, op=op, max_upload_bytes=max_upload_bytes)
     if as_json:
         emit_json({"tenant_id": None if dry_run else str(tenant.id), "name": tenant.name,
                    "credit_balance": str(tenant.credit_balance), "dry_run": dry_run})

@@ -128,10 +128,12 @@ tenants = sa.Table(
     sa.Column("rate_limit_per_s", sa.Double),
     sa.Column("created_at", TS, nullable=False),
     sa.Column("updated_at", TS, nullable=False),
+    sa.Column("max_upload_bytes", sa.BigInteger),  # 0009; NULL: api.max_upload_bytes
     enum_check("status", TenantStatus),
     sa.CheckConstraint("credit_balance >= 0", name="credit_balance_nonnegative"),
     sa.CheckConstraint("max_concurrency > 0", name="max_concurrency_positive"),
     sa.CheckConstraint("rate_limit_per_s > 0", name="rate_limit_positive"),
+    sa.CheckConstraint("max_upload_bytes > 0", name="max_upload_bytes_positive"),
 )
 
 api_keys = sa.Table(

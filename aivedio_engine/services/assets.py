@@ -39,6 +39,7 @@ from aivedio_engine.db.tables import assets, tenants, upload_sessions
 from aivedio_engine.domain.status import AssetKind, AssetStatus, UploadSessionStatus
 from aivedio_engine.media.probe import MediaLimits
 from aivedio_engine.services.errors import (
+    BadRequest,
     Conflict,
     Forbidden,
     IllegalState,
@@ -145,7 +146,7 @@ class AssetService:
                       parts: int | None = None) -> tuple[AssetView, UploadTarget | PartUrls]:
         if not isinstance(filename, str) or not 0 < len(filename) <= MAX_FILENAME:
             raise InvalidInput(f"filename must be 1-{MAX_FILENAME} characters", field="filename")
-        max_bytes = self._settings.api.max_upload_bytes
+        max_bytes = self._upload_cap(principal)
         if not isinstance(size_bytes, int) or isinstance(size_bytes, bool) or size_bytes <= 0:
             raise InvalidInput(f"size_bytes must be between 1 and {max_bytes}", field="size_bytes")
         if size_bytes > max_bytes:
@@ -184,6 +185,13 @@ class AssetService:
             target = self._multipart_target(session_id, key, ctype, parts, ttl, now)
         return self.get(principal, asset_id), target
 
+    def _upload_cap(self, principal: Principal) -> int:
+        """The tenant's plan cap when it has one, else the platform's (U2)."""
+        with self._engine.connect() as conn:
+            cap = conn.execute(sa.select(tenants.c.max_upload_bytes)
+                               .where(tenants.c.id == principal.tenant_id)).scalar()
+        return cap or self._settings.api.max_upload_bytes
+
     def _check_rate(self, conn: sa.Connection, principal: Principal, now: datetime) -> None:
         """At most `limits.uploads_per_tenant_per_min` sessions per tenant per sliding minute. Counted from the
         assets table (index tenant_id, created_at), so the limit holds across API processes in both modes; the
@@ -204,14 +212,15 @@ class AssetService:
 
     def _check_parts(self, size_bytes: int, parts: Any) -> None:
         """Multipart bounds at initiate (U22): every part but the last is ≥ 5 MiB, so more than size/5 MiB + 1
-        parts cannot be a real upload, only a way to mint URLs; S3 itself stops at 10,000."""
+        parts cannot be a real upload, only a way to mint URLs; S3 itself stops at 10,000. A part count that
+        cannot describe the declared size is a malformed request (400), like S3's own answer to it."""
         if not isinstance(self._store, MultipartStore):
             raise InvalidInput("multipart uploads need the s3 store; upload in one request instead", field="parts")
         from aivedio_engine.storage.s3 import MAX_PARTS, MIN_PART_BYTES  # boto3 is loaded only with S3
 
         most = min(MAX_PARTS, size_bytes // MIN_PART_BYTES + 1)
         if not isinstance(parts, int) or isinstance(parts, bool) or not 1 <= parts <= most:
-            raise InvalidInput(f"parts must be between 1 and {most} for {size_bytes} bytes (parts other than the "
+            raise BadRequest(f"parts must be between 1 and {most} for {size_bytes} bytes (parts other than the "
                                f"last are at least {MIN_PART_BYTES} bytes; at most {MAX_PARTS} parts)", field="parts")
 
     def _multipart_target(self, session_id: uuid.UUID, key: str, ctype: str, parts: int, ttl: int,

@@ -51,10 +51,12 @@ class TenantService:
         self._settings = settings
 
     def create(self, name: str, credits: Decimal | None = None, max_concurrency: int | None = None,
-               op: Operation | None = None) -> TenantView:
+               op: Operation | None = None, max_upload_bytes: int | None = None) -> TenantView:
         name = name.strip()
         if not name or len(name) > 128:
             raise InvalidInput("tenant name must be 1-128 characters")
+        if max_upload_bytes is not None and max_upload_bytes <= 0:
+            raise InvalidInput("max_upload_bytes must be > 0", field="max_upload_bytes")
         amount = self._settings.limits.tenant_default_credits if credits is None else credits
         if amount < 0:
             raise InvalidInput("credits must be >= 0")
@@ -68,7 +70,7 @@ class TenantService:
                 return TenantView(tenant_id, name, TenantStatus.ACTIVE.value, amount, 0)
             conn.execute(tenants.insert().values(
                 id=tenant_id, name=name, status=TenantStatus.ACTIVE.value, credit_balance=0,
-                max_concurrency=max_concurrency, created_at=now, updated_at=now,
+                max_concurrency=max_concurrency, max_upload_bytes=max_upload_bytes, created_at=now, updated_at=now,
             ))
             if amount:
                 ledger.post(conn, tenant_id=tenant_id, entry_type=LedgerEntryType.ADJUSTMENT, amount=amount,

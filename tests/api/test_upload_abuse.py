@@ -30,10 +30,11 @@ import sqlalchemy as sa
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.tables import assets, upload_sessions
 from aivedio_engine.services.assets import AssetService
+from aivedio_engine.services.errors import InvalidInput
 from tests.api.test_assets import Api, _context
 from tests.media import FFMPEG, hls_playlist, shared_media
 from tests.media.test_probe import _connections, listener  # noqa: F401 - fixture
-from tests.support.app import FakeClock, make_context, tenant_with_key
+from tests.support.app import FakeClock, TenantKey, make_context, tenant_with_key
 from tests.support.moto import moto_s3  # noqa: F401 - fixture
 from tests.unit.test_upload_abuse_pure import avi_with_gab2, png, with_huge_duration
 
@@ -184,6 +185,29 @@ def test_u2_declared_size_above_the_limit_is_413_at_presign(tmp_path: Path) -> N
         context.close()
 
 
+def test_u2_a_tenant_plan_cap_replaces_the_platform_cap(tmp_path: Path) -> None:
+    """A small plan is refused above its own cap though the platform allows more; a large plan may go above the
+    platform's; a tenant without a cap keeps the platform's."""
+    context = make_context(tmp_path / "data", api={"max_upload_bytes": 1000})
+    try:
+        api = Api(context)
+        small = context.tenants.create("small-plan", max_upload_bytes=100)
+        large = context.tenants.create("large-plan", max_upload_bytes=5000)
+        who = {t.name: TenantKey(t.id, context.tenants.create_key(t.id)[1]) for t in (small, large)}
+        r = api.create(size_bytes=101, who=who["small-plan"])
+        assert r.status_code == 413 and "upload limit of 100 bytes" in r.json()["detail"]
+        assert api.create(size_bytes=100, who=who["small-plan"]).status_code == 201
+        assert api.create(size_bytes=5000, who=who["large-plan"]).status_code == 201
+        assert api.create(size_bytes=5001, who=who["large-plan"]).status_code == 413
+        assert api.create(size_bytes=1001).status_code == 413
+        with pytest.raises(InvalidInput, match="max_upload_bytes"):
+            context.tenants.create("broken-plan", max_upload_bytes=0)
+        with context.engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(assets)).scalar_one() == 2
+    finally:
+        context.close()
+
+
 # --- U5: processed bytes are the validated bytes -----------------------------------------------------------
 
 
@@ -304,7 +328,7 @@ def test_u30_presign_rate_limit_is_per_tenant(api: Api) -> None:
 ])
 def test_u22_multipart_part_count_is_checked_at_initiate(s3api: Api, size: int, parts: int) -> None:
     r = s3api.create(size_bytes=size, parts=parts)
-    assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json"
+    assert r.status_code == 400 and r.headers["content-type"] == "application/problem+json"
     assert "parts must be between 1 and" in r.json()["detail"] and r.json()["field"] == "parts"
     client = s3api.ctx.storage._client  # type: ignore[attr-defined]
     assert client.list_multipart_uploads(Bucket=s3api.ctx.storage.bucket).get("Uploads", []) == []

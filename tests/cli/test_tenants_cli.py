@@ -57,3 +57,15 @@ def test_tenant_and_key_lifecycle_is_audited(tmp_path: Path) -> None:
         ("keys create", "created", False), ("keys revoke", "revoked", False)]
     assert audit[1].reason == "onboarding" and audit[3].reason == "leaked"
     assert key["api_key"] not in json.dumps([dict(r._mapping) for r in audit], default=str)  # never the key
+
+
+def test_tenant_upload_cap_is_set_at_create_and_validated(tmp_path: Path) -> None:
+    assert _cli(tmp_path, "db", "upgrade").exit_code == 0
+    bad = _cli(tmp_path, "tenants", "create", "tiny", "--max-upload-bytes", "0", "--reason", "plan")
+    assert bad.exit_code == 2 and _rows(tmp_path, tenants) == []
+    made = _cli(tmp_path, "tenants", "create", "tiny", "--max-upload-bytes", "1048576", "--reason", "free plan")
+    assert made.exit_code == 0, made.output
+    (row,) = _rows(tmp_path, tenants)
+    assert row.max_upload_bytes == 1048576
+    (audit,) = [r for r in _rows(tmp_path, audit_log) if r.command == "tenants create"]
+    assert audit.args["max_upload_bytes"] == 1048576
