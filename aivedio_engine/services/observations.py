@@ -20,7 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import attempts, outbox
-from aivedio_engine.db.tables import provider_events, task_attempts
+from aivedio_engine.db.tables import generation_tasks, provider_events, task_attempts
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.status import EventSource
 from aivedio_engine.providers.base import Observation
@@ -98,5 +98,9 @@ def rematch(conn: Connection, provider: str, job_id: str, attempt_id: uuid.UUID,
 
 def _emit(conn: Connection, provider: str, *, obs_payload: dict[str, Any], task_id: uuid.UUID,
           now: datetime) -> None:
+    # the task's trace follows the provider's answer, so one trace_id finds the request and its outcome in logs
+    task = conn.execute(sa.select(generation_tasks.c.tenant_id, generation_tasks.c.trace_id)
+                        .where(generation_tasks.c.id == task_id)).first()
     outbox.add(conn, EventType.PROVIDER_STATUS_OBSERVED, aggregate_type="task", aggregate_id=task_id,
-               aggregate_version=0, payload=obs_payload, now=now)
+               aggregate_version=0, payload=obs_payload, now=now,
+               tenant_id=task.tenant_id if task else None, trace_id=task.trace_id if task else None)

@@ -141,15 +141,16 @@ class Sweeper:
         now = self._clock.now()
         with self._engine.connect() as conn:
             rows = conn.execute(
-                sa.select(_a.id, _a.task_id, _t.tenant_id, _t.version).join(generation_tasks, _t.id == _a.task_id)
+                sa.select(_a.id, _a.task_id, _t.tenant_id, _t.trace_id, _t.version)
+                .join(generation_tasks, _t.id == _a.task_id)
                 .where(_t.status == TaskStatus.DISPATCHING.value, _a.submit_state == AttemptStatus.NEW.value,
                        _t.next_action_at <= now).limit(500)
             ).all()
         for row in rows:
             with write_tx(self._engine) as conn:
                 outbox.add(conn, EventType.PROVIDER_SUBMIT_REQUESTED, aggregate_type="attempt", aggregate_id=row.id,
-                           aggregate_version=int(row.version), tenant_id=row.tenant_id, now=now,
-                           payload={"attempt_id": str(row.id), "task_id": str(row.task_id), "resent": True})
+                           aggregate_version=int(row.version), tenant_id=row.tenant_id, trace_id=row.trace_id,
+                           now=now, payload={"attempt_id": str(row.id), "task_id": str(row.task_id), "resent": True})
                 conn.execute(generation_tasks.update().where(_t.id == row.task_id)
                              .values(next_action_at=now + SENDING_GRACE))
         return len(rows)

@@ -9,7 +9,14 @@ from pathlib import Path
 import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
-from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks, task_attempts, task_state_events
+from aivedio_engine.db.tables import (
+    assets,
+    credit_ledger,
+    generation_tasks,
+    outbox_events,
+    task_attempts,
+    task_state_events,
+)
 from aivedio_engine.domain.retry import ErrorClass
 from aivedio_engine.providers.base import QueryFailed
 from aivedio_engine.services.sync import ProviderSync
@@ -68,13 +75,14 @@ def _polls(provider: str, outcome: str) -> float:
     return REGISTRY.get_sample_value("aivedio_provider_polls_total", {"provider": provider, "outcome": outcome}) or 0.0
 
 
-def test_every_status_query_of_the_polling_loop_is_counted_by_outcome(tmp_path: Path) -> None:
+def test_polls_are_counted_by_outcome_and_their_observations_carry_the_task_trace(tmp_path: Path) -> None:
     """polling_qps and polling_error_rate (seed 000 §4.10.7) come from one counter; a failed query changes
     nothing but the attempt's schedule."""
     ctx = make_context(tmp_path / "data", polling={"min_interval_s": 1, "max_interval_s": 2, "jitter": 0})
     try:
         who = tenant_with_key(ctx, "alice", credits=100)
-        ctx.generations.create(who.tenant_id, "k1", {"prompt": "a kite", "model": "local-v1", "duration_s": 2})
+        ctx.generations.create(who.tenant_id, "k1", {"prompt": "a kite", "model": "local-v1", "duration_s": 2},
+                               trace_id="req-kite")
         assert ctx.dispatcher.run_once() == 1
         Pump(ctx, stop_at_fetch=True).run()
 
@@ -92,5 +100,10 @@ def test_every_status_query_of_the_polling_loop_is_counted_by_outcome(tmp_path: 
         assert _polls("local", "failed") == before["failed"] + 1
         assert _polls("local", "observed") == before["observed"] + 1
         assert attempt.poll_count == 2 and attempt.submit_state in ("ACKED", "RUNNING", "SUCCEEDED")
+        with ctx.engine.connect() as conn:
+            traces = conn.execute(sa.select(outbox_events.c.event_type, outbox_events.c.trace_id)).all()
+        # the observation of the poll carries the request's trace like every other event of the task
+        assert "provider.status.observed" in {t.event_type for t in traces}
+        assert {t.trace_id for t in traces} == {"req-kite"}, traces
     finally:
         ctx.close()
