@@ -1,12 +1,21 @@
 """The one module that imports httpx (so it can be swapped for httpx2 or another client in one place).
 
-It answers the question paid calls hinge on: did the request possibly reach the server? `SentUnknown` means
-the body may have left the process (read timeout, reset after write): the caller must treat the outcome as
-ambiguous. `NotSent` means it certainly did not (DNS, connection refused, connect timeout, pool exhausted).
+`HttpClient` answers the question paid calls hinge on: did the request possibly reach the server?
+`SentUnknown` means the body may have left the process (read timeout, reset after write): the caller must
+treat the outcome as ambiguous. `NotSent` means it certainly did not (DNS, connection refused, connect
+timeout, pool exhausted).
+
+`open_pinned` serves the SSRF-safe output fetcher (`aivedio_engine.fetch`), which must connect to an address
+it has already validated: the URL names that IP, while the `Host` header and the TLS SNI / certificate check
+use the original host name (httpcore's `sni_hostname` request extension). No DNS lookup happens, so a
+DNS-rebinding answer can never be used; no redirects are followed and no proxy or environment settings apply.
+It lives here, not in the fetcher, so that httpx stays behind this one module.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import ssl
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -94,3 +103,73 @@ class HttpClient:
 def _describe(exc: Exception) -> str:
     # never the URL: signed query strings must not reach logs
     return type(exc).__name__
+
+
+# --- pinned single GETs (the output fetcher) ---------------------------------------------------------------
+
+
+class PinnedTimeout(Exception):
+    """Connect or idle-read timeout."""
+
+
+class PinnedFailure(Exception):
+    """Any other failure below HTTP (refused, reset, TLS). The message never contains the URL."""
+
+
+class PinnedResponse:
+    def __init__(self, client: httpx.Client, response: httpx.Response,
+                 peer_ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> None:
+        self._client = client
+        self._response = response
+        self.status = response.status_code
+        self.peer_ip = peer_ip
+
+    def header(self, name: str) -> str | None:
+        return self._response.headers.get(name)
+
+    def iter_raw(self, chunk_size: int) -> Iterator[bytes]:
+        """Raw body bytes as they arrive from the socket (not batched up), each piece at most `chunk_size`."""
+        try:
+            for data in self._response.iter_raw():
+                for start in range(0, len(data), chunk_size):
+                    yield data[start : start + chunk_size]
+        except httpx.TimeoutException:
+            raise PinnedTimeout("idle read timeout") from None
+        except httpx.HTTPError as exc:
+            raise PinnedFailure(f"read failed: {type(exc).__name__}") from None
+
+    def close(self) -> None:
+        try:
+            self._response.close()
+        finally:
+            self._client.close()
+
+
+def open_pinned(url: str, peer_ip: ipaddress.IPv4Address | ipaddress.IPv6Address, *, headers: Mapping[str, str],
+                sni_hostname: str | None, connect_timeout_s: float, idle_timeout_s: float,
+                verify: bool | str = True) -> PinnedResponse:
+    """Send `GET url`, whose host is the literal `peer_ip`, and return once the response headers are in (the body
+    is not read yet). `sni_hostname` is the name TLS checks the certificate for; `verify` may be a CA bundle path.
+    """
+    timeout = httpx.Timeout(
+        connect=connect_timeout_s, read=idle_timeout_s, write=idle_timeout_s, pool=connect_timeout_s
+    )
+    # a CA bundle path (tests, private CDNs) becomes a context: httpx deprecated verify=<path>
+    tls: bool | ssl.SSLContext = ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
+    client = httpx.Client(
+        transport=httpx.HTTPTransport(verify=tls, retries=0, trust_env=False),
+        timeout=timeout,
+        follow_redirects=False,
+        trust_env=False,
+    )
+    extensions = {"sni_hostname": sni_hostname} if sni_hostname is not None else {}
+    try:
+        request = client.build_request("GET", url, headers=dict(headers), extensions=extensions)
+        response = client.send(request, stream=True)
+    except httpx.TimeoutException:
+        client.close()
+        raise PinnedTimeout("connect or response timeout") from None
+    except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
+        client.close()
+        raise PinnedFailure(f"request failed: {type(exc).__name__}") from None
+    return PinnedResponse(client, response, peer_ip)

@@ -1,4 +1,5 @@
-"""SSRF-safe output fetcher (DESIGN §10). httpx is used only in `_transport` (the pinned-IP transport)."""
+"""SSRF-safe output fetcher (DESIGN §10). Its pinned-IP requests go through `aivedio_engine.httpclient`, the one
+module that imports httpx (so the HTTP library can be swapped in one place)."""
 
 from aivedio_engine.fetch.fetcher import CHUNK_SIZE, Download, FetchError, Fetcher
 from aivedio_engine.fetch.policy import FetchPolicy, PolicyError, Target, check_address, check_url, redact

@@ -22,6 +22,7 @@ from aivedio_engine.config import FetchSettings
 from aivedio_engine.fetch import _transport
 from aivedio_engine.fetch.policy import FetchPolicy, IPAddress, PolicyError, Target, check_address, check_url
 from aivedio_engine.fetch.resolver import ResolveError, Resolver, SystemResolver
+from aivedio_engine.httpclient import PinnedFailure, PinnedResponse, PinnedTimeout
 
 CHUNK_SIZE = 64 * 1024
 _REDIRECTS = {301, 302, 303, 307, 308}
@@ -42,7 +43,7 @@ class Download:
 
     def __init__(
         self,
-        response: _transport.PinnedResponse,
+        response: PinnedResponse,
         target: Target,
         fetcher: Fetcher,
         started: float,
@@ -89,9 +90,9 @@ class Download:
                     window_start, window_bytes = now, 0
                 if chunk:
                     yield chunk
-        except _transport.TransportTimeout:
+        except PinnedTimeout:
             raise FetchError("timeout", f"idle timeout {s.idle_timeout_s}s exceeded: {self.url}") from None
-        except _transport.TransportFailure as exc:
+        except PinnedFailure as exc:
             raise FetchError("connect_failed", f"{exc}: {self.url}") from None
         finally:
             self.close()
@@ -153,9 +154,9 @@ class Fetcher:
                     idle_timeout_s=s.idle_timeout_s,
                     verify=self._verify,
                 )
-            except _transport.TransportTimeout:
+            except PinnedTimeout:
                 raise FetchError("timeout", f"connect timeout: {target.redacted}") from None
-            except _transport.TransportFailure as exc:
+            except PinnedFailure as exc:
                 raise FetchError("connect_failed", f"{exc}: {target.redacted}") from None
             status = response.status
             if status in _REDIRECTS:
