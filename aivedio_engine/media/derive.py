@@ -1,6 +1,7 @@
 """Derivatives of a validated upload or render (DESIGN §10): proxy MP4, fMP4 HLS, thumbnail and waveform.
 
-The argv builders are pure (ffmpeg-python only compiles them); `run_ffmpeg` is the one place a process starts.
+The argv builders are pure: this module decides what to read and make, and `ffgraph` (the only module that
+may use ffmpeg-python) spells it as a graph and compiles the argv; `run_ffmpeg` is the one place a process starts.
 Every input is a local file read as `file:<abs path>` with `-protocol_whitelist file` and the same demuxer,
 decoder, pixel and stream whitelists the probe used, so a file that changed between probe and transcode (or
 that fooled the probe) still cannot make ffmpeg open a URL or an exotic decoder. Reading is capped at
@@ -25,10 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import ffmpeg
-
 from aivedio_engine.domain.status import DerivativeProfile
-from aivedio_engine.media import sandbox
+from aivedio_engine.media import ffgraph, sandbox
 from aivedio_engine.media.probe import DECODERS, FORMATS, STREAM_HEADROOM, MediaLimits, ProbeResult
 from aivedio_engine.media.render import error_summary
 
@@ -113,19 +112,18 @@ def has_audio(probe: ProbeResult) -> bool:
     return any(s.codec_type == "audio" for s in probe.streams)
 
 
-def _input(src: Path, probe: ProbeResult, limits: MediaLimits, **options: Any) -> ffmpeg.nodes.FilterableStream:
+def _input(src: Path, probe: ProbeResult, limits: MediaLimits, **options: Any) -> ffgraph.Input:
     if probe.video is None:
         raise ValueError("the source has no video stream")
-    return ffmpeg.input(
-        f"file:{Path(src).resolve()}",
-        protocol_whitelist="file",
-        format_whitelist=",".join(FORMATS["video"]),
-        codec_whitelist=DECODERS,
-        max_pixels=limits.max_pixels,
-        max_streams=limits.max_streams + STREAM_HEADROOM,
-        t=_seconds(duration_cap(probe, limits)),
+    return ffgraph.Input(_out(src), {
+        "protocol_whitelist": "file",
+        "format_whitelist": ",".join(FORMATS["video"]),
+        "codec_whitelist": DECODERS,
+        "max_pixels": limits.max_pixels,
+        "max_streams": limits.max_streams + STREAM_HEADROOM,
+        "t": _seconds(duration_cap(probe, limits)),
         **options,
-    )
+    })
 
 
 def _out(path: Path) -> str:
@@ -133,60 +131,26 @@ def _out(path: Path) -> str:
     return f"file:{Path(path).resolve()}"
 
 
-def _compile(stream: ffmpeg.nodes.OutputStream, ffmpeg_bin: str) -> list[str]:
-    return list(stream.compile(cmd=[ffmpeg_bin, *_HEAD]))
-
-
-def _scaled_short_side(video: ffmpeg.nodes.FilterableStream, short: int) -> ffmpeg.nodes.FilterableStream:
-    # expressions (not sizes from the probe) so ffmpeg's autorotation of phone clips keeps the aspect right;
-    # -2 lets scale derive the other side rounded to even, trunc(.../2)*2 evens a source that is left alone
-    keep = f"lte(min(iw,ih),{short})"
-    width = f"if({keep},trunc(iw/2)*2,if(lte(iw,ih),{short},-2))"
-    height = f"if({keep},trunc(ih/2)*2,if(lte(iw,ih),-2,{short}))"
-    return video.filter("scale", w=width, h=height)
-
-
-def _av_options(audio: bool) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "c:v": "libx264", "preset": "veryfast", "crf": 23, "pix_fmt": "yuv420p", "profile:v": "high",
-        "map_metadata": -1, "map_chapters": -1, "fflags": "+bitexact", "flags:v": "+bitexact",
-    }
-    if audio:
-        options.update({"c:a": "aac", "b:a": "128k", "ac": 2, "flags:a": "+bitexact"})
-    else:
-        options["an"] = None
-    return options
-
-
-def _av_streams(src: Path, probe: ProbeResult, limits: MediaLimits) -> list[ffmpeg.nodes.FilterableStream]:
-    source = _input(src, probe, limits)
-    # explicit first-video/first-audio selection: extra audio, data or subtitle tracks are never copied
-    video = _scaled_short_side(source["v:0"], PROXY_SHORT_SIDE).filter("format", "yuv420p")
-    return [video, source["a:0"]] if has_audio(probe) else [video]
+def _cmd(ffmpeg_bin: str) -> list[str]:
+    return [ffmpeg_bin, *_HEAD]
 
 
 def proxy_mp4_argv(src: Path, dst: Path, probe: ProbeResult, limits: MediaLimits,
                    ffmpeg_bin: str = "ffmpeg") -> list[str]:
     """H.264/AAC MP4, short side ≤ 720 (never upscaled), moov first so a browser starts playing at once."""
-    out = ffmpeg.output(*_av_streams(src, probe, limits), _out(dst), format="mp4", movflags="+faststart",
-                        **_av_options(has_audio(probe)))
-    return _compile(out, ffmpeg_bin)
+    return ffgraph.proxy_mp4_argv(_cmd(ffmpeg_bin), _input(src, probe, limits), _out(dst),
+                                  short_side=PROXY_SHORT_SIDE, audio=has_audio(probe))
 
 
 def hls_argv(src: Path, out_dir: Path, probe: ProbeResult, limits: MediaLimits,
              ffmpeg_bin: str = "ffmpeg") -> list[str]:
     """VOD HLS with fMP4 segments next to `index.m3u8`; the playlist names its files relatively."""
     out_dir = Path(out_dir).resolve()
-    out = ffmpeg.output(
-        *_av_streams(src, probe, limits), _out(out_dir / HLS_PLAYLIST),
-        format="hls", hls_segment_type="fmp4", hls_time=HLS_SEGMENT_S, hls_playlist_type="vod",
-        hls_flags="independent_segments", hls_fmp4_init_filename=HLS_INIT,
-        hls_segment_filename=_out(out_dir / HLS_SEGMENT_PATTERN),
-        # a keyframe on every segment boundary, or segments drift to whatever GOP x264 picked
-        force_key_frames=f"expr:gte(t,n_forced*{HLS_SEGMENT_S})",
-        **_av_options(has_audio(probe)),
+    return ffgraph.hls_argv(
+        _cmd(ffmpeg_bin), _input(src, probe, limits), _out(out_dir / HLS_PLAYLIST),
+        segment_pattern=_out(out_dir / HLS_SEGMENT_PATTERN), init_name=HLS_INIT, segment_s=HLS_SEGMENT_S,
+        short_side=PROXY_SHORT_SIDE, audio=has_audio(probe),
     )
-    return _compile(out, ffmpeg_bin)
 
 
 def thumbnail_at(probe: ProbeResult, limits: MediaLimits) -> float:
@@ -198,13 +162,7 @@ def thumbnail_argv(src: Path, dst: Path, probe: ProbeResult, limits: MediaLimits
                    ffmpeg_bin: str = "ffmpeg") -> list[str]:
     """One JPEG frame, at most 640 wide with even sides."""
     source = _input(src, probe, limits, ss=_seconds(thumbnail_at(probe, limits)))
-    width = f"if(gt(iw,{THUMBNAIL_MAX_WIDTH}),{THUMBNAIL_MAX_WIDTH},trunc(iw/2)*2)"
-    video = source["v:0"].filter("scale", w=width, h=-2)
-    out = ffmpeg.output(video, _out(dst), format="image2", update=1, **{
-        "c:v": "mjpeg", "frames:v": 1, "q:v": 3, "map_metadata": -1, "map_chapters": -1,
-        "fflags": "+bitexact", "flags:v": "+bitexact",
-    })
-    return _compile(out, ffmpeg_bin)
+    return ffgraph.thumbnail_argv(_cmd(ffmpeg_bin), source, _out(dst), max_width=THUMBNAIL_MAX_WIDTH)
 
 
 def waveform_argv(src: Path, dst: Path, probe: ProbeResult, limits: MediaLimits,
@@ -212,13 +170,7 @@ def waveform_argv(src: Path, dst: Path, probe: ProbeResult, limits: MediaLimits,
     """A PNG picture of the first audio stream's waveform."""
     if not has_audio(probe):
         raise ValueError("the source has no audio stream")
-    source = _input(src, probe, limits)
-    picture = source["a:0"].filter("showwavespic", s=WAVEFORM_SIZE)
-    out = ffmpeg.output(picture, _out(dst), format="image2", update=1, **{
-        "c:v": "png", "frames:v": 1, "map_metadata": -1, "map_chapters": -1,
-        "fflags": "+bitexact", "flags:v": "+bitexact",
-    })
-    return _compile(out, ffmpeg_bin)
+    return ffgraph.waveform_argv(_cmd(ffmpeg_bin), _input(src, probe, limits), _out(dst), size=WAVEFORM_SIZE)
 
 
 # --- running ---------------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ everything else comes from lavfi sources whose parameters are numbers we compute
 The same spec (seed included) gives byte-identical output: the seed picks the background and its
 parameters, the pan direction and the tone; bitexact flags keep encoder/version strings out of the file.
 
-ffmpeg-python is used only for `.compile()` (ecosystem_anchors: the caller runs the subprocess).
+This module makes every choice (sizes, seeded background and motion, fades, tone); `ffgraph`, the one module
+allowed to import ffmpeg-python, spells those choices as a filtergraph and compiles the argv (the caller runs
+the subprocess).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import ffmpeg
+from aivedio_engine.media import ffgraph
 
 #: short side in pixels, by resolution name ("p" counts the short side, so 9:16 720p is 720x1280)
 RESOLUTIONS = {"360p": 360, "480p": 480, "720p": 720, "1080p": 1080}
@@ -161,49 +163,29 @@ def clip_argv(spec: ClipSpec, output: Path, *, image: Path | None = None, captio
     """
     rng = random.Random(spec.seed)
     video = _image_video(spec, image, rng) if image is not None else _generated_video(spec, rng)
-    fade = min(0.5, spec.duration_s / 4)
-    video = (video.filter("format", "yuv420p")
-             .filter("fade", type="in", start_time=0, duration=f"{fade:.3f}")
-             .filter("fade", type="out", start_time=f"{spec.duration_s - fade:.3f}", duration=f"{fade:.3f}"))
+    caption = None
     if caption_file is not None and font_file is not None:
-        size = font_size(spec.height)
-        video = video.filter(
-            "drawtext", fontfile=str(font_file), textfile=str(caption_file), expansion="none",
-            fontsize=size, fontcolor="white", borderw=max(1, size // 12), bordercolor="black@0.8",
-            box=1, boxcolor="black@0.35", boxborderw=max(2, size // 3), line_spacing=max(2, size // 4),
-            x="(w-text_w)/2", y="h-text_h-h/12",
-        )
+        caption = ffgraph.Caption(font_file=str(font_file), text_file=str(caption_file), size=font_size(spec.height))
     audio = _tone(spec, rng)
-    out = ffmpeg.output(
-        video, audio, f"file:{output}",
-        format="mp4", vcodec="libx264", preset=spec.preset, pix_fmt="yuv420p", r=spec.fps, g=spec.fps * 2,
-        acodec="aac", audio_bitrate="96k", ac=1, ar=44100, t=f"{spec.duration_s:.3f}",
-        movflags="+faststart", map_metadata=-1, fflags="+bitexact", threads=spec.threads,
-        **{"flags:v": "+bitexact", "flags:a": "+bitexact"},
-    )
     head = [ffmpeg_bin, "-nostdin", "-hide_banner", "-nostats", "-loglevel", "error", "-progress", "pipe:1"]
-    return list(out.compile(cmd=head, overwrite_output=True))
+    return ffgraph.clip_argv(head, f"file:{output}", video, audio, caption=caption, duration_s=spec.duration_s,
+                             fade_s=min(0.5, spec.duration_s / 4), fps=spec.fps, preset=spec.preset,
+                             threads=spec.threads)
 
 
-def _image_video(spec: ClipSpec, image: Path, rng: random.Random) -> ffmpeg.nodes.FilterableStream:
-    w, h, n = spec.width, spec.height, spec.frames
-    source = ffmpeg.input(
-        f"file:{image}", protocol_whitelist="file", format_whitelist=IMAGE_DEMUXERS,
-        codec_whitelist=IMAGE_DECODERS, max_pixels=MAX_IMAGE_PIXELS,
-    )
-    # zoompan moves in whole input pixels; working at 2x the output size halves the visible jitter
+def _image_video(spec: ClipSpec, image: Path, rng: random.Random) -> ffgraph.PannedImage:
+    n = spec.frames
+    source = ffgraph.Input(f"file:{image}", {
+        "protocol_whitelist": "file", "format_whitelist": IMAGE_DEMUXERS, "codec_whitelist": IMAGE_DECODERS,
+        "max_pixels": MAX_IMAGE_PIXELS,
+    })
     zoom_in = rng.random() < 0.5
     depth = round(rng.uniform(0.12, 0.3), 3)
     z = f"1+{depth}*on/{n}" if zoom_in else f"{1 + depth}-{depth}*on/{n}"
     fx, fy = rng.choice(((0, 0.5), (1, 0.5), (0.5, 0), (0.5, 1), (0.5, 0.5)))
     x = _pan("iw-iw/zoom", fx, n, rng.random() < 0.5)
     y = _pan("ih-ih/zoom", fy, n, rng.random() < 0.5)
-    return (source.video
-            .filter("trim", end_frame=1)  # an animated image would otherwise yield n frames per input frame
-            .filter("scale", 2 * w, 2 * h, force_original_aspect_ratio="increase")
-            .filter("crop", 2 * w, 2 * h)
-            .filter("setsar", 1)
-            .filter("zoompan", z=z, x=x, y=y, d=n, s=f"{w}x{h}", fps=spec.fps))
+    return ffgraph.PannedImage(source, width=spec.width, height=spec.height, frames=n, fps=spec.fps, zoom=z, x=x, y=y)
 
 
 def _pan(span: str, anchor: float, frames: int, forward: bool) -> str:
@@ -213,34 +195,29 @@ def _pan(span: str, anchor: float, frames: int, forward: bool) -> str:
     return f"({span})*{progress}"
 
 
-def _generated_video(spec: ClipSpec, rng: random.Random) -> ffmpeg.nodes.FilterableStream:
+def _generated_video(spec: ClipSpec, rng: random.Random) -> ffgraph.Generated:
     w, h, fps, d = spec.width, spec.height, spec.fps, f"{spec.duration_s:.3f}"
     kind = BACKGROUNDS[rng.randrange(len(BACKGROUNDS))]
     if kind == "testsrc2":
-        return ffmpeg.input(f"testsrc2=size={w}x{h}:rate={fps}:duration={d}", format="lavfi").video
+        return ffgraph.Generated(f"testsrc2=size={w}x{h}:rate={fps}:duration={d}")
     # both generators cost per pixel (720p gradients alone took 5 s for a 10 s clip, mandelbrot more); they
     # are smooth or abstract, so drawing them small and scaling up loses little
     if kind == "gradients":
         colors = ":".join(f"c{i}=0x{rng.randrange(0x1000000):06x}" for i in range(4))
         graph = (f"gradients=size={_even(w / 2)}x{_even(h / 2)}:rate={fps}:duration={d}:nb_colors=4:{colors}"
                  f":seed={rng.randrange(1 << 31)}:speed={rng.uniform(0.005, 0.03):.4f}")
-        return ffmpeg.input(graph, format="lavfi").video.filter("scale", w, h)
+        return ffgraph.Generated(graph, scale_to=(w, h))
     start_x, start_y = rng.choice(MANDELBROT_SPOTS)
     # end_pts counts frames, not seconds: the zoom reaches end_scale on the last frame and no further
     graph = (f"mandelbrot=size={_even(w / 4)}x{_even(h / 4)}:rate={fps}:maxiter=40:start_x={start_x}"
              f":start_y={start_y}:start_scale=3:end_scale={rng.uniform(0.02, 0.2):.3f}:end_pts={spec.frames}")
-    return ffmpeg.input(graph, format="lavfi").video.filter("scale", w, h, flags="bicubic")
+    return ffgraph.Generated(graph, scale_to=(w, h), scale_flags="bicubic")
 
 
-def _tone(spec: ClipSpec, rng: random.Random) -> ffmpeg.nodes.FilterableStream:
+def _tone(spec: ClipSpec, rng: random.Random) -> ffgraph.Tone:
     frequency = rng.choice((220, 262, 294, 330, 392, 440, 494, 523))
-    d = f"{spec.duration_s:.3f}"
-    extra = {"re": None} if spec.realtime else {}
-    fade = min(0.3, spec.duration_s / 4)
-    return (ffmpeg.input(f"sine=frequency={frequency}:sample_rate=44100:duration={d}", format="lavfi", **extra)
-            .audio.filter("volume", 0.2)
-            .filter("afade", type="in", start_time=0, duration=f"{fade:.3f}")
-            .filter("afade", type="out", start_time=f"{spec.duration_s - fade:.3f}", duration=f"{fade:.3f}"))
+    return ffgraph.Tone(frequency, spec.duration_s, fade_s=min(0.3, spec.duration_s / 4), volume=0.2,
+                        realtime=spec.realtime)
 
 
 # --- running aids (still pure: the caller owns the process) ----------------------------------------------

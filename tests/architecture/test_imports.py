@@ -66,3 +66,41 @@ def test_front_ends_do_not_import_each_other() -> None:
                     if (path, mod) in LAUNCHERS:
                         continue
                     assert not any(mod == f or mod.startswith(f + ".") for f in forbidden), (path, mod)
+
+
+#: client-mandated libraries, each kept behind ONE module so it can be swapped (coding rules)
+SWAPPABLE = {
+    "httpx": REPO / "aivedio_engine" / "httpclient.py",
+    "ffmpeg": REPO / "aivedio_engine" / "media" / "ffgraph.py",
+}
+PRODUCT_PACKAGES = ("aivedio_engine", "aivedio_cli", "tui")
+
+
+def _imported_tops(path: Path) -> set[str]:
+    """Top-level names of every absolute import in `path`, lazy ones inside functions included."""
+    tops = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            tops.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            tops.add(node.module.split(".")[0])
+    return tops
+
+
+def _importers(library: str, root: Path = REPO) -> set[Path]:
+    return {path for package in PRODUCT_PACKAGES for path in (root / package).rglob("*.py")
+            if library in _imported_tops(path)}
+
+
+@pytest.mark.parametrize("library", sorted(SWAPPABLE))
+def test_swappable_library_is_imported_by_one_module_only(library: str) -> None:
+    assert _importers(library) == {SWAPPABLE[library]}
+
+
+@pytest.mark.parametrize("source", ["import httpx", "import httpx._client as c", "from httpx import Client",
+                                    "def f():\n    from httpx._models import Response"])
+def test_the_import_scan_sees_every_import_form(source: str, tmp_path: Path) -> None:
+    stray = tmp_path / "aivedio_engine" / "fetch" / "stray.py"
+    stray.parent.mkdir(parents=True)
+    stray.write_text(source + "\n")
+    assert _importers("httpx", tmp_path) == {stray}
