@@ -9,7 +9,7 @@ import typer
 from aivedio_cli import capacity_cmd, config_cmd, db_cmd, serve_cmd, states_cmd, tenants_cmd
 from aivedio_cli import generate_cmd, sim_cmd
 from aivedio_cli import ledger_cmd, replay_cmd
-from aivedio_cli import audit_cmd, review_cmd
+from aivedio_cli import alerts_cmd, audit_cmd, review_cmd
 from aivedio_cli import reconcile_cmd, tasks_cmd
 from aivedio_cli import tui_cmd
 from aivedio_cli._context import CliState
@@ -35,6 +35,7 @@ app.add_typer(replay_cmd.app, name="replay")
 app.add_typer(ledger_cmd.app, name="ledger")
 app.add_typer(review_cmd.app, name="review")
 app.command("audit")(audit_cmd.audit)
+app.add_typer(alerts_cmd.app, name="alerts")
 app.add_typer(tasks_cmd.app, name="tasks")
 app.command("reconcile")(reconcile_cmd.reconcile)
 app.command("tui")(tui_cmd.tui)

@@ -1,0 +1,90 @@
+"""`aivedio alerts list|ack|resolve`: the engine's own alerts for on-call (DESIGN §13, seed 004 §17)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from aivedio_cli._mutate import DRY_RUN, REASON, YES, confirm, operation
+from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id
+from aivedio_cli._services import service_context
+from aivedio_engine.services.alert_ops import LIST_STATUSES, AlertChange, AlertOps
+
+app = typer.Typer(help="Engine alerts: list, acknowledge, resolve.", no_args_is_help=True)
+
+IDS = typer.Argument(..., help="Alert ids (from `aivedio alerts list`).")
+JSON = typer.Option(False, "--json", help="Print JSON.")
+
+
+@app.command("list")
+def list_alerts(
+    ctx: typer.Context,
+    status: str = typer.Option("unresolved", "--status", help=f"One of: {', '.join(LIST_STATUSES)}."),
+    rule: Optional[str] = typer.Option(None, "--rule", help="Only this rule, e.g. submit_unknown_parked."),
+    severity: Optional[str] = typer.Option(None, "--severity", help="info, warning or critical."),
+    limit: int = typer.Option(100, "--limit", min=1, max=10_000),
+    as_json: bool = JSON,
+) -> None:
+    """Alerts, newest first (default: not yet resolved)."""
+    with service_context(ctx) as app_ctx:
+        rows = AlertOps(app_ctx.engine, app_ctx.clock).list(status, rule, severity, limit)
+    if as_json:
+        emit_json([a.to_dict() for a in rows])
+        return
+    if not rows:
+        out().print(f"no {status} alerts")
+        return
+    table = Table("id", "raised", "severity", "rule", "status", "subject", "message", "acknowledged by")
+    for a in rows:
+        subject = f"{a.subject_type}:{a.subject_id}" if a.subject_id else ""
+        table.add_row(str(a.id), a.raised_at.isoformat(timespec="seconds"), a.severity, a.rule, a.status, subject,
+                      a.message, a.acknowledged_by or "")
+    out().print(table)
+
+
+@app.command("ack")
+def acknowledge(ctx: typer.Context, ids: list[str] = IDS, reason: Optional[str] = REASON, yes: bool = YES,
+                dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
+    """Acknowledge: someone is on it. The alert stays unresolved; repeats of its condition do not re-open it."""
+    _change(ctx, "ack", ids, reason, yes, dry_run, as_json)
+
+
+@app.command("resolve")
+def resolve(ctx: typer.Context, ids: list[str] = IDS, reason: Optional[str] = REASON, yes: bool = YES,
+            dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
+    """Resolve: the condition is handled. If it still holds, the engine raises a new alert."""
+    _change(ctx, "resolve", ids, reason, yes, dry_run, as_json)
+
+
+def _change(ctx: typer.Context, verb: str, ids: list[str], reason: Optional[str], yes: bool, dry_run: bool,
+            as_json: bool) -> None:
+    alert_ids = [parse_id(i, "valid alert") for i in ids]
+    op = operation(f"alerts {verb}", reason, dry_run, ids=[str(i) for i in alert_ids])
+    if not dry_run:
+        confirm(f"{verb} {len(alert_ids)} alert(s)?", yes)
+    with service_context(ctx) as app_ctx:
+        service = AlertOps(app_ctx.engine, app_ctx.clock)
+        change = (service.acknowledge if verb == "ack" else service.resolve)(alert_ids, op)
+    if as_json:
+        emit_json({"dry_run": change.dry_run, "changed": [str(i) for i in change.changed],
+                   "skipped": [{"id": str(i), "why": why} for i, why in change.skipped]})
+    else:
+        done = {"ack": "acknowledged", "resolve": "resolved"}[verb]
+        console = out()
+        console.print(f"{'dry run: would have ' if dry_run else ''}{done} {len(change.changed)} alert(s)"
+                      + (f", skipped {len(change.skipped)}" if change.skipped else ""), highlight=False)
+        for i, why in change.skipped:
+            console.print(f"  {i}: {why}", highlight=False)
+    code = _exit_code(change)
+    if code is not ExitCode.OK:
+        raise typer.Exit(int(code))
+
+
+def _exit_code(change: AlertChange) -> ExitCode:
+    """Already acknowledged/resolved is a no-op (0); an unknown id is not found (5), or partial (3) beside others."""
+    missing = [i for i, why in change.skipped if why == "not found"]
+    if not missing:
+        return ExitCode.OK
+    return ExitCode.PARTIAL if change.changed or len(missing) < len(change.skipped) else ExitCode.NOT_FOUND

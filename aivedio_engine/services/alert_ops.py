@@ -1,0 +1,133 @@
+"""Alerts for on-call (`aivedio alerts`, the TUI's Alerts screen): list, acknowledge, resolve — audited.
+
+Acknowledging says "someone is on it": the alert stays unresolved, a repeat of its condition only bumps
+`last_seen_at` (db.alerts.raise_alert), so the on-call engineer is not paged twice for one incident. Resolving
+closes it; if the condition still holds, the engine raises a fresh alert, which is what should happen.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import Engine
+
+from aivedio_engine.clock import Clock
+from aivedio_engine.db.session import write_tx
+from aivedio_engine.db.tables import alerts
+from aivedio_engine.domain.status import AlertSeverity, AlertStatus
+from aivedio_engine.services.errors import InvalidInput
+from aivedio_engine.services.operations import Operation, record
+
+_al = alerts.c
+UNRESOLVED = (AlertStatus.OPEN.value, AlertStatus.ACKNOWLEDGED.value)
+#: `list` filters by these names; "unresolved" = OPEN and ACKNOWLEDGED
+LIST_STATUSES = ("unresolved", "open", "acknowledged", "resolved", "all")
+_STATUS_FILTER: dict[str, tuple[str, ...]] = {
+    "unresolved": UNRESOLVED, "open": (AlertStatus.OPEN.value,), "acknowledged": (AlertStatus.ACKNOWLEDGED.value,),
+    "resolved": (AlertStatus.RESOLVED.value,), "all": tuple(s.value for s in AlertStatus),
+}
+MAX_IDS = 1000
+
+
+@dataclass(frozen=True)
+class AlertView:
+    id: uuid.UUID
+    rule: str
+    severity: str
+    status: str
+    subject_type: str | None
+    subject_id: str | None
+    message: str
+    raised_at: datetime
+    last_seen_at: datetime
+    acknowledged_by: str | None
+    acknowledged_at: datetime | None
+    resolved_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        def when(t: datetime | None) -> str | None:
+            return t.isoformat() if t else None
+
+        return {"id": str(self.id), "rule": self.rule, "severity": self.severity, "status": self.status,
+                "subject_type": self.subject_type, "subject_id": self.subject_id, "message": self.message,
+                "raised_at": when(self.raised_at), "last_seen_at": when(self.last_seen_at),
+                "acknowledged_by": self.acknowledged_by, "acknowledged_at": when(self.acknowledged_at),
+                "resolved_at": when(self.resolved_at)}
+
+
+@dataclass(frozen=True)
+class AlertChange:
+    changed: list[uuid.UUID]
+    #: (id, why it was left alone: "not found", "already RESOLVED", ...)
+    skipped: list[tuple[uuid.UUID, str]]
+    dry_run: bool
+
+
+class AlertOps:
+    def __init__(self, engine: Engine, clock: Clock) -> None:
+        self._engine = engine
+        self._clock = clock
+
+    def list(self, status: str = "unresolved", rule: str | None = None, severity: str | None = None,
+             limit: int = 100) -> list[AlertView]:
+        """Newest first."""
+        if status not in _STATUS_FILTER:
+            raise InvalidInput(f"status must be one of {', '.join(LIST_STATUSES)}, got {status!r}", field="status")
+        if severity is not None and severity not in {s.value for s in AlertSeverity}:
+            raise InvalidInput(f"severity must be one of {', '.join(s.value for s in AlertSeverity)}, "
+                               f"got {severity!r}", field="severity")
+        if not 1 <= limit <= 10_000:
+            raise InvalidInput("limit must be between 1 and 10000", field="limit")
+        stmt = sa.select(alerts).where(_al.status.in_(_STATUS_FILTER[status]))
+        if rule:
+            stmt = stmt.where(_al.rule == rule)
+        if severity:
+            stmt = stmt.where(_al.severity == severity)
+        with self._engine.connect() as conn:
+            rows = conn.execute(stmt.order_by(_al.raised_at.desc(), _al.id.desc()).limit(limit)).all()
+        return [_view(r) for r in rows]
+
+    def acknowledge(self, ids: Sequence[uuid.UUID], op: Operation) -> AlertChange:
+        """OPEN → ACKNOWLEDGED, by `op.actor`."""
+        return self._change(ids, op, allowed=(AlertStatus.OPEN.value,), to=AlertStatus.ACKNOWLEDGED,
+                            outcome="acknowledged")
+
+    def resolve(self, ids: Sequence[uuid.UUID], op: Operation) -> AlertChange:
+        """OPEN or ACKNOWLEDGED → RESOLVED."""
+        return self._change(ids, op, allowed=UNRESOLVED, to=AlertStatus.RESOLVED, outcome="resolved")
+
+    def _change(self, ids: Sequence[uuid.UUID], op: Operation, *, allowed: tuple[str, ...], to: AlertStatus,
+                outcome: str) -> AlertChange:
+        op.require_reason()
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            raise InvalidInput("name at least one alert id", field="ids")
+        if len(wanted) > MAX_IDS:
+            raise InvalidInput(f"at most {MAX_IDS} alerts per change", field="ids")
+        now = self._clock.now()
+        with write_tx(self._engine) as conn:
+            current = {r.id: r.status for r in conn.execute(
+                sa.select(_al.id, _al.status).where(_al.id.in_(wanted)).with_for_update())}
+            skipped = [(i, "not found" if i not in current else f"already {current[i]}")
+                       for i in wanted if current.get(i) not in allowed]
+            changing = [i for i in wanted if current.get(i) in allowed]
+            if changing and not op.dry_run:
+                values: dict[str, Any] = {"status": to.value}
+                if to is AlertStatus.ACKNOWLEDGED:
+                    values |= {"acknowledged_by": op.actor[:128], "acknowledged_at": now}
+                else:
+                    values["resolved_at"] = now
+                conn.execute(alerts.update().where(_al.id.in_(changing), _al.status.in_(allowed)).values(**values))
+            record(conn, op, affected_ids=[] if op.dry_run else changing,
+                   outcome=("dry_run" if op.dry_run else outcome if changing else "nothing_to_do"), now=now)
+        return AlertChange(changing, skipped, op.dry_run)
+
+
+def _view(r: Any) -> AlertView:
+    return AlertView(r.id, r.rule, r.severity, r.status, r.subject_type, r.subject_id, r.message, r.raised_at,
+                     r.last_seen_at, r.acknowledged_by, r.acknowledged_at, r.resolved_at)
