@@ -7,6 +7,7 @@ simulator's ground truth or the object store are listed as skipped, with why, so
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import typer
@@ -59,7 +60,7 @@ def _print(report: AuditReport) -> None:
         shown = f"first {len(r.rows)} of {r.violations}" if len(r.rows) < r.violations else str(r.violations)
         rows = Table(*r.rows[0].keys(), title=f"{r.id} — {r.description} ({shown} offending rows)")
         for row in r.rows:
-            rows.add_row(*("" if v is None else str(v) for v in row.values()))
+            rows.add_row(*(_cell(v) for v in row.values()))
         console.print(rows)
     if report.skipped:
         skipped = Table("check", "invariant", "why skipped", title="Not checked here")
@@ -69,3 +70,9 @@ def _print(report: AuditReport) -> None:
     failed = sum(1 for r in report.results if not r.ok)
     summary = "all checks hold" if failed == 0 else f"{failed} of {len(report.results)} checks violated"
     console.print(f"{summary}; {len(report.skipped)} skipped", highlight=False)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return format(value, "f") if isinstance(value, Decimal) else str(value)  # 0.00000000, not 0E-8

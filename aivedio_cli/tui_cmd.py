@@ -21,10 +21,10 @@ def tui(
     refresh: float = typer.Option(2.0, "--refresh", min=0.5, max=3600, metavar="SECONDS",
                                   help="How often the overview re-reads the live figures."),
 ) -> None:
-    """Interactive dashboard: overview, tasks + timeline, review queue, SUBMIT_UNKNOWN, DLQ/orphans, ledger,
-    capacity.
+    """Interactive dashboard: overview, tasks + timeline, review queue, SUBMIT_UNKNOWN, DLQ/orphans, ledger
+    (+ adjust), capacity, audit checks, alerts (acknowledge/resolve, Space marks several).
 
-    k9s keys: ? help, / filter, : go to a screen (or a task id), Esc back, 1-7 switch screens, q quit. Every
+    k9s keys: ? help, / filter, : go to a screen (or a task id), Esc back, 1-9 switch screens, q quit. Every
     change asks for confirmation and a reason (stored in the audit log); --readonly refuses them all.
     """
     if not (sys.stdin.isatty() and sys.stdout.isatty()):

@@ -21,6 +21,8 @@ from textual.screen import ModalScreen, Screen
 from aivedio_engine.services.operations import Operation, current_operator
 from tui.commands import ScreensProvider
 from tui.mutation import Mutation, explain
+from tui.screens.alerts import AlertsScreen
+from tui.screens.audit import AuditScreen
 from tui.screens.capacity import CapacityScreen
 from tui.screens.ledger import LedgerScreen
 from tui.screens.overview import OverviewScreen
@@ -58,6 +60,10 @@ ENTRIES = (
     Entry("ledger", "6", "Ledger", "tenant balances and entries", LedgerScreen, ("credits", "balance")),
     Entry("capacity", "7", "Capacity", "live capacity model from measured rates", CapacityScreen,
           ("cap", "slots")),
+    Entry("audit", "8", "Audit", "invariant checks (aivedio audit) and their offending rows", AuditScreen,
+          ("invariants", "checks", "inv")),
+    Entry("alerts", "9", "Alerts", "unresolved engine alerts; acknowledge, resolve", AlertsScreen,
+          ("al", "alarms", "incidents")),
 )
 #: actions that would act behind an open modal (a confirmation, the help, the palette): ignored there
 _NOT_IN_MODALS = {"goto", "help", "back", "command_palette"}
@@ -110,6 +116,13 @@ class AivedioApp(App[None]):
         self.action_goto("tasks")
         self.push_screen(TaskDetailScreen(task_id))
 
+    def open_alert(self, alert_id: uuid.UUID | None) -> None:
+        """The Alerts screen, with the cursor on `alert_id` once it is listed."""
+        self.action_goto("alerts")
+        screen = self.screen
+        if alert_id is not None and isinstance(screen, AlertsScreen):
+            screen.highlight(alert_id)
+
     def action_help(self) -> None:
         screen = self.screen
         own = screen.help_keys() if hasattr(screen, "help_keys") else []
@@ -121,9 +134,15 @@ class AivedioApp(App[None]):
 
     # --- the one mutation path --------------------------------------------------------------------------------
 
-    def mutate(self, mutation: Mutation, screen: OpsScreen) -> None:
+    def refused_readonly(self, command: str) -> bool:
+        """True (and the operator told so) in a read-only session; screens that ask for input before building
+        their Mutation check this first, so nobody fills in a form for nothing."""
         if self.readonly:
-            self.notify(f"read-only session: {mutation.command} refused", title="refused", severity="error")
+            self.notify(f"read-only session: {command} refused", title="refused", severity="error")
+        return self.readonly
+
+    def mutate(self, mutation: Mutation, screen: OpsScreen) -> None:
+        if self.refused_readonly(mutation.command):
             return
 
         def confirmed(reason: str | None) -> None:

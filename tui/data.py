@@ -24,8 +24,11 @@ import sqlalchemy as sa
 from aivedio_engine.db.alerts import open_alerts
 from aivedio_engine.domain.status import AttemptStatus
 from aivedio_engine.observability.snapshot import read_snapshot
+from aivedio_engine.services.alert_ops import AlertChange, AlertOps, AlertView
 from aivedio_engine.services.capacity_live import CapacityLiveService
-from aivedio_engine.services.ledger_ops import Balance, LedgerOps
+from aivedio_engine.services.errors import ServiceError
+from aivedio_engine.services.invariants import DEFAULT_GRACE_S, AuditReport, InvariantService
+from aivedio_engine.services.ledger_ops import MANUAL_KEY_PREFIX, Balance, LedgerOps
 from aivedio_engine.services.operations import Operation
 from aivedio_engine.services.reconcile_ops import Candidate, ReconcileOps
 from aivedio_engine.services.replay import Preview, ReplayFilter, ReplayService
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
 
 #: rows a list screen loads; the TUI is a live view, not an export (the CLI's --limit/--json is for that)
 LIST_LIMIT = 200
+#: offending rows the audit screen keeps per violated check (all are counted)
+AUDIT_ROWS = 100
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,45 @@ class AlertLine:
     severity: str
     rule: str
     message: str
+    #: the alert's id, so the overview can open it on the Alerts screen
+    id: uuid.UUID | None = None
+
+
+@dataclass(frozen=True)
+class AuditRun:
+    """One run of the invariant checks (`aivedio audit`), and when it ran."""
+
+    at: datetime
+    grace_s: float
+    report: AuditReport
+
+
+@dataclass(frozen=True)
+class AlertQuery:
+    """The `/` filter of the alerts screen: `status:` (unresolved, open, acknowledged, resolved, all),
+    `severity:` and `rule:` go to the service like the CLI's flags; other words must all appear in a row."""
+
+    status: str = "unresolved"
+    severity: str | None = None
+    rule: str | None = None
+    words: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> AlertQuery:
+        fields_: dict[str, str] = {}
+        words: list[str] = []
+        for token in text.split():
+            key, sep, value = token.partition(":")
+            if sep and key.lower() in ("status", "severity", "rule") and value:
+                fields_[key.lower()] = value.lower() if key.lower() != "rule" else value
+            else:
+                words.append(token.lower())
+        return cls(words=tuple(words), **fields_)
+
+    def keeps(self, a: AlertView) -> bool:
+        hay = " ".join(str(v).lower() for v in (a.id, a.rule, a.severity, a.status, a.subject_type, a.subject_id,
+                                                a.message, a.acknowledged_by))
+        return all(w in hay for w in self.words)
 
 
 @dataclass(frozen=True)
@@ -135,6 +179,7 @@ class EngineData:
         self._review = ReviewService(ctx.engine, ctx.clock)
         self._replay = ReplayService(ctx.engine, ctx.clock)
         self._ledger = LedgerOps(ctx.engine, ctx.clock)
+        self._alerts = AlertOps(ctx.engine, ctx.clock)
 
     @property
     def describe(self) -> str:
@@ -164,7 +209,7 @@ class EngineData:
         names = sorted({*limits, *active, *snap.orphans})
         providers = [ProviderLoad(n, active.get(n, 0), limits.get(n), unknown.get(n, 0), snap.orphans.get(n, 0))
                      for n in names]
-        alerts = [AlertLine(r.raised_at, r.severity, r.rule, r.message) for r in reversed(alert_rows[-50:])]
+        alerts = [AlertLine(r.raised_at, r.severity, r.rule, r.message, r.id) for r in reversed(alert_rows[-50:])]
         return Overview(
             now=now, by_status=dict(sorted(by_status.items())), queue_depth=by_status.get("QUEUED", 0),
             queue_p95_age_s=_age(now, snap.queue_p95), queue_oldest_age_s=_age(now, snap.queue_oldest),
@@ -260,8 +305,51 @@ class EngineData:
     def entries(self, tenant_id: uuid.UUID) -> list[dict[str, Any]]:
         return self._ledger.entries(str(tenant_id), limit=LIST_LIMIT)
 
+    def adjust(self, tenant_id: uuid.UUID, amount: Decimal, key: str, task_id: uuid.UUID | None,
+               op: Operation) -> str:
+        """Book one ADJUSTMENT (`aivedio ledger adjust`); a refusal is re-raised saying so."""
+        try:
+            r = self._ledger.adjust(str(tenant_id), amount, key, op, task_id=task_id)
+        except ServiceError as exc:
+            text = str(exc)
+            raise type(exc)(text if text.startswith("refused") else f"refused: {text}", **exc.extra) from exc
+        shown_key = r.business_key.removeprefix(MANUAL_KEY_PREFIX)
+        if r.outcome == "duplicate":
+            return (f"duplicate: business key {shown_key!r} is already booked for {r.tenant}; nothing changed "
+                    f"(balance {fmt_money(r.balance_after)})")
+        return (f"booked {fmt_money(r.amount)} credits for {r.tenant} under {shown_key!r}: balance "
+                f"{fmt_money(r.balance_before)} → {fmt_money(r.balance_after)}")
+
     def capacity(self, window_s: float) -> LiveReport:
         return CapacityLiveService(self.ctx.engine, self.ctx.clock, self.ctx.settings).report(window_s)
+
+
+    # --- invariant audit --------------------------------------------------------------------------------------
+
+    def audit(self, grace_s: float = DEFAULT_GRACE_S) -> AuditRun:
+        at = self.ctx.clock.now()
+        report = InvariantService(self.ctx.engine, self.ctx.clock).run(grace_s=grace_s, limit=AUDIT_ROWS)
+        return AuditRun(at, grace_s, report)
+
+    # --- alerts -----------------------------------------------------------------------------------------------
+
+    def alerts(self, query: AlertQuery) -> list[AlertView]:
+        rows = self._alerts.list(query.status, query.rule, query.severity, limit=LIST_LIMIT)
+        return [a for a in rows if query.keeps(a)]
+
+    def acknowledge(self, ids: Sequence[uuid.UUID], op: Operation) -> str:
+        return _change_text("acknowledged", self._alerts.acknowledge(list(ids), op))
+
+    def resolve(self, ids: Sequence[uuid.UUID], op: Operation) -> str:
+        return _change_text("resolved", self._alerts.resolve(list(ids), op))
+
+
+def _change_text(verb: str, change: AlertChange) -> str:
+    text = f"{verb} {len(change.changed)} alert(s)"
+    if change.skipped:
+        why = sorted({w for _, w in change.skipped})
+        text += f"; left {len(change.skipped)} alone ({', '.join(why)})"
+    return text
 
 
 def fmt_age(seconds: float | None) -> str:

@@ -39,6 +39,18 @@ DataTable, #review-card, #capacity-notes {
     height: 1fr;
 }
 
+#audit-body > #checks {
+    height: 3fr;
+}
+
+#audit-body > #offending {
+    height: 2fr;
+}
+
+#adjust-box > .modal-hint {
+    margin-top: 0;
+}
+
 #capacity-body > DataTable {
     height: auto;
     max-height: 14;
@@ -55,7 +67,7 @@ DataTable, #review-card, #capacity-notes {
     border: round $accent 40%;
 }
 
-ConfirmModal, HelpScreen {
+ConfirmModal, HelpScreen, AdjustForm {
     align: center middle;
 }
 

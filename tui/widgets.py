@@ -1,8 +1,12 @@
-"""Modals shared by every screen: the confirmation that asks for a reason, the `/` filter prompt and `?` help."""
+"""Modals shared by every screen: the confirmation that asks for a reason, the `/` filter prompt, `?` help, and
+the ledger adjustment form."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 
 from rich.text import Text
 from textual import on
@@ -11,6 +15,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
+
+from aivedio_engine.services.ledger_ops import MAX_KEY
 
 
 class ConfirmModal(ModalScreen[str | None]):
@@ -124,5 +130,88 @@ def _key_table(title: str, keys: Sequence[tuple[str, str]]) -> Text:
 
 def key_label(key: str) -> str:
     """Binding key names → what is printed on the keycap."""
-    names = {"question_mark": "?", "slash": "/", "colon": ":", "escape": "Esc", "enter": "Enter"}
+    names = {"question_mark": "?", "slash": "/", "colon": ":", "escape": "Esc", "enter": "Enter", "space": "Space"}
     return ",".join(names.get(k, k) for k in key.split(","))
+
+
+@dataclass(frozen=True)
+class AdjustRequest:
+    """What the adjustment form collected (checked for shape; the ledger service decides the rest)."""
+
+    amount: Decimal
+    business_key: str
+    task_id: uuid.UUID | None
+
+
+#: the ledger's numeric(20,8): more decimals than this cannot be booked
+_QUANTUM = Decimal("0.00000001")
+
+
+def parse_adjustment(amount: str, business_key: str, task: str) -> AdjustRequest:
+    """The form's fields → an AdjustRequest; ValueError with a message for the operator when one is wrong."""
+    try:
+        value = Decimal(amount.strip().replace(" ", "").lstrip("+"))
+    except InvalidOperation:
+        raise ValueError(f"amount must be a signed number such as -5 or 12.5, not {amount.strip()!r}") from None
+    if not value.is_finite() or value == 0 or abs(value) >= Decimal("1e12"):
+        raise ValueError("amount must be a non-zero number below 1e12 in magnitude")
+    if value != value.quantize(_QUANTUM):
+        raise ValueError("amount has more than 8 decimal places")
+    key = business_key.strip()
+    if not key:
+        raise ValueError("a business key is required: it makes booking the same correction twice a no-op")
+    if len(key) > MAX_KEY or not key.isprintable():
+        raise ValueError(f"business key must be 1..{MAX_KEY} printable characters")
+    task_id = None
+    if task.strip():
+        try:
+            task_id = uuid.UUID(task.strip())
+        except ValueError:
+            raise ValueError(f"task must be a task id (a UUID), not {task.strip()!r}") from None
+    return AdjustRequest(value, key, task_id)
+
+
+class AdjustForm(ModalScreen[AdjustRequest | None]):
+    """`a` on the ledger screen: amount, business key and an optional task for one ADJUSTMENT. Dismisses with
+    the request (the confirmation asking the reason comes next, from `AivedioApp.mutate`) or None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, tenant: str, balance: str) -> None:
+        super().__init__()
+        self._tenant = tenant
+        self._balance = balance
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="adjust-box", classes="modal-box"):
+            yield Label(f"Adjust the credits of {self._tenant}", classes="modal-title")
+            yield Static(Text(f"current balance {self._balance}; an ADJUSTMENT is appended to the ledger, "
+                              "nothing is rewritten"), id="adjust-balance")
+            yield Label("Amount (signed: -5 takes 5 credits, 12.5 adds 12.5)", classes="modal-hint")
+            yield Input(placeholder="e.g. -5 or 12.5", id="amount")
+            yield Label("Business key (required; the same key again is a no-op), e.g. INC-1234", classes="modal-hint")
+            yield Input(placeholder="e.g. INC-1234-refund", id="business-key")
+            yield Label("Task id (optional: the task this correction is about)", classes="modal-hint")
+            yield Input(placeholder="task UUID or empty", id="task")
+            yield Label("", id="adjust-error", classes="modal-error")
+            with Horizontal(classes="modal-buttons"):
+                yield Button("Next: confirm", id="adjust-submit", variant="primary")
+                yield Button("Cancel", id="adjust-cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#amount", Input).focus()
+
+    @on(Input.Submitted)
+    @on(Button.Pressed, "#adjust-submit")
+    def _submit(self) -> None:
+        try:
+            request = parse_adjustment(*(self.query_one(f"#{i}", Input).value
+                                         for i in ("amount", "business-key", "task")))
+        except ValueError as exc:
+            self.query_one("#adjust-error", Label).update(str(exc))
+            return
+        self.dismiss(request)
+
+    @on(Button.Pressed, "#adjust-cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)

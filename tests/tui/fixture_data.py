@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
+from aivedio_engine.services.alert_ops import AlertView
+from aivedio_engine.services.invariants import AuditReport, CheckResult, Skipped
 from aivedio_engine.services.review import ReviewView
 from aivedio_engine.services.task_ops import TaskRow
-from tui.data import AlertLine, AssetFacts, Overview, ProviderLoad, TaskQuery
+from tui.data import AlertLine, AlertQuery, AssetFacts, AuditRun, Overview, ProviderLoad, TaskQuery
 
 NOW = datetime(2026, 3, 14, 9, 26, 53, tzinfo=UTC)
 ACME = uuid.UUID("0195a3c0-0000-7000-8000-00000000ac3e")
@@ -33,6 +36,32 @@ _TASKS = [  # (status, tenant, provider, attempts, progress, minutes ago, note)
 ]
 
 
+_ALERTS = [
+    AlertView(_id(301), "submit_unknown_parked", "warning", "OPEN", "task", str(_id(3)),
+              "task 0195a3c0-0003 waited 10m for a lookup; parked for a human", NOW - timedelta(minutes=4),
+              NOW - timedelta(minutes=1), None, None, None),
+    AlertView(_id(302), "queue_backlog", "info", "ACKNOWLEDGED", None, None,
+              "14 tasks queued, the oldest for 97s", NOW - timedelta(minutes=9), NOW - timedelta(minutes=2),
+              "bob@ops", NOW - timedelta(minutes=8), None),
+    AlertView(_id(303), "duplicate_provider_job", "critical", "OPEN", "task", str(_id(6)),
+              "two jobs at runway for one request key", NOW - timedelta(minutes=31), NOW - timedelta(minutes=31),
+              None, None, None),
+]
+
+
+def _audit() -> AuditReport:
+    ok = [("I1.2", "one task per (tenant, idempotency key): retried creates never make a second task"),
+          ("I2.2", "every parked task has an open alert (a human was told)"),
+          ("I4.1", "each ledger business key is booked once")]
+    results = [CheckResult(cid, text, 0, []) for cid, text in ok]
+    results.insert(2, CheckResult(
+        "I4.6", "each tenant's cached balance equals the sum of its ledger", 2,
+        [{"tenant_id": ACME, "credit_balance": Decimal("999.00000000"), "ledger_sum": Decimal("994.00000000")},
+         {"tenant_id": _id(9), "credit_balance": Decimal("10.00000000"), "ledger_sum": Decimal("0E-8")}]))
+    return AuditReport(results, [Skipped("I3.1", "exactly one provider job per submitted task",
+                                         "needs the provider's ground truth, not our tables")])
+
+
 class FixtureData:
     describe = "fixture · sqlite"
 
@@ -44,10 +73,8 @@ class FixtureData:
             outbox_oldest_age_s=1.4, dead_letters=1, orphans=2, reserved_credits=52.0,
             reserved_oldest_age_s=1843.0,
             providers=[ProviderLoad("runway", 7, 10, 0, 0), ProviderLoad("sim", 4, 50, 2, 2)],
-            alerts=[AlertLine(NOW - timedelta(minutes=4), "warning", "submit_unknown_parked",
-                              "task 0195a3c0-0003 waited 10m for a lookup; parked for a human"),
-                    AlertLine(NOW - timedelta(minutes=31), "critical", "duplicate_provider_job",
-                              "two jobs at runway for one request key")])
+            alerts=[AlertLine(a.raised_at, a.severity, a.rule, a.message, a.id)
+                    for a in _ALERTS if a.status == "OPEN"])
 
     def tasks(self, query: TaskQuery) -> list[TaskRow]:
         rows = [TaskRow(task_id=_id(i + 1), tenant_id=ACME, tenant=tenant, status=status, version=3 + i,
@@ -70,6 +97,12 @@ class FixtureData:
         return AssetFacts(asset_id=item.asset_id, mime="video/mp4", duration_ms=2000, size_bytes=1_234_567,
                           width=1280, height=720, status="READY",
                           thumbnail=f"/var/lib/aivedio/objects/derivatives/{item.task_id}/thumbnail.jpg")
+
+    def audit(self) -> AuditRun:
+        return AuditRun(NOW, 900.0, _audit())
+
+    def alerts(self, query: AlertQuery) -> list[AlertView]:
+        return [a for a in _ALERTS if query.keeps(a)]
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"the snapshot dataset has no {name!r}")

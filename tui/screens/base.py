@@ -62,7 +62,11 @@ class OpsScreen(Screen[None]):
         self.sub_title = self.ops.sub_title
 
     def on_screen_resume(self) -> None:
-        # coming back to a screen (another screen, a modal, the palette) shows fresh data
+        self.resumed()
+
+    def resumed(self) -> None:
+        """Shown (again): coming back to a screen (another screen, a modal, the palette) shows fresh data.
+        A subclass overrides this, not `on_screen_resume` (Textual calls that handler of every class in the MRO)."""
         self.reload()
 
     def set_status(self, text: str) -> None:
@@ -79,13 +83,13 @@ class OpsScreen(Screen[None]):
 
     def help_keys(self) -> list[tuple[str, str]]:
         """This screen's keys for `?`, without the ones a read-only session cannot use."""
-        keys = []
+        keys: dict[str, str] = {}  # a screen's own binding of a key replaces the base's description
         # only the bindings of operator screens: Textual's own (tab, ctrl+c) are not what `?` is asked about
         for cls in [c for c in reversed(type(self).__mro__) if isinstance(c, type) and issubclass(c, OpsScreen)]:
             for b in cls.__dict__.get("BINDINGS", []):
                 if isinstance(b, Binding) and b.description and self.check_action(b.action, ()) is not False:
-                    keys.append((key_label(b.key), b.description))
-        return keys
+                    keys[key_label(b.key)] = b.description
+        return list(keys.items())
 
     def action_filter(self) -> None:
         if self.FILTER_HINT is None:
@@ -94,9 +98,13 @@ class OpsScreen(Screen[None]):
         def apply(text: str | None) -> None:
             if text is not None and text != self.filter_text:
                 self.filter_text = text
-                self.reload()
+                self.filter_changed()
 
         self.app.push_screen(FilterPrompt(self.filter_text, self.FILTER_HINT), apply)
+
+    def filter_changed(self) -> None:
+        """The `/` filter changed: load again (a screen that filters what it already has may just re-render)."""
+        self.reload()
 
     def action_reload(self) -> None:
         self.reload()

@@ -1,4 +1,5 @@
-"""Ledger: every tenant's balance against its ledger sum, and the entries of the highlighted tenant."""
+"""Ledger: every tenant's balance against its ledger sum, and the entries of the highlighted tenant; `a` books
+one ADJUSTMENT for the highlighted tenant through `LedgerOps.adjust` (the service of `aivedio ledger adjust`)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,25 @@ from typing import Any
 
 from textual import on, work
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable
 from textual.worker import get_current_worker
 
 from aivedio_engine.services.ledger_ops import Balance
 from tui.data import fmt_money
-from tui.mutation import explain
+from tui.mutation import Mutation, explain
 from tui.screens.base import OpsScreen
+from tui.widgets import AdjustForm, AdjustRequest
+
+COMMAND = "tui ledger adjust"
 
 
 class LedgerScreen(OpsScreen):
     NAME = "Ledger"
     FILTER_HINT = "filter: words that must appear in the tenant's name or id; empty clears"
+    MUTATIONS = frozenset({"adjust"})
+    BINDINGS = [Binding("a", "adjust", "Adjust credits")]
 
     def __init__(self) -> None:
         super().__init__()
@@ -81,3 +88,39 @@ class LedgerScreen(OpsScreen):
             (str(r["id"]), (r["created_at"].strftime("%m-%d %H:%M:%S"), r["entry_type"], fmt_money(r["amount"]),
                             str(r["task_id"] or ""), r["business_key"], r["created_by"] or "", r["reason"] or ""))
             for r in rows])
+
+    # --- adjust -----------------------------------------------------------------------------------------------
+
+    def current(self) -> Balance | None:
+        key = self.selected_key(self.query_one("#balances", DataTable))
+        return next((b for b in self.balances if str(b.tenant_id) == key), None)
+
+    def action_adjust(self) -> None:
+        tenant = self.current()
+        if tenant is None or self.ops.refused_readonly(COMMAND):
+            return
+
+        def submitted(request: AdjustRequest | None) -> None:
+            if request is None:
+                self.notify("cancelled: nothing changed", title=COMMAND)
+            else:
+                self._confirm(tenant, request)
+
+        self.app.push_screen(AdjustForm(tenant.tenant, fmt_money(tenant.credit_balance)), submitted)
+
+    def _confirm(self, b: Balance, r: AdjustRequest) -> None:
+        data = self.ops.data
+        after = b.credit_balance + r.amount
+        signed = f"{'+' if r.amount > 0 else ''}{fmt_money(r.amount)}"
+        lines = [f"tenant {b.tenant} ({b.tenant_id})",
+                 f"current balance {fmt_money(b.credit_balance)}; booked, it becomes {fmt_money(after)}",
+                 f"amount {signed} credits (an ADJUSTMENT ledger entry)",
+                 f"business key {r.business_key!r}: booking it again changes nothing",
+                 f"task {r.task_id or '(none)'}"]
+        if after < 0:
+            lines.append("the balance cannot go negative: the ledger service will refuse this")
+        self.mutate(Mutation(
+            command=COMMAND, title=f"Adjust {b.tenant} by {signed} credits",
+            lines=lines, run=lambda op: data.adjust(b.tenant_id, r.amount, r.business_key, r.task_id, op),
+            args={"tenant": str(b.tenant_id), "amount": str(r.amount), "business_key": r.business_key,
+                  "task": str(r.task_id) if r.task_id else None}))

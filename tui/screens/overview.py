@@ -1,9 +1,14 @@
-"""Overview: the live operational figures (seed 000 §4.10.7), re-read every few seconds in a worker."""
+"""Overview: the live operational figures (seed 000 §4.10.7), re-read every few seconds in a worker.
+
+The open-alerts table is the one thing to act on here, so it holds the focus: Enter opens the highlighted alert
+on the Alerts screen (acknowledge, resolve)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid
@@ -25,12 +30,13 @@ FIGURES = (
     ("orphans", "orphan provider events"),
     ("reserved", "reserved credits"),
     ("reserved_age", "oldest reservation"),
-    ("alerts", "open alerts"),
+    ("alerts", "open alerts (9: Alerts)"),
 )
 
 
 def _table(id_: str, *columns: tuple[str, str]) -> DataTable[Any]:
     table: DataTable[Any] = DataTable(id=id_, cursor_type="none", zebra_stripes=True)
+    table.can_focus = False  # figures only: the keys go to the alerts table
     for label, key in columns:
         table.add_column(label, key=key)
     return table
@@ -38,7 +44,10 @@ def _table(id_: str, *columns: tuple[str, str]) -> DataTable[Any]:
 
 class OverviewScreen(OpsScreen):
     NAME = "Overview"
-    BINDINGS = [Binding("p", "pause", "Pause/resume live refresh")]
+    BINDINGS = [
+        Binding("p", "pause", "Pause/resume live refresh"),
+        Binding("enter", "open_alert", "Open the highlighted alert on the Alerts screen"),
+    ]
 
     def __init__(self) -> None:
         super().__init__()
@@ -60,7 +69,9 @@ class OverviewScreen(OpsScreen):
             yield providers
             alerts = _table("alerts", ("raised", "raised"), ("severity", "severity"), ("rule", "rule"),
                             ("message", "message"))
-            alerts.border_title = "Open alerts"
+            alerts.border_title = "Open alerts (Enter: Alerts screen)"
+            alerts.cursor_type = "row"
+            alerts.can_focus = True
             yield alerts
 
     def on_mount(self) -> None:
@@ -71,6 +82,15 @@ class OverviewScreen(OpsScreen):
     def _tick(self) -> None:
         if not self.paused and self.is_current:
             self.reload()
+
+    @on(DataTable.RowSelected, "#alerts")
+    def action_open_alert(self) -> None:
+        key = self.selected_key(self.query_one("#alerts", DataTable))
+        try:
+            alert_id = uuid.UUID(key) if key else None
+        except ValueError:
+            alert_id = None
+        self.ops.open_alert(alert_id)
 
     def action_pause(self) -> None:
         self.paused = not self.paused
@@ -97,7 +117,7 @@ class OverviewScreen(OpsScreen):
             (p.name, (p.name, f"{p.active}/{p.limit if p.limit is not None else '∞'}", str(p.unknown),
                       str(p.orphans))) for p in o.providers])
         self.fill(self.query_one("#alerts", DataTable), [
-            (f"{i}", (a.raised_at.strftime("%m-%d %H:%M:%S"), a.severity, a.rule, a.message[:120]))
+            (str(a.id) if a.id else f"{i}", (a.raised_at.strftime("%m-%d %H:%M:%S"), a.severity, a.rule, a.message[:120]))
             for i, a in enumerate(o.alerts)])
         self.set_status(self._status(o))
 
