@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from aivedio_cli._mutate import DRY_RUN, REASON, YES, confirm, operation
 from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id
 from aivedio_cli._services import service_context
-from aivedio_engine.services.alert_ops import LIST_STATUSES, AlertChange, AlertOps
+from aivedio_engine.services.alert_ops import LIST_STATUSES, NOT_FOUND, AlertChange, AlertOps
 
 app = typer.Typer(help="Engine alerts: list, acknowledge, resolve.", no_args_is_help=True)
 
@@ -36,12 +35,13 @@ def list_alerts(
     if not rows:
         out().print(f"no {status} alerts")
         return
-    table = Table("id", "raised", "severity", "rule", "status", "subject", "message", "acknowledged by")
+    console = out()
+    # one line per alert rather than a table: ids stay whole (copyable into `alerts ack`) at any terminal width
     for a in rows:
-        subject = f"{a.subject_type}:{a.subject_id}" if a.subject_id else ""
-        table.add_row(str(a.id), a.raised_at.isoformat(timespec="seconds"), a.severity, a.rule, a.status, subject,
-                      a.message, a.acknowledged_by or "")
-    out().print(table)
+        subject = f"  {a.subject_type}:{a.subject_id}" if a.subject_id else ""
+        by = f"  (acknowledged by {a.acknowledged_by})" if a.acknowledged_by else ""
+        console.print(f"{a.id}  {a.status}  {a.severity}  {a.rule}{subject}  raised "
+                      f"{a.raised_at.isoformat(timespec='seconds')}  {a.message}{by}", highlight=False)
 
 
 @app.command("ack")
@@ -69,13 +69,15 @@ def _change(ctx: typer.Context, verb: str, ids: list[str], reason: Optional[str]
         change = (service.acknowledge if verb == "ack" else service.resolve)(alert_ids, op)
     if as_json:
         emit_json({"dry_run": change.dry_run, "changed": [str(i) for i in change.changed],
-                   "skipped": [{"id": str(i), "why": why} for i, why in change.skipped]})
+                   "skipped": [{"id": str(i), "why": why} for i, why in change.skipped],
+                   "refused": [{"id": str(i), "why": why} for i, why in change.refused]})
     else:
         done = {"ack": "acknowledged", "resolve": "resolved"}[verb]
         console = out()
         console.print(f"{'dry run: would have ' if dry_run else ''}{done} {len(change.changed)} alert(s)"
-                      + (f", skipped {len(change.skipped)}" if change.skipped else ""), highlight=False)
-        for i, why in change.skipped:
+                      + (f", skipped {len(change.skipped)}" if change.skipped else "")
+                      + (f", refused {len(change.refused)}" if change.refused else ""), highlight=False)
+        for i, why in [*change.skipped, *change.refused]:
             console.print(f"  {i}: {why}", highlight=False)
     code = _exit_code(change)
     if code is not ExitCode.OK:
@@ -83,8 +85,12 @@ def _change(ctx: typer.Context, verb: str, ids: list[str], reason: Optional[str]
 
 
 def _exit_code(change: AlertChange) -> ExitCode:
-    """Already acknowledged/resolved is a no-op (0); an unknown id is not found (5), or partial (3) beside others."""
-    missing = [i for i, why in change.skipped if why == "not found"]
-    if not missing:
+    """Already acknowledged/resolved is a no-op (0). Unknown ids alone → not found (5), refusals alone → refused
+    (4); either beside ids that changed or were no-ops → partial (3)."""
+    missing = [i for i, why in change.skipped if why == NOT_FOUND]
+    if not missing and not change.refused:
         return ExitCode.OK
-    return ExitCode.PARTIAL if change.changed or len(missing) < len(change.skipped) else ExitCode.NOT_FOUND
+    progressed = change.changed or len(missing) < len(change.skipped)  # changed, or already as asked
+    if progressed or (missing and change.refused):
+        return ExitCode.PARTIAL
+    return ExitCode.NOT_FOUND if missing else ExitCode.REFUSED

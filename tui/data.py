@@ -349,6 +349,8 @@ def _change_text(verb: str, change: AlertChange) -> str:
     if change.skipped:
         why = sorted({w for _, w in change.skipped})
         text += f"; left {len(change.skipped)} alone ({', '.join(why)})"
+    if change.refused:
+        text += f"; refused {len(change.refused)}: {change.refused[0][1]}"
     return text
 
 

@@ -2,14 +2,16 @@
 
 Acknowledging says "someone is on it": the alert stays unresolved, a repeat of its condition only bumps
 `last_seen_at` (db.alerts.raise_alert), so the on-call engineer is not paged twice for one incident. Resolving
-closes it; if the condition still holds, the engine raises a fresh alert, which is what should happen.
+closes it; if the condition still holds, the engine raises a fresh alert, which is what should happen. The
+alert of a task that is still parked is refused resolution: nothing would raise it again, and it is the only
+trace that the task (possibly a paid job) waits for a human.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -18,12 +20,13 @@ from sqlalchemy import Engine
 
 from aivedio_engine.clock import Clock
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import alerts
-from aivedio_engine.domain.status import AlertSeverity, AlertStatus
+from aivedio_engine.db.tables import alerts, generation_tasks
+from aivedio_engine.domain.status import TASK_TERMINAL, AlertSeverity, AlertStatus
 from aivedio_engine.services.errors import InvalidInput
 from aivedio_engine.services.operations import Operation, record
 
 _al = alerts.c
+_t = generation_tasks.c
 UNRESOLVED = (AlertStatus.OPEN.value, AlertStatus.ACKNOWLEDGED.value)
 #: `list` filters by these names; "unresolved" = OPEN and ACKNOWLEDGED
 LIST_STATUSES = ("unresolved", "open", "acknowledged", "resolved", "all")
@@ -32,6 +35,7 @@ _STATUS_FILTER: dict[str, tuple[str, ...]] = {
     "resolved": (AlertStatus.RESOLVED.value,), "all": tuple(s.value for s in AlertStatus),
 }
 MAX_IDS = 1000
+NOT_FOUND = "not found"
 
 
 @dataclass(frozen=True)
@@ -63,9 +67,11 @@ class AlertView:
 @dataclass(frozen=True)
 class AlertChange:
     changed: list[uuid.UUID]
-    #: (id, why it was left alone: "not found", "already RESOLVED", ...)
+    #: (id, why it was left alone: "not found", "already RESOLVED"): nothing to do
     skipped: list[tuple[uuid.UUID, str]]
     dry_run: bool
+    #: (id, why the change is not allowed): e.g. the alert of a task that is still parked
+    refused: list[tuple[uuid.UUID, str]] = field(default_factory=list)
 
 
 class AlertOps:
@@ -111,11 +117,19 @@ class AlertOps:
             raise InvalidInput(f"at most {MAX_IDS} alerts per change", field="ids")
         now = self._clock.now()
         with write_tx(self._engine) as conn:
-            current = {r.id: r.status for r in conn.execute(
-                sa.select(_al.id, _al.status).where(_al.id.in_(wanted)).with_for_update())}
-            skipped = [(i, "not found" if i not in current else f"already {current[i]}")
-                       for i in wanted if current.get(i) not in allowed]
-            changing = [i for i in wanted if current.get(i) in allowed]
+            found = {r.id: r for r in conn.execute(
+                sa.select(_al.id, _al.status, _al.subject_type, _al.subject_id)
+                .where(_al.id.in_(wanted)).with_for_update())}
+            skipped = [(i, NOT_FOUND if i not in found else f"already {found[i].status}")
+                       for i in wanted if i not in found or found[i].status not in allowed]
+            changing = [i for i in wanted if i in found and found[i].status in allowed]
+            refused: list[tuple[uuid.UUID, str]] = []
+            if to is AlertStatus.RESOLVED:
+                held = _parked_tasks(conn, [found[i] for i in changing])
+                refused = [(i, f"task {found[i].subject_id} is still parked ({held[found[i].subject_id]}): "
+                                "acknowledge instead, or reconcile/cancel the task first")
+                            for i in changing if found[i].subject_id in held]
+                changing = [i for i in changing if found[i].subject_id not in held]
             if changing and not op.dry_run:
                 values: dict[str, Any] = {"status": to.value}
                 if to is AlertStatus.ACKNOWLEDGED:
@@ -124,8 +138,26 @@ class AlertOps:
                     values["resolved_at"] = now
                 conn.execute(alerts.update().where(_al.id.in_(changing), _al.status.in_(allowed)).values(**values))
             record(conn, op, affected_ids=[] if op.dry_run else changing,
-                   outcome=("dry_run" if op.dry_run else outcome if changing else "nothing_to_do"), now=now)
-        return AlertChange(changing, skipped, op.dry_run)
+                   outcome=("dry_run" if op.dry_run else outcome if changing else
+                            "refused" if refused else "nothing_to_do"), now=now)
+        return AlertChange(changing, skipped, op.dry_run, refused)
+
+
+def _parked_tasks(conn: sa.Connection, rows: Sequence[Any]) -> dict[str, str]:
+    """subject id → parked reason, for the alerts' tasks that are still parked and unfinished: the alert is then
+    the only sign a human must act (audit I2.2), so it may be acknowledged but not resolved."""
+    ids = {}
+    for r in rows:
+        if r.subject_type == "task" and r.subject_id:
+            try:
+                ids[uuid.UUID(r.subject_id)] = r.subject_id
+            except ValueError:
+                continue
+    if not ids:
+        return {}
+    parked = conn.execute(sa.select(_t.id, _t.parked_reason).where(
+        _t.id.in_(list(ids)), _t.parked_reason.is_not(None), _t.status.not_in([s.value for s in TASK_TERMINAL])))
+    return {ids[r.id]: r.parked_reason for r in parked}
 
 
 def _view(r: Any) -> AlertView:

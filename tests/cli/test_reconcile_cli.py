@@ -176,6 +176,13 @@ def test_without_lookup_it_stays_unknown_then_parks_with_an_alert(tmp_path: Path
         shown = cli.json("tasks", "show", str(ids[0]))
         (alert,) = [i for i in shown["timeline"] if i["kind"] == "alert"]
         assert alert["rule"] == "submit_unknown_parked" and shown["task"]["parked_reason"]
+
+        # the parked task's alert is the only sign it waits for a human: it may be acknowledged, not resolved
+        alert_id = {a["subject_id"]: a["id"] for a in cli.json("alerts", "list")}[str(ids[0])]
+        refused = cli.json("alerts", "resolve", alert_id, "--reason", "looks done", "--yes", code=4)
+        assert refused["changed"] == [] and "still parked" in refused["refused"][0]["why"]
+        assert cli.json("alerts", "ack", alert_id, "--reason", "INC-11", "--yes")["changed"] == [alert_id]
+        assert cli.json("audit", "--check", "I2.2")["ok"] is True
         ctx.close()
 
 
