@@ -145,6 +145,10 @@ class LimitsSettings(_Section):
     slot_lease_ttl_s: int = Field(60, ge=5)
     #: upload sessions (presigned targets) one tenant may open per minute; more answer 429.
     uploads_per_tenant_per_min: int = Field(120, ge=1)
+    #: new generations get 503 + Retry-After while an outbox row has been due this long (0 = never)
+    shed_outbox_age_s: float = Field(300, ge=0)
+    #: tenants whose priority tier is at most this (1 custom project, 2 paid, ...) are admitted even then
+    shed_exempt_tier: int | None = Field(None, ge=1)
 
 
 class RetryBudgetSettings(_Section):

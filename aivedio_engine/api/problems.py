@@ -7,6 +7,7 @@ matched with the logs.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -73,7 +74,9 @@ def install(app: FastAPI) -> None:
     async def _service(request: Request, exc: errors.ServiceError) -> JSONResponse:
         status = next((s for cls, s in _STATUS.items() if isinstance(exc, cls)), 400)
         title = exc.code.replace("-", " ").capitalize()
-        return problem_response(request, status, exc.code, title, str(exc), **exc.extra)
+        retry_after = exc.extra.get("retry_after_s")
+        headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
+        return problem_response(request, status, exc.code, title, str(exc), headers, **exc.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

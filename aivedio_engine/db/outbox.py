@@ -11,6 +11,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
@@ -59,3 +60,10 @@ def add(
     )
     wakeups.notify(conn, NOTIFY_CHANNEL)
     return event_id
+
+
+def oldest_due(conn: Connection, now: datetime) -> datetime | None:
+    """When the longest-waiting due PENDING row became due (index ix_outbox_events_pending); None when none is due."""
+    o = outbox_events.c
+    return conn.execute(sa.select(sa.func.min(o.available_at))
+                        .where(o.status == OutboxStatus.PENDING.value, o.available_at <= now)).scalar()

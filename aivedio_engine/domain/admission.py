@@ -186,3 +186,17 @@ def _rotation(queues: Mapping[str, list[Candidate]], last: str | None) -> list[s
         # the last tenant may have no tasks left: start at the next id after it, wrapping around
         start = next((i for i, t in enumerate(tenants) if t > last), 0)
     return tenants[start:] + tenants[:start]
+
+
+# --- load shedding (seed 000 §4.11.2) -------------------------------------------------------------------------
+
+
+def backlogged(oldest_due_age_s: float | None, limit_s: float) -> bool:
+    """The broker path has stalled: an outbox row has been due for longer than `limit_s` (0 = never shed).
+    Accepting more paid work then only grows a queue nobody drains, so new creates are refused until it moves."""
+    return limit_s > 0 and oldest_due_age_s is not None and oldest_due_age_s > limit_s
+
+
+def exempt_from_shedding(tier: int, exempt_up_to: int | None) -> bool:
+    """Tiers up to `exempt_up_to` (a lower tier is more important) are still admitted while shedding."""
+    return exempt_up_to is not None and tier <= exempt_up_to

@@ -57,6 +57,8 @@ ACTOR_SECONDS = Histogram("aivedio_actor_duration_seconds", "Time one actor call
 #: status queries of the polling loop: observed (a status came back), not_found (not visible yet), failed
 PROVIDER_POLLS = Counter("aivedio_provider_polls", "Provider status queries made by this process's polling loop.",
                          ["provider", "outcome"])
+CREATES_SHED = Counter("aivedio_creates_shed", "New generations refused with 503 because the outbox backlog is "
+                       "older than limits.shed_outbox_age_s (seed 000 §4.11.2).")
 ACTOR_IN_PROGRESS = Gauge("aivedio_actor_in_progress", "Actor calls running now in this process.", ["actor"])
 MEDIA_ACTORS = ("process_media", "validate_asset")
 

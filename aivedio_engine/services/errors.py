@@ -56,6 +56,12 @@ class Unavailable(ServiceError):
     code = "service-unavailable"
 
 
+class Overloaded(Unavailable):
+    """New work is refused until a backlog drains; `retry_after_s` becomes the Retry-After header."""
+
+    code = "overloaded"
+
+
 class Forbidden(ServiceError):
     """A signed URL's signature is wrong or expired (the signature is the credential): 403."""
 

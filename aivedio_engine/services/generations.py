@@ -24,6 +24,7 @@ from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
 from aivedio_engine.db import ledger, outbox, tasks
 from aivedio_engine.services import billing
+from aivedio_engine.services.shedding import BacklogGate
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import assets, generation_tasks
 from aivedio_engine.domain.events import EventType
@@ -92,6 +93,7 @@ class GenerationService:
         self._clock = clock
         self._catalog = catalog
         self._settings = settings
+        self._gate = BacklogGate(settings.limits)
 
     # ------------------------------------------------------------------------------------------- create
     def create(self, tenant_id: uuid.UUID, idempotency_key: str | None, body: dict[str, Any],
@@ -110,6 +112,7 @@ class GenerationService:
                 existing = self._by_key(conn, tenant_id, key)
                 if existing is not None:
                     return _replay(existing, digest)
+                self._gate.check(conn, tenant_id, self._clock.now())
                 self._check_assets(conn, tenant_id, params.asset_ids)
                 task = self._insert(conn, tenant_id, key, params.canonical(), digest, cost, trace_id)
                 return Created(TaskView.of(task), replayed=False)

@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
+from prometheus_client import REGISTRY
 
 from aivedio_engine.api.app import create_app
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.tables import credit_ledger, generation_tasks, outbox_events, task_state_events, tenants
-from tests.support.app import TenantKey, make_context, tenant_with_key
+from tests.support.app import FakeClock, TenantKey, make_context, tenant_with_key
+from tests.support.pump import Pump
 
 BODY = {"prompt": "a red fox running through snow", "model": "local-v1"}
 
@@ -236,3 +238,54 @@ def test_models_lists_the_catalog(client: TestClient, alice: TenantKey) -> None:
     assert local["provider"] == "local" and local["max_duration_s"] == 10
     assert local["price_per_second"] == {"360p": "0.5", "720p": "1"}
     assert client.get("/v1/models").status_code == 401
+
+
+@pytest.fixture
+def stalled(tmp_path: Path) -> Iterator[AppContext]:
+    """A context whose broker path is stalled: nothing relays the outbox, and the test moves the clock."""
+    context = make_context(tmp_path / "stalled", clock=FakeClock(), limits={"shed_exempt_tier": 1})
+    yield context
+    context.close()
+
+
+def test_new_work_is_shed_with_503_while_the_outbox_is_stalled_and_resumes_when_it_drains(
+        stalled: AppContext) -> None:
+    """Seed 000 §4.11.2: no unbounded acceptance of paid work the broker cannot carry; replays of keys already
+    in are still answered, a tier exempted by config is still admitted, and nothing is reserved for a refusal."""
+    client = TestClient(create_app(stalled))
+    alice, vip = tenant_with_key(stalled, "alice", credits=100), tenant_with_key(stalled, "vip", credits=100)
+    with stalled.engine.begin() as conn:
+        conn.execute(tenants.update().where(tenants.c.id == vip.tenant_id).values(priority_tier=1))
+    assert post(client, alice, "k1", BODY).status_code == 202
+    stalled.clock.advance(299)  # type: ignore[attr-defined]
+    assert post(client, alice, "k2", BODY).status_code == 202  # due for 299 s: not yet
+    stalled.clock.advance(2)  # type: ignore[attr-defined]
+    shed_before = REGISTRY.get_sample_value("aivedio_creates_shed_total") or 0.0
+    balance_before = balance(stalled, alice.tenant_id)
+
+    r = post(client, alice, "k3", BODY)
+    assert r.status_code == 503 and r.headers["content-type"] == "application/problem+json"
+    assert r.headers["retry-after"] == "30" and r.json()["type"].endswith("/overloaded")
+    assert "waited 301 s" in r.json()["detail"]
+    assert REGISTRY.get_sample_value("aivedio_creates_shed_total") == shed_before + 1
+    assert balance(stalled, alice.tenant_id) == balance_before  # nothing reserved for the refusal
+    assert count(stalled, generation_tasks, generation_tasks.c.client_idempotency_key == "k3") == 0
+    replay = post(client, alice, "k1", BODY)
+    assert replay.status_code == 202 and replay.headers["idempotent-replayed"] == "true"
+    assert post(client, vip, "v1", BODY).status_code == 202  # tier 1 ≤ shed_exempt_tier
+
+    Pump(stalled, stop_at_fetch=True).run()  # the broker path moves again: every due row is handed over
+    stalled.clock.advance(1)  # type: ignore[attr-defined]
+    assert post(client, alice, "k3", BODY).status_code == 202
+
+
+def test_shedding_can_be_turned_off(tmp_path: Path) -> None:
+    context = make_context(tmp_path / "off", clock=FakeClock(), limits={"shed_outbox_age_s": 0})
+    try:
+        client = TestClient(create_app(context))
+        alice = tenant_with_key(context, "alice", credits=100)
+        assert post(client, alice, "k1", BODY).status_code == 202
+        context.clock.advance(3600)  # type: ignore[attr-defined]
+        assert post(client, alice, "k2", BODY).status_code == 202
+    finally:
+        context.close()

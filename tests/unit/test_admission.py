@@ -14,6 +14,8 @@ from aivedio_engine.domain.admission import (
     Candidate,
     Limits,
     PriorityTier,
+    backlogged,
+    exempt_from_shedding,
     scope_names,
     select,
 )
@@ -185,3 +187,10 @@ def test_unconstrained_round_robin_is_fair_within_one(queued: dict[str, int], ma
     short = [per_tenant[t] for t, n in queued.items() if per_tenant[t] < n]
     if short:
         assert max(per_tenant.values()) - min(short) <= 1
+
+
+def test_shedding_starts_strictly_after_the_limit_and_spares_exempt_tiers() -> None:
+    assert not backlogged(None, 300) and not backlogged(300, 300) and backlogged(300.5, 300)
+    assert not backlogged(10**6, 0)  # 0 turns shedding off
+    assert exempt_from_shedding(1, 1) and exempt_from_shedding(PriorityTier.CUSTOM_PROJECT, 2)
+    assert not exempt_from_shedding(PriorityTier.PAID, 1) and not exempt_from_shedding(1, None)
