@@ -252,8 +252,9 @@ def _spend(ctx: AppContext, tenant_id: Any, tasks: int, tag: str) -> None:
 
 def test_cost_over_budget_and_against_the_previous_day(tmp_path: Path, db_url: str | None) -> None:
     with running_sim() as sim:
+        # nothing relays here, so the first task's outbox row stays due: shedding (its own test) is turned off
         ctx = sim_context(tmp_path, sim, db_url, alerts={**QUIET, "cost_budget_per_hour": "5", "cost_factor": 5,
-                                                         "cost_min_per_hour": "10"})
+                                                         "cost_min_per_hour": "10"}, limits={"shed_outbox_age_s": 0})
         steady, burst = tenant_with_key(ctx, "steady", 1000).tenant_id, tenant_with_key(ctx, "burst", 1000).tenant_id
         _spend(ctx, steady, 1, "a")  # 2 credits, then a quiet day
         ctx.clock.advance(2 * 3600)  # type: ignore[attr-defined]
