@@ -12,6 +12,7 @@ from aivedio_cli import ledger_cmd, replay_cmd
 from aivedio_cli import alerts_cmd, audit_cmd, review_cmd
 from aivedio_cli import reconcile_cmd, tasks_cmd
 from aivedio_cli import tui_cmd
+from aivedio_cli import storage_cmd
 from aivedio_cli._context import CliState
 from aivedio_engine import __version__
 
@@ -39,6 +40,7 @@ app.add_typer(alerts_cmd.app, name="alerts")
 app.add_typer(tasks_cmd.app, name="tasks")
 app.command("reconcile")(reconcile_cmd.reconcile)
 app.command("tui")(tui_cmd.tui)
+app.add_typer(storage_cmd.app, name="storage")
 
 
 def _version(value: bool) -> None:

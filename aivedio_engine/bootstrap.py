@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from aivedio_engine.services.media import MediaService
     from aivedio_engine.services.output_fetch import OutputFetchService
     from aivedio_engine.services.outputs import OutputService
+    from aivedio_engine.services.storage_scan import StorageScanner
     from aivedio_engine.services.submit import SubmitService
     from aivedio_engine.services.sweeper import Sweeper
     from aivedio_engine.services.sync import ProviderSync
@@ -151,7 +152,14 @@ class AppContext:
         return Sweeper(self.engine, self.clock, self.settings, self.sync, self.rebuild_slots,
                        upload_expirer=lambda: self.assets.expire_abandoned_uploads(
                            older_than_s=self.settings.sweeper.abandoned_upload_s),
-                       alert_evaluator=AlertEvaluator(self.engine, self.clock, self.settings))
+                       alert_evaluator=AlertEvaluator(self.engine, self.clock, self.settings),
+                       storage_scan=lambda: self.storage_scanner.scan_if_due())
+
+    @shared_property
+    def storage_scanner(self) -> StorageScanner:
+        from aivedio_engine.services.storage_scan import StorageScanner
+
+        return StorageScanner(self.engine, self.clock, self.storage, self.settings)
 
     @shared_property
     def callbacks(self) -> CallbackService:

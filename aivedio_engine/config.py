@@ -254,6 +254,10 @@ class SweeperSettings(_Section):
     data_plane_stuck_s: float = Field(900, gt=0)
     #: upload sessions whose URL expired this long ago without an upload are expired and cleaned up.
     abandoned_upload_s: float = Field(86_400, gt=0)
+    #: the object store is listed for orphan objects when the newest storage_scans row is this old.
+    storage_scan_interval_s: float = Field(3600, gt=0)
+    #: an object younger than this is never an orphan: its fetch or media run may not have committed yet.
+    storage_scan_grace_s: float = Field(3600, ge=0)
 
 
 class LoggingSettings(_Section):

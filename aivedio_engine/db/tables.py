@@ -523,6 +523,24 @@ audit_log = sa.Table(
 )
 sa.Index("ix_audit_log_created_at", audit_log.c.created_at)
 
+# --- 0010_storage_scans --------------------------------------------------------------------------------------
+
+storage_scans = sa.Table(
+    "storage_scans", metadata,
+    _id(),
+    sa.Column("started_at", TS, nullable=False),
+    sa.Column("finished_at", TS, nullable=False),
+    sa.Column("objects", sa.BigInteger, nullable=False),
+    sa.Column("bytes", sa.BigInteger, nullable=False),
+    sa.Column("orphans", sa.BigInteger, nullable=False),
+    sa.Column("orphan_bytes", sa.BigInteger, nullable=False),
+    sa.Column("sample", JSONB),
+    sa.Column("error", sa.Text),
+    sa.CheckConstraint("objects >= 0 AND bytes >= 0 AND orphans >= 0 AND orphan_bytes >= 0",
+                       name="counts_nonnegative"),
+)
+sa.Index("ix_storage_scans_finished_at", storage_scans.c.finished_at)
+
 # --- created by the migration runner itself, before any migration --------------------------------------------
 
 schema_migrations = sa.Table(

@@ -10,8 +10,15 @@ Two kinds:
   `aivedio_metrics_db_up 0`, never as a failed scrape.
 
 polling_qps / polling_error_rate are the process counter `aivedio_provider_polls_total{provider,outcome}`
-(`rate()` of it, and the `failed` share), counted where the polling runs. Not exposed: orphan_object_count in the storage sense (it needs a bucket listing; `aivedio_orphan_provider_events` counts
-provider events for jobs we never recorded, the cost-relevant orphans).
+(`rate()` of it, and the `failed` share), counted where the polling runs.
+
+orphan_object_count is `aivedio_orphan_objects` (with `aivedio_orphan_object_bytes`, `aivedio_storage_objects`,
+`aivedio_storage_object_bytes`): objects in our store that no row references. Counting them takes a full bucket
+listing, which no scrape may do, so they come from the newest completed row of `storage_scans`, written by the
+sweeper every `sweeper.storage_scan_interval_s` (services/storage_scan.py); `aivedio_storage_scan_age_seconds`
+says how old those figures are and keeps growing while scans fail. Before the first completed scan the five are
+absent rather than 0 (like the broker gauges without a Redis broker): "never counted" is not "none".
+(`aivedio_orphan_provider_events` is the other orphan: provider events for jobs we never recorded.)
 """
 
 from __future__ import annotations
@@ -162,6 +169,24 @@ def snapshot_families(s: Snapshot, settings: Settings, now: datetime) -> list[Ga
                conflicts / total_events if total_events else 0.0),
         _gauge("aivedio_callback_lag_p95_seconds", f"95th percentile over the last {window:g} s of provider event "
                "time to our processing of the callback.", percentile(s.callback_lags, 0.95)),
+        *_storage_scan_families(s, now),
+    ]
+
+
+def _storage_scan_families(s: Snapshot, now: datetime) -> list[GaugeMetricFamily]:
+    scan = s.storage_scan
+    if scan is None:
+        return []
+    return [
+        _gauge("aivedio_orphan_objects", "Objects in the object store that no database row references and that are "
+               "older than the scan's grace (newest completed storage scan).", scan.orphans),
+        _gauge("aivedio_orphan_object_bytes", "Bytes held by those orphan objects.", scan.orphan_bytes),
+        _gauge("aivedio_storage_objects", "Objects in the object store at the newest completed storage scan.",
+               scan.objects),
+        _gauge("aivedio_storage_object_bytes", "Bytes in the object store at the newest completed storage scan.",
+               scan.bytes),
+        _gauge("aivedio_storage_scan_age_seconds", "Time since the newest completed storage scan finished (the age "
+               "of the figures above).", _age(now, scan.finished_at)),
     ]
 
 

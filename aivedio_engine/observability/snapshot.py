@@ -1,8 +1,9 @@
 """What the database says about the engine right now: the facts behind the metrics (and the alert rules).
 
 Each read is an aggregate answerable from an index: the partial indexes of `db/tables.py` (unfinished tasks,
-in-flight attempts, pending outbox rows, orphan events, open alerts, dead letters), or the time-ordered UUIDv7
-primary keys for "created in the last N seconds" (`id_floor`), since no table has an index on its timestamps.
+in-flight attempts, pending outbox rows, orphan events, open alerts, dead letters), the newest storage scan
+(`ix_storage_scans_finished_at`), or the time-ordered UUIDv7 primary keys for "created in the last N seconds"
+(`id_floor`), since no table has an index on its timestamps.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from aivedio_engine.db.tables import (
     generation_tasks,
     outbox_events,
     provider_events,
+    storage_scans,
     task_attempts,
     task_state_events,
 )
@@ -85,6 +87,8 @@ class Snapshot:
     outcomes: dict[str, int] = field(default_factory=dict)
     callback_lags: list[float] = field(default_factory=list)
     submissions: int = 0
+    #: the newest completed orphan scan (finished_at, objects, bytes, orphans, orphan_bytes); None before the first
+    storage_scan: Any = None
 
 
 def read_snapshot(conn: Connection, settings: Settings, now: datetime) -> Snapshot:
@@ -137,6 +141,9 @@ def read_snapshot(conn: Connection, settings: Settings, now: datetime) -> Snapsh
                _e.provider_updated_at.is_not(None)).order_by(_e.id.desc()).limit(LAG_SAMPLE))]
     s.submissions = conn.execute(sa.select(sa.func.count()).select_from(generation_tasks)
                                  .where(_t.id >= floor, _t.created_at >= since)).scalar_one()
+    sc = storage_scans.c  # a failed scan's zeros mean nothing: the figures stay those of the last good one
+    s.storage_scan = conn.execute(sa.select(sc.finished_at, sc.objects, sc.bytes, sc.orphans, sc.orphan_bytes)
+                                  .where(sc.error.is_(None)).order_by(sc.finished_at.desc()).limit(1)).first()
     return s
 
 

@@ -12,6 +12,9 @@ here and driven on (DESIGN §3). Every scan is idempotent; running two sweepers 
 - Upload sessions abandoned for a day → expired (their multipart uploads aborted, staging bytes deleted).
 - Slot leases rebuilt from the in-flight attempts.
 - Alert rules over live data (seed 004 §17), at most every `alerts.interval_s` (observability.alert_rules).
+- The orphan object scan (services.storage_scan) when the last one is `storage_scan_interval_s` old. It lists the
+  whole store inline, so it runs last; its failures are logged (and recorded by the scanner when it can),
+  never raised: a broken bucket must not stop the repairs.
 """
 
 from __future__ import annotations
@@ -65,12 +68,15 @@ class SweepReport:
     uploads_expired: int = 0
     alerts: int = 0
     slots: dict[str, Any] = field(default_factory=dict)
+    #: counts of the storage scan this sweep ran (empty when none was due)
+    storage_scan: dict[str, Any] = field(default_factory=dict)
 
 
 class Sweeper:
     def __init__(self, engine: Engine, clock: Clock, settings: Settings, sync: ProviderSync,
                  slot_reconciler: Any = None, upload_expirer: Callable[[], int] | None = None,
-                 alert_evaluator: Callable[[], int] | None = None) -> None:
+                 alert_evaluator: Callable[[], int] | None = None,
+                 storage_scan: Callable[[], Any] | None = None) -> None:
         self._engine = engine
         self._clock = clock
         self._settings = settings
@@ -78,6 +84,7 @@ class Sweeper:
         self._slot_reconciler = slot_reconciler
         self._upload_expirer = upload_expirer
         self._alert_evaluator = alert_evaluator
+        self._storage_scan = storage_scan
 
     def sweep(self) -> SweepReport:
         r = SweepReport()
@@ -97,7 +104,19 @@ class Sweeper:
             r.slots = dict(self._slot_reconciler())
         if self._alert_evaluator is not None:  # last: a failing rule must not keep the repairs above from running
             r.alerts = self._alert_evaluator()
+        if self._storage_scan is not None:
+            r.storage_scan = self._scan_storage()
         return r
+
+    def _scan_storage(self) -> dict[str, Any]:
+        try:
+            result = self._storage_scan()  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - e.g. the database refused the row; the next interval tries again
+            log.exception("storage scan could not be recorded")
+            return {"error": "not recorded"}
+        if result is None:
+            return {}
+        return {"objects": result.objects, "orphans": result.orphans, "error": result.error}
 
     def _ids(self, stmt: sa.Select[Any]) -> list[Any]:
         with self._engine.connect() as conn:

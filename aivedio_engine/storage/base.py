@@ -8,7 +8,10 @@ Rules every implementation keeps:
 - overwrite policy: a successful `put_stream` replaces an existing object under the same key (S3 semantics;
   keys are server-generated and immutable-by-convention, e.g. derivatives carry their pipeline version);
 - `delete` of a missing key is not an error (S3 semantics), so retried cleanups are harmless;
-- signed URLs and upload targets are bearer tokens: short-lived, bound to one key (or upload) and one method.
+- signed URLs and upload targets are bearer tokens: short-lived, bound to one key (or upload) and one method;
+- `iter_objects` streams what the store holds (page by page, never the whole listing in memory), in no
+  promised order, and leaves out the store's own bookkeeping (the fs store's `.tmp`/`.meta`), which no key can
+  name; it exists for the orphan scan (services/storage_scan.py), not for serving.
 
 Uploads from clients: the s3 store hands out a presigned POST whose policy pins the exact key, an exact
 content-length-range and the Content-Type; the fs store hands out a signed PUT URL on the API
@@ -27,6 +30,8 @@ from pathlib import Path
 from typing import IO, Protocol, runtime_checkable
 from urllib.parse import quote
 
+from aivedio_engine.storage.keys import validate_key
+
 #: read size for streaming copies and hashing
 CHUNK = 1024 * 1024
 
@@ -38,6 +43,16 @@ class StoredObject:
     #: hex SHA-256 when the store knows it (it wrote the object itself); None when only a client did
     sha256: str | None = None
     content_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListedObject:
+    """One object as a listing reports it (no content type or digest: S3 listings do not carry them)."""
+
+    key: str
+    size_bytes: int
+    #: aware, UTC: when the object's current bytes were published
+    modified_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +106,10 @@ class ObjectStore(Protocol):
         ...
 
     def delete(self, key: str) -> None: ...
+
+    def iter_objects(self, prefix: str = "") -> Iterator[ListedObject]:
+        """Every object whose key starts with `prefix` (plain string prefix, S3 semantics), streamed."""
+        ...
 
     def signed_get_url(self, key: str, ttl_s: int, filename: str | None = None, *,
                        now: datetime | None = None) -> str:
@@ -146,6 +165,14 @@ class HashingCounter:
     @property
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
+
+
+def validate_prefix(prefix: str) -> str:
+    """A listing prefix must be a key, or a key followed by "/", or empty: nothing a listing could use to leave the
+    store's root."""
+    if prefix:
+        validate_key(prefix[:-1] if prefix.endswith("/") else prefix)
+    return prefix
 
 
 def iter_file(stream: IO[bytes], chunk_size: int = CHUNK) -> Iterator[bytes]:

@@ -9,6 +9,11 @@ old or the new file, never a prefix). The sidecar is renamed into place first an
 file; a crash between the two renames leaves a sidecar that does not match the file on disk, and `head()` then
 reports sha256 as unknown instead of a wrong digest.
 
+Listing (`iter_objects`) walks `root` and yields regular files only: anything under a name starting with "."
+(`.tmp`, `.meta`, editor or OS litter) is outside the key space and never an object, and a symlink is never
+followed (it could lead out of the root). `modified_at` is the data file's mtime, which `os.replace` carries over
+from the finished temp file, so it is the time the object's bytes were published.
+
 Signed URLs: `HMAC-SHA256(key, method \\n resource \\n expires \\n filename)`, URL-safe base64. `resource` is
 `objects/<key>` for downloads and `uploads/<upload id>` for upload targets, so a download signature can never be
 replayed as an upload and vice versa.
@@ -22,7 +27,7 @@ import secrets
 import shutil
 import stat
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
@@ -32,10 +37,12 @@ from aivedio_engine.clock import Clock, SystemClock
 from aivedio_engine.storage.base import (
     CHUNK,
     HashingCounter,
+    ListedObject,
     ObjectNotFound,
     StoredObject,
     StoreError,
     UploadTarget,
+    validate_prefix,
 )
 from aivedio_engine.storage.keys import validate_key
 from aivedio_engine.storage.signing import UrlSigner
@@ -156,6 +163,31 @@ class FsStore:
                 path.unlink(missing_ok=True)
             except IsADirectoryError:
                 pass
+
+    def iter_objects(self, prefix: str = "") -> Iterator[ListedObject]:
+        validate_prefix(prefix)
+        # walk only the deepest directory the prefix names in full; the rest of the prefix filters names
+        start = self.root.joinpath(*prefix.split("/")[:-1])
+        yield from self._walk(start, prefix)
+
+    def _walk(self, directory: Path, prefix: str) -> Iterator[ListedObject]:
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            key = Path(entry.path).relative_to(self.root).as_posix()
+            if entry.is_dir(follow_symlinks=False):
+                if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
+                    yield from self._walk(Path(entry.path), prefix)
+            elif entry.is_file(follow_symlinks=False) and key.startswith(prefix):
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # deleted since the directory was read
+                    continue
+                yield ListedObject(key, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
 
     # --- signed URLs -------------------------------------------------------------------------------------
 

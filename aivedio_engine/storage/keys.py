@@ -47,8 +47,12 @@ def _id(value: uuid.UUID | str) -> str:
     return str(uuid.UUID(str(value)))
 
 
+#: every key below starts here, so a listing of it holds all the engine's objects and nothing else
+TENANTS_PREFIX = "tenants/"
+
+
 def tenant_prefix(tenant_id: uuid.UUID | str) -> str:
-    return f"tenants/{_id(tenant_id)}/"
+    return f"{TENANTS_PREFIX}{_id(tenant_id)}/"
 
 
 def asset_original_key(tenant_id: uuid.UUID | str, asset_id: uuid.UUID | str, content_type: str,
@@ -102,3 +106,22 @@ def derivative_key(
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidKey(f"invalid derivative file name {name!r}")
     return validate_key(derivative_prefix(tenant_id, asset_id, profile, pipeline_version) + name)
+
+
+_DERIVATIVE_FILE = re.compile(
+    r"tenants/[0-9a-f-]{36}/assets/(?P<asset>[0-9a-f-]{36})/(?P<profile>[a-z0-9_]+)/v(?P<version>[1-9][0-9]*)/"
+    + _SEGMENT)
+
+
+def derivative_owner(key: str) -> tuple[uuid.UUID, str, int] | None:
+    """(parent asset id, profile, pipeline version) of a key made by `derivative_key`, else None.
+
+    A derivative's asset row names one file (HLS: the playlist) while its other files share the prefix, so this
+    is how a listing tells that a segment belongs to a recorded derivative."""
+    match = _DERIVATIVE_FILE.fullmatch(key)
+    if match is None or match["profile"] not in {p.value for p in DerivativeProfile}:
+        return None
+    try:
+        return uuid.UUID(match["asset"]), match["profile"], int(match["version"])
+    except ValueError:
+        return None

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-from collections.abc import Iterable
-from datetime import datetime, timedelta
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,11 +31,13 @@ from aivedio_engine.clock import Clock, SystemClock
 from aivedio_engine.storage.base import (
     CompletedPart,
     HashingCounter,
+    ListedObject,
     ObjectNotFound,
     StoredObject,
     StoreError,
     UploadTarget,
     content_disposition,
+    validate_prefix,
 )
 from aivedio_engine.storage.keys import validate_key
 
@@ -135,6 +137,15 @@ class S3Store:
 
     def delete(self, key: str) -> None:
         self._client.delete_object(Bucket=self.bucket, Key=validate_key(key))
+
+    def iter_objects(self, prefix: str = "") -> Iterator[ListedObject]:
+        """ListObjectsV2 page by page (1,000 keys a request). In-progress multipart uploads are not objects yet
+        and are not listed; the bucket's abort rule (`ensure_multipart_lifecycle`) is what reclaims them."""
+        pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                       Prefix=validate_prefix(prefix))
+        for page in pages:
+            for item in page.get("Contents", ()):
+                yield ListedObject(str(item["Key"]), int(item["Size"]), item["LastModified"].astimezone(UTC))
 
     # --- presigning (local computation, no network) ------------------------------------------------------
 

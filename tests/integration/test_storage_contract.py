@@ -134,6 +134,78 @@ def test_missing_objects_and_idempotent_delete(h: Harness, tmp_path: Path) -> No
     h.store.delete(k)
 
 
+def test_listing_streams_every_object_under_a_string_prefix(h: Harness) -> None:
+    tenant, asset = new_id(), new_id()
+    base = f"tenants/{tenant}/"
+    written = {
+        f"{base}assets/{asset}/original.mp4": b"o" * 70,
+        f"{base}assets/{asset}/hls/v1/index.m3u8": b"#EXTM3U\n",
+        f"{base}assets/{asset}/hls/v1/seg_000.m4s": b"s" * 1000,
+        f"{base}tasks/{new_id()}/raw/{new_id()}/0.mp4": b"",
+    }
+    # S3 LastModified has whole seconds; file mtimes come from the kernel's coarse clock
+    before = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+    for k, data in written.items():
+        h.store.put_stream(k, [data], "video/mp4", max_bytes=len(data))
+    after = datetime.now(UTC)
+    listed = {o.key: o for o in h.store.iter_objects(base)}
+    assert {k: o.size_bytes for k, o in listed.items()} == {k: len(d) for k, d in written.items()}
+    for o in listed.values():
+        assert o.modified_at.tzinfo is not None and o.modified_at.utcoffset() == timedelta(0)
+        assert before <= o.modified_at <= after
+    # a prefix is a string prefix (S3 semantics), not only a directory
+    assert {o.key for o in h.store.iter_objects(f"{base}assets/{str(asset)[:-3]}")} == \
+        {k for k in written if "/assets/" in k}
+    assert {o.key for o in h.store.iter_objects(base[:-1])} == set(written)
+    assert [o.key for o in h.store.iter_objects(f"{base}assets/{asset}/hls/v1/seg")] == \
+        [f"{base}assets/{asset}/hls/v1/seg_000.m4s"]
+    assert list(h.store.iter_objects(f"tenants/{new_id()}/")) == []
+    h.store.delete(f"{base}assets/{asset}/original.mp4")
+    assert len(list(h.store.iter_objects(base))) == 3
+    assert set(written) - {f"{base}assets/{asset}/original.mp4"} <= {o.key for o in h.store.iter_objects()}
+
+
+def test_an_object_is_listed_only_once_it_is_published(h: Harness) -> None:
+    """A write in progress (fs: a temp file; s3: a local spool) is not an object yet, nor is an aborted one."""
+    k = key()
+    prefix = k.rsplit("/", 1)[0] + "/"
+    seen: list[list[str]] = []
+
+    def producer() -> Iterator[bytes]:
+        yield b"x" * 100
+        seen.append([o.key for o in h.store.iter_objects(prefix)])
+        yield b"y"
+
+    with pytest.raises(RuntimeError):
+        h.store.put_stream(k, chunks_then_fail([b"partial"]), "video/mp4", max_bytes=100)
+    assert list(h.store.iter_objects(prefix)) == []
+    h.store.put_stream(k, producer(), "video/mp4", max_bytes=1000)
+    assert seen == [[]]
+    assert [(o.key, o.size_bytes) for o in h.store.iter_objects(prefix)] == [(k, 101)]
+
+
+@pytest.mark.parametrize("bad", ["../", "/etc/", ".meta/", ".tmp", "a//", "a b/", "/"])
+def test_listing_refuses_unsafe_prefixes(h: Harness, bad: str) -> None:
+    with pytest.raises(InvalidKey):
+        list(h.store.iter_objects(bad))
+
+
+def test_fs_listing_skips_bookkeeping_and_does_not_follow_symlinks(tmp_path: Path) -> None:
+    store = build_store(load_settings(None, {"data_dir": str(tmp_path / "data")}))
+    root: Path = store.root  # type: ignore[attr-defined]
+    k = key()
+    store.put_stream(k, [b"data"], "video/mp4", max_bytes=10)
+    (root / ".tmp" / "0123abcd").write_bytes(b"a crashed write")  # what a killed put_stream leaves behind
+    (root / k).with_name(".DS_Store").write_bytes(b"litter")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.mp4").write_bytes(b"not ours")
+    (root / "tenants" / "link").symlink_to(outside)
+    (root / "tenants" / "file-link.mp4").symlink_to(outside / "secret.mp4")
+    assert [o.key for o in store.iter_objects()] == [k]
+    assert (root / ".meta" / f"{k}.json").exists()  # the sidecar is there, and not an object
+
+
 @pytest.mark.parametrize("bad", ["../escape", "/etc/passwd", "a/../../b", ".meta/x", "a b", ""])
 def test_every_operation_refuses_unsafe_keys(h: Harness, bad: str, tmp_path: Path) -> None:
     calls = [

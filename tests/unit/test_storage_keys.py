@@ -38,6 +38,18 @@ def test_derivative_keys_carry_profile_and_pipeline_version() -> None:
     assert keys.derivative_key(T, A, "proxy_mp4", 3, "main.mp4") == f"tenants/{T}/assets/{A}/proxy_mp4/v3/main.mp4"
     assert keys.derivative_prefix(T, A, "hls", 1) == f"tenants/{T}/assets/{A}/hls/v1/"
     assert keys.derivative_key(T, A, "hls", 1, "seg_00001.m4s").startswith(keys.derivative_prefix(T, A, "hls", 1))
+
+
+def test_derivative_owner_reads_back_what_derivative_key_wrote() -> None:
+    """The orphan scan credits every file of a derivative directory (HLS segments) to its asset row."""
+    for profile in ("proxy_mp4", "hls", "thumbnail", "waveform"):
+        for name in ("index.m3u8", "seg_001.m4s", "init.mp4"):
+            assert keys.derivative_owner(keys.derivative_key(T, A, profile, 12, name)) == (A, profile, 12)
+    for other in (keys.asset_original_key(T, A, "video/mp4"), keys.raw_output_key(T, K, N, 0),
+                  keys.upload_staging_key(T, N), f"tenants/{T}/assets/{A}/poster/v1/x.jpg",
+                  f"tenants/{T}/assets/{A}/hls/v0/x.m4s", f"tenants/{T}/assets/{A}/hls/v1/a/b.m4s",
+                  f"tenants/{T}/assets/{A}/hls/v1/", f"tenants/{T}/assets/not-a-uuid-not-a-uuid-not-a-uuid-0/hls/v1/x"):
+        assert keys.derivative_owner(other) is None, other
     with pytest.raises(InvalidKey):
         keys.derivative_key(T, A, "original", 1, "x.mp4")  # not a derivative profile
     for version in (0, -1, True):

@@ -1,0 +1,79 @@
+"""`aivedio storage scan` over a store filled by real generations (sim provider, output fetch, media: raw output,
+proxy, HLS playlist + init + segments, thumbnail, waveform), on SQLite and PostgreSQL; the CLI's clock is the
+seeded FakeClock (see tests/cli/seeding.py), so "older than the grace" is a matter of advancing it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from aivedio_cli.main import app
+from aivedio_engine.db.tables import assets, storage_scans, task_attempts
+from aivedio_engine.storage import keys
+from tests.cli.seeding import Seeded, database_url, seeder  # noqa: F401 - fixtures
+from tests.support.app import make_context
+from tests.support.moto import MotoS3, moto_s3  # noqa: F401 - fixture
+from tests.support.sim import sim  # noqa: F401 - fixture
+
+
+def scan(s: Seeded, *args: str) -> tuple[int, dict[str, Any]]:
+    result = s.cli("storage", "scan", "--json", *args)
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_scan_reports_the_orphan_a_crashed_fetch_leaves(seeder: Callable[..., Seeded]) -> None:  # noqa: F811
+    s = seeder({"ok": "scene one"})
+    assert s.task("ok").status == "SUCCEEDED"
+    with s.ctx.engine.connect() as conn:
+        attempt_id = conn.execute(sa.select(task_attempts.c.id)
+                                  .where(task_attempts.c.task_id == s.tasks["ok"])).scalar_one()
+        rows = conn.execute(sa.select(sa.func.count()).select_from(assets)).scalar_one()
+    # the fetcher stored a second output, then died before its asset commit
+    crashed = keys.raw_output_key(s.tenant_id, s.tasks["ok"], attempt_id, 1)
+    s.ctx.storage.put_stream(crashed, [b"v" * 2048], "video/mp4", max_bytes=2048)
+    scans_before = len(s.all(sa.select(storage_scans.c.id)))  # the sweeper already scanned while driving
+
+    code, young = scan(s)
+    assert code == 0 and young["ok"] and young["error"] is None
+    assert young["objects"] - 1 > rows  # HLS segments have no rows of their own, and are still not orphans
+    assert (young["orphans"], young["orphan_objects"], young["grace_s"]) == (0, [], 3600)
+
+    s.advance(3600 + 120)
+    code, old = scan(s)
+    assert code == 0 and old["objects"] == young["objects"] and old["bytes"] == young["bytes"]
+    assert (old["orphans"], old["orphan_bytes"], old["truncated"]) == (1, 2048, False)
+    assert [(o["key"], o["size_bytes"]) for o in old["orphan_objects"]] == [(crashed, 2048)]
+    assert old["store"] == f"fs:{s.ctx.storage.bucket}" and old["finished_at"] == s.ctx.clock.now().isoformat()
+
+    code, longer = scan(s, "--grace", "3h")  # an operator's own grace: the object is younger than that
+    assert code == 0 and longer["orphans"] == 0 and longer["grace_s"] == 3 * 3600
+
+    recorded = s.all(sa.select(storage_scans).order_by(storage_scans.c.id))[scans_before:]
+    assert [(str(r.id), r.orphans, r.sample) for r in recorded] == [
+        (young["scan_id"], 0, []), (old["scan_id"], 1, [crashed]), (longer["scan_id"], 0, [])]
+
+    text = s.cli("storage", "scan")
+    assert text.exit_code == 0, text.output
+    assert crashed in text.stdout and "1 orphans (2.0 KiB)" in text.stdout
+    assert s.cli("storage", "scan", "--grace", "soon").exit_code == 2
+
+
+def test_a_failed_listing_exits_1_and_is_recorded(tmp_path: Path, moto_s3: MotoS3) -> None:  # noqa: F811
+    storage = {**moto_s3.storage_settings(), "bucket": f"missing-{uuid.uuid4().hex[:12]}"}
+    make_context(tmp_path / "data", storage=storage).close()  # the schema
+    sets = [f"data_dir={tmp_path / 'data'}"] + [f"storage.{k}={v}" for k, v in storage.items()]
+    result = CliRunner().invoke(app, [a for s in sets for a in ("--set", s)] + ["storage", "scan", "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert not report["ok"] and "NoSuchBucket" in report["error"] and report["objects"] == 0
+    ctx = make_context(tmp_path / "data", storage=storage)
+    with ctx.engine.connect() as conn:
+        (row,) = conn.execute(sa.select(storage_scans)).all()
+    ctx.close()
+    assert (str(row.id), row.error) == (report["scan_id"], report["error"])
