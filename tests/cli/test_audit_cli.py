@@ -27,11 +27,12 @@ from aivedio_engine.db.tables import (
     tenants,
 )
 from aivedio_engine.services.invariants import CHECKS, SKIPPED
+from aivedio_engine.storage.keys import TENANTS_PREFIX
 from tests.cli.seeding import Seeded, database_url, seeder  # noqa: F401 - fixtures
 from tests.support.app import tenant_with_key
 from tests.support.sim import sim  # noqa: F401 - fixture
 
-SKIPPED_IDS = {"I1.1", "I3.1", "I3.2", "I3.3", "I4.7", "I7.1", "I7.3", "I8.1", "I8.2"}
+SKIPPED_IDS = {"I1.1", "I3.1", "I3.2", "I3.3", "I4.7", "I7.1", "I7.3", "I8.1"}
 
 
 def audit(s: Seeded, *args: str) -> tuple[int, dict[str, Any]]:
@@ -271,6 +272,14 @@ def i8_4(s: Seeded, w: World) -> str:
     return str(proxy.id)
 
 
+def i8_2(s: Seeded, w: World) -> str:
+    # what a fetch that died between its upload and its commit leaves behind; the scan is what lists the store
+    key = f"{TENANTS_PREFIX}{s.tenant_id}/outputs/lost-{uuid.uuid4().hex}.mp4"
+    s.ctx.storage.put_stream(key, [b"\x00" * 64], "video/mp4", 1024)
+    s.ctx.storage_scanner.scan(grace_s=0)
+    return key
+
+
 def i9_1(s: Seeded, w: World) -> str:
     raw = s.task("ok3").output_asset_id
     s.execute(assets.update().where(assets.c.parent_asset_id == raw, assets.c.kind.in_(["PROXY", "HLS"]))
@@ -307,7 +316,8 @@ CORRUPTIONS: dict[str, tuple[Corruption, bool]] = {
     "I4.4": (i4_4, False), "I4.5": (i4_5, False), "I4.6": (i4_6, False), "I5.1": (i5_1, False),
     "I5.2": (i5_2, False), "I5.3": (i5_3, False), "I5.4": (i5_4, False), "I5.5": (i5_5, True),
     "I6.1": (i6_1, False), "I6.2": (i6_2, False), "I6.3": (i6_3, False), "I6.4": (i6_4, True),
-    "I6.5": (i6_5, False), "I7.2": (i7_2, False), "I8.3": (i8_3, False), "I8.4": (i8_4, False),
+    "I6.5": (i6_5, False), "I7.2": (i7_2, False), "I8.2": (i8_2, False), "I8.3": (i8_3, False),
+    "I8.4": (i8_4, False),
     "I9.1": (i9_1, False), "I9.2": (i9_2, False), "I9.3": (i9_3, False), "I10.1": (i10_1, False),
     "I10.2": (i10_2, False),
 }
