@@ -139,7 +139,19 @@ def proxy_mp4_argv(src: Path, dst: Path, probe: ProbeResult, limits: MediaLimits
                    ffmpeg_bin: str = "ffmpeg") -> list[str]:
     """H.264/AAC MP4, short side ≤ 720 (never upscaled), moov first so a browser starts playing at once."""
     return ffgraph.proxy_mp4_argv(_cmd(ffmpeg_bin), _input(src, probe, limits), _out(dst),
-                                  short_side=PROXY_SHORT_SIDE, audio=has_audio(probe))
+                                  short_side=PROXY_SHORT_SIDE, audio=has_audio(probe), keyframe_every_s=HLS_SEGMENT_S)
+
+
+def hls_from_proxy_argv(proxy: Path, out_dir: Path, probe: ProbeResult, limits: MediaLimits,
+                        ffmpeg_bin: str = "ffmpeg") -> list[str]:
+    """HLS cut from our own proxy MP4 (built by `proxy_mp4_argv` from the source `probe` describes): the same
+    input fences as for any file, streams copied."""
+    out_dir = Path(out_dir).resolve()
+    return ffgraph.hls_remux_argv(
+        _cmd(ffmpeg_bin), _input(proxy, probe, limits), _out(out_dir / HLS_PLAYLIST),
+        segment_pattern=_out(out_dir / HLS_SEGMENT_PATTERN), init_name=HLS_INIT, segment_s=HLS_SEGMENT_S,
+        audio=has_audio(probe),
+    )
 
 
 def hls_argv(src: Path, out_dir: Path, probe: ProbeResult, limits: MediaLimits,
@@ -233,15 +245,17 @@ def build_derivatives(src: Path, probe: ProbeResult, workdir: Path, profiles: Se
                       limits: MediaLimits) -> dict[DerivativeProfile, DerivativeResult]:
     """Each requested profile, built independently into its own subdirectory of `workdir`."""
     results: dict[DerivativeProfile, DerivativeResult] = {}
-    # config lists profiles as strings; the enum also rejects a typo before any work starts
-    for profile in dict.fromkeys(DerivativeProfile(p) for p in profiles):
+    # config lists profiles as strings; the enum also rejects a typo before any work starts. The proxy goes
+    # first: HLS is then cut from it instead of being encoded a second time.
+    wanted = dict.fromkeys(DerivativeProfile(p) for p in profiles)
+    for profile in sorted(wanted, key=lambda p: p is not DerivativeProfile.PROXY_MP4):
         out_dir = Path(workdir) / profile.value
         if profile is DerivativeProfile.WAVEFORM and not has_audio(probe):
             results[profile] = DerivativeResult(profile, "SKIPPED", error="no audio stream")
             continue
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
-            results[profile] = _build(profile, Path(src), probe, out_dir, limits)
+            results[profile] = _build(profile, Path(src), probe, out_dir, limits, results)
         except (MediaError, ValueError, OSError) as exc:
             shutil.rmtree(out_dir, ignore_errors=True)  # never upload what a failed run left behind
             # a full or unwritable work disk is ours to fix, so it is worth another attempt
@@ -258,10 +272,14 @@ def _os_message(exc: Exception) -> str:
     return str(exc)
 
 
-def _build(profile: DerivativeProfile, src: Path, probe: ProbeResult, out_dir: Path,
-           limits: MediaLimits) -> DerivativeResult:
+def _build(profile: DerivativeProfile, src: Path, probe: ProbeResult, out_dir: Path, limits: MediaLimits,
+           built: dict[DerivativeProfile, DerivativeResult]) -> DerivativeResult:
     if profile is DerivativeProfile.HLS:
-        run_ffmpeg(hls_argv(src, out_dir, probe, limits), limits, hide=(src,))
+        proxy = built.get(DerivativeProfile.PROXY_MP4)
+        if proxy is not None and proxy.status == "READY":
+            run_ffmpeg(hls_from_proxy_argv(proxy.main or proxy.files[0], out_dir, probe, limits), limits, hide=(src,))
+        else:  # no proxy to cut from (not wanted, or it failed): encode from the source
+            run_ffmpeg(hls_argv(src, out_dir, probe, limits), limits, hide=(src,))
         files = _hls_files(out_dir)
     else:
         name, builder = {

@@ -66,10 +66,28 @@ def _av_streams(source: Input, short_side: int, audio: bool) -> list[_Stream]:
     return [video, stream["a:0"]] if audio else [video]
 
 
-def proxy_mp4_argv(cmd: Sequence[str], source: Input, dst: str, *, short_side: int, audio: bool) -> list[str]:
-    """H.264/AAC MP4 scaled to `short_side` (never up), moov first so a browser starts playing at once."""
+def proxy_mp4_argv(cmd: Sequence[str], source: Input, dst: str, *, short_side: int, audio: bool,
+                   keyframe_every_s: int) -> list[str]:
+    """H.264/AAC MP4 scaled to `short_side` (never up), moov first so a browser starts playing at once, with a
+    keyframe every `keyframe_every_s` so HLS can be cut from it without encoding a second time."""
     out = ffmpeg.output(*_av_streams(source, short_side, audio), dst, format="mp4", movflags="+faststart",
-                        **_av_options(audio))
+                        force_key_frames=f"expr:gte(t,n_forced*{keyframe_every_s})", **_av_options(audio))
+    return _compile(out, cmd)
+
+
+def hls_remux_argv(cmd: Sequence[str], source: Input, playlist: str, *, segment_pattern: str, init_name: str,
+                   segment_s: int, audio: bool) -> list[str]:
+    """The same VOD HLS as `hls_argv`, cut from an H.264/AAC proxy whose keyframes already sit on the segment
+    boundaries: streams are copied, not encoded (a remux costs a small fraction of an encode)."""
+    stream = _open(source)
+    streams = [stream["v:0"], stream["a:0"]] if audio else [stream["v:0"]]
+    out = ffmpeg.output(
+        *streams, playlist,
+        format="hls", hls_segment_type="fmp4", hls_time=segment_s, hls_playlist_type="vod",
+        hls_flags="independent_segments", hls_fmp4_init_filename=init_name,
+        hls_segment_filename=segment_pattern, c="copy", map_metadata=-1, map_chapters=-1,
+        fflags="+bitexact",
+    )
     return _compile(out, cmd)
 
 

@@ -18,7 +18,8 @@ from aivedio_engine.media.derive import (DerivativeResult, MediaError, MediaUnav
 from aivedio_engine.media.probe import MediaLimits, ProbeResult, StreamInfo, probe_file
 
 LIMITS = MediaLimits(timeout_s=60)
-BUILDERS = (derive.proxy_mp4_argv, derive.hls_argv, derive.thumbnail_argv, derive.waveform_argv)
+BUILDERS = (derive.proxy_mp4_argv, derive.hls_argv, derive.hls_from_proxy_argv, derive.thumbnail_argv,
+            derive.waveform_argv)
 
 
 def _ffmpeg(*args: str) -> None:
@@ -298,6 +299,65 @@ def test_hls_argv_aligns_keyframes_with_segments(tmp_path: Path) -> None:
     assert _values(argv, "-hls_time") == ["2"] and _values(argv, "-hls_playlist_type") == ["vod"]
     assert _values(argv, "-force_key_frames") == ["expr:gte(t,n_forced*2)"]
     assert argv[-1] == f"file:{(tmp_path / 'hls' / 'index.m3u8').resolve()}"
+
+
+def test_the_proxy_keeps_keyframes_on_segment_boundaries_so_hls_is_a_remux(tmp_path: Path) -> None:
+    proxy = derive.proxy_mp4_argv(Path("/in/src.mp4"), tmp_path / "p.mp4", _hand_probe(3.0), LIMITS)
+    assert _values(proxy, "-force_key_frames") == ["expr:gte(t,n_forced*2)"]
+    remux = derive.hls_from_proxy_argv(tmp_path / "p.mp4", tmp_path / "hls", _hand_probe(3.0), LIMITS)
+    assert _values(remux, "-c") == ["copy"] and "libx264" not in remux and "-filter_complex" not in remux
+    assert _values(remux, "-f") == ["hls"] and _values(remux, "-hls_time") == ["2"]
+    assert _values(remux, "-map") == ["0:v:0", "0:a:0"]
+    silent = derive.hls_from_proxy_argv(tmp_path / "p.mp4", tmp_path / "hls", _hand_probe(3.0, audio=False), LIMITS)
+    assert _values(silent, "-map") == ["0:v:0"]
+
+
+def _recording(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    runs: list[list[str]] = []
+    real = derive.run_ffmpeg
+
+    def record(argv, limits, hide=()):  # type: ignore[no-untyped-def]
+        runs.append(list(argv))
+        return real(argv, limits, hide)
+
+    monkeypatch.setattr(derive, "run_ffmpeg", record)
+    return runs
+
+
+def test_hls_is_cut_from_the_proxy_instead_of_encoded_twice(clips: dict[str, Path], probes: dict[str, ProbeResult],
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = _recording(monkeypatch)
+    results = build_derivatives(clips["av"], probes["av"], tmp_path, [P.HLS, P.PROXY_MP4], LIMITS)
+    assert [_values(r, "-f") for r in runs] == [["mp4"], ["hls"]]  # the proxy first, whatever the config order
+    assert sum("libx264" in r for r in runs) == 1 and _values(runs[1], "-c") == ["copy"]
+    hls = _ready(results[P.HLS])
+    segments = [line for line in hls.main.read_text().splitlines() if line.startswith("#EXTINF:")]
+    assert len(segments) >= 2 and all(float(s[len("#EXTINF:"):].rstrip(",")) <= 2.1 for s in segments)
+    doc = _ffprobe(hls.main)
+    assert abs(float(doc["format"]["duration"]) - 3) <= 0.5
+    assert {s["codec_name"] for s in doc["streams"]} == {"h264", "aac"}
+
+
+def test_hls_is_encoded_from_the_source_when_there_is_no_proxy(clips: dict[str, Path],
+                                                               probes: dict[str, ProbeResult], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    runs: list[list[str]] = []
+    real = derive.run_ffmpeg
+
+    def proxy_fails(argv, limits, hide=()):  # type: ignore[no-untyped-def]
+        runs.append(list(argv))
+        if _values(list(argv), "-f") == ["mp4"]:
+            raise MediaError("ffmpeg ran out of memory (resource limit)")
+        return real(argv, limits, hide)
+
+    monkeypatch.setattr(derive, "run_ffmpeg", proxy_fails)
+    alone = build_derivatives(clips["av"], probes["av"], tmp_path / "alone", [P.HLS], LIMITS)
+    assert _ready(alone[P.HLS]) and len(runs) == 1 and "libx264" in runs[0]
+
+    runs.clear()
+    fallback = build_derivatives(clips["av"], probes["av"], tmp_path / "fallback", [P.PROXY_MP4, P.HLS], LIMITS)
+    assert fallback[P.PROXY_MP4].status == "FAILED" and _ready(fallback[P.HLS])
+    assert len(runs) == 2 and "libx264" in runs[1] and _values(runs[1], "-c") == []  # encoded, not cut
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
