@@ -26,7 +26,7 @@ from aivedio_engine.domain.status import AttemptStatus
 from aivedio_engine.observability.snapshot import read_snapshot
 from aivedio_engine.services.alert_ops import AlertChange, AlertOps, AlertView
 from aivedio_engine.services.capacity_live import CapacityLiveService
-from aivedio_engine.services.errors import ServiceError
+from aivedio_engine.services.errors import IllegalState, ServiceError
 from aivedio_engine.services.invariants import DEFAULT_GRACE_S, AuditReport, InvariantService
 from aivedio_engine.services.ledger_ops import MANUAL_KEY_PREFIX, Balance, LedgerOps
 from aivedio_engine.services.operations import Operation
@@ -351,6 +351,8 @@ def _change_text(verb: str, change: AlertChange) -> str:
         text += f"; left {len(change.skipped)} alone ({', '.join(why)})"
     if change.refused:
         text += f"; refused {len(change.refused)}: {change.refused[0][1]}"
+        if not change.changed:  # nothing happened: shown as a failed change, not as news
+            raise IllegalState(text)
     return text
 
 
