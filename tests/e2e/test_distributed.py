@@ -16,6 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import redis
 import sqlalchemy as sa
 
 from aivedio_engine.bootstrap import build_context
@@ -97,12 +98,23 @@ def _serve(config: Path, roles: str, log: Path) -> Iterator[subprocess.Popen[byt
 
 
 @pytest.mark.timeout(600)
+def _drop_redis_keys(url: str, prefix: str) -> None:
+    """The run's broker, slot and pub/sub keys all live under its own prefix: leave the shared Redis as found."""
+    client = redis.Redis.from_url(url)
+    try:
+        for key in client.scan_iter(match=f"{prefix}*", count=1000):
+            client.delete(key)
+    finally:
+        client.close()
+
+
 def test_fifty_generations_through_distributed_serve(tmp_path: Path, pg_url: str, moto_s3: MotoS3) -> None:  # noqa: F811
     api_port = free_port()
     faults = "redirect=0.2,dup_cb=0.2,reorder_cb=0.2,drop_cb=0.1,early_cb=0.1,5xx=0.05,latency=5ms..40ms"
     with running_sim(real_clock=True, seed=11, faults=faults, job_seconds=1.0) as sim, ExitStack() as stack:
         config = _config(tmp_path, pg_url, moto_s3, sim.base_url, api_port)
         ctx = build_context(load_settings(str(config)))
+        stack.callback(_drop_redis_keys, ctx.settings.redis.url, ctx.settings.redis.key_prefix)  # runs last
         stack.callback(ctx.close)
         migrate.upgrade(ctx.engine)
         tenant = ctx.tenants.create("e2e", Decimal(1000))
