@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aivedio_engine.clock import Clock, SystemClock
@@ -121,8 +122,12 @@ class AppContext:
     def submitter(self) -> SubmitService:
         from aivedio_engine.services.submit import SubmitService
 
+        from aivedio_engine.services.references import ReferenceResolver
+
+        references = ReferenceResolver(self.storage, self.settings.storage.reference_url_ttl_s,
+                                       Path(self.settings.data_dir) / "reference-cache")
         return SubmitService(self.engine, self.clock, self.settings, self.providers,
-                             callback_base=self.settings.api.public_base_url or None)
+                             callback_base=self.settings.api.public_base_url or None, references=references)
 
     @shared_property
     def sync(self) -> ProviderSync:

@@ -88,6 +88,8 @@ class StorageSettings(_Section):
     #: lifetime of upload targets (presigned POST / signed URL), ≤ 900 s.
     upload_url_ttl_s: int = Field(900, ge=10, le=900)
     playback_url_ttl_s: int = Field(3600, ge=10, le=86400)
+    #: lifetime of the signed URLs through which a provider reads a task's reference images/videos
+    reference_url_ttl_s: int = Field(3600, ge=60, le=86400)
     multipart_part_bytes: int = Field(8 * 1024 * 1024, ge=5 * 1024 * 1024)
 
 

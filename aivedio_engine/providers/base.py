@@ -39,7 +39,10 @@ class GenerationRequest:
     resolution: str
     aspect_ratio: str
     seed: int | None = None
+    #: reference images in the client's order (image-to-video reads the first)
     reference_urls: Sequence[str] = ()
+    #: reference videos, for vendors with video-to-video
+    reference_video_urls: Sequence[str] = ()
     callback_url: str | None = None
 
 
@@ -147,6 +150,8 @@ class Capabilities:
     output_url_ttl_s: int | None
     #: vendor billing rule for a canceled job: True when a cancel after start is still charged
     cancel_is_billed: bool = True
+    #: how references reach the vendor: "url" (a short-lived signed GET) or "file" (a local path: `local`)
+    reference_transport: str = "url"
 
 
 class CallbackRejected(Exception):

@@ -109,7 +109,7 @@ class LocalProvider:
             resolutions=tuple(sorted({r for m in self._models.values() for r in m.resolutions
                                       if r in render.RESOLUTIONS})),
             supports_callbacks=False, supports_lookup_by_request_key=True, supports_cancel=True,
-            output_url_ttl_s=self._ttl_s, cancel_is_billed=False,
+            output_url_ttl_s=self._ttl_s, cancel_is_billed=False, reference_transport="file",
         )
         # absolute: renders run with cwd set to their work dir, so a relative data dir would resolve twice
         self.root = Path(data_dir).resolve() / "local-provider"

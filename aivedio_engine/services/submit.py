@@ -21,23 +21,27 @@ from sqlalchemy import Connection, Engine
 
 from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
+from aivedio_engine.db import assets as asset_rows
 from aivedio_engine.db import attempts, tasks
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.polling import PollPolicy, next_poll_at
-from aivedio_engine.domain.retry import FailureContext, Step, Verdict, decide_retry
+from aivedio_engine.domain.retry import ErrorClass, FailureContext, Step, Verdict, decide_retry
 from aivedio_engine.domain.status import AttemptStatus, EventSource, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent
 from aivedio_engine.providers.base import Accepted, Ambiguous, GenerationRequest, Provider, Rejected, SubmitResult
 from aivedio_engine.services import billing, observations
 from aivedio_engine.services.provider_health import error_code_with_retry_after
+from aivedio_engine.services.references import ReferenceResolver, ReferenceUnavailable
 from aivedio_engine.testing.failpoints import failpoint
 
 
 class SubmitService:
     def __init__(self, engine: Engine, clock: Clock, settings: Settings, providers: Any,
-                 rng: random.Random | None = None, callback_base: str | None = None) -> None:
+                 rng: random.Random | None = None, callback_base: str | None = None,
+                 references: ReferenceResolver | None = None) -> None:
         self._engine = engine
+        self._references = references
         self._clock = clock
         self._settings = settings
         self._providers = providers
@@ -51,16 +55,21 @@ class SubmitService:
         claimed = self._claim(attempt_id)
         if isinstance(claimed, str):
             return claimed
-        attempt, task = claimed
+        attempt, task, inputs = claimed
         provider: Provider = self._providers[attempt.provider]
+        try:
+            request = self._request(task, provider, inputs)
+        except ReferenceUnavailable as exc:  # nothing was sent, so nothing can be billed
+            self._record(attempt_id, Rejected(ErrorClass.LOCAL_INVALID, "reference_unavailable", str(exc)))
+            return "rejected"
         failpoint("submit.before_call")
-        result = provider.submit(self._request(task, provider), attempt.provider_request_key)
+        result = provider.submit(request, attempt.provider_request_key)
         failpoint("submit.after_call")
         self._record(attempt_id, result)
         return type(result).__name__.lower()
 
     # tx A
-    def _claim(self, attempt_id: uuid.UUID) -> tuple[Any, Any] | str:
+    def _claim(self, attempt_id: uuid.UUID) -> tuple[Any, Any, list[asset_rows.InputAsset | None]] | str:
         with write_tx(self._engine) as conn:
             attempt = attempts.read(conn, attempt_id, lock=True)
             if attempt is None:
@@ -75,16 +84,26 @@ class SubmitService:
                 return f"skipped:task-{task.status}"
             now = self._clock.now()
             attempts.transition(conn, attempt, AttemptEvent.SEND_STARTED, now, submitted_at=now)
-            return attempts.read(conn, attempt_id), task
+            inputs = asset_rows.inputs_of(conn, task.tenant_id, task.params.get("asset_ids") or ())
+            return attempts.read(conn, attempt_id), task, inputs
 
-    def _request(self, task: Any, provider: Provider) -> GenerationRequest:
+    def _request(self, task: Any, provider: Provider,
+                 inputs: list[asset_rows.InputAsset | None]) -> GenerationRequest:
         p = task.params
         callback = None
         if self._callback_base and provider.capabilities.supports_callbacks:
             callback = f"{self._callback_base.rstrip('/')}/v1/callbacks/{provider.name}"
+        images: tuple[str, ...] = ()
+        videos: tuple[str, ...] = ()
+        if inputs:
+            if self._references is None:
+                raise ReferenceUnavailable("this process has no object store to read references from")
+            refs = self._references.resolve(inputs, p["asset_ids"], now=self._clock.now(),
+                                            transport=provider.capabilities.reference_transport)
+            images, videos = refs.images, refs.videos
         return GenerationRequest(
             prompt=p["prompt"], model=p["model"], duration_s=p["duration_s"], resolution=p["resolution"],
-            aspect_ratio=p["aspect_ratio"], seed=p.get("seed"), reference_urls=tuple(p.get("reference_urls", ())),
+            aspect_ratio=p["aspect_ratio"], seed=p.get("seed"), reference_urls=images, reference_video_urls=videos,
             callback_url=callback,
         )
 

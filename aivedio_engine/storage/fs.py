@@ -100,6 +100,11 @@ class FsStore:
     def _data(self, key: str) -> Path:
         return self.root / validate_key(key)
 
+    def local_path(self, key: str) -> Path | None:
+        """The object's file, for a renderer on this machine; None when missing."""
+        path = self._data(key)
+        return path if path.is_file() else None
+
     def _meta(self, key: str) -> Path:
         return self.root / ".meta" / f"{validate_key(key)}.json"
 
