@@ -67,8 +67,8 @@ class AppContext:
 
         engine = make_engine(self.settings)
         if not self.settings.is_postgres:
-            wakeup.install_commit_hooks(engine, {wakeup.OUTBOX: self.outbox_wakeup,
-                                                 wakeup.DISPATCH: self.dispatch_wakeup})
+            wakeup.install_commit_hooks(engine, wakeup.wake_events({wakeup.OUTBOX: self.outbox_wakeup,
+                                                                    wakeup.DISPATCH: self.dispatch_wakeup}))
         return engine
 
     @shared_property

@@ -102,6 +102,8 @@ class ApiSettings(_Section):
     #: per-tenant request rate limit (requests per second, token bucket).
     tenant_rate_limit_per_s: float = Field(50.0, gt=0)
     max_upload_bytes: int = Field(2 * 1024 * 1024 * 1024, ge=1)
+    #: seconds an API process trusts a key it has verified: a key revoked elsewhere is refused within this
+    auth_cache_ttl_s: float = Field(5, ge=0, le=5)
     #: seconds between `: ping` comments on an idle event stream (keeps proxies from closing it).
     sse_heartbeat_s: float = Field(15, gt=0)
 

@@ -45,7 +45,11 @@ def _postgres_engine(url: sa.URL, settings: Settings, **kw: Any) -> Engine:
         # a bare postgresql:// URL would pick psycopg2, which is not a dependency
         url = url.set(drivername="postgresql+psycopg")
     kw.setdefault("pool_size", db.pool_size)
-    kw.setdefault("pool_pre_ping", True)  # a restarted server must not surface as one failed request per conn
+    # No pre-ping: it cost a round trip per checkout. A connection the server dropped fails its first statement
+    # once; SQLAlchemy then invalidates the whole pool (every older connection is replaced on its next checkout),
+    # the hot create path retries on a fresh one, and connections are recycled before idle timeouts bite.
+    kw.setdefault("pool_pre_ping", False)
+    kw.setdefault("pool_recycle", 1800)
     kw.setdefault("pool_timeout", db.connect_timeout_s)  # waiting for a pooled connection counts too
     connect_args = {
         # libpq takes whole seconds (and treats 1 as 2)
@@ -60,6 +64,9 @@ def _postgres_engine(url: sa.URL, settings: Settings, **kw: Any) -> Engine:
     def _bounded_connect(dialect: Any, _rec: Any, cargs: Any, cparams: Any) -> Any:
         return bounded_connect(lambda: dialect.connect(*cargs, **cparams), bound)
 
+    from aivedio_engine.db.wakeup import install_pg_notifier
+
+    install_pg_notifier(engine)
     return engine
 
 

@@ -19,3 +19,11 @@ def write_tx(engine: Engine) -> Iterator[Connection]:
             conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
         with conn.begin():
             yield conn
+
+
+@contextmanager
+def read_conn(engine: Engine) -> Iterator[Connection]:
+    """A connection for reads only, in autocommit: no BEGIN, and no ROLLBACK at check-in, which on psycopg would
+    also throw away the connection's prepared statements."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        yield conn

@@ -1,18 +1,24 @@
 """Waking a sleeping loop the moment a commit gives it work, instead of on its next tick.
 
-`notify(conn, channel)` is called inside the transaction that creates the work. On PostgreSQL it is
-`pg_notify`, delivered to LISTENers only when (and if) the transaction commits, so a woken loop never looks
-before the rows exist. In embedded mode (SQLite, one process) the channel is noted on the connection and the
-channel's `threading.Event` is set once the commit has returned (`install_commit_hooks`).
+`notify(conn, channel)` is called inside the transaction that creates the work; it only notes the channel on
+the connection. Once the commit has returned (so a woken loop never looks before the rows exist), the channels
+go to the engine's waker:
+- PostgreSQL: a per-engine background thread sends `NOTIFY` on its own autocommit connection, coalescing a
+  burst of commits into one notification per channel. `pg_notify` inside the writing transaction took a
+  cluster-wide lock held through the commit flush, which halved creation throughput with 16 tenants
+  (research/performance_profile.md); after the commit it costs the writer nothing.
+- Embedded mode (SQLite, one process): the channel's `threading.Event` is set.
 
 Channels: OUTBOX wakes the relays (new outbox rows); DISPATCH wakes the dispatcher (a task became ready, or a
-slot was freed). A missed wake-up only costs latency: every loop still runs on its fallback interval.
+slot was freed). A missed wake-up (a process killed between its commit and the NOTIFY) only costs latency:
+every loop still runs on its fallback interval.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,24 +28,31 @@ log = logging.getLogger(__name__)
 
 OUTBOX = "aivedio_outbox"
 DISPATCH = "aivedio_dispatch"
+CHANNELS = (OUTBOX, DISPATCH)
 _PENDING = "aivedio_wakeups"
+_WAKER = "aivedio_waker"
 
 
 def notify(conn: Connection, channel: str) -> None:
-    """Wake `channel`'s listeners when the caller's transaction commits."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(sa.text("SELECT pg_notify(:ch, '')"), {"ch": channel})
-    else:
-        conn.info.setdefault(_PENDING, set()).add(channel)
+    """Wake `channel`'s listeners once the caller's transaction has committed."""
+    conn.info.setdefault(_PENDING, set()).add(channel)
 
 
-def install_commit_hooks(engine: Engine, events: dict[str, threading.Event]) -> None:
-    """Embedded mode: set `events[channel]` after each commit that notified `channel`.
+def committed(engine: Engine, channels: Iterable[str]) -> None:
+    """For writers that commit on the driver connection directly (the prepared hot paths): wake as a commit would."""
+    waker = engine.dialect.__dict__.get(_WAKER)
+    channels = set(channels)
+    if waker is not None and channels:
+        waker(channels)
+
+
+def install_commit_hooks(engine: Engine, wake: Callable[[set[str]], None]) -> None:
+    """Call `wake(channels)` after each commit that notified them.
 
     SQLAlchemy's "commit" event fires *before* the DBAPI commit, so a loop woken from it could read the old
     snapshot and miss the rows until its fallback tick. The event only moves the channels to a thread-local;
-    the dialect's `do_commit` (a public Dialect method, wrapped on this engine's dialect instance only) sets
-    the events once the commit has returned, i.e. when the rows are visible to every other connection.
+    the dialect's `do_commit` (a public Dialect method, wrapped on this engine's dialect instance only) wakes
+    once the commit has returned, i.e. when the rows are visible to every other connection.
     """
     pending = threading.local()
 
@@ -57,12 +70,79 @@ def install_commit_hooks(engine: Engine, events: dict[str, threading.Event]) -> 
     def _commit_then_wake(dbapi_connection: Any) -> None:
         channels, pending.channels = getattr(pending, "channels", set()), set()
         do_commit(dbapi_connection)
+        if channels:
+            wake(channels)
+
+    dialect.do_commit = _commit_then_wake  # type: ignore[method-assign]
+    dialect.__dict__[_WAKER] = wake
+
+
+def wake_events(events: dict[str, threading.Event]) -> Callable[[set[str]], None]:
+    """Embedded mode's waker: set each channel's event."""
+
+    def wake(channels: set[str]) -> None:
         for channel in channels:
             event = events.get(channel)
             if event is not None:
                 event.set()
 
-    dialect.do_commit = _commit_then_wake  # type: ignore[method-assign]
+    return wake
+
+
+class PgNotifier:
+    """Sends the NOTIFYs of committed transactions from one background thread, coalesced per channel.
+
+    The thread starts on the first wake-up and ends after `idle_s` without one (closing its connection), so an
+    engine that is only used briefly leaves nothing running."""
+
+    def __init__(self, dsn: str, idle_s: float = 10.0) -> None:
+        self._dsn = dsn
+        self._idle_s = idle_s
+        self._dirty: set[str] = set()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, channels: set[str]) -> None:
+        with self._cond:
+            self._dirty |= channels
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pg-notify", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        conn: Any = None
+        try:
+            while True:
+                with self._cond:
+                    if not self._dirty and not self._cond.wait_for(lambda: self._dirty, timeout=self._idle_s):
+                        self._thread = None
+                        return
+                    channels, self._dirty = self._dirty, set()
+                conn = self._send(conn, channels)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _send(self, conn: Any, channels: set[str]) -> Any:
+        import psycopg
+
+        try:
+            if conn is None or conn.closed:
+                conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
+            for channel in sorted(channels):
+                conn.execute(f"NOTIFY {channel}")
+            return conn
+        except Exception as exc:  # noqa: BLE001 - a lost wake-up costs latency only; the next one reconnects
+            log.warning("NOTIFY %s failed (%s)", ",".join(sorted(channels)), type(exc).__name__)
+            if conn is not None:
+                conn.close()
+            return None
+
+
+def install_pg_notifier(engine: Engine) -> None:
+    url = engine.url.set(drivername="postgresql")
+    install_commit_hooks(engine, PgNotifier(url.render_as_string(hide_password=False)))
 
 
 class Waiter:

@@ -1,15 +1,14 @@
 """Generation tasks: idempotent creation with credit reservation, reads, and cancellation.
 
 Creation is ONE transaction (seed 000 §4.9.2 "事务 1"): RESERVE ledger row + task + its state events + the
-`generation.queued` outbox row commit together or not at all. Idempotency is per tenant and key: the same key
-with the same normalized request returns the original task; with another request it is a 409. On PostgreSQL
-a transaction-scoped advisory lock on (tenant, key) makes concurrent duplicates wait for the first and then
-replay it; a duplicate that cannot get the lock in time is told the first is still in flight.
+`generation.queued` outbox row commit together or not at all (`db.creation`). Idempotency is per tenant and
+key: the same key with the same normalized request returns the original task; with another request it is a
+409. Concurrent duplicates wait on the unique (tenant, key) index for the first and then replay it; a duplicate
+whose twin has not committed in time is told the first is still in flight.
 """
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -18,16 +17,14 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
-from aivedio_engine.db import ledger, outbox, tasks
+from aivedio_engine.db import creation, tasks
 from aivedio_engine.services import billing
 from aivedio_engine.services.shedding import BacklogGate
-from aivedio_engine.db.session import write_tx
+from aivedio_engine.db.session import read_conn, write_tx
 from aivedio_engine.db.tables import assets, generation_tasks
-from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.requests import Catalog, InvalidRequest, estimate_cost, normalize, request_hash
 from aivedio_engine.domain.status import AssetKind, AssetStatus, EventSource, StateEventOutcome, TaskStatus
 from aivedio_engine.domain.transitions import Decision, Effect, Rejection, RejectionKind, TaskEvent, TaskSnapshot, decide
@@ -40,10 +37,10 @@ from aivedio_engine.services.errors import (
     InvalidInput,
     MissingIdempotencyKey,
     NotFound,
+    Overloaded,
 )
 
 MAX_IDEMPOTENCY_KEY = 255
-IN_FLIGHT_WAIT_MS = 1500
 _t = generation_tasks.c
 
 
@@ -107,40 +104,35 @@ class GenerationService:
         cost = estimate_cost(params, spec)
         digest = request_hash(params)
         try:
-            with write_tx(self._engine) as conn:
-                self._serialize_key(conn, tenant_id, key)
-                existing = self._by_key(conn, tenant_id, key)
-                if existing is not None:
-                    return _replay(existing, digest)
-                self._gate.check(conn, tenant_id, self._clock.now())
-                self._check_assets(conn, tenant_id, params.asset_ids)
-                task = self._insert(conn, tenant_id, key, params.canonical(), digest, cost, trace_id)
-                return Created(TaskView.of(task), replayed=False)
-        except IntegrityError as exc:
-            if "client_idempotency_key" not in str(exc.orig):
+            self._gate.check(self._engine, tenant_id, self._clock.now())
+        except Overloaded:
+            existing = creation.by_key(self._engine, tenant_id, key)
+            if existing is None:
                 raise
-        # a concurrent duplicate committed first (possible without the advisory lock, e.g. SQLite)
-        with self._engine.connect() as conn:
-            return _replay(self._by_key(conn, tenant_id, key), digest)
-
-    def _serialize_key(self, conn: Connection, tenant_id: uuid.UUID, key: str) -> None:
-        if conn.dialect.name != "postgresql":
-            return  # SQLite: BEGIN IMMEDIATE already serializes writers
-        lock_id = int.from_bytes(hashlib.sha256(f"{tenant_id}:{key}".encode()).digest()[:8], "big", signed=True)
-        # lock_timeout bounds the wait for a concurrent twin; it is reset in the same statement once the lock is held
-        conn.execute(sa.text("SELECT set_config('lock_timeout', :t, true)"), {"t": f"{IN_FLIGHT_WAIT_MS}ms"})
+            return _replay(existing, digest)  # a client retrying a request that did get in still sees its task
+        if params.asset_ids:
+            try:
+                with self._engine.connect() as conn:
+                    self._check_assets(conn, tenant_id, params.asset_ids)
+            except (NotFound, InvalidInput):
+                existing = creation.by_key(self._engine, tenant_id, key)
+                if existing is None:
+                    raise
+                return _replay(existing, digest)  # made while its assets were still READY
         try:
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id), set_config('lock_timeout', '0', true)"),
-                         {"id": lock_id})
-        except DBAPIError as exc:
-            if getattr(exc.orig, "sqlstate", None) == "55P03":  # lock_not_available
-                raise IdempotencyKeyInFlight("a request with this Idempotency-Key is still being processed") from None
-            raise
+            task = creation.create(self._engine, self._new_task(tenant_id, key, params.canonical(), digest, cost,
+                                                                trace_id))
+        except creation.KeyTaken:
+            return _replay(creation.by_key(self._engine, tenant_id, key), digest)
+        except creation.KeyInFlight:
+            raise IdempotencyKeyInFlight("a request with this Idempotency-Key is still being processed") from None
+        except creation.Unaffordable as exc:
+            raise InsufficientCredits(f"this request needs {cost} credits; the balance is {exc.balance}",
+                                      balance=str(exc.balance), needed=str(cost)) from None
+        return Created(TaskView.of(task), replayed=False)
 
     def _by_key(self, conn: Connection, tenant_id: uuid.UUID, key: str) -> Any:
-        return conn.execute(
-            sa.select(generation_tasks).where(_t.tenant_id == tenant_id, _t.client_idempotency_key == key)
-        ).first()
+        return creation._by_key(conn, tenant_id, key)  # noqa: SLF001 - same persistence layer
 
     def _check_assets(self, conn: Connection, tenant_id: uuid.UUID, asset_ids: tuple[str, ...]) -> None:
         if not asset_ids:
@@ -159,53 +151,30 @@ class GenerationService:
             if row.status != AssetStatus.READY.value:
                 raise InvalidInput(f"asset {asset_id} is {row.status}, not READY", field="asset_ids")
 
-    def _insert(self, conn: Connection, tenant_id: uuid.UUID, key: str, params: dict[str, Any], digest: bytes,
-                cost: Decimal, trace_id: str | None) -> Any:
+    def _new_task(self, tenant_id: uuid.UUID, key: str, params: dict[str, Any], digest: bytes, cost: Decimal,
+                  trace_id: str | None) -> creation.NewTask:
+        # The machine decides each creation step; the row is written once, at the state they lead to.
         now = self._clock.now()
-        task_id = new_id()
         deadline = now + timedelta(seconds=params["deadline_s"])
-        # Validation (request and assets) happened above, in this transaction, and the reservation is its last
-        # statement; the machine still decides each step, and the row is written once at the state they lead to.
-        history = [tasks.event_row(task_id=task_id, source=EventSource.API, source_event_id=f"{task_id}:0",
-                                   event_type="created", from_status=None, to_status=TaskStatus.CREATED.value,
-                                   task_version=0, outcome=StateEventOutcome.APPLIED, now=now)]
+        history: list[tuple[str, str | None, str, int]] = [("created", None, TaskStatus.CREATED.value, 0)]
         snap = TaskSnapshot(TaskStatus.CREATED, 0, 0, deadline)
-        effects: set[Effect] = set()
         for event in (TaskEvent.VALIDATION_STARTED, TaskEvent.VALIDATION_PASSED, TaskEvent.QUEUED):
             decision = decide(snap, event, now)
             assert isinstance(decision, Decision), decision
-            history.append(tasks.event_row(
-                task_id=task_id, source=EventSource.API, source_event_id=f"{task_id}:{decision.version}",
-                event_type=event.value, from_status=decision.from_status.value, to_status=decision.to_status.value,
-                task_version=decision.version, outcome=StateEventOutcome.APPLIED, now=now))
-            effects.update(decision.effects)
+            history.append((event.value, decision.from_status.value, decision.to_status.value, decision.version))
             snap = TaskSnapshot(decision.to_status, decision.version, decision.progress, deadline)
-        row = conn.execute(generation_tasks.insert().values(
-            id=task_id, tenant_id=tenant_id, client_idempotency_key=key, request_hash=digest,
-            status=snap.status.value, version=snap.version, progress=snap.progress, requested_model=params["model"],
-            selected_provider=params["provider"], priority=params["priority"], estimated_cost=cost,
-            reserved_amount=cost, prompt=params["prompt"], params=params, deadline_at=deadline,
-            trace_id=trace_id, created_at=now, updated_at=now,
-        ).returning(*generation_tasks.c)).one()
-        tasks.record_events(conn, history)
-        if Effect.PUBLISH_QUEUED in effects:
-            outbox.add(conn, EventType.GENERATION_QUEUED, aggregate_type="task", aggregate_id=task_id,
-                       aggregate_version=snap.version, tenant_id=tenant_id, trace_id=trace_id, now=now,
-                       payload={"task_id": str(task_id), "requested_model": params["model"],
-                                "priority": params["priority"], "deadline_at": deadline.isoformat()})
-        if Effect.RESERVE_CREDITS in effects:
-            try:
-                ledger.reserve(conn, tenant_id=tenant_id, task_id=task_id, amount=cost, now=now, created_by="api")
-            except ledger.InsufficientBalance as exc:
-                raise InsufficientCredits(
-                    f"this request needs {cost} credits; the balance is {exc.balance}",
-                    balance=str(exc.balance), needed=str(cost),
-                ) from None
-        return row
+        task_id = new_id()
+        return creation.NewTask(
+            id=task_id, tenant_id=tenant_id, key=key, request_hash=digest, status=snap.status.value,
+            version=snap.version, progress=snap.progress, model=params["model"], provider=params["provider"],
+            priority=params["priority"], cost=cost, prompt=params["prompt"], params=params, deadline_at=deadline,
+            trace_id=trace_id, now=now, history=tuple(history),
+            queued_payload={"task_id": str(task_id), "requested_model": params["model"],
+                            "priority": params["priority"], "deadline_at": deadline.isoformat()})
 
     # --------------------------------------------------------------------------------------------- read
     def get(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> TaskView:
-        with self._engine.connect() as conn:
+        with read_conn(self._engine) as conn:
             row = tasks.read(conn, task_id, tenant_id)
         if row is None:
             raise NotFound(f"generation {task_id} not found")
@@ -229,7 +198,7 @@ class GenerationService:
         if cursor is not None:
             stmt = stmt.where(_t.id < cursor)
         stmt = stmt.order_by(_t.id.desc()).limit(limit + 1)
-        with self._engine.connect() as conn:
+        with read_conn(self._engine) as conn:
             rows = conn.execute(stmt).all()
         page = [TaskView.of(r) for r in rows[:limit]]
         return page, (page[-1].id if len(rows) > limit else None)

@@ -13,7 +13,7 @@ import uuid
 from datetime import datetime
 
 import sqlalchemy as sa
-from sqlalchemy import Connection
+from sqlalchemy import Engine
 
 from aivedio_engine.config import LimitsSettings
 from aivedio_engine.db import outbox
@@ -35,26 +35,28 @@ class BacklogGate:
         self._read_at: datetime | None = None
         self._oldest: datetime | None = None
 
-    def check(self, conn: Connection, tenant_id: uuid.UUID, now: datetime) -> None:
+    def check(self, engine: Engine, tenant_id: uuid.UUID, now: datetime) -> None:
         """Raise Overloaded when new work must wait; the tenant's tier is read only while shedding."""
         if self._limit_s <= 0:
             return
-        oldest = self._oldest_due(conn, now)
+        oldest = self._oldest_due(engine, now)
         age = (now - oldest).total_seconds() if oldest is not None else None
         if not backlogged(age, self._limit_s):
             return
-        tier = conn.execute(sa.select(tenants.c.priority_tier).where(tenants.c.id == tenant_id)).scalar()
+        with engine.connect() as conn:
+            tier = conn.execute(sa.select(tenants.c.priority_tier).where(tenants.c.id == tenant_id)).scalar()
         if exempt_from_shedding(tier or PriorityTier.PAID, self._exempt_up_to):
             return
         CREATES_SHED.inc()
         raise Overloaded(f"not accepting new generations: queued work has waited {age:.0f} s for the broker "
                          f"(limit {self._limit_s:g} s); retry later", retry_after_s=RETRY_AFTER_S)
 
-    def _oldest_due(self, conn: Connection, now: datetime) -> datetime | None:
+    def _oldest_due(self, engine: Engine, now: datetime) -> datetime | None:
         with self._lock:
             if self._read_at is not None and 0 <= (now - self._read_at).total_seconds() < CACHE_S:
                 return self._oldest
-        oldest = outbox.oldest_due(conn, now)
+        with engine.connect() as conn:
+            oldest = outbox.oldest_due(conn, now)
         with self._lock:
             self._read_at, self._oldest = now, oldest
         return oldest

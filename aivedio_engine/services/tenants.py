@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -14,7 +15,7 @@ from sqlalchemy import Engine
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
 from aivedio_engine.db import ledger
-from aivedio_engine.db.session import write_tx
+from aivedio_engine.db.session import read_conn, write_tx
 from aivedio_engine.services.operations import Operation, record
 from aivedio_engine.db.tables import api_keys, tenants
 from aivedio_engine.domain.status import LedgerEntryType, TenantStatus
@@ -44,11 +45,46 @@ def hash_key(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
+class _AuthCache:
+    """Live keys seen recently, per process. A revoked key or a suspended tenant is refused by every process
+    within `ttl_s`, and by this one at once; unknown keys are never cached, so a new key works immediately.
+    Without it every request paid a connection checkout ending in ROLLBACK, which also throws away psycopg's
+    prepared statements (research/performance_profile.md)."""
+
+    MAX_ENTRIES = 10_000
+
+    def __init__(self, ttl_s: float) -> None:
+        self._ttl_s = ttl_s
+        self._entries: dict[bytes, tuple[Principal, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, digest: bytes, now: float) -> Principal | None:
+        hit = self._entries.get(digest)
+        if hit is None or hit[1] <= now:
+            return None
+        return hit[0]
+
+    def put(self, digest: bytes, principal: Principal, now: float) -> None:
+        if self._ttl_s <= 0:
+            return
+        with self._lock:
+            if len(self._entries) >= self.MAX_ENTRIES:
+                self._entries.clear()
+            self._entries[digest] = (principal, now + self._ttl_s)
+
+    def forget(self, key_id: uuid.UUID | None = None, tenant_id: uuid.UUID | None = None) -> None:
+        with self._lock:
+            for digest, (p, _) in list(self._entries.items()):
+                if p.key_id == key_id or p.tenant_id == tenant_id:
+                    del self._entries[digest]
+
+
 class TenantService:
     def __init__(self, engine: Engine, clock: Clock, settings: Settings) -> None:
         self._engine = engine
         self._clock = clock
         self._settings = settings
+        self._auth = _AuthCache(settings.api.auth_cache_ttl_s)
 
     def create(self, name: str, credits: Decimal | None = None, max_concurrency: int | None = None,
                op: Operation | None = None, max_upload_bytes: int | None = None) -> TenantView:
@@ -121,6 +157,7 @@ class TenantService:
             if op is not None:
                 record(conn, op, affected_ids=[key_id], outcome="revoked" if changed else "already",
                        now=self._clock.now())
+        self._auth.forget(key_id=key_id)
         return changed
 
     def local_principal(self, name: str = "local") -> Principal:
@@ -140,16 +177,28 @@ class TenantService:
         key_id, _ = self.create_key(tenant_id, name="embedded")
         return Principal(tenant_id=tenant_id, key_id=key_id)
 
+    def cached_principal(self, key: str) -> Principal | None:
+        """The principal of a key verified within `api.auth_cache_ttl_s`, without touching the database."""
+        return self._auth.get(hash_key(key), self._clock.now().timestamp())
+
     def authenticate(self, key: str) -> Principal | None:
         """The tenant behind a live key of an active tenant, or None."""
         if not key.startswith(KEY_PREFIX) or len(key) > 128:
             return None
+        digest, now = hash_key(key), self._clock.now().timestamp()
+        cached = self._auth.get(digest, now)
+        if cached is not None:
+            return cached
         stmt = (
             sa.select(api_keys.c.id, api_keys.c.tenant_id)
             .join(tenants, tenants.c.id == api_keys.c.tenant_id)
-            .where(api_keys.c.key_hash == hash_key(key), api_keys.c.revoked_at.is_(None),
+            .where(api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None),
                    tenants.c.status == TenantStatus.ACTIVE.value)
         )
-        with self._engine.connect() as conn:
+        with read_conn(self._engine) as conn:
             row = conn.execute(stmt).first()
-        return Principal(tenant_id=row.tenant_id, key_id=row.id) if row else None
+        if row is None:
+            return None
+        principal = Principal(tenant_id=row.tenant_id, key_id=row.id)
+        self._auth.put(digest, principal, now)
+        return principal

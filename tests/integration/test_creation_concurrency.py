@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import socket
 import threading
 import time
@@ -94,9 +93,12 @@ def test_a_key_still_being_created_is_409_in_flight(ctx: AppContext, pg_dsn: str
     from aivedio_engine.api.app import create_app
 
     who = tenant_with_key(ctx, "alice", credits=10)
-    lock_id = int.from_bytes(hashlib.sha256(f"{who.tenant_id}:slow".encode()).digest()[:8], "big", signed=True)
-    with psycopg.connect(pg_dsn) as holder:  # plays the first request, mid-transaction
-        holder.execute("SELECT pg_advisory_xact_lock(%s)", (lock_id,))
+    with psycopg.connect(pg_dsn) as holder:  # plays the first request, mid-transaction: its row is not committed
+        holder.execute(
+            "INSERT INTO generation_tasks (id, tenant_id, client_idempotency_key, request_hash, status, "
+            "requested_model, estimated_cost, prompt, params, created_at, updated_at) "
+            "VALUES (gen_random_uuid(), %s, 'slow', '\\x00', 'QUEUED', 'sim-v1', 1, 'p', '{}', now(), now())",
+            (who.tenant_id,))
         r = TestClient(create_app(ctx)).post("/v1/generations", json=BODY,
                                              headers={**who.headers, "Idempotency-Key": "slow"})
         holder.rollback()

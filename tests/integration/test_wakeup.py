@@ -27,7 +27,7 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> sa.Engine:
 def test_a_committed_notify_wakes_the_waiter_and_a_rollback_does_not(engine: sa.Engine) -> None:
     event = threading.Event()
     if engine.dialect.name != "postgresql":
-        wakeup.install_commit_hooks(engine, {wakeup.DISPATCH: event})
+        wakeup.install_commit_hooks(engine, wakeup.wake_events({wakeup.DISPATCH: event}))
     waiter = wakeup.Waiter(engine, wakeup.DISPATCH, event)
     try:
         assert waiter.wait(0.05) is False  # nothing yet (this also opens the LISTEN connection first)
