@@ -1,24 +1,37 @@
-"""`api_create`: POST /v1/generations 202/s against pgbench of the same 4-insert transaction (A-B-A).
+"""`api_create`: POST /v1/generations 202/s against two pgbench baselines (A-B-A), with 1 and with N tenants.
 
-Per repetition (BENCHMARKS.md, performance_anchors.md C.1):
-  A  pgbench -n -M prepared -T D -c 16 -j 2 -f create_task.sql, then -c 1 (latency point)
-  S  the API (uvicorn, 2 worker processes) under wrk: 16 keep-alive connections posting with unique
-     Idempotency-Keys for D seconds, then 1 connection for the c=1 latency p50
-  B  the same pgbench pair again
-ratio = API 202/s ÷ mean(A, B) TPS at c=16; c=1 overhead = API p50 − mean(A, B) pgbench average latency.
+Baselines (BENCHMARKS.md "Two baselines"):
+  minimal  bench/sql/create_task.sql, the 4-insert transaction of performance_anchors B.3, on the B.2 schema
+  own      the product's own create transaction, captured at run time (bench.own_sql): a real POST through the
+           app on a scratch aivedio database, every statement and parameter recorded, the committed transaction
+           rendered as one prepared pgbench script with per-transaction keys/ids; keys over 1 or over N tenants
 
-Secondary (one repetition each): idempotent replay rate (16 connections resending one key) ÷ the same baseline,
-the same creation load spread over several tenants, and a py-spy profile of the API workers under load.
+Per repetition, one chain (each block is a set of pgbench runs, -c 16 -j 2, and -c 1 for the latency points):
+  block 0   minimal c16, own(1 tenant) c16, minimal c1, own(1) c1
+  API 1t    the API (uvicorn, 2 worker processes) under wrk: 16 keep-alive connections, one tenant's key, unique
+            Idempotency-Keys for D s; then 1 connection for the c=1 p50
+  block 1   minimal c16, own(1) c16, own(N) c16, minimal c1, own(1) c1
+  API Nt    the same with the keys of N tenants, round robin
+  block 2   minimal c16, own(N) c16
+ratio = API 202/s ÷ mean(minimal before, after); schema cost = own ÷ minimal; client-path cost = API ÷ own.
+Each baseline pair is kept or discarded on its own (10 % rule). c=1 overhead = API p50 − mean pgbench latency.
+
+Round trips per POST (new key, and replayed) are counted from libpq's protocol trace at the API (in-process app,
+warm connections), with pool checkouts and Parse messages; the scripts' round trips are their command counts.
+
+Secondary (not with --quick): idempotent replay rate (16 connections resending one key) ÷ the minimal baseline,
+and a py-spy profile of the API workers under load.
 
 Correctness gate after the run: tasks = RESERVE ledger rows = generation.queued outbox rows = 202 responses
 (plus the requests wrk abandoned in flight when its clock ran out, which the server may have committed: those
-are identified by key and counted only if present), every task has exactly one of each and 4 state events, and
-no response other than 202 was seen.
+are identified by key and counted only if present), every task has exactly one of each and 4 state events, no
+response other than 202 was seen, and each own script writes per transaction the rows the product wrote.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -42,7 +55,8 @@ from bench import common
 from bench.common import BenchError, CpuSampler, Postgres, Repetition, fmt, fmt_spread, table
 
 NAME = "api_create"
-DESCRIPTION = "POST /v1/generations 202/s ÷ pgbench create_task.sql TPS at c=16, and c=1 latency overhead"
+DESCRIPTION = ("POST /v1/generations 202/s ÷ pgbench TPS at c=16 of the minimal create_task.sql and of our own "
+               "create transaction (captured at run time), 1 and 16 tenants; round trips per POST")
 TARGET_RATIO, FLOOR_RATIO, TARGET_OVERHEAD_MS = 0.50, 0.35, 1.0
 CLIENTS = 16
 INITIAL_CREDITS = Decimal(10) ** 9
@@ -128,6 +142,11 @@ end
 
 
 # ------------------------------------------------------------------------------------------------ options
+#: what --quick changes (options given on the command line win): one repetition of short points, no secondaries
+QUICK = {"reps": 1, "duration": 5, "c1_duration": 3, "warmup": 2, "no_replay": True, "profile": 0,
+         "roundtrip_posts": 10}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--c1-duration", type=int, default=None,
                    help="seconds of each c=1 latency point (default: duration/2, at least 5)")
@@ -138,11 +157,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bench: uvicorn's supervisor with a TCP_NODELAY-capable listener (default); uvicorn-cli: "
                         "stock `uvicorn --workers N`, which adds ~40 ms per keep-alive request (uvicorn#3149)")
     p.add_argument("--secondary-duration", type=int, default=10,
-                   help="seconds of each point of the secondary measurements (replay, multi-tenant)")
+                   help="seconds of each point of the secondary measurement (idempotent replay)")
     p.add_argument("--tenants", type=int, default=16,
-                   help="tenants for the secondary multi-tenant creation point (0 skips it)")
+                   help="tenants of the multi-tenant chain (keys spread over them; 0 or 1 skips it)")
     p.add_argument("--no-replay", action="store_true", help="skip the idempotent replay measurement")
     p.add_argument("--profile", type=int, default=5, help="seconds of py-spy profile under load (0 skips it)")
+    p.add_argument("--roundtrip-posts", type=int, default=20,
+                   help="POSTs (new keys, then the same keys replayed) in the round-trip count (0 skips it)")
+    common.add_output_args(p, "one repetition, 5 s points (c=1: 3 s), no replay point or profile: ~2 min")
     p.add_argument("--wait-quiet", type=int, default=0, metavar="S",
                    help="before each repetition, wait up to S seconds for the box to be < 25 %% busy (shared box)")
     p.add_argument("--pg-host", default=os.environ.get("PGHOST", "127.0.0.1"))
@@ -150,6 +172,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pg-user", default=os.environ.get("PGUSER", "postgres"))
     p.add_argument("--pg-admin-db", default="postgres", help="database to connect to for CREATE/DROP DATABASE")
     p.add_argument("--keep-dbs", action="store_true", help="do not drop the benchmark databases at the end")
+    p.set_defaults(_defaults={k: p.get_default(k) for k in QUICK})
 
 
 # ------------------------------------------------------------------------------------------------- wrk
@@ -346,21 +369,20 @@ def _worker_pids(master: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------- measuring
-def pgbench_block(pg: Postgres, db: str, duration: int, c1_duration: int) -> dict[str, Any]:
-    script = common.SQL_DIR / "create_task.sql"
-    c16 = common.run_pgbench(pg, db, script, CLIENTS, duration, sample_cpu=True)
-    c1 = common.run_pgbench(pg, db, script, 1, c1_duration)
-    return {"c16": c16.as_dict(), "c1": c1.as_dict()}
+MINIMAL_SCRIPT = common.SQL_DIR / "create_task.sql"
 
 
-def system_block(api: Api, pg: Postgres, duration: int, c1_duration: int, warmup: int) -> dict[str, Any]:
-    if warmup:
-        api.wrk(CLIENTS, warmup)
-    pg.checkpoint()
-    c16 = api.wrk(CLIENTS, duration, sample_cpu=True)
-    pg.checkpoint()
-    c1 = api.wrk(1, c1_duration)
-    return {"c16": c16.as_dict(), "c1": c1.as_dict()}
+def baseline_block(pg: Postgres, pgb_db: str, own: OwnCreate, points: list[tuple[str, int, int]]) -> dict[str, Any]:
+    """pgbench points, in order: ("minimal", c, D) runs create_task.sql on the B.2 schema; ("own_t<T>", c, D) the
+    product's own create transaction captured at run time, with keys spread over T tenants."""
+    out: dict[str, Any] = {}
+    for name, clients, duration in points:
+        if name == "minimal":
+            res = common.run_pgbench(pg, pgb_db, MINIMAL_SCRIPT, clients, duration, sample_cpu=clients > 1).as_dict()
+        else:
+            res = own.run(pg, int(name.removeprefix("own_t")), clients, duration, sample_cpu=clients > 1)
+        out[f"{name}_c{clients}"] = res
+    return out
 
 
 def profile_workers(api: Api, seconds: int, workdir: Path) -> dict[str, Any]:
@@ -536,7 +558,6 @@ def prepare_system_db(url: str, tenants: int, workdir: Path) -> tuple[list[Any],
     """Migrate the aivedio schema and create the tenants (10^9 credits each) and one key per tenant."""
     from aivedio_engine.bootstrap import build_context
     from aivedio_engine.db import migrate
-
     from bench.api_server import bench_settings
 
     ctx = build_context(bench_settings(url, pool_size=2, data_dir=str(workdir / "data")))
@@ -552,7 +573,127 @@ def prepare_system_db(url: str, tenants: int, workdir: Path) -> tuple[list[Any],
         ctx.close()
 
 
+OWN_KEY_PREFIX, OWN_KEY_SUFFIX = "own-key-", "-end"
+#: each pgbench client walks its own range of :idx this long; each run starts at a new multiple of RUN_SPAN
+OWN_STRIDE, RUN_SPAN = 10**7, 10**9
+
+
+@dataclass
+class OwnCreate:
+    """The own-transaction baseline: a scratch aivedio database (migrated, same tenants and credits as the
+    system's) and the pgbench scripts rendered from what a real POST sent to it."""
+
+    db: str
+    scripts: dict[int, Path]
+    info: dict[str, Any]
+    next_base: int = RUN_SPAN
+
+    def run(self, pg: Postgres, tenants: int, clients: int, duration: int, sample_cpu: bool) -> dict[str, Any]:
+        defines = {"base": self.next_base, "stride": OWN_STRIDE, "n": 0, "ts": int(time.time() * 1000)}
+        self.next_base += RUN_SPAN
+        res = common.run_pgbench(pg, self.db, self.scripts[tenants], clients, duration, sample_cpu=sample_cpu,
+                                 defines=defines)
+        return {**res.as_dict(), "tenants": tenants}
+
+
+def prepare_own(pg: Postgres, db: str, n_tenants: int, pool_size: int, workdir: Path, rt_posts: int) -> OwnCreate:
+    """Capture the product's create transaction and render it for pgbench.
+
+    In this process: the real app (`create_app` on `build_context` with the benchmark's settings) on a fresh
+    migrated database with `n_tenants` tenants, driven through FastAPI's TestClient. Two warm-up POSTs, then four
+    recorded ones (keys own-key-<i>-end, tenant i % n): every statement and parameter SQLAlchemy hands the driver
+    (`bench.own_sql.Recorder`), and the table writes they caused. The committed transaction is rendered twice
+    (keys spread over 1 tenant and over n), and each script is run with pgbench -t to check it writes the same
+    rows per transaction as the product did. Then, on warm connections, round trips per POST (new key, and the
+    same keys replayed) from libpq's protocol trace, with pool checkouts and Parse messages."""
+    from fastapi.testclient import TestClient
+
+    from aivedio_engine.api.app import create_app
+    from aivedio_engine.bootstrap import build_context
+    from aivedio_engine.db import migrate
+    from bench import own_sql
+    from bench.api_server import bench_settings
+
+    ctx = build_context(bench_settings(pg.url(db), pool_size=pool_size, data_dir=str(workdir / "own-data")))
+    info: dict[str, Any] = {"database": db, "tenants": n_tenants}
+    try:
+        migrate.upgrade(ctx.engine)
+        tenant_ids, keys = [], []
+        for i in range(n_tenants):
+            t = ctx.tenants.create(f"own-{i}", INITIAL_CREDITS)
+            tenant_ids.append(t.id)
+            keys.append(ctx.tenants.create_key(t.id)[1])
+        rec = own_sql.Recorder(ctx.engine)
+        wire = own_sql.WireCounter(ctx.engine, workdir)
+        ctx.engine.dispose()  # from here on every connection is traced
+
+        with TestClient(create_app(ctx)) as client:
+            def post(i: int, replay: bool = False) -> None:
+                key = f"{OWN_KEY_PREFIX}{i}{OWN_KEY_SUFFIX}"
+                r = client.post("/v1/generations", content=BODY, headers={
+                    "Authorization": f"Bearer {keys[i % n_tenants]}", "Idempotency-Key": key, "X-Request-Id": key,
+                    "Content-Type": "application/json"})
+                if r.status_code != 202 or bool(r.headers.get("idempotent-replayed")) != replay:
+                    raise BenchError(f"own-transaction capture: POST answered {r.status_code} "
+                                     f"(replayed={r.headers.get('idempotent-replayed')}): {r.text[:300]}")
+
+            post(0)
+            post(1)
+            ctx.engine.dispose()
+            before = own_sql.settled_writes(pg, db)
+            n_cap = 4
+            for i in range(2, 2 + n_cap):
+                with rec.operation(i, "create"):
+                    post(i)
+            ctx.engine.dispose()
+            product = own_sql.writes_per_op(before, own_sql.settled_writes(pg, db, before), n_cap)
+            if rt_posts:
+                for i in range(100, 112):  # psycopg prepares a statement on its 6th execution
+                    post(i)
+                rt = {"POST /v1/generations, new key": wire.measure(
+                          [lambda i=i: post(i) for i in range(200, 200 + rt_posts)]),
+                      "POST /v1/generations, same key replayed": wire.measure(
+                          [lambda i=i: post(i, replay=True) for i in range(200, 200 + rt_posts)])}
+                info["round_trips"] = rt
+        ops = own_sql.choose_structure(rec.ops, "create")
+        info["capture"] = {"operations": len(rec.ops), "same_shape": len(ops),
+                           "shapes_seen": len({o.signature() for o in rec.ops}),
+                           "path": "POST /v1/generations (TestClient → create_app → GenerationService.create)",
+                           "product_writes_per_op (ins, upd, del)": product}
+    finally:
+        ctx.close()
+
+    literal = own_sql.Literals(pg.url(db, driver="postgresql"))
+    scripts: dict[int, Path] = {}
+    info["scripts"] = {}
+    git = common.git_info()
+    try:
+        for t in sorted({1, n_tenants}):
+            entities = [own_sql.choice_entity("tenant", tenant_ids, n_tenants, t),
+                        own_sql.text_entity("idempotency key", OWN_KEY_PREFIX, OWN_KEY_SUFFIX)]
+            title = (f"aivedio api_create: our own create transaction, captured {common.utc_now()} at commit "
+                     f"{(git.get('commit') or '?')[:10]}{' (dirty tree)' if git.get('dirty') else ''}\n"
+                     f"from POST /v1/generations (GenerationService.create); keys spread over {t} tenant(s)")
+            script = own_sql.render_script(ops[0], ops[1], literal, entities, title=title)
+            path = workdir / f"own-create-t{t}.sql"
+            path.write_text(script.text)
+            before = own_sql.settled_writes(pg, db)
+            clients, per_client = 2, 5
+            own_sql.run_script_n(pg, db, path, per_client, clients,
+                                 {"base": 10**6 * (t + 1), "stride": 1000, "n": 0, "ts": int(time.time() * 1000)})
+            replay = own_sql.writes_per_op(before, own_sql.settled_writes(pg, db, before), clients * per_client)
+            scripts[t] = path
+            info["scripts"][str(t)] = {**script.as_dict(), "verify": own_sql.compare_writes(product, replay)}
+    finally:
+        literal.close()
+    seg = own_sql.committed_segments((info.get("round_trips") or {}).get("POST /v1/generations, new key", {})
+                                     .get("sequence", []))
+    info["product_transaction_round_trips"] = [len(x) for x in seg]
+    return OwnCreate(db, scripts, info)
+
+
 def run(args: argparse.Namespace) -> int:
+    quick = common.apply_quick(args, QUICK, args._defaults)
     duration = args.duration
     c1_duration = args.c1_duration or max(5, duration // 2)
     pg = Postgres(args.pg_host, args.pg_port, args.pg_user, args.pg_admin_db)
@@ -561,74 +702,86 @@ def run(args: argparse.Namespace) -> int:
     sync_commit = pg.setting("synchronous_commit")
     started = common.utc_now()
     tag = f"{time.strftime('%Y%m%d%H%M%S')}_{os.getpid()}"
-    sys_db, pgb_db = f"bench_api_{tag}", f"bench_pgb_{tag}"
+    sys_db, pgb_db, own_db = f"bench_api_{tag}", f"bench_pgb_{tag}", f"bench_own_{tag}"
     workdir = Path(tempfile.mkdtemp(prefix="bench-api-create-"))
+    n_tenants = max(1, args.tenants)
+    tenant_sets = [1] + ([n_tenants] if n_tenants > 1 else [])
     doc: dict[str, Any] = {
         "benchmark": NAME, "date": started, "machine": common.machine_info(), "git": common.git_info(),
-        "config": {"reps": args.reps, "duration_s": duration, "c1_duration_s": c1_duration,
-                   "warmup_s": args.warmup, "wait_quiet_s": args.wait_quiet, "workers": args.workers,
-                   "server": args.server, "pool_size": args.pool_size,
-                   "clients": CLIENTS, "load_generator": "wrk (Lua: unique Idempotency-Key per request)",
+        "config": {"reps": args.reps, "duration_s": duration, "c1_duration_s": c1_duration, "quick": args.quick,
+                   "quick_changed": quick, "warmup_s": args.warmup, "wait_quiet_s": args.wait_quiet,
+                   "workers": args.workers, "server": args.server, "pool_size": args.pool_size,
+                   "clients": CLIENTS, "tenants": tenant_sets,
+                   "load_generator": "wrk (Lua: unique Idempotency-Key per request)",
                    "synchronous_commit": sync_commit, "body_bytes": len(BODY),
-                   "baseline": "pgbench -n -M prepared -T D -c 16 -j 2 -f bench/sql/create_task.sql (+ -c 1 -j 1)",
-                   "discard_rule": f"max(A,B)/min(A,B) - 1 > {common.MAX_BASELINE_DIVERGENCE}"},
+                   "baseline_minimal": "pgbench -n -M prepared -T D -c 16 -j 2 -f bench/sql/create_task.sql "
+                                       "(+ -c 1 -j 1)",
+                   "baseline_own": "pgbench -n -M prepared -T D -c 16 -j 2 -D base=.. -D stride=.. -D n=0 -D ts=.. "
+                                   "-f <own script captured at run time> (own scratch aivedio database)",
+                   "chain": "per repetition: [minimal, own 1 tenant, + c=1 of both] → API 1 tenant → [minimal, own "
+                            "1 tenant, own N tenants, + c=1] → API N tenants → [minimal, own N tenants]",
+                   "discard_rule": f"max(A,B)/min(A,B) - 1 > {common.MAX_BASELINE_DIVERGENCE}, for each baseline "
+                                   f"pair on its own"},
         "targets": {"ratio": TARGET_RATIO, "floor": FLOOR_RATIO, "c1_overhead_ms": TARGET_OVERHEAD_MS},
     }
     if sync_commit != "on":
         print(f"warning: synchronous_commit is {sync_commit!r}; the headline figure must be durable", file=sys.stderr)
     api: Api | None = None
-    reps: list[Repetition] = []
+    rep_docs: list[dict[str, Any]] = []
+    reps: dict[str, list[Repetition]] = {}
     code = 0
-    _log(f"databases {sys_db} (aivedio) and {pgb_db} (pgbench baseline); workdir {workdir}")
+    real_stdout = sys.stdout
+    _log(f"databases {sys_db} (aivedio, the API), {pgb_db} (minimal baseline), {own_db} (own transaction); "
+         f"workdir {workdir}")
     try:
-        pg.create_db(pgb_db)
-        pg.create_db(sys_db)
-        pg.psql(pgb_db, file=common.SQL_DIR / "create_task_schema.sql")
-        n_tenants = max(1, args.tenants)
-        tenant_ids, keys = prepare_system_db(pg.url(sys_db), n_tenants, workdir)
-        api = Api(pg.url(sys_db), sys_db, keys[:1], args.workers, args.pool_size, workdir, args.server)
-        api.wait_ready()
-        _log(f"API up on {api.url}: {len(api.worker_pids)} workers {api.worker_pids}")
-        api.wrk(CLIENTS, max(2, args.warmup))  # first contact: pools, caches, code paths
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+            for db in (pgb_db, sys_db, own_db):
+                pg.create_db(db)
+            pg.psql(pgb_db, file=MINIMAL_SCRIPT.with_name("create_task_schema.sql"))
+            tenant_ids, keys = prepare_system_db(pg.url(sys_db), n_tenants, workdir)
+            _log(f"capturing our own create transaction in {own_db}")
+            own = prepare_own(pg, own_db, n_tenants, args.pool_size, workdir, args.roundtrip_posts)
+            doc["own_transaction"] = own.info
+            for t, sc in own.info["scripts"].items():
+                _log(f"own script, {t} tenant(s): {sc['statements']} statements, {sc['round_trips']} round trips; "
+                     f"replays the product's writes: {'yes' if sc['verify']['ok'] else 'NO'}"
+                     + (f"; {len(sc['warnings'])} warning(s)" if sc["warnings"] else ""))
+            api = Api(pg.url(sys_db), sys_db, keys[:1], args.workers, args.pool_size, workdir, args.server)
+            api.wait_ready()
+            _log(f"API up on {api.url}: {len(api.worker_pids)} workers {api.worker_pids}")
+            api.wrk(CLIENTS, max(2, args.warmup))  # first contact: pools, caches, code paths
 
-        for i in range(1, args.reps + 1):
-            quiet = common.wait_for_quiet(args.wait_quiet) if args.wait_quiet else {}
-            _log(f"rep {i}/{args.reps}: baseline A" + (f" (box {100 * quiet['busy_fraction']:.0f} % busy after "
-                                                       f"waiting {quiet['waited_s']} s)" if quiet else ""))
-            a = pgbench_block(pg, pgb_db, duration, c1_duration)
-            _log(f"rep {i}: API (A c16 {a['c16']['tps']:.0f} TPS)")
-            s = system_block(api, pg, duration, c1_duration, args.warmup)
-            _log(f"rep {i}: baseline B (API {s['c16']['created_per_s']:.0f} 202/s)")
-            b = pgbench_block(pg, pgb_db, duration, c1_duration)
-            rep = Repetition(i, a["c16"]["tps"], s["c16"]["created_per_s"], b["c16"]["tps"],
-                             raw={"baseline_a": a, "system": s, "baseline_b": b, "quiet_before": quiet})
-            rep.raw["c1_overhead_ms"] = c1_overhead(rep)
-            reps.append(rep)
-            _log(f"rep {i}: B c16 {b['c16']['tps']:.0f} TPS -> ratio {rep.ratio:.3f} "
-                 f"(baselines differ {100 * rep.divergence:.1f} %{'' if rep.kept else ', DISCARDED'})")
+            for i in range(1, args.reps + 1):
+                quiet = common.wait_for_quiet(args.wait_quiet) if args.wait_quiet else {}
+                rep_doc, rep = repetition(i, pg, pgb_db, own, api, keys, tenant_sets, duration, c1_duration,
+                                          args.warmup)
+                rep_doc["quiet_before"] = quiet
+                rep_docs.append(rep_doc)
+                for k, r in rep.items():
+                    reps.setdefault(k, []).append(r)
 
-        secondary: dict[str, Any] = {}
-        sd = args.secondary_duration
-        if not args.no_replay:
-            if args.wait_quiet:
-                common.wait_for_quiet(args.wait_quiet)
-            _log("secondary: idempotent replay (16 clients, one key)")
-            secondary["replay"] = replay_point(api, pg, pgb_db, sd, args.warmup)
-        if args.tenants > 1:
-            if args.wait_quiet:
-                common.wait_for_quiet(args.wait_quiet)
-            _log(f"secondary: creation spread over {n_tenants} tenants")
-            secondary["multi_tenant"] = multi_tenant_point(api, pg, pgb_db, sd, args.warmup, keys)
-        if args.profile:
-            _log(f"profile: py-spy {args.profile} s on {len(api.worker_pids)} workers")
-            secondary["profile"] = profile_workers(api, args.profile, workdir)
-        api.stop()
-        gate = correctness_gate(pg, sys_db, tenant_ids, api.tally)
-        doc.update(summary_doc(reps), repetitions=[r.as_dict() for r in reps], secondary=secondary, gate=gate)
-        if not gate["ok"]:
-            code = 1
-        elif not common.kept(reps):
-            code = 2
+            secondary: dict[str, Any] = {}
+            sd = args.secondary_duration
+            if not args.no_replay:
+                if args.wait_quiet:
+                    common.wait_for_quiet(args.wait_quiet)
+                _log("secondary: idempotent replay (16 clients, one key)")
+                secondary["replay"] = replay_point(api, pg, pgb_db, sd, args.warmup)
+            if args.profile:
+                _log(f"profile: py-spy {args.profile} s on {len(api.worker_pids)} workers")
+                secondary["profile"] = profile_workers(api, args.profile, workdir)
+            api.stop()
+            gate = correctness_gate(pg, sys_db, tenant_ids, api.tally)
+            for t, sc in own.info["scripts"].items():
+                gate["checks"][f"own script ({t} tenant(s)) writes the rows the product writes, per table"] = \
+                    sc["verify"]["ok"]
+            gate["ok"] = all(gate["checks"].values())
+            doc.update(summary_doc(reps, rep_docs, tenant_sets), repetitions=rep_docs, secondary=secondary, gate=gate)
+            doc["round_trips"] = round_trip_summary(own.info)
+            if not gate["ok"]:
+                code = 1
+            elif not common.kept(reps.get("minimal_t1", [])):
+                code = 2
     except BaseException as exc:
         doc["error"] = f"{type(exc).__name__}: {exc}"
         if api is not None:
@@ -638,129 +791,269 @@ def run(args: argparse.Namespace) -> int:
         if api is not None:
             api.stop()
         if not args.keep_dbs:
-            for db in (sys_db, pgb_db):
+            for db in (sys_db, pgb_db, own_db):
                 try:
                     pg.drop_db(db)
                 except BenchError as exc:
                     print(f"warning: could not drop {db}: {exc}", file=sys.stderr)
         doc["finished"] = common.utc_now()
-        path = common.write_json(Path(args.json_out) if args.json_out else common.default_json_path(NAME), doc)
+        path = Path(args.json_out) if args.json_out else common.default_json_path(NAME)
+        for t, sc in (doc.get("own_transaction") or {}).get("scripts", {}).items():
+            sql_path = path.with_name(f"{path.stem}-own-t{t}.sql")
+            sql_path.parent.mkdir(parents=True, exist_ok=True)
+            sql_path.write_text(sc["script"])
+            sc["file"] = str(sql_path)
+        path = common.write_json(path, doc)
         shutil.rmtree(workdir, ignore_errors=True)
-    print(render(doc, reps))
-    print(f"\nJSON: {path}")
+        if args.json and "error" in doc:  # still one JSON object on stdout, saying what went wrong
+            real_stdout.write(json.dumps(common.json_clean(doc), default=str) + "\n")
+    common.emit(args, doc, render(doc), path, real_stdout)
     return code
 
 
-def c1_overhead(rep: Repetition) -> float:
-    a, b, s = rep.raw["baseline_a"]["c1"], rep.raw["baseline_b"]["c1"], rep.raw["system"]["c1"]
-    return s["latency_us"]["p50"] / 1000 - (a["latency_avg_ms"] + b["latency_avg_ms"]) / 2
+def repetition(i: int, pg: Postgres, pgb_db: str, own: OwnCreate, api: Api, keys: list[str], tenant_sets: list[int],
+               duration: int, c1_duration: int, warmup: int) -> tuple[dict[str, Any], dict[str, Repetition]]:
+    """One chain: baselines, API with 1 tenant, baselines, API with N tenants, baselines. Each API point is
+    divided by the mean of the two blocks around it, the minimal and the own baseline each on their own."""
+    multi = tenant_sets[-1] if len(tenant_sets) > 1 else None
+    d, d1 = duration, c1_duration
+    blocks: list[dict[str, Any]] = []
+    _log(f"rep {i}: baselines 0 (minimal, own 1 tenant; c=16 and c=1)")
+    blocks.append(baseline_block(pg, pgb_db, own, [("minimal", CLIENTS, d), ("own_t1", CLIENTS, d),
+                                                   ("minimal", 1, d1), ("own_t1", 1, d1)]))
+    _log(f"rep {i}: API, 1 tenant (minimal {blocks[0]['minimal_c16']['tps']:.0f} TPS, own "
+         f"{blocks[0]['own_t1_c16']['tps']:.0f} TPS)")
+    apis: dict[str, Any] = {"t1": system_block(api, pg, keys[:1], d, d1, warmup)}
+    points = [("minimal", CLIENTS, d), ("own_t1", CLIENTS, d)]
+    if multi:
+        points.append((f"own_t{multi}", CLIENTS, d))
+    _log(f"rep {i}: baselines 1 (API {apis['t1']['c16']['created_per_s']:.0f} 202/s)")
+    blocks.append(baseline_block(pg, pgb_db, own, points + [("minimal", 1, d1), ("own_t1", 1, d1)]))
+    if multi:
+        _log(f"rep {i}: API, keys spread over {multi} tenants")
+        apis[f"t{multi}"] = system_block(api, pg, keys, d, 0, warmup)
+        _log(f"rep {i}: baselines 2 (API {apis[f't{multi}']['c16']['created_per_s']:.0f} 202/s)")
+        blocks.append(baseline_block(pg, pgb_db, own, [("minimal", CLIENTS, d), (f"own_t{multi}", CLIENTS, d)]))
+    reps: dict[str, Repetition] = {}
+    for k, t in enumerate(tenant_sets):
+        a, b, sysp = blocks[k], blocks[k + 1], apis[f"t{t}"]
+        rate = sysp["c16"]["created_per_s"]
+        raw = {"tenants": t}
+        reps[f"minimal_t{t}"] = Repetition(i, a["minimal_c16"]["tps"], rate, b["minimal_c16"]["tps"], raw=raw)
+        reps[f"own_t{t}"] = Repetition(i, a[f"own_t{t}_c16"]["tps"], rate, b[f"own_t{t}_c16"]["tps"], raw=raw)
+        m, o = reps[f"minimal_t{t}"], reps[f"own_t{t}"]
+        _log(f"rep {i}, {t} tenant(s): API ÷ minimal {m.ratio:.3f} (baselines differ {100 * m.divergence:.1f} %"
+             f"{'' if m.kept else ', DISCARDED'}), API ÷ own {o.ratio:.3f} (differ {100 * o.divergence:.1f} %"
+             f"{'' if o.kept else ', DISCARDED'}), own ÷ minimal {schema_cost(m, o):.3f}")
+    c1 = {}
+    if "c1" in apis["t1"]:
+        p50 = apis["t1"]["c1"]["latency_us"]["p50"] / 1000
+        for name in ("minimal", "own_t1"):
+            lat = (blocks[0][f"{name}_c1"]["latency_avg_ms"] + blocks[1][f"{name}_c1"]["latency_avg_ms"]) / 2
+            c1[name] = {"pgbench_latency_ms_mean": lat, "api_p50_ms": p50, "overhead_ms": p50 - lat}
+    rep_doc = {"index": i, "blocks": blocks, "api": apis, "c1": c1,
+               "ratios": {k: r.as_dict() for k, r in reps.items()}}
+    return rep_doc, reps
+
+
+def system_block(api: Api, pg: Postgres, keys: list[str], duration: int, c1_duration: int,
+                 warmup: int) -> dict[str, Any]:
+    if warmup:
+        api.wrk(CLIENTS, warmup, keys=keys)
+    pg.checkpoint()
+    out = {"c16": api.wrk(CLIENTS, duration, keys=keys, sample_cpu=True).as_dict(), "tenants": len(keys)}
+    if c1_duration:
+        pg.checkpoint()
+        out["c1"] = api.wrk(1, c1_duration, keys=keys).as_dict()
+    return out
+
+
+def schema_cost(minimal: Repetition, own: Repetition) -> float:
+    """own ÷ minimal: the mean of the own baselines over the mean of the minimal ones around the same point."""
+    return common.ratio((own.a + own.b) / 2, minimal.a, minimal.b)
 
 
 def replay_point(api: Api, pg: Postgres, db: str, duration: int, warmup: int) -> dict[str, Any]:
-    script = common.SQL_DIR / "create_task.sql"
     key = f"replay{secrets.token_hex(6)}"
-    a = common.run_pgbench(pg, db, script, CLIENTS, duration, sample_cpu=True)
+    a = common.run_pgbench(pg, db, MINIMAL_SCRIPT, CLIENTS, duration, sample_cpu=True)
     api.wrk(CLIENTS, max(1, warmup), mode="replay", nonce=key)  # the first of these creates the task
     pg.checkpoint()
     w = api.wrk(CLIENTS, duration, mode="replay", nonce=key, sample_cpu=True)
-    b = common.run_pgbench(pg, db, script, CLIENTS, duration, sample_cpu=True)
+    b = common.run_pgbench(pg, db, MINIMAL_SCRIPT, CLIENTS, duration, sample_cpu=True)
     rep = Repetition(0, a.tps, w.replayed_per_s, b.tps)
     return {"baseline_a": a.as_dict(), "system": w.as_dict(), "baseline_b": b.as_dict(),
             "replayed_per_s": w.replayed_per_s, "ratio": rep.ratio, "baseline_divergence": rep.divergence,
             "kept": rep.kept}
 
 
-def multi_tenant_point(api: Api, pg: Postgres, db: str, duration: int, warmup: int, keys: list[str]) -> dict[str, Any]:
-    script = common.SQL_DIR / "create_task.sql"
-    a = common.run_pgbench(pg, db, script, CLIENTS, duration, sample_cpu=True)
-    api.wrk(CLIENTS, max(1, warmup), keys=keys)
-    pg.checkpoint()
-    w = api.wrk(CLIENTS, duration, keys=keys, sample_cpu=True)
-    b = common.run_pgbench(pg, db, script, CLIENTS, duration, sample_cpu=True)
-    rep = Repetition(0, a.tps, w.created_per_s, b.tps)
-    return {"tenants": len(keys), "baseline_a": a.as_dict(), "system": w.as_dict(), "baseline_b": b.as_dict(),
-            "created_per_s": w.created_per_s, "ratio": rep.ratio, "baseline_divergence": rep.divergence,
-            "kept": rep.kept}
-
-
-def summary_doc(reps: list[Repetition]) -> dict[str, Any]:
-    def s(fn: Any) -> dict[str, Any] | None:
-        x = common.summarize_kept(reps, fn)
+def summary_doc(reps: dict[str, list[Repetition]], rep_docs: list[dict[str, Any]],
+                tenant_sets: list[int]) -> dict[str, Any]:
+    def sp(values: list[float]) -> dict[str, Any] | None:
+        x = common.summarize(values)
         return x.as_dict() if x else None
 
-    return {"summary": {
-        "kept": len(common.kept(reps)), "total": len(reps),
-        "ratio": s(lambda r: r.ratio),
-        "api_created_per_s_c16": s(lambda r: r.system),
-        "pgbench_tps_c16_mean": s(lambda r: (r.a + r.b) / 2),
-        "api_p50_ms_c1": s(lambda r: r.raw["system"]["c1"]["latency_us"]["p50"] / 1000),
-        "pgbench_latency_ms_c1_mean": s(lambda r: (r.raw["baseline_a"]["c1"]["latency_avg_ms"]
-                                                  + r.raw["baseline_b"]["c1"]["latency_avg_ms"]) / 2),
-        "c1_overhead_ms": s(lambda r: r.raw["c1_overhead_ms"]),
-        "api_p50_ms_c16": s(lambda r: r.raw["system"]["c16"]["latency_us"]["p50"] / 1000),
-        "api_p99_ms_c16": s(lambda r: r.raw["system"]["c16"]["latency_us"]["p99"] / 1000),
-    }}
+    out: dict[str, Any] = {}
+    for t in tenant_sets:
+        mins, owns = reps.get(f"minimal_t{t}", []), reps.get(f"own_t{t}", [])
+        pairs = list(zip(mins, owns))
+        d = {
+            "tenants": t, "total": len(mins), "kept_minimal": len(common.kept(mins)),
+            "kept_own": len(common.kept(owns)),
+            "kept_both": sum(1 for m, o in pairs if m.kept and o.kept),
+            "ratio_vs_minimal": sp([m.ratio for m in mins if m.kept]),
+            "client_path_cost": sp([o.ratio for o in owns if o.kept]),
+            "schema_cost": sp([schema_cost(m, o) for m, o in pairs if m.kept and o.kept]),
+            "api_created_per_s_c16": sp([m.system for m, o in pairs if m.kept or o.kept]),
+            "minimal_tps_c16_mean": sp([(m.a + m.b) / 2 for m in mins if m.kept]),
+            "own_tps_c16_mean": sp([(o.a + o.b) / 2 for o in owns if o.kept]),
+        }
+        sysps = [r["api"][f"t{t}"]["c16"] for r in rep_docs]
+        keep = [m.kept or o.kept for m, o in pairs]
+        d["api_p50_ms_c16"] = sp([s["latency_us"]["p50"] / 1000 for s, k in zip(sysps, keep) if k])
+        d["api_p99_ms_c16"] = sp([s["latency_us"]["p99"] / 1000 for s, k in zip(sysps, keep) if k])
+        if t == 1:
+            c1s = [r["c1"] for r in rep_docs if r.get("c1")]
+            km = [m.kept for m in mins]
+            ko = [o.kept for o in owns]
+            d["api_p50_ms_c1"] = sp([c["minimal"]["api_p50_ms"] for c, k in zip(c1s, keep) if k])
+            d["minimal_latency_ms_c1_mean"] = sp([c["minimal"]["pgbench_latency_ms_mean"]
+                                                  for c, k in zip(c1s, km) if k])
+            d["own_latency_ms_c1_mean"] = sp([c["own_t1"]["pgbench_latency_ms_mean"] for c, k in zip(c1s, ko) if k])
+            d["c1_overhead_vs_minimal_ms"] = sp([c["minimal"]["overhead_ms"] for c, k in zip(c1s, km) if k])
+            d["c1_overhead_vs_own_ms"] = sp([c["own_t1"]["overhead_ms"] for c, k in zip(c1s, ko) if k])
+        out[f"tenants_{t}"] = d
+    one = out.get("tenants_1", {})
+    return {"summary": {"headline": "tenants_1", "ratio": one.get("ratio_vs_minimal"),
+                        "c1_overhead_ms": one.get("c1_overhead_vs_minimal_ms"), **out}}
+
+
+def round_trip_summary(info: dict[str, Any]) -> dict[str, Any]:
+    """Round trips per operation: counted on the wire at the API (libpq trace), and per pgbench execution of
+    each script (one per command)."""
+    out: dict[str, Any] = {}
+    for k, v in (info.get("round_trips") or {}).items():
+        out[k] = {"round_trips": v["round_trips_per_op"], "checkouts": v["checkouts_per_op"],
+                  "parse_messages": v["parse_messages_per_op"], "sequence": v["sequence"]}
+    if info.get("product_transaction_round_trips"):
+        out["product create transaction (BEGIN … COMMIT, on the wire)"] = {
+            "round_trips": info["product_transaction_round_trips"][-1]}
+    for t, sc in (info.get("scripts") or {}).items():
+        out[f"own script, {t} tenant(s) (pgbench)"] = {"round_trips": sc["round_trips"]}
+        break
+    out["minimal script create_task.sql (pgbench)"] = {
+        "round_trips": common.script_round_trips(MINIMAL_SCRIPT.read_text())}
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ output
-def render(doc: dict[str, Any], reps: list[Repetition]) -> str:
-    m, g = doc["machine"], doc["git"]
+def render(doc: dict[str, Any]) -> str:
+    m, g, cfg = doc["machine"], doc["git"], doc["config"]
     head = (f"api_create — {doc['date']} — {m.get('nproc')} CPU {m.get('cpu', '')}, {m.get('memory_gib')} GiB — "
             f"commit {(g.get('commit') or '?')[:10]}{' (dirty tree)' if g.get('dirty') else ''} — "
-            f"synchronous_commit={doc['config']['synchronous_commit']}, load generator wrk, "
-            f"{doc['config']['workers']} uvicorn workers, {doc['config']['reps']} × {doc['config']['duration_s']} s "
-            f"(c=1: {doc['config']['c1_duration_s']} s)")
-    sm = doc["summary"]
-    k = f"{sm['kept']}/{sm['total']}"
+            f"synchronous_commit={cfg['synchronous_commit']}, load generator wrk, "
+            f"{cfg['workers']} uvicorn workers, {cfg['reps']} × {cfg['duration_s']} s "
+            f"(c=1: {cfg['c1_duration_s']} s){' — QUICK' if cfg.get('quick') else ''}")
+    sm = doc.get("summary")
+    if not sm:
+        return "\n".join([head, "", f"no result: {doc.get('error', '?')}"])
 
-    def row(label: str, key: str, target: str = "", digits: int = 2) -> list[str]:
-        sp = common.Spread(**{"median": sm[key]["median"], "lo": sm[key]["min"], "hi": sm[key]["max"],
-                              "n": sm[key]["n"]}) if sm.get(key) else None
-        med, spread = fmt_spread(sp, digits)
-        return [label, med, spread, target, k]
+    def cell(d: dict[str, Any] | None, digits: int = 2) -> tuple[str, str]:
+        return fmt_spread(common.Spread(d["median"], d["min"], d["max"], d["n"]) if d else None, digits)
 
-    main = table(["metric", "median", "spread (min – max)", "target", "kept reps"], [
-        row("ratio: API 202/s ÷ pgbench TPS, c=16", "ratio", f"≥ {TARGET_RATIO} (floor {FLOOR_RATIO})", 3),
-        row("API 202/s, c=16 (unique keys)", "api_created_per_s_c16"),
-        row("pgbench TPS, c=16, mean(A, B)", "pgbench_tps_c16_mean"),
-        row("API p50 ms, c=1", "api_p50_ms_c1"),
-        row("pgbench avg latency ms, c=1, mean(A, B)", "pgbench_latency_ms_c1_mean", "", 3),
-        row("c=1 overhead ms (API p50 − pgbench)", "c1_overhead_ms", f"≤ {TARGET_OVERHEAD_MS}"),
-        row("API p50 ms, c=16", "api_p50_ms_c16"),
-        row("API p99 ms, c=16", "api_p99_ms_c16"),
-    ])
-    per_rep = table(["rep", "pgbench A c16 TPS", "API 202/s", "pgbench B c16 TPS", "A/B differ", "ratio",
-                     "pgb A c1 ms", "API c1 p50 ms", "pgb B c1 ms", "c1 overhead ms", "kept"], [
-        [r.index, fmt(r.a), fmt(r.system), fmt(r.b), f"{100 * r.divergence:.1f} %", fmt(r.ratio, 3),
-         fmt(r.raw["baseline_a"]["c1"]["latency_avg_ms"], 3), fmt(r.raw["system"]["c1"]["latency_us"]["p50"] / 1000),
-         fmt(r.raw["baseline_b"]["c1"]["latency_avg_ms"], 3), fmt(r.raw["c1_overhead_ms"]),
-         "yes" if r.kept else "DISCARDED"] for r in reps])
-    out = [head, "", main, "", "Per repetition:", per_rep]
+    rows = []
+    for key in [k for k in sm if k.startswith("tenants_")]:
+        t = sm[key]
+        label = f"{t['tenants']} tenant{'s' if t['tenants'] > 1 else ''}"
+        for name, metric, target, digits, kept in (
+                ("ratio: API 202/s ÷ minimal pgbench TPS", "ratio_vs_minimal",
+                 f"≥ {TARGET_RATIO} (floor {FLOOR_RATIO})" if t["tenants"] == 1 else "", 3, t["kept_minimal"]),
+                ("schema cost: own TPS ÷ minimal TPS", "schema_cost", "", 3, t["kept_both"]),
+                ("client-path cost: API 202/s ÷ own TPS", "client_path_cost", "", 3, t["kept_own"]),
+                ("API 202/s (unique keys)", "api_created_per_s_c16", "", 2, None),
+                ("minimal pgbench TPS, mean(A, B)", "minimal_tps_c16_mean", "", 2, t["kept_minimal"]),
+                ("own pgbench TPS, mean(A, B)", "own_tps_c16_mean", "", 2, t["kept_own"]),
+                ("API p50 ms", "api_p50_ms_c16", "", 2, None),
+                ("API p99 ms", "api_p99_ms_c16", "", 2, None),
+                ("API p50 ms, c=1", "api_p50_ms_c1", "", 2, None),
+                ("minimal pgbench avg latency ms, c=1", "minimal_latency_ms_c1_mean", "", 3, t["kept_minimal"]),
+                ("own pgbench avg latency ms, c=1", "own_latency_ms_c1_mean", "", 3, t["kept_own"]),
+                ("c=1 overhead ms (API p50 − minimal)", "c1_overhead_vs_minimal_ms", f"≤ {TARGET_OVERHEAD_MS}", 2,
+                 t["kept_minimal"]),
+                ("c=1 overhead ms (API p50 − own)", "c1_overhead_vs_own_ms", "", 2, t["kept_own"])):
+            if metric not in t:
+                continue
+            med, spread = cell(t[metric], digits)
+            n_kept = kept if kept is not None else (t[metric] or {}).get("n", 0)
+            rows.append([label, name + ("" if "c=1" in name else ", c=16"), med, spread, target,
+                         f"{n_kept}/{t['total']}"])
+    out = [head, "", table(["tenants", "metric", "median", "spread (min – max)", "target", "kept reps"], rows)]
+
+    per = []
+    for r in doc.get("repetitions", []):
+        for key, x in r["ratios"].items():
+            base, t = key.rsplit("_t", 1)
+            div = x["baseline_divergence"]
+            per.append([r["index"], t, base, fmt(x["baseline_a"]), fmt(x["system"]), fmt(x["baseline_b"]),
+                        f"{100 * div:.1f} %" if div is not None else "—",
+                        fmt(x["ratio"], 3), "yes" if x["kept"] else "DISCARDED"])
+    if per:
+        out += ["", "Per repetition (each API point against the baseline blocks before and after it; c=16):",
+                table(["rep", "tenants", "baseline", "before TPS", "API 202/s", "after TPS", "A/B differ", "ratio",
+                       "kept"], per)]
+    c1rows = []
+    for r in doc.get("repetitions", []):
+        for name, c in (r.get("c1") or {}).items():
+            c1rows.append([r["index"], name, fmt(c["pgbench_latency_ms_mean"], 3), fmt(c["api_p50_ms"]),
+                           fmt(c["overhead_ms"])])
+    if c1rows:
+        out += ["", "c=1 latency, 1 tenant:",
+                table(["rep", "baseline", "pgbench avg ms, mean(A, B)", "API p50 ms", "overhead ms"], c1rows)]
+
+    rt = doc.get("round_trips")
+    if rt:
+        out += ["", "Round trips per operation (counted: libpq protocol trace at the API, one per ReadyForQuery, "
+                    "on warm connections; pgbench: one per command of the script):",
+                table(["operation", "round trips", "checkouts", "Parse msgs", "what they are"],
+                      [[k, fmt(v.get("round_trips")), fmt(v.get("checkouts")), fmt(v.get("parse_messages")),
+                        ", ".join(v.get("sequence") or [])] for k, v in rt.items()])]
+
+    own = doc.get("own_transaction") or {}
+    for t, sc in (own.get("scripts") or {}).items():
+        v = sc["verify"]
+        out += ["", f"Own transaction replayed by pgbench, {t} tenant(s) ({sc['statements']} statements, "
+                    f"{sc['round_trips']} round trips; {sc.get('file', 'script in the JSON')}): writes the rows the "
+                    f"product writes: {'yes' if v['ok'] else 'NO'} — per table (ins, upd, del) per create, product / "
+                    f"replay: " + "; ".join(f"{tb} {x['product']} / {x['replay']}"
+                                             for tb, x in v["per_table_ins_upd_del_per_op"].items()),
+                "  values: " + ", ".join(f"{k} ×{n}" for k, n in sc["how_values_vary"].items())]
+        out += [f"  warning: {w}" for w in sc["warnings"]]
+    if own.get("scripts"):
+        first = next(iter(own["scripts"].values()))
+        out += ["", "Captured transaction (statement order): " + " → ".join(first["shape"][0])]
 
     sec = doc.get("secondary", {})
-    rows = []
-    for name, label in (("replay", "idempotent replay 202/s (one key, 16 clients)"),
-                        ("multi_tenant", "creation 202/s over {t} tenants")):
-        p = sec.get(name)
-        if p:
-            rate = p.get("replayed_per_s", p.get("created_per_s"))
-            rows.append([label.format(t=p.get("tenants")), fmt(rate), fmt(p["baseline_a"]["tps"]),
-                         fmt(p["baseline_b"]["tps"]), fmt(p["ratio"], 3),
-                         f"{100 * p['baseline_divergence']:.1f} %{'' if p['kept'] else ' (DISCARDED)'}"])
-    if rows:
-        out += ["", "Secondary (one repetition each):",
-                table(["measurement", "rate", "pgbench A c16", "pgbench B c16", "ratio", "A/B differ"], rows)]
+    p = sec.get("replay")
+    if p:
+        out += ["", "Secondary (one repetition):",
+                table(["measurement", "rate", "minimal A c16", "minimal B c16", "ratio", "A/B differ"],
+                      [["idempotent replay 202/s (one key, 16 clients)", fmt(p["replayed_per_s"]),
+                        fmt(p["baseline_a"]["tps"]), fmt(p["baseline_b"]["tps"]), fmt(p["ratio"], 3),
+                        f"{100 * p['baseline_divergence']:.1f} %{'' if p['kept'] else ' (DISCARDED)'}"]])]
 
     cpu_rows = []
-    for r in reps:
-        for label, point, rate_key in (("A pgbench", r.raw["baseline_a"]["c16"], "tps"),
-                                       ("API", r.raw["system"]["c16"], "created_per_s"),
-                                       ("B pgbench", r.raw["baseline_b"]["c16"], "tps")):
-            cpu_rows.append(_cpu_row(f"rep {r.index} {label}", point.get("cpu"), point[rate_key]))
-    for name, label, key in (("replay", "replay API", "replayed_per_s"), ("multi_tenant", "multi-tenant API",
-                                                                           "created_per_s")):
-        if sec.get(name):
-            cpu_rows.append(_cpu_row(label, sec[name]["system"].get("cpu"), sec[name]["system"][key]))
+    for r in doc.get("repetitions", []):
+        for k, blk in enumerate(r["blocks"]):
+            for name, point in blk.items():
+                if name.endswith("_c16"):
+                    cpu_rows.append(_cpu_row(f"rep {r['index']} block {k} {name[:-4]}", point.get("cpu"),
+                                             point["tps"]))
+            tkey = ["t1", *[x for x in r["api"] if x != "t1"]]
+            if k < len(tkey) and tkey[k] in r["api"]:
+                api_p = r["api"][tkey[k]]["c16"]
+                cpu_rows.append(_cpu_row(f"rep {r['index']} API {tkey[k][1:]} tenant(s)", api_p.get("cpu"),
+                                         api_p["created_per_s"]))
+    if p:
+        cpu_rows.append(_cpu_row("replay API", p["system"].get("cpu"), p["system"]["replayed_per_s"]))
     cpu_rows = [r for r in cpu_rows if r]
     if cpu_rows:
         out += ["", "Where the CPU goes at c=16 (cores used, sampled mid-run; CPU µs per transaction/request in "
@@ -778,8 +1071,8 @@ def render(doc: dict[str, Any], reps: list[Repetition]) -> str:
                 "", "top 10 by inclusive CPU time (thread and event-loop wrappers left out):",
                 table(["#", "frame", "% of CPU samples"], [[i + 1, f["frame"], f["pct"]]
                                                           for i, f in enumerate(prof["top_inclusive"])]),
-                "", "own CPU time by package: " + ", ".join(f"{p['package']} {p['pct']} %"
-                                                            for p in prof["self_by_package"])]
+                "", "own CPU time by package: " + ", ".join(f"{p_['package']} {p_['pct']} %"
+                                                            for p_ in prof["self_by_package"])]
     elif prof:
         out += ["", f"profile: {prof.get('skipped')}"]
 

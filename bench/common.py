@@ -20,6 +20,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -193,14 +194,17 @@ def parse_pgbench(output: str, clients: int, duration_s: int, cpu: dict[str, flo
 
 
 def run_pgbench(pg: Postgres, db: str, script: Path, clients: int, duration_s: int,
-                sample_cpu: bool = False) -> PgbenchResult:
-    """`pgbench -n -M prepared -T D -c C -j (1 or 2) -f script db`, after a CHECKPOINT (performance_anchors B.4).
-    With sample_cpu, `cpu` holds the cores used by pgbench, its backends, PostgreSQL's shared processes and
-    everything else, over the middle of the run."""
+                sample_cpu: bool = False, defines: dict[str, Any] | None = None) -> PgbenchResult:
+    """`pgbench -n -M prepared -T D -c C -j (1 or 2) [-D k=v ...] -f script db`, after a CHECKPOINT
+    (performance_anchors B.4). With sample_cpu, `cpu` holds the cores used by pgbench, its backends,
+    PostgreSQL's shared processes and everything else, over the middle of the run."""
     pg.checkpoint()
     jobs = 1 if clients == 1 else 2
     cmd = [need_tool("pgbench"), "-n", "-M", "prepared", "-T", str(duration_s), "-c", str(clients),
-           "-j", str(jobs), "-f", str(script), db]
+           "-j", str(jobs)]
+    for k, v in (defines or {}).items():
+        cmd += ["-D", f"{k}={v}"]
+    cmd += ["-f", str(script), db]
     sampler = None
     if sample_cpu:
         sampler = CpuSampler({"pgbench": lambda pid, comm, cmd_: comm == "pgbench", **postgres_groups([db])})
@@ -285,10 +289,86 @@ def default_json_path(name: str) -> Path:
     return RESULTS_DIR / f"{name}-{stamp}.json"
 
 
+def json_clean(x: Any) -> Any:
+    """The document with every non-finite float as null, so it is strict JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): json_clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_clean(v) for v in x]
+    return x
+
+
 def write_json(path: Path, doc: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    path.write_text(json.dumps(json_clean(doc), indent=2, default=str) + "\n")
     return path
+
+
+def add_output_args(p: Any, quick_help: str) -> None:
+    """--quick and --json, for the benchmarks that support them."""
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (every ratio, baseline and count) on stdout; the table goes to stderr")
+
+
+def apply_quick(args: Any, quick: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """With --quick, set every option of `quick` that is still at its default (an option given on the command
+    line wins). Returns what was changed."""
+    changed = {}
+    if getattr(args, "quick", False):
+        for k, v in quick.items():
+            if getattr(args, k) == defaults.get(k):
+                setattr(args, k, v)
+                changed[k] = v
+    return changed
+
+
+def emit(args: Any, doc: dict[str, Any], human: str, path: Path, out: Any) -> None:
+    """The human table (stdout, or stderr with --json) and, with --json, the document on `out` (stdout)."""
+    if getattr(args, "json", False):
+        print(human, file=sys.stderr)
+        print(f"\nJSON: {path}", file=sys.stderr)
+        out.write(json.dumps(json_clean(doc), default=str) + "\n")
+        out.flush()
+    else:
+        print(human)
+        print(f"\nJSON: {path}")
+
+
+def script_round_trips(text: str) -> int:
+    """Round trips of one execution of a pgbench script: one per SQL command (ended by ';' outside a string
+    literal, or by \\gset / \\aset), a \\startpipeline … \\endpipeline block counting once: pgbench sends a
+    command and waits for its result before the next. Commands inside \\if branches all count."""
+    n, in_pipe, quoted, pending = 0, False, False, False
+    for line in text.splitlines():
+        s = line.strip()
+        if not quoted and (not s or s.startswith("--")):
+            continue
+        if not quoted and s.startswith("\\"):
+            word = s.split()[0]
+            if word in ("\\gset", "\\aset") and pending:
+                n, pending = n + (0 if in_pipe else 1), False
+            elif word == "\\startpipeline":
+                in_pipe = True
+            elif word == "\\endpipeline":
+                in_pipe, n = False, n + 1
+            continue
+        for ch in line:
+            if ch == "'":
+                quoted = not quoted
+            elif ch == ";" and not quoted:
+                if pending:
+                    n += 0 if in_pipe else 1
+                pending = False
+            elif not ch.isspace() and not quoted:
+                pending = True
+            elif quoted:
+                pending = True
+        if not quoted and pending and (s.endswith("\\gset") or s.endswith("\\aset")):
+            n, pending = n + (0 if in_pipe else 1), False
+    return n
 
 
 # ---------------------------------------------------------------------------------------------- CPU usage

@@ -1,32 +1,46 @@
-"""`reducer`: provider status events applied per second by the real consumer path, against pgbench of the
-transition transaction at the same client count (A-B-A), in-process and through Dramatiq on Redis.
+"""`reducer`: provider status events applied per second by the real consumer path, against two pgbench
+baselines at the same client count (A-B-A), in-process and through Dramatiq on Redis, with the tasks of each
+point over 1 and over 16 tenants.
 
-Per repetition (BENCHMARKS.md, performance_anchors.md C.2):
+Baselines (BENCHMARKS.md "Two baselines"):
+  minimal  bench/sql/transition.sql (performance_anchors B.3) on the B.2 schema; rate = TPS (one transition each)
+  own      the actor's own transactions, captured at run time (bench.own_sql): `reduce_provider_status` called
+           on fresh tasks of a scratch aivedio database with a RUNNING callback, the SUCCEEDED one and the
+           RUNNING re-delivered, every statement and parameter recorded, the committed transactions rendered as
+           one prepared pgbench script (the re-delivery with probability 2 × dup-fraction); each execution takes
+           a fresh seeded task; rate = 2 events per execution
+
+Per repetition (performance_anchors.md C.2):
   setup  a fresh database migrated with `aivedio_engine.db.migrate.upgrade`; per measured point a slice of
-         tasks bulk-inserted with SQL in SUBMITTED, each with one ACKED attempt holding a provider job id; and
-         the slice's stream of `provider.status.observed` envelopes (the payload `services.observations`
-         stores): RUNNING then SUCCEEDED per task, plus 5 % re-deliveries of earlier events (same event id,
-         i.e. what a relay republishing after a crash sends)
-  per client count c (4, then 16), one chain:
-         A   pgbench -n -M prepared -T D -c c -j 2 -f bench/sql/transition.sql   (own throwaway database)
+         tasks bulk-inserted with SQL in SUBMITTED, each with one ACKED attempt holding a provider job id, over
+         the point's tenants; and the slice's stream of `provider.status.observed` envelopes (the payload
+         `services.observations` stores): RUNNING then SUCCEEDED per task, plus 5 % re-deliveries of earlier
+         events (same event id, i.e. what a relay republishing after a crash sends). A second fresh database for
+         the own baseline, where the capture runs.
+  per client count c and tenant spread t, one chain:
+         A   pgbench minimal, then pgbench own, -c c -j 2
          S1  in-process: c threads calling `reducer.reduce_event(engine, envelope, now)` on pre-built envelopes
-         B   the same pgbench
+         B   the same two pgbench runs
          S2  Dramatiq: the messages enqueued on a RedisBroker (own key prefix) and a `dramatiq.Worker` with c
              threads running the `reduce_provider_status` actor from `declare_actors`, timed until every
              event's inbox row exists (a database condition with a deadline)
-         C   the same pgbench
-  ratio(in-process, c) = S1 ÷ mean(A, B); ratio(Dramatiq, c) = S2 ÷ mean(B, C); each pair is kept or
-  discarded on its own two baselines.
+         C   the same two pgbench runs
+  ratio(S, minimal) = S ÷ mean(minimal around S); client-path cost = S ÷ mean(own around S); schema cost =
+  own ÷ minimal; each baseline pair is kept or discarded on its own two runs.
 
 events/s counts distinct events (a re-delivery costs time but is not counted) up to the commit of the last
-distinct event. Once, in the last repetition: SQL round trips per event (libpq protocol trace, single thread)
-and a py-spy profile of the in-process mode. A correctness gate runs over every repetition's database.
+distinct event. Once, in the last repetition: SQL round trips per event (libpq protocol trace, single thread,
+with pool checkouts) for reduce_event and the actor, RUNNING, SUCCEEDED and re-delivery, and a py-spy profile
+of the in-process mode. A correctness gate runs over every repetition's database, and checks that each own
+script writes per execution the rows the actor wrote.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import json
 import math
 import os
 import random
@@ -49,10 +63,12 @@ from typing import Any
 
 from bench import common
 from bench.common import BenchError, CpuSampler, Postgres, Repetition, fmt, fmt_spread, table
+from bench.own_sql import parse_trace, sql_label  # shared with api_create; the tests import them from here
 
 NAME = "reducer"
-DESCRIPTION = ("provider.status.observed events applied/s (in-process and Dramatiq on Redis) ÷ pgbench "
-               "transition.sql TPS at the same client count")
+DESCRIPTION = ("provider.status.observed events applied/s (in-process and Dramatiq on Redis) ÷ pgbench at the "
+               "same client count of the minimal transition.sql and of the actor's own transactions (captured at "
+               "run time), 1 and 16 tenants; round trips per event")
 TARGET_RATIO, FLOOR_RATIO, STRETCH_RATIO = 0.50, 0.30, 1.0
 MODES = ("inproc", "dramatiq")
 MODE_LABEL = {"inproc": "in-process", "dramatiq": "Dramatiq/Redis"}
@@ -69,10 +85,18 @@ PARAMS = ('{"prompt": "%s", "model": "%s", "duration_s": 5, "resolution": "1080p
 
 
 # ------------------------------------------------------------------------------------------------ options
+#: what --quick changes (options given on the command line win): one repetition at c=16, short points, no secondaries
+QUICK = {"reps": 1, "duration": 4, "clients": "16", "tasks": 200, "roundtrip_events": 6,
+         "actor_inproc": False, "profile": 0}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(duration=10)
     p.add_argument("--clients", default="4,16", help="comma-separated concurrency levels (default 4,16)")
     p.add_argument("--modes", default="inproc,dramatiq", help="comma-separated: inproc, dramatiq (default both)")
+    p.add_argument("--tenants", default="1,16",
+                   help="comma-separated tenant spreads: each point's tasks (system and own baseline) belong to that "
+                        "many tenants, round robin (default 1,16; at most 16)")
     p.add_argument("--tasks", type=int, default=800,
                    help="tasks per measured point: 2 events each plus the duplicates (default 800)")
     p.add_argument("--warmup-tasks", type=int, default=40,
@@ -91,7 +115,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the secondary point: the actor function called by plain threads (no Dramatiq)")
     p.add_argument("--profile", type=int, default=8, help="seconds of py-spy profile of the in-process mode (0 skips)")
     p.add_argument("--profile-threads", type=int, default=4, help="threads of the profiled in-process run")
+    common.add_output_args(p, "one repetition at c=16 (both modes, both tenant spreads), 4 s baselines, 200 tasks "
+                              "per point, no actor-only point or profile: ~2-3 min")
     common.add_infra_args(p)
+    p.set_defaults(_defaults={k: p.get_default(k) for k in QUICK})
 
 
 def _csv(text: str, allowed: Sequence[str] | None = None) -> list[str]:
@@ -185,7 +212,8 @@ _TASK_SQL = """
 INSERT INTO generation_tasks (id, tenant_id, client_idempotency_key, request_hash, status, version, progress,
     requested_model, selected_provider, current_attempt_no, priority, estimated_cost, reserved_amount, prompt,
     params, next_action_at, trace_id, created_at, updated_at)
-SELECT t.id, %(tenant)s, %(name)s || '-' || t.n, sha256(convert_to(%(name)s || '-' || t.n, 'UTF8')), 'SUBMITTED',
+SELECT t.id, (%(tenants)s::uuid[])[1 + (t.n - 1) %% %(n_tenants)s], %(name)s || '-' || t.n,
+       sha256(convert_to(%(name)s || '-' || t.n, 'UTF8')), 'SUBMITTED',
        %(version)s, 0, %(model)s, %(provider)s, 1, 0, 10, 10, %(prompt)s, %(params)s::jsonb, %(poll_at)s,
        md5(t.id::text), %(now)s, %(now)s
   FROM unnest(%(ids)s::uuid[]) WITH ORDINALITY AS t(id, n)
@@ -201,16 +229,18 @@ SELECT a.id, a.task_id, 1, %(provider)s, %(model)s, 'avd-' || replace(a.id::text
 
 
 class Workload:
-    """Seeds slices into one aivedio database (bulk SQL, not the API) and builds their envelopes."""
+    """Seeds slices into one aivedio database (bulk SQL, not the API) and builds their envelopes. A slice's
+    tasks belong to the first `tenants` of `tenant_ids`, round robin."""
 
-    def __init__(self, db_url: str, tenant_id: uuid.UUID, rng: random.Random, lag: int, dup_fraction: float) -> None:
-        self.db_url, self.tenant_id, self.rng = db_url, tenant_id, rng
+    def __init__(self, db_url: str, tenant_ids: Sequence[uuid.UUID], rng: random.Random, lag: int,
+                 dup_fraction: float) -> None:
+        self.db_url, self.tenant_ids, self.rng = db_url, list(tenant_ids), rng
         self.lag, self.dup_fraction = lag, dup_fraction
         self.fence = 0
         self.tasks = 0
         self.slices: list[Slice] = []
 
-    def seed(self, name: str, n_tasks: int, *, dup_fraction: float | None = None) -> Slice:
+    def seed(self, name: str, n_tasks: int, *, dup_fraction: float | None = None, tenants: int = 1) -> Slice:
         import psycopg
 
         from aivedio_engine.clock import new_id
@@ -223,7 +253,8 @@ class Workload:
         self.fence += n_tasks
         common_args = {"provider": PROVIDER, "model": MODEL, "now": now, "poll_at": now + timedelta(seconds=30)}
         with psycopg.connect(self.db_url, autocommit=True) as conn, conn.transaction():
-            conn.execute(_TASK_SQL, {**common_args, "tenant": self.tenant_id, "name": name, "version": TASK_VERSION,
+            conn.execute(_TASK_SQL, {**common_args, "tenants": self.tenant_ids[:tenants], "n_tenants": tenants,
+                                     "name": name, "version": TASK_VERSION,
                                      "prompt": PROMPT, "params": PARAMS, "ids": task_ids})
             conn.execute(_ATTEMPT_SQL, {**common_args, "ids": attempt_ids, "task_ids": task_ids, "jobs": jobs,
                                         "fences": fences})
@@ -567,64 +598,6 @@ def actor_inproc_point(settings: Any, sl: Slice, warm: Slice, threads: int, db: 
 
 
 # ------------------------------------------------------------------------------------------ round trips
-_RFQ = re.compile(r"^B\t\d+\tReadyForQuery\b")
-_FRONT = re.compile(r"^F\t\d+\t(\w+)\t?(.*)$", re.S)
-_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
-
-
-def parse_trace(lines: Sequence[str], prepared: dict[str, str]) -> list[str]:
-    """libpq protocol trace → one label (the SQL, or BEGIN/COMMIT) per client round trip, i.e. per
-    ReadyForQuery the backend sent. `prepared` maps statement names to their SQL across calls."""
-    records: list[str] = []
-    for line in lines:  # a query text with newlines continues on the next lines of the trace
-        if line.startswith(("F\t", "B\t")) or not records:
-            records.append(line)
-        else:
-            records[-1] += "\n" + line
-    cycles: list[str] = []
-    label: str | None = None
-    for line in records:
-        if _RFQ.match(line):
-            cycles.append(label or "?")
-            label = None
-            continue
-        m = _FRONT.match(line)
-        if not m:
-            continue
-        kind, rest = m.groups()
-        quoted = _QUOTED.findall(rest)
-        if kind == "Query" and label is None:
-            label = quoted[0] if quoted else rest
-        elif kind == "Parse" and len(quoted) >= 2:
-            if quoted[0]:
-                prepared[quoted[0]] = quoted[1]
-            if label is None:
-                label = quoted[1]
-        elif kind == "Bind" and len(quoted) >= 2 and label is None:
-            label = prepared.get(quoted[1], f"prepared {quoted[1]}")
-    return cycles
-
-
-def sql_label(sql: str) -> str:
-    """'INSERT INTO inbox_dedup (...) ...' → 'INSERT inbox_dedup'; keeps FOR UPDATE / ON CONFLICT visible."""
-    s = " ".join(sql.split())
-    if s in ("", ";"):
-        return "pre-ping (empty query)"
-    head = s.split(" ", 1)[0].upper()
-    if head in ("BEGIN", "COMMIT", "ROLLBACK") or not s:
-        return head or "?"
-    if "pg_notify" in s:
-        return "SELECT pg_notify"
-    m = {"INSERT": re.search(r"INSERT INTO (\w+)", s, re.I), "UPDATE": re.search(r"UPDATE (\w+)", s, re.I),
-         "DELETE": re.search(r"DELETE FROM (\w+)", s, re.I), "SELECT": re.search(r" FROM (\w+)", s, re.I)}.get(head)
-    label = f"{head} {m.group(1)}" if m else s[:40]
-    if head == "SELECT" and re.search(r"FOR UPDATE", s, re.I):
-        label += " FOR UPDATE"
-    if head == "INSERT" and re.search(r"ON CONFLICT", s, re.I):
-        label += " ON CONFLICT"
-    return label
-
-
 def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Path) -> dict[str, Any]:
     """SQL round trips per event on one connection, one thread: `reduce_event` alone, and the whole actor
     (`reduce_provider_status`: reduce_event + attempt_of + release_if_finished), for RUNNING, SUCCEEDED and a
@@ -651,6 +624,8 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
     prepared: dict[str, str] = {}
     redis_calls = Counter()
     original = redis.Redis.execute_command
+    checkouts = [0]
+    sa.event.listen(ctx.engine, "checkout", lambda *_: checkouts.__setitem__(0, checkouts[0] + 1))
 
     def counting(self: Any, *args: Any, **kw: Any) -> Any:
         redis_calls[str(args[0]).upper() if args else "?"] += 1
@@ -659,14 +634,14 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
     def by_phase(sl: Slice, phase: int) -> list[Any]:
         return [e for it, e in zip(sl.items, sl.envelopes) if it.phase == phase and not it.dup]
 
-    def traced(label: str, calls: list[Callable[[], Any]]) -> dict[str, Any]:
+    def trace_once(label: str, calls: list[Callable[[], Any]]) -> list[list[str]]:
+        """Run the calls with every connection traced; the trace lines of each connection."""
         files = []
         for k, pgc in enumerate(pgconns):
             f = (workdir / f"trace-{label}-{k}.txt").open("w")
             pgc.trace(f.fileno())
             pgc.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
             files.append((pgc, f))
-        redis_calls.clear()
         redis.Redis.execute_command = counting  # type: ignore[method-assign]
         try:
             for call in calls:
@@ -676,15 +651,27 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
             for pgc, f in files:
                 pgc.untrace()
                 f.close()
+        return [Path(f.name).read_text(errors="replace").splitlines() for _, f in files]
+
+    def traced(label: str, calls: list[Callable[[], Any]]) -> dict[str, Any]:
+        redis_calls.clear()
+        checkouts[0] = 0
+        first = trace_once(f"{label}-first", calls[:1])  # the first call alone: its round trips in order
+        rest = trace_once(label, calls[1:])
         cycles: list[str] = []
+        sequence: list[str] = []
         parses = 0
-        for _, f in files:
-            lines = Path(f.name).read_text(errors="replace").splitlines()
-            parses += sum(1 for ln in lines if re.match(r"^F\t\d+\tParse\b", ln))
-            cycles += parse_trace(lines, prepared)
+        for k, traces in enumerate((first, rest)):
+            for lines in traces:
+                parses += sum(1 for ln in lines if re.match(r"^F\t\d+\tParse\b", ln))
+                got = parse_trace(lines, prepared)
+                cycles += got
+                if k == 0:
+                    sequence += [sql_label(c) for c in got]
         n = len(calls)
         per_label = Counter(sql_label(c) for c in cycles)
         return {"events": n, "round_trips": len(cycles), "per_event": round(len(cycles) / n, 2),
+                "checkouts_per_event": round(checkouts[0] / n, 2), "sequence": sequence,
                 "parse_messages_per_event": round(parses / n, 2),
                 "statements": {k: round(v / n, 2) for k, v in per_label.most_common()},
                 "redis_commands_per_event": round(sum(redis_calls.values()) / n, 2),
@@ -756,6 +743,186 @@ def profile_inproc(settings: Any, sl: Slice, threads: int, seconds: int, workdir
             "load": {k: load_doc.get(k) for k in ("deliveries", "processed", "errors", "elapsed_s", "events_per_s")}}
 
 
+# ------------------------------------------------------------------------------------------ own transaction
+#: distinct events per execution of the own script: the RUNNING and the SUCCEEDED of one fresh task
+EVENTS_PER_SCRIPT = 2
+#: tenants of the own database; a script spreads its tasks over the first T of them
+OWN_TENANTS = 16
+
+# The own database's tasks are functions of an index g, so that the captured parameters can be turned back into
+# the same functions of pgbench's :idx (bench.own_sql.Entity). One SUBMITTED v5 task with one ACKED attempt per g.
+_OWN_TASK_SQL = """
+INSERT INTO generation_tasks (id, tenant_id, client_idempotency_key, request_hash, status, version, progress,
+    requested_model, selected_provider, current_attempt_no, priority, estimated_cost, reserved_amount, prompt,
+    params, next_action_at, trace_id, created_at, updated_at)
+SELECT md5('rt:' || g::text)::uuid, (%(tenants)s::uuid[])[1 + g %% %(n_tenants)s], 'rk-' || g::text || '-x',
+       sha256(convert_to('rk-' || g::text || '-x', 'UTF8')), 'SUBMITTED', %(version)s, 0, %(model)s, %(provider)s,
+       1, 0, 10, 10, %(prompt)s, %(params)s::jsonb, %(poll_at)s, md5('rtr:' || g::text), %(now)s, %(now)s
+  FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g
+"""
+_OWN_ATTEMPT_SQL = """
+INSERT INTO task_attempts (id, task_id, attempt_no, provider, model, provider_request_key, provider_job_id,
+    submit_state, request_fingerprint, submitted_at, next_poll_at, fencing_token, created_at, updated_at)
+SELECT md5('ra:' || g::text)::uuid, md5('rt:' || g::text)::uuid, 1, %(provider)s, %(model)s,
+       'avd-' || md5('rq:' || g::text), 'job-' || md5('rj:' || g::text), 'ACKED',
+       sha256(convert_to('job-' || md5('rj:' || g::text), 'UTF8')), %(now)s, %(poll_at)s, 1000000 + g, %(now)s, %(now)s
+  FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g
+"""
+
+
+def own_entities(tenant_ids: Sequence[uuid.UUID], script_tenants: int) -> list[Any]:
+    from bench import own_sql
+
+    return [own_sql.choice_entity("tenant", tenant_ids, OWN_TENANTS, script_tenants),
+            own_sql.md5_uuid_entity("task id", "rt:"), own_sql.md5_uuid_entity("attempt id", "ra:"),
+            own_sql.text_entity("provider job id", "job-", "rj:", md5=True),
+            own_sql.text_entity("provider request key", "avd-", "rq:", md5=True),
+            own_sql.text_entity("idempotency key", "rk-", "-x"),
+            own_sql.text_entity("trace id", "", "rtr:", md5=True),
+            own_sql.int_entity("fencing token", 1_000_000)]
+
+
+def own_job_id(i: int) -> str:
+    import hashlib
+
+    return "job-" + hashlib.md5(f"rj:{i}".encode()).hexdigest()
+
+
+class OwnReducer:
+    """The own-transaction baseline of one repetition: a scratch aivedio database (migrated, 16 tenants), the
+    pgbench scripts rendered from what the real actor sent to it, and fresh tasks seeded for every run."""
+
+    def __init__(self, pg: Postgres, db: str) -> None:
+        self.pg, self.db = pg, db
+        self.url = pg.url(db, driver="postgresql")
+        self.tenant_ids: list[uuid.UUID] = []
+        self.scripts: dict[int, Path] = {}
+        self.info: dict[str, Any] = {"database": db}
+        self.next = 1000
+        self.last_tps: dict[int, float] = {}
+
+    def seed(self, lo: int, hi: int, tenants: int) -> None:
+        """Tasks lo..hi (inclusive), SUBMITTED v5 with an ACKED attempt, over the first `tenants` tenants."""
+        import psycopg
+
+        now = datetime.now(UTC)
+        args = {"tenants": self.tenant_ids[:tenants], "n_tenants": tenants, "lo": lo, "hi": hi,
+                "version": TASK_VERSION, "model": MODEL, "provider": PROVIDER, "prompt": PROMPT, "params": PARAMS,
+                "now": now, "poll_at": now + timedelta(seconds=30)}
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            with conn.transaction():
+                conn.execute(_OWN_TASK_SQL, args)
+                conn.execute(_OWN_ATTEMPT_SQL, args)
+            conn.execute("ANALYZE generation_tasks, task_attempts")
+
+    def consumed(self) -> int:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            return int(conn.execute("SELECT count(*) FROM generation_tasks WHERE status <> 'SUBMITTED'").fetchone()[0])
+
+    def prepare(self, settings: Any, dup_probability: float, workdir: Path, tenant_sets: Sequence[int]) -> None:
+        """Capture: the `reduce_provider_status` actor function (as Dramatiq calls it) on fresh tasks — a RUNNING
+        callback, the SUCCEEDED one, then the RUNNING re-delivered — with every statement recorded; render the
+        committed transactions as one script per tenant spread (the re-delivery runs with `dup_probability`);
+        check with pgbench -t that each script writes the rows the actor wrote."""
+        from dramatiq.brokers.stub import StubBroker
+
+        from aivedio_engine.bootstrap import build_context
+        from aivedio_engine.db import migrate
+        from aivedio_engine.domain.events import ROUTES, EventType
+        from aivedio_engine.worker.actors import declare_actors
+        from bench import own_sql
+
+        ctx = build_context(settings)
+        try:
+            migrate.upgrade(ctx.engine)
+            for k in range(OWN_TENANTS):
+                self.tenant_ids.append(ctx.tenants.create(f"own-reducer-{k}", Decimal(10) ** 9).id)
+            self.seed(0, 5, OWN_TENANTS)
+            rec = own_sql.Recorder(ctx.engine)
+            fn = declare_actors(StubBroker(), ctx)[ROUTES[EventType.PROVIDER_STATUS_OBSERVED].actor].fn
+            base = datetime.now(UTC)
+            md5 = own_entities(self.tenant_ids, 1)[1]
+
+            def events(i: int) -> list[dict[str, Any]]:
+                task, job = md5.value(i), own_job_id(i)
+                running = observation_envelope(task, job, RUNNING, base)
+                return [running.to_dict(), observation_envelope(task, job, SUCCEEDED, base).to_dict(),
+                        running.to_dict()]
+
+            for body in events(0):  # warm-up
+                fn(body)
+            ctx.engine.dispose()
+            before = own_sql.settled_writes(self.pg, self.db)
+            n_cap = 4
+            for i in range(1, 1 + n_cap):
+                with rec.operation(i, "event"):
+                    for body in events(i):
+                        fn(body)
+            ctx.engine.dispose()
+            product = own_sql.writes_per_op(before, own_sql.settled_writes(self.pg, self.db, before), n_cap)
+        finally:
+            ctx.close()
+        ops = own_sql.choose_structure(rec.ops, "event")
+        self.info["capture"] = {
+            "operations": len(rec.ops), "same_shape": len(ops), "shapes_seen": len({o.signature() for o in rec.ops}),
+            "path": "reduce_provider_status actor function (declare_actors) ← RUNNING, SUCCEEDED, RUNNING re-delivered",
+            "product_writes_per_op (ins, upd, del)": product}
+        literal = own_sql.Literals(self.url)
+        git = common.git_info()
+        self.info["scripts"] = {}
+        try:
+            for t in sorted(set(tenant_sets)):
+                ents = own_entities(self.tenant_ids, t)
+                title = (f"aivedio reducer: our own transactions, captured {common.utc_now()} at commit "
+                         f"{(git.get('commit') or '?')[:10]}{' (dirty tree)' if git.get('dirty') else ''}\n"
+                         f"from the reduce_provider_status actor: a fresh task's RUNNING, its SUCCEEDED, and with "
+                         f"probability {dup_probability:g} the RUNNING re-delivered; tasks over {t} tenant(s)")
+                script = own_sql.render_script(ops[0], ops[1], literal, ents, title=title,
+                                               optional={2: dup_probability})
+                check = own_sql.render_script(ops[0], ops[1], literal, ents, title=title + " (check)",
+                                              optional={2: 1.0})
+                path, check_path = workdir / f"own-reducer-t{t}.sql", workdir / f"own-reducer-t{t}-check.sql"
+                path.write_text(script.text)
+                check_path.write_text(check.text)
+                clients, per_client = 2, 4
+                lo = self.next
+                self.next += clients * per_client
+                self.seed(lo, self.next - 1, t)
+                before = own_sql.settled_writes(self.pg, self.db)
+                own_sql.run_script_n(self.pg, self.db, check_path, per_client, clients,
+                                     {"base": lo, "stride": per_client, "n": 0, "ts": int(time.time() * 1000)})
+                replay = own_sql.writes_per_op(before, own_sql.settled_writes(self.pg, self.db, before),
+                                               clients * per_client)
+                self.scripts[t] = path
+                self.info["scripts"][str(t)] = {**script.as_dict(), "verify": own_sql.compare_writes(product, replay)}
+        finally:
+            literal.close()
+
+    def run(self, tenants: int, clients: int, duration: int, fallback_tps: float) -> dict[str, Any]:
+        """pgbench of the own script on fresh tasks: each client walks its own range of :idx, seeded beforehand
+        with room for 1.6 × the expected executions (the last own rate, else half the minimal TPS just
+        measured). A run that needed more tasks than it had is flagged (`overrun`) and its rate is not used."""
+        expected = self.last_tps.get(tenants) or max(50.0, fallback_tps / EVENTS_PER_SCRIPT)
+        stride = math.ceil(expected * duration * 1.6 / clients) + 50
+        lo = self.next
+        self.next += clients * stride
+        t0 = time.monotonic()
+        self.seed(lo, self.next - 1, tenants)
+        seed_s = time.monotonic() - t0
+        used0 = self.consumed()
+        res = common.run_pgbench(self.pg, self.db, self.scripts[tenants], clients, duration, sample_cpu=True,
+                                 defines={"base": lo, "stride": stride, "n": 0, "ts": int(time.time() * 1000)})
+        used = self.consumed() - used0
+        overrun = used < res.transactions
+        self.last_tps[tenants] = res.tps * (2.0 if overrun else 1.0)
+        return {**res.as_dict(), "tenants": tenants, "events_per_script": EVENTS_PER_SCRIPT,
+                "events_per_s": math.nan if overrun else res.tps * EVENTS_PER_SCRIPT,
+                "tasks_seeded": clients * stride, "tasks_used": used, "overrun": overrun,
+                "seed_s": round(seed_s, 2)}
+
+
 # ------------------------------------------------------------------------------------------ correctness
 def correctness_gate(db_url: str, work: Workload, point_errors: list[str]) -> dict[str, Any]:
     import psycopg
@@ -816,6 +983,7 @@ def correctness_gate(db_url: str, work: Workload, point_errors: list[str]) -> di
 class Config:
     clients: list[int]
     modes: list[str]
+    tenants: list[int]
     tasks: int
     warmup_tasks: int
     duration: int
@@ -830,19 +998,19 @@ class Config:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: str, last: bool,
-                   args: argparse.Namespace) -> tuple[dict[str, Any], dict[tuple[str, int], Repetition]]:
+def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: str, own_db: str, last: bool,
+                   args: argparse.Namespace) -> tuple[dict[str, Any], dict[tuple[str, int, int, str], Repetition]]:
     from aivedio_engine.bootstrap import build_context
     from aivedio_engine.db import migrate
 
     db_url = pg.url(sys_db, driver="postgresql")
     sa_url = pg.url(sys_db)
-    rep_doc: dict[str, Any] = {"index": index, "database": sys_db, "chains": {}}
-    reps: dict[tuple[str, int], Repetition] = {}
+    rep_doc: dict[str, Any] = {"index": index, "database": sys_db, "own_database": own_db, "chains": {}}
+    reps: dict[tuple[str, int, int, str], Repetition] = {}
     point_errors: list[str] = []
 
-    def settings_for(threads: int) -> Any:
-        return reducer_settings(sa_url, pool_size=max(1, threads), worker_threads=max(1, threads),
+    def settings_for(threads: int, url: str = sa_url) -> Any:
+        return reducer_settings(url, pool_size=max(1, threads), worker_threads=max(1, threads),
                                 redis_url=cfg.redis_url, key_prefix=cfg.key_prefix, data_dir=str(cfg.workdir / "data"))
 
     t = time.monotonic()
@@ -850,55 +1018,88 @@ def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: s
     ctx = build_context(settings_for(2))
     try:
         migrate.upgrade(ctx.engine)
-        tenant = ctx.tenants.create(f"bench-reducer-{index}", Decimal(10) ** 9)
+        tenant_ids = [ctx.tenants.create(f"bench-reducer-{index}-{k}", Decimal(10) ** 9).id
+                      for k in range(max(cfg.tenants))]
     finally:
         ctx.close()
-    work = Workload(db_url, tenant.id, random.Random(cfg.seed + index), cfg.lag, cfg.dup_fraction)
-    slices = {(m, c): (work.seed(f"{m}-c{c}", cfg.tasks), work.seed(f"{m}-c{c}-warm", cfg.warmup_tasks))
-              for c in cfg.clients for m in cfg.modes}
+    work = Workload(db_url, tenant_ids, random.Random(cfg.seed + index), cfg.lag, cfg.dup_fraction)
+    slices = {(m, c, tn): (work.seed(f"{m}-c{c}-t{tn}", cfg.tasks, tenants=tn),
+                           work.seed(f"{m}-c{c}-t{tn}-warm", cfg.warmup_tasks, tenants=tn))
+              for c in cfg.clients for tn in cfg.tenants for m in cfg.modes}
     pg.psql(sys_db, "VACUUM ANALYZE")
     rep_doc["setup_s"] = round(time.monotonic() - t, 1)
     rep_doc["stream"] = next(iter(slices.values()))[0].stats
-    _log(f"rep {index}: {sys_db} migrated, {work.tasks:,} tasks seeded, "
+    _log(f"rep {index}: {sys_db} migrated, {work.tasks:,} tasks seeded over {max(cfg.tenants)} tenant(s), "
          f"{sum(s.stats['deliveries'] for s, _ in slices.values()):,} deliveries built ({rep_doc['setup_s']} s)")
 
-    script = common.SQL_DIR / "transition.sql"
+    t = time.monotonic()
+    pg.create_db(own_db)
+    own = OwnReducer(pg, own_db)
+    own.prepare(settings_for(2, pg.url(own_db)), cfg.dup_fraction * EVENTS_PER_SCRIPT, cfg.workdir, cfg.tenants)
+    rep_doc["own_transaction"] = own.info
+    rep_doc["own_setup_s"] = round(time.monotonic() - t, 1)
+    for tn, sc in own.info["scripts"].items():
+        _log(f"rep {index}: own script, {tn} tenant(s): {sc['statements']} statements, {sc['round_trips']} round "
+             f"trips per execution; replays the actor's writes: {'yes' if sc['verify']['ok'] else 'NO'}"
+             + (f"; {len(sc['warnings'])} warning(s)" if sc["warnings"] else ""))
+        if not sc["verify"]["ok"]:
+            point_errors.append(f"own script ({tn} tenants) does not write what the actor writes")
+
+    minimal = common.SQL_DIR / "transition.sql"
     for c in cfg.clients:
-        chain: dict[str, Any] = {}
-        _log(f"rep {index} c={c}: pgbench A")
-        baselines = [common.run_pgbench(pg, pgb_db, script, c, cfg.duration, sample_cpu=True)]
-        chain["A"] = baselines[0].as_dict()
-        for k, mode in enumerate(cfg.modes):
-            sl, warm = slices[(mode, c)]
-            pg.checkpoint()
-            _log(f"rep {index} c={c}: {MODE_LABEL[mode]} ({sl.stats['deliveries']:,} deliveries, "
-                 f"{sl.distinct:,} distinct) after A/B {baselines[-1].tps:,.0f} TPS")
-            try:
-                if mode == "inproc":
-                    res = inproc_point(settings_for(c), sl, warm, c, sys_db)
-                    if res["errors"] or res["warmup"]["errors"]:
-                        point_errors += res["first_errors"] or [f"{mode} c={c}: warm-up errors"]
-                else:
-                    res = dramatiq_point(settings_for(c), sl, warm, c, sys_db, db_url, cfg.poll_interval,
-                                         cfg.point_timeout)
-                    if res["failed"] or res["skipped"] or res["timed_out"]:
-                        point_errors += res["first_errors"] or [f"{mode} c={c}: timed out or skipped messages"]
-            except Exception as exc:  # noqa: BLE001 - the point is lost, the run goes on and the gate fails
-                res = {"error": f"{type(exc).__name__}: {exc}", "events_per_s": math.nan}
-                point_errors.append(f"{mode} c={c}: {res['error']}")
-                _log(f"rep {index} c={c}: {mode} FAILED: {res['error']}")
-            chain[mode] = res
-            label = "BC"[k]
-            _log(f"rep {index} c={c}: {res.get('events_per_s', math.nan):,.0f} events/s "
-                 f"({res.get('elapsed_s', '?')} s); pgbench {label}")
-            baselines.append(common.run_pgbench(pg, pgb_db, script, c, cfg.duration, sample_cpu=True))
-            chain[label] = baselines[-1].as_dict()
-            rep = Repetition(index, baselines[-2].tps, res.get("events_per_s", math.nan), baselines[-1].tps,
-                             raw={"mode": mode, "clients": c})
-            reps[(mode, c)] = rep
-            _log(f"rep {index} c={c}: {mode} ratio {rep.ratio:.3f} (baselines {rep.a:,.0f} / {rep.b:,.0f}, "
-                 f"differ {100 * rep.divergence:.1f} %{'' if rep.kept else ', DISCARDED'})")
-        rep_doc["chains"][str(c)] = chain
+        for tn in cfg.tenants:
+            chain: dict[str, Any] = {}
+            label = f"rep {index} c={c} t={tn}"
+
+            def block(name: str) -> dict[str, Any]:
+                _log(f"{label}: baselines {name} (minimal, own)")
+                m = common.run_pgbench(pg, pgb_db, minimal, c, cfg.duration, sample_cpu=True).as_dict()
+                o = own.run(tn, c, cfg.duration, m["tps"])
+                if o["overrun"]:
+                    _log(f"{label}: own baseline {name} ran out of fresh tasks ({o['tasks_used']:,} used for "
+                         f"{o['transactions']:,} scripts); its rate is not used")
+                return {"minimal": m, "own": o}
+
+            blocks = [block("A")]
+            chain["A"] = blocks[0]
+            for k, mode in enumerate(cfg.modes):
+                sl, warm = slices[(mode, c, tn)]
+                pg.checkpoint()
+                _log(f"{label}: {MODE_LABEL[mode]} ({sl.stats['deliveries']:,} deliveries, {sl.distinct:,} distinct)"
+                     f" after minimal {blocks[-1]['minimal']['tps']:,.0f} TPS, own "
+                     f"{blocks[-1]['own']['events_per_s']:,.0f} events/s")
+                try:
+                    if mode == "inproc":
+                        res = inproc_point(settings_for(c), sl, warm, c, sys_db)
+                        if res["errors"] or res["warmup"]["errors"]:
+                            point_errors += res["first_errors"] or [f"{mode} c={c}: warm-up errors"]
+                    else:
+                        res = dramatiq_point(settings_for(c), sl, warm, c, sys_db, db_url, cfg.poll_interval,
+                                             cfg.point_timeout)
+                        if res["failed"] or res["skipped"] or res["timed_out"]:
+                            point_errors += res["first_errors"] or [f"{mode} c={c}: timed out or skipped messages"]
+                except Exception as exc:  # noqa: BLE001 - the point is lost, the run goes on and the gate fails
+                    res = {"error": f"{type(exc).__name__}: {exc}", "events_per_s": math.nan}
+                    point_errors.append(f"{mode} c={c} t={tn}: {res['error']}")
+                    _log(f"{label}: {mode} FAILED: {res['error']}")
+                res["tenants"] = tn
+                chain[mode] = res
+                name = "BC"[k]
+                _log(f"{label}: {res.get('events_per_s', math.nan):,.0f} events/s ({res.get('elapsed_s', '?')} s)")
+                blocks.append(block(name))
+                chain[name] = blocks[-1]
+                rate = res.get("events_per_s", math.nan)
+                a, b = blocks[-2], blocks[-1]
+                raw = {"mode": mode, "clients": c, "tenants": tn}
+                rm = Repetition(index, a["minimal"]["tps"], rate, b["minimal"]["tps"], raw=raw)
+                ro = Repetition(index, a["own"]["events_per_s"], rate, b["own"]["events_per_s"], raw=raw)
+                reps[(mode, c, tn, "minimal")], reps[(mode, c, tn, "own")] = rm, ro
+                _log(f"{label}: {mode}: ÷ minimal {rm.ratio:.3f} (differ {100 * rm.divergence:.1f} %"
+                     f"{'' if rm.kept else ', DISCARDED'}), ÷ own {ro.ratio:.3f} (differ {100 * ro.divergence:.1f} %"
+                     f"{'' if ro.kept else ', DISCARDED'}), own ÷ minimal {schema_cost(rm, ro):.3f}")
+            rep_doc["chains"][f"c{c}_t{tn}"] = chain
+    if not args.keep_dbs:
+        pg.drop_db(own_db)
 
     if last:
         if args.roundtrip_events:
@@ -923,7 +1124,8 @@ def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: s
             cfg.extra["actor_inproc"] = res
             _log(f"rep {index}: actor function in-process {res.get('events_per_s', math.nan):,.0f} events/s")
         if args.profile:
-            rate = next((r.system for (m, c), r in reps.items() if m == "inproc" and math.isfinite(r.system)), 300.0)
+            rate = next((r.system for (m, c, tn, b), r in reps.items() if m == "inproc" and math.isfinite(r.system)),
+                        300.0)
             n = max(200, int(rate * (args.profile + 4) / 2))
             sl = work.seed("profile", n)
             _log(f"rep {index}: py-spy {args.profile} s of the in-process mode, {args.profile_threads} threads "
@@ -935,14 +1137,27 @@ def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: s
                 point_errors.append("profile run: consumer errors")
 
     rep_doc["gate"] = correctness_gate(db_url, work, point_errors)
+    for tn, sc in own.info["scripts"].items():
+        rep_doc["gate"]["checks"][f"own script ({tn} tenant(s)) writes the rows the actor writes, per table"] = \
+            sc["verify"]["ok"]
+    rep_doc["gate"]["ok"] = all(rep_doc["gate"]["checks"].values())
     _log(f"rep {index}: correctness gate {'PASS' if rep_doc['gate']['ok'] else 'FAIL'}")
     return rep_doc, reps
+
+
+def schema_cost(minimal: Repetition, own: Repetition) -> float:
+    """own events/s ÷ minimal TPS: mean of the own baselines over the mean of the minimal ones around a point."""
+    return common.ratio((own.a + own.b) / 2, minimal.a, minimal.b)
 
 
 def run(args: argparse.Namespace) -> int:
     import redis
 
+    quick = common.apply_quick(args, QUICK, args._defaults)
     cfg_clients = [int(x) for x in _csv(args.clients)]
+    cfg_tenants = [int(x) for x in _csv(args.tenants)]
+    if any(t < 1 or t > OWN_TENANTS for t in cfg_tenants):
+        raise BenchError(f"--tenants: each value must be 1..{OWN_TENANTS}")
     modes = _csv(args.modes, MODES)
     pg = Postgres(args.pg_host, args.pg_port, args.pg_user, args.pg_admin_db)
     for tool in ("pgbench", "psql"):
@@ -950,62 +1165,72 @@ def run(args: argparse.Namespace) -> int:
     try:
         redis.Redis.from_url(args.redis_url).ping()
     except Exception as exc:  # noqa: BLE001
-        if "dramatiq" in modes:
-            raise BenchError(f"Redis at {args.redis_url} unreachable: {exc}") from None
+        raise BenchError(f"Redis at {args.redis_url} unreachable: {exc}") from None
     sync_commit = pg.setting("synchronous_commit")
     started = common.utc_now()
     tag = f"{time.strftime('%Y%m%d%H%M%S')}_{os.getpid()}"
     pgb_db = f"bench_pgb_red_{tag}"
     workdir = Path(tempfile.mkdtemp(prefix="bench-reducer-"))
-    cfg = Config(clients=cfg_clients, modes=modes, tasks=args.tasks, warmup_tasks=args.warmup_tasks,
-                 duration=args.duration, redis_url=args.redis_url, key_prefix=f"bench-reducer-{tag}:",
-                 poll_interval=args.poll_interval, point_timeout=args.point_timeout, workdir=workdir,
-                 lag=args.lag, dup_fraction=args.dup_fraction, seed=args.seed)
+    cfg = Config(clients=cfg_clients, modes=modes, tenants=cfg_tenants, tasks=args.tasks,
+                 warmup_tasks=args.warmup_tasks, duration=args.duration, redis_url=args.redis_url,
+                 key_prefix=f"bench-reducer-{tag}:", poll_interval=args.poll_interval,
+                 point_timeout=args.point_timeout, workdir=workdir, lag=args.lag, dup_fraction=args.dup_fraction,
+                 seed=args.seed)
     doc: dict[str, Any] = {
         "benchmark": NAME, "date": started, "machine": common.machine_info(), "git": common.git_info(),
         "config": {"reps": args.reps, "duration_s": args.duration, "clients": cfg.clients, "modes": modes,
+                   "tenants": cfg.tenants, "quick": args.quick, "quick_changed": quick,
                    "tasks_per_point": args.tasks, "warmup_tasks_per_point": args.warmup_tasks,
                    "events_per_task": 2, "dup_fraction": args.dup_fraction, "lag": args.lag, "seed": args.seed,
                    "poll_interval_s": args.poll_interval, "synchronous_commit": sync_commit,
                    "redis_key_prefix": cfg.key_prefix, "wait_quiet_s": args.wait_quiet,
-                   "baseline": "pgbench -n -M prepared -T D -c C -j 2 -f bench/sql/transition.sql "
-                               "(schema + 100k tasks: bench/sql/create_task_schema.sql)",
-                   "chain": "per C: A, in-process, B, Dramatiq, C; in-process ÷ mean(A, B), Dramatiq ÷ mean(B, C)",
+                   "baseline_minimal": "pgbench -n -M prepared -T D -c C -j 2 -f bench/sql/transition.sql "
+                                       "(schema + 100k tasks: bench/sql/create_task_schema.sql); rate = TPS",
+                   "baseline_own": "pgbench -n -M prepared -T D -c C -j 2 -D base=.. -D stride=.. -D n=0 -D ts=.. "
+                                   "-f <own script captured at run time> on fresh tasks of a scratch aivedio database; "
+                                   f"rate = {EVENTS_PER_SCRIPT} events per script execution",
+                   "chain": "per C and tenant spread T: [minimal, own] A, in-process, [..] B, Dramatiq, [..] C; "
+                            "in-process ÷ mean(A, B), Dramatiq ÷ mean(B, C), for each baseline on its own",
                    "pool_size": "= worker threads", "discard_rule":
                        f"max(A,B)/min(A,B) - 1 > {common.MAX_BASELINE_DIVERGENCE}"},
         "targets": {"ratio": TARGET_RATIO, "floor": FLOOR_RATIO, "stretch_micro_batching": STRETCH_RATIO},
     }
     if sync_commit != "on":
         print(f"warning: synchronous_commit is {sync_commit!r}; the headline figure must be durable", file=sys.stderr)
-    all_reps: dict[tuple[str, int], list[Repetition]] = defaultdict(list)
+    all_reps: dict[tuple[str, int, int, str], list[Repetition]] = defaultdict(list)
     rep_docs: list[dict[str, Any]] = []
     created: list[str] = []
     code = 0
+    real_stdout = sys.stdout
     _log(f"baseline database {pgb_db}; Redis prefix {cfg.key_prefix}; workdir {workdir}")
     try:
-        pg.create_db(pgb_db)
-        created.append(pgb_db)
-        pg.psql(pgb_db, file=common.SQL_DIR / "create_task_schema.sql")
-        for i in range(1, args.reps + 1):
-            quiet = common.wait_for_quiet(args.wait_quiet) if args.wait_quiet else {}
-            sys_db = f"bench_red_{tag}_r{i}"
-            created.append(sys_db)
-            rep_doc, reps = run_repetition(i, cfg, pg, pgb_db, sys_db, i == args.reps, args)
-            rep_doc["quiet_before"] = quiet
-            rep_docs.append(rep_doc)
-            for key, r in reps.items():
-                all_reps[key].append(r)
-            if not args.keep_dbs:
-                pg.drop_db(sys_db)
-                created.remove(sys_db)
-        doc.update(summary_doc(all_reps, cfg), repetitions=rep_docs, extra=cfg.extra)
-        gate_ok = all(r["gate"]["ok"] for r in rep_docs)
-        doc["gate"] = {"ok": gate_ok}
-        headline = doc["summary"]["headline"]
-        if not gate_ok:
-            code = 1
-        elif not any(common.kept(all_reps[(headline, c)]) for c in cfg.clients):
-            code = 2
+        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+            pg.create_db(pgb_db)
+            created.append(pgb_db)
+            pg.psql(pgb_db, file=common.SQL_DIR / "create_task_schema.sql")
+            for i in range(1, args.reps + 1):
+                quiet = common.wait_for_quiet(args.wait_quiet) if args.wait_quiet else {}
+                sys_db, own_db = f"bench_red_{tag}_r{i}", f"bench_own_red_{tag}_r{i}"
+                created += [sys_db, own_db]
+                rep_doc, reps = run_repetition(i, cfg, pg, pgb_db, sys_db, own_db, i == args.reps, args)
+                rep_doc["quiet_before"] = quiet
+                rep_docs.append(rep_doc)
+                for key, r in reps.items():
+                    all_reps[key].append(r)
+                if not args.keep_dbs:
+                    for db in (sys_db, own_db):
+                        pg.drop_db(db)
+                        created.remove(db)
+            doc.update(summary_doc(all_reps, cfg), repetitions=rep_docs, extra=cfg.extra)
+            doc["own_transaction"] = rep_docs[-1].get("own_transaction") if rep_docs else None
+            doc["round_trips"] = round_trip_summary(doc)
+            gate_ok = all(r["gate"]["ok"] for r in rep_docs)
+            doc["gate"] = {"ok": gate_ok}
+            headline = doc["summary"]["headline"]
+            if not gate_ok:
+                code = 1
+            elif not any(common.kept(all_reps[(headline, c, cfg.tenants[0], "minimal")]) for c in cfg.clients):
+                code = 2
     except BaseException as exc:
         doc["error"] = f"{type(exc).__name__}: {exc}"
         doc.setdefault("repetitions", rep_docs)
@@ -1022,32 +1247,71 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001
             print(f"warning: Redis cleanup of {cfg.key_prefix}* failed: {exc}", file=sys.stderr)
         doc["finished"] = common.utc_now()
-        path = common.write_json(Path(args.json_out) if args.json_out else common.default_json_path(NAME), doc)
+        path = Path(args.json_out) if args.json_out else common.default_json_path(NAME)
+        for t, sc in ((doc.get("own_transaction") or {}).get("scripts") or {}).items():
+            sql_path = path.with_name(f"{path.stem}-own-t{t}.sql")
+            sql_path.parent.mkdir(parents=True, exist_ok=True)
+            sql_path.write_text(sc["script"])
+            sc["file"] = str(sql_path)
+        path = common.write_json(path, doc)
         shutil.rmtree(workdir, ignore_errors=True)
-    print(render(doc))
-    print(f"\nJSON: {path}")
+        if args.json and "error" in doc:  # still one JSON object on stdout, saying what went wrong
+            real_stdout.write(json.dumps(common.json_clean(doc), default=str) + "\n")
+    common.emit(args, doc, render(doc), path, real_stdout)
     return code
 
 
-def summary_doc(all_reps: dict[tuple[str, int], list[Repetition]], cfg: Config) -> dict[str, Any]:
-    points: dict[str, Any] = {}
-    for (mode, c), reps in sorted(all_reps.items(), key=lambda kv: (MODES.index(kv[0][0]), kv[0][1])):
-        def s(fn: Callable[[Repetition], float]) -> dict[str, Any] | None:
-            x = common.summarize_kept(reps, fn)
-            return x.as_dict() if x else None
+def summary_doc(all_reps: dict[tuple[str, int, int, str], list[Repetition]], cfg: Config) -> dict[str, Any]:
+    def sp(values: list[float]) -> dict[str, Any] | None:
+        x = common.summarize(values)
+        return x.as_dict() if x else None
 
-        points[f"{mode}_c{c}"] = {
-            "mode": mode, "clients": c, "kept": len(common.kept(reps)), "total": len(reps),
-            "ratio": s(lambda r: r.ratio), "events_per_s": s(lambda r: r.system),
-            "pgbench_tps_mean": s(lambda r: (r.a + r.b) / 2),
-            "per_rep": [r.as_dict() for r in reps],
+    points: dict[str, Any] = {}
+    keys = sorted({k[:3] for k in all_reps}, key=lambda k: (MODES.index(k[0]), k[1], k[2]))
+    for mode, c, tn in keys:
+        mins, owns = all_reps[(mode, c, tn, "minimal")], all_reps[(mode, c, tn, "own")]
+        pairs = list(zip(mins, owns))
+        points[f"{mode}_c{c}_t{tn}"] = {
+            "mode": mode, "clients": c, "tenants": tn, "total": len(mins),
+            "kept_minimal": len(common.kept(mins)), "kept_own": len(common.kept(owns)),
+            "kept_both": sum(1 for m, o in pairs if m.kept and o.kept),
+            "ratio_vs_minimal": sp([m.ratio for m in mins if m.kept]),
+            "client_path_cost": sp([o.ratio for o in owns if o.kept]),
+            "schema_cost": sp([schema_cost(m, o) for m, o in pairs if m.kept and o.kept]),
+            "events_per_s": sp([m.system for m, o in pairs if m.kept or o.kept]),
+            "minimal_tps_mean": sp([(m.a + m.b) / 2 for m in mins if m.kept]),
+            "own_events_per_s_mean": sp([(o.a + o.b) / 2 for o in owns if o.kept]),
+            "per_rep": [{"minimal": m.as_dict(), "own": o.as_dict(), "schema_cost": schema_cost(m, o)}
+                        for m, o in pairs],
         }
 
     def works(mode: str) -> bool:
-        return mode in cfg.modes and all(math.isfinite(r.system) for c in cfg.clients for r in all_reps[(mode, c)])
+        return mode in cfg.modes and all(math.isfinite(r.system) for (m, *_), rs in all_reps.items() if m == mode
+                                         for r in rs)
 
     headline = next((m for m in HEADLINE_PREFERENCE if works(m)), cfg.modes[0])
     return {"summary": {"headline": headline, "points": points}}
+
+
+def round_trip_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """Round trips per event: counted on the wire (libpq trace) for reduce_event and the actor, and per pgbench
+    execution for each transaction of the own script and for transition.sql."""
+    out: dict[str, Any] = {}
+    rt = (doc.get("extra") or {}).get("round_trips") or {}
+    for k, v in rt.items():
+        if isinstance(v, dict):
+            out[k] = {"round_trips": v["per_event"], "checkouts": v.get("checkouts_per_event"),
+                      "parse_messages": v["parse_messages_per_event"], "redis_commands": v["redis_commands_per_event"],
+                      "sequence": v.get("sequence")}
+    own = doc.get("own_transaction") or {}
+    for t, sc in (own.get("scripts") or {}).items():
+        for name, n, shape in zip(("RUNNING", "SUCCEEDED", "re-delivery"), sc.get("tx_round_trips", []),
+                                  sc.get("shape", [])):
+            out[f"own script {name} (pgbench)"] = {"round_trips": n, "sequence": ["BEGIN", *shape, "COMMIT"]}
+        break
+    out["minimal transition.sql (pgbench)"] = {
+        "round_trips": common.script_round_trips((common.SQL_DIR / "transition.sql").read_text())}
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -1057,13 +1321,14 @@ def render(doc: dict[str, Any]) -> str:
             f"commit {(g.get('commit') or '?')[:10]}{' (dirty tree)' if g.get('dirty') else ''} — "
             f"synchronous_commit={cfg['synchronous_commit']}, {cfg['reps']} reps, pgbench {cfg['duration_s']} s per "
             f"baseline, {cfg['tasks_per_point']:,} tasks per point (2 events each + {100 * cfg['dup_fraction']:.0f} % "
-            f"re-deliveries)")
+            f"re-deliveries){' — QUICK' if cfg.get('quick') else ''}")
     out = [head]
     sm = doc.get("summary")
     if not sm:
         return "\n".join(out + ["", f"no result: {doc.get('error', '?')}"])
     headline = sm["headline"]
-    out += ["", f"Headline mode: {MODE_LABEL[headline]}."]
+    out += ["", f"Headline mode: {MODE_LABEL[headline]}. Minimal = transition.sql (TPS = transitions/s); own = the "
+                f"actor's own transactions replayed by pgbench ({EVENTS_PER_SCRIPT} events per execution)."]
 
     def sp(d: dict[str, Any] | None) -> common.Spread | None:
         return common.Spread(d["median"], d["min"], d["max"], d["n"]) if d else None
@@ -1071,23 +1336,33 @@ def render(doc: dict[str, Any]) -> str:
     rows = []
     for key, p in sm["points"].items():
         mark = " ★" if p["mode"] == headline else ""
-        r_med, r_spread = fmt_spread(sp(p["ratio"]), 3)
-        e_med, e_spread = fmt_spread(sp(p["events_per_s"]))
-        b_med, _ = fmt_spread(sp(p["pgbench_tps_mean"]))
-        rows.append([f"{MODE_LABEL[p['mode']]}{mark}", p["clients"], r_med, r_spread, e_med, e_spread, b_med,
-                     f"≥ {TARGET_RATIO} (floor {FLOOR_RATIO})", f"{p['kept']}/{p['total']}"])
-    out += ["", table(["mode", "c", "ratio median", "ratio spread", "events/s median", "events/s spread",
-                       "pgbench TPS mean(A,B) median", "target", "kept reps"], rows)]
+        cells = []
+        for metric, digits in (("ratio_vs_minimal", 3), ("schema_cost", 3), ("client_path_cost", 3),
+                               ("events_per_s", 2), ("minimal_tps_mean", 2), ("own_events_per_s_mean", 2)):
+            med, spread = fmt_spread(sp(p[metric]), digits)
+            cells.append(med if spread in ("—", f"{med} – {med}") else f"{med} ({spread})")
+        rows.append([f"{MODE_LABEL[p['mode']]}{mark}", p["clients"], p["tenants"], *cells,
+                     f"{p['kept_minimal']}/{p['kept_own']}/{p['kept_both']} of {p['total']}"])
+    out += ["", table(["mode", "c", "tenants", "÷ minimal (target ≥ 0.5)", "schema cost own ÷ minimal",
+                       "client-path cost ÷ own", "events/s", "minimal TPS", "own events/s",
+                       "kept min/own/both"], rows),
+            "(median, and the spread in brackets when there are several kept repetitions)"]
 
     modes_run = [m_ for m_ in MODES if m_ in cfg["modes"]]
-    hdr, per = ["rep", "c", "pgbench A"], []
+    hdr, per = ["rep", "c", "tenants", "A minimal / own"], []
     for k, mode in enumerate(modes_run):
-        hdr += [f"{MODE_LABEL[mode]} events/s", f"pgbench {'BC'[k]}"]
+        hdr += [f"{MODE_LABEL[mode]} events/s", f"{'BC'[k]} minimal / own"]
     for rep in doc.get("repetitions", []):
-        for c, chain in rep["chains"].items():
-            row = [rep["index"], c, fmt((chain.get("A") or {}).get("tps"))]
+        for key, chain in rep["chains"].items():
+            c, tn = key.removeprefix("c").split("_t")
+
+            def both(b: dict[str, Any] | None) -> str:
+                b = b or {}
+                return f"{fmt((b.get('minimal') or {}).get('tps'))} / {fmt((b.get('own') or {}).get('events_per_s'))}"
+
+            row = [rep["index"], c, tn, both(chain.get("A"))]
             for k, mode in enumerate(modes_run):
-                row += [fmt((chain.get(mode) or {}).get("events_per_s")), fmt((chain.get("BC"[k]) or {}).get("tps"))]
+                row += [fmt((chain.get(mode) or {}).get("events_per_s")), both(chain.get("BC"[k]))]
             per.append(row)
     if per:
         out += ["", "Per repetition, in run order (chain A → " + " → ".join(
@@ -1095,38 +1370,48 @@ def render(doc: dict[str, Any]) -> str:
     ratio_rows = []
     for key, p in sm["points"].items():
         for r in p["per_rep"]:
-            ratio_rows.append([r["index"], MODE_LABEL[p["mode"]], p["clients"], fmt(r["baseline_a"]), fmt(r["system"]),
-                               fmt(r["baseline_b"]), f"{100 * (r['baseline_divergence'] or math.inf):.1f} %",
-                               fmt(r["ratio"], 3), "yes" if r["kept"] else "DISCARDED"])
-    ratio_rows.sort(key=lambda x: (x[0], x[2], x[1]))
-    out += ["", "Ratios per repetition (each against the two pgbench runs around it):",
-            table(["rep", "mode", "c", "baseline before", "events/s", "baseline after", "A/B differ", "ratio", "kept"],
-                  ratio_rows)]
+            for base in ("minimal", "own"):
+                x = r[base]
+                div = x["baseline_divergence"]
+                ratio_rows.append([x["index"], MODE_LABEL[p["mode"]], p["clients"], p["tenants"], base,
+                                   fmt(x["baseline_a"]), fmt(x["system"]), fmt(x["baseline_b"]),
+                                   f"{100 * div:.1f} %" if div is not None else "—", fmt(x["ratio"], 3),
+                                   "yes" if x["kept"] else "DISCARDED"])
+    ratio_rows.sort(key=lambda x: (x[0], x[2], x[3], x[1], x[4]))
+    out += ["", "Ratios per repetition (each against the two baselines of its kind around it):",
+            table(["rep", "mode", "c", "tenants", "baseline", "before", "events/s", "after", "A/B differ", "ratio",
+                   "kept"], ratio_rows)]
 
     cpu_rows = []
     for rep in doc.get("repetitions", []):
-        for c, chain in rep["chains"].items():
+        for key, chain in rep["chains"].items():
             for name, point in chain.items():
-                cpu = point.get("cpu") if isinstance(point, dict) else None
-                if not cpu:
-                    continue
-                rate = point.get("tps") or point.get("events_per_s") or 0
-                label = MODE_LABEL.get(name, f"pgbench {name}")
+                subs = ([(f"{name} minimal", point.get("minimal")), (f"{name} own", point.get("own"))]
+                        if name in ("A", "B", "C") else [(MODE_LABEL.get(name, name), point)])
+                for label, pt in subs:
+                    cpu = (pt or {}).get("cpu")
+                    if not cpu:
+                        continue
+                    rate = pt.get("events_per_s") if "events_per_s" in pt else pt.get("tps")
+                    if label.endswith("own"):
+                        rate = pt.get("tps")
 
-                def cell(*groups: str) -> str:
-                    vals = [cpu[f"{g_}_cores"] for g_ in groups if f"{g_}_cores" in cpu]
-                    if not vals:
-                        return "—"
-                    cores = sum(vals)
-                    return f"{cores:.2f} ({cores * 1e6 / rate:.0f})" if rate and math.isfinite(rate) else f"{cores:.2f}"
+                    def cell(*groups: str, cpu: dict[str, float] = cpu, rate: Any = rate) -> str:
+                        vals = [cpu[f"{g_}_cores"] for g_ in groups if f"{g_}_cores" in cpu]
+                        if not vals:
+                            return "—"
+                        cores = sum(vals)
+                        ok = rate and isinstance(rate, (int, float)) and math.isfinite(rate)
+                        return f"{cores:.2f} ({cores * 1e6 / rate:.0f})" if ok else f"{cores:.2f}"
 
-                cpu_rows.append([f"rep {rep['index']} c={c} {label}", fmt(rate),
-                                 f"{100 * cpu.get('box_busy_fraction', math.nan):.0f} %", f"{cpu['other_cores']:.2f}",
-                                 cell("pgbench", "bench"), cell("postgres"), cell("pg_shared"), cell("redis")])
+                    cpu_rows.append([f"rep {rep['index']} {key} {label}", fmt(rate),
+                                     f"{100 * cpu.get('box_busy_fraction', math.nan):.0f} %",
+                                     f"{cpu['other_cores']:.2f}", cell("pgbench", "bench"), cell("postgres"),
+                                     cell("pg_shared"), cell("redis")])
     if cpu_rows:
-        out += ["", "Where the CPU goes (cores, sampled from 1 s into each point to its end; CPU µs per event or "
-                    "transaction in brackets; 'client' = pgbench or this Python process; 'other' = everything else "
-                    "on the shared box):",
+        out += ["", "Where the CPU goes (cores, sampled over each point; CPU µs per event, per transaction (minimal) "
+                    "or per script execution (own) in brackets; 'client' = pgbench or this Python process; 'other' "
+                    "= everything else on the shared box):",
                 table(["point", "rate/s", "box busy", "other", "client", "PG backends", "PG shared", "redis"],
                       cpu_rows)]
 
@@ -1135,7 +1420,7 @@ def render(doc: dict[str, Any]) -> str:
     reps_doc = doc.get("repetitions", [])
     if ai and "events_per_s" in ai and reps_doc:
         c = str(ai["threads"])
-        chain = reps_doc[-1]["chains"].get(c, {})
+        chain = reps_doc[-1]["chains"].get(f"c{c}_t1", {})
         rows = []
         for label, point in ((f"reduce_event, {c} threads (in-process point)", chain.get("inproc")),
                              (f"actor function, {c} plain threads (no broker)", ai),
@@ -1149,18 +1434,35 @@ def render(doc: dict[str, Any]) -> str:
                 return f"{cores * 1e6 / rate:,.0f}" if cores is not None and rate and math.isfinite(rate) else "—"
 
             rows.append([label, fmt(rate), us("bench"), us("postgres"), us("redis")])
-        out += ["", f"Where the Dramatiq figure goes (last repetition, c={c}; CPU µs per event):",
-                table(["path", "events/s", "Python process", "PG backends", "redis"], rows)]
-    rt = extra.get("round_trips")
-    if rt and "skipped" not in rt:
-        rows = [[k, v["per_event"], v["parse_messages_per_event"],
-                 ", ".join(f"{s} ×{n:g}" for s, n in v["statements"].items()), v["redis_commands_per_event"]]
-                for k, v in rt.items() if isinstance(v, dict)]
-        out += ["", "Round trips per event (1 thread, 1 connection, libpq protocol trace, after a warm-up on the same "
-                    "path; pgbench's transition.sql is 7 round trips, all prepared):",
-                table(["path", "PG round trips", "Parse msgs", "what they are (per event)", "Redis commands"], rows)]
-    elif rt:
-        out += ["", f"round trips: {rt['skipped']}"]
+        if rows:
+            out += ["", f"Where the Dramatiq figure goes (last repetition, c={c}, 1 tenant; CPU µs per event):",
+                    table(["path", "events/s", "Python process", "PG backends", "redis"], rows)]
+    rt = doc.get("round_trips")
+    if rt:
+        out += ["", "Round trips per event (counted: libpq protocol trace, one per ReadyForQuery, 1 thread, after a "
+                    "warm-up on the same path; pgbench: one per command of the script):",
+                table(["path", "PG round trips", "checkouts", "Parse msgs", "Redis cmds", "what they are"],
+                      [[k, fmt(v.get("round_trips")), fmt(v.get("checkouts")), fmt(v.get("parse_messages")),
+                        fmt(v.get("redis_commands")), ", ".join(v.get("sequence") or [])] for k, v in rt.items()])]
+    elif (extra.get("round_trips") or {}).get("skipped"):
+        out += ["", f"round trips: {extra['round_trips']['skipped']}"]
+
+    own = doc.get("own_transaction") or {}
+    for t, sc in (own.get("scripts") or {}).items():
+        v = sc["verify"]
+        out += ["", f"Own transactions replayed by pgbench, {t} tenant(s) ({sc['statements']} statements, "
+                    f"{sc['round_trips']} round trips per execution with the re-delivery; "
+                    f"{sc.get('file', 'script in the JSON')}): writes the rows the actor writes: "
+                    f"{'yes' if v['ok'] else 'NO'} — per table (ins, upd, del) per RUNNING+SUCCEEDED+re-delivery, "
+                    f"actor / replay: " + "; ".join(f"{tb} {x['product']} / {x['replay']}"
+                                                     for tb, x in v["per_table_ins_upd_del_per_op"].items()),
+                "  values: " + ", ".join(f"{k} ×{n}" for k, n in sc["how_values_vary"].items())]
+        out += [f"  warning: {w}" for w in sc["warnings"]]
+    overruns = [f"rep {r['index']} {key} {name}" for r in reps_doc for key, ch in r["chains"].items()
+                for name, b in ch.items() if name in ("A", "B", "C") and (b.get("own") or {}).get("overrun")]
+    if overruns:
+        out += ["", "Own baselines that ran out of fresh tasks (rate not used): " + ", ".join(overruns)]
+
     prof = extra.get("profile")
     if prof and "top_self" in prof:
         load = prof.get("load") or {}

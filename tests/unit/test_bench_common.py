@@ -12,10 +12,13 @@ from bench.common import (
     MAX_BASELINE_DIVERGENCE,
     Repetition,
     Spread,
+    apply_quick,
     baseline_divergence,
     baselines_agree,
+    json_clean,
     kept,
     ratio,
+    script_round_trips,
     summarize,
     summarize_kept,
 )
@@ -88,3 +91,43 @@ def test_summary_skips_nan_and_is_none_when_nothing_is_left() -> None:
 def test_repetition_serializes_non_finite_numbers_as_null() -> None:
     d = Repetition(1, a=0.0, system=1.0, b=1000.0).as_dict()
     assert d["kept"] is False and d["baseline_divergence"] is None and d["ratio"] == pytest.approx(0.002)
+
+
+def test_a_pgbench_script_costs_one_round_trip_per_command_and_one_per_pipeline() -> None:
+    script = "\n".join([
+        "-- comment; not a command",
+        "\\set idx :base + 1",
+        "BEGIN;",
+        "INSERT INTO t (a) VALUES (1)",
+        "  RETURNING a AS x \\gset",
+        "SELECT 'a;b', ';';",
+        "\\startpipeline",
+        "INSERT INTO t (a) VALUES (2);",
+        "INSERT INTO t (a) VALUES (3);",
+        "\\endpipeline",
+        "\\if :x > 0",
+        "UPDATE t SET a = a",
+        "  WHERE a = 'multi-line;",
+        "literal';",
+        "\\endif",
+        "COMMIT;",
+    ])
+    # BEGIN, INSERT … \gset, SELECT, the pipeline, UPDATE, COMMIT
+    assert script_round_trips(script) == 6
+
+
+def test_json_output_has_no_nan_or_infinity() -> None:
+    assert json_clean({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 2}}) == {
+        "a": None, "b": [1.0, None], "c": {"d": 2}}
+
+
+def test_quick_only_changes_options_left_at_their_default() -> None:
+    class Args:
+        quick, reps, duration = True, 3, 8
+
+    args = Args()
+    changed = apply_quick(args, {"reps": 1, "duration": 5}, {"reps": 3, "duration": 20})
+    assert (args.reps, args.duration) == (1, 8) and changed == {"reps": 1}
+    args.quick = False
+    args.reps = 3
+    assert apply_quick(args, {"reps": 1}, {"reps": 3}) == {} and args.reps == 3
