@@ -13,11 +13,11 @@ from aivedio_engine.domain.capacity import (
     UNITS,
     CapacityInputError,
     CapacityInputs,
-    estimate as estimate_capacity,
     explain,
     fmt,
     overload_warning,
 )
+from aivedio_engine.domain.capacity import estimate as estimate_capacity
 from aivedio_engine.domain.capacity_live import LiveReport, Saturation, fmt_duration, parse_window, pressure_warnings
 from aivedio_engine.services.capacity_live import CapacityLiveService
 

@@ -17,8 +17,9 @@ from aivedio_cli._render import ExitCode, fail
 from aivedio_engine.config import Settings
 
 if TYPE_CHECKING:
-    from aivedio_engine.bootstrap import AppContext
     from sqlalchemy import Engine
+
+    from aivedio_engine.bootstrap import AppContext
 
 
 def serve(

@@ -20,12 +20,11 @@ if TYPE_CHECKING:
 
     from aivedio_engine.domain.requests import Catalog
     from aivedio_engine.notify import Notifier
-    from aivedio_engine.services.assets import AssetService
-    from aivedio_engine.services.generations import GenerationService
-    from aivedio_engine.services.tenants import TenantService
     from aivedio_engine.providers.registry import ProviderRegistry
+    from aivedio_engine.services.assets import AssetService
     from aivedio_engine.services.callbacks import CallbackService
     from aivedio_engine.services.dispatch import Dispatcher
+    from aivedio_engine.services.generations import GenerationService
     from aivedio_engine.services.media import MediaService
     from aivedio_engine.services.output_fetch import OutputFetchService
     from aivedio_engine.services.outputs import OutputService
@@ -33,6 +32,7 @@ if TYPE_CHECKING:
     from aivedio_engine.services.submit import SubmitService
     from aivedio_engine.services.sweeper import Sweeper
     from aivedio_engine.services.sync import ProviderSync
+    from aivedio_engine.services.tenants import TenantService
     from aivedio_engine.slots.base import SlotStore
     from aivedio_engine.storage.base import ObjectStore
 
@@ -178,7 +178,6 @@ class AppContext:
     @shared_property
     def outputs(self) -> OutputService:
         from aivedio_engine.services.outputs import OutputService
-
         from aivedio_engine.storage.fs import load_signing_key
         from aivedio_engine.storage.signing import UrlSigner
 

@@ -536,7 +536,6 @@ def prepare_system_db(url: str, tenants: int, workdir: Path) -> tuple[list[Any],
     """Migrate the aivedio schema and create the tenants (10^9 credits each) and one key per tenant."""
     from aivedio_engine.bootstrap import build_context
     from aivedio_engine.db import migrate
-
     from bench.api_server import bench_settings
 
     ctx = build_context(bench_settings(url, pool_size=2, data_dir=str(workdir / "data")))

@@ -49,8 +49,8 @@ from aivedio_engine.services.errors import (
     ServiceError,
 )
 from aivedio_engine.services.tenants import Principal
-from aivedio_engine.storage import keys
 from aivedio_engine.services.upload_validation import UploadValidator, discard
+from aivedio_engine.storage import keys
 from aivedio_engine.storage.base import (
     LocallySignedStore,
     MultipartStore,

@@ -23,14 +23,21 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
 from aivedio_engine.db import ledger, outbox, tasks
-from aivedio_engine.services import billing
-from aivedio_engine.services.shedding import BacklogGate
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import assets, generation_tasks
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.requests import Catalog, InvalidRequest, estimate_cost, normalize, request_hash
 from aivedio_engine.domain.status import AssetKind, AssetStatus, EventSource, StateEventOutcome, TaskStatus
-from aivedio_engine.domain.transitions import Decision, Effect, Rejection, RejectionKind, TaskEvent, TaskSnapshot, decide
+from aivedio_engine.domain.transitions import (
+    Decision,
+    Effect,
+    Rejection,
+    RejectionKind,
+    TaskEvent,
+    TaskSnapshot,
+    decide,
+)
+from aivedio_engine.services import billing
 from aivedio_engine.services.errors import (
     BadRequest,
     IdempotencyKeyInFlight,
@@ -41,6 +48,7 @@ from aivedio_engine.services.errors import (
     MissingIdempotencyKey,
     NotFound,
 )
+from aivedio_engine.services.shedding import BacklogGate
 
 MAX_IDEMPOTENCY_KEY = 255
 IN_FLIGHT_WAIT_MS = 1500

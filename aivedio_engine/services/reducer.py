@@ -19,7 +19,16 @@ from aivedio_engine.db import alerts, attempts, outbox, tasks
 from aivedio_engine.db.tables import generation_tasks, task_attempts, task_state_events
 from aivedio_engine.domain.events import EventType, fetch_route
 from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, StateEventOutcome, TaskStatus
-from aivedio_engine.domain.transitions import AttemptEvent, Decision, Effect, Rejection, RejectionKind, TaskEvent, Trigger, decide
+from aivedio_engine.domain.transitions import (
+    AttemptEvent,
+    Decision,
+    Effect,
+    Rejection,
+    RejectionKind,
+    TaskEvent,
+    Trigger,
+    decide,
+)
 from aivedio_engine.providers.base import JobStatus
 from aivedio_engine.services import billing
 from aivedio_engine.services.consume import Envelope, consume_once

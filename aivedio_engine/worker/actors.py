@@ -28,8 +28,8 @@ from aivedio_engine.domain.events import ALTERNATE_ROUTES, ROUTES, EventType
 from aivedio_engine.observability.logging import task_context
 from aivedio_engine.observability.metrics import measure_actor
 from aivedio_engine.services import intake, notifications, reducer
-from aivedio_engine.services.dispatch import release_if_finished
 from aivedio_engine.services.consume import Envelope, InvalidEnvelope
+from aivedio_engine.services.dispatch import release_if_finished
 
 if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext

@@ -29,8 +29,8 @@ from sqlalchemy import Connection, Engine
 from aivedio_engine.clock import Clock
 from aivedio_engine.db.engine import SQLITE_BEGIN_OPTION
 from aivedio_engine.db.outbox import NOTIFY_CHANNEL
-from aivedio_engine.db.wakeup import Waiter
 from aivedio_engine.db.tables import outbox_events
+from aivedio_engine.db.wakeup import Waiter
 from aivedio_engine.domain.events import BY_ACTOR, EventType
 from aivedio_engine.domain.status import OutboxStatus
 from aivedio_engine.services.consume import Envelope

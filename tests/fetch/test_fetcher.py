@@ -21,7 +21,7 @@ import pytest
 
 from aivedio_engine.clock import SystemClock
 from aivedio_engine.config import FetchSettings
-from aivedio_engine.fetch import CHUNK_SIZE, FetchError, Fetcher, FetchPolicy, StaticResolver
+from aivedio_engine.fetch import CHUNK_SIZE, Fetcher, FetchError, FetchPolicy, StaticResolver
 from aivedio_engine.storage.fs import FsStore
 
 SIM = "sim.provider.example"

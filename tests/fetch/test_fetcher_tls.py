@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from aivedio_engine.config import FetchSettings
-from aivedio_engine.fetch import FetchError, Fetcher, FetchPolicy, StaticResolver
+from aivedio_engine.fetch import Fetcher, FetchError, FetchPolicy, StaticResolver
 
 HOST = "video.cdn.provider.example"
 BODY = b"\x00\x00\x00\x18ftypmp42" + b"x" * 1000
