@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from aivedio_cli import (
@@ -64,7 +62,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def main(
     ctx: typer.Context,
-    config: Optional[str] = typer.Option(
+    config: str | None = typer.Option(
         None, "--config", "-c", metavar="PATH", help="TOML config file (default: $AIVEDIO_CONFIG, else ./aivedio.toml)."
     ),
     set_items: list[str] = typer.Option(
