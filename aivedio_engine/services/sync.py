@@ -354,7 +354,7 @@ class ProviderSync:
         """Ask the provider to stop a job whose task already ended (e.g. expired); failures are only logged."""
         try:
             self._providers[attempt.provider].cancel(attempt.provider_job_id)
-        except Exception:  # noqa: BLE001 - best effort; the job's outcome still arrives through the reducer
+        except Exception:  # best effort; the job's outcome still arrives through the reducer
             logging.getLogger("aivedio.sync").warning("cancel of an expired task's job failed", exc_info=True)
 
     def _confirm_cancel(self, task_id: uuid.UUID, now: datetime, billed: bool) -> str:

@@ -192,7 +192,7 @@ class Relay:
             while not stop.is_set():
                 try:
                     result = self.run_batch()
-                except Exception:  # noqa: BLE001 - a database or failpoint error must not end the relay
+                except Exception:  # a database or failpoint error must not end the relay
                     log.exception("outbox relay batch failed; retrying in %.1fs", self.error_backoff_s)
                     stop.wait(self.error_backoff_s)
                     continue

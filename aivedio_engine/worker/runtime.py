@@ -116,7 +116,7 @@ class Runtime:
         def guarded() -> None:
             try:
                 target(*args)
-            except BaseException as exc:  # noqa: BLE001 - a dead role must stop the process, not linger
+            except BaseException as exc:  # a dead role must stop the process, not linger
                 log.exception("role thread %s failed; stopping", name)
                 self.failed = exc
                 self.stop.set()
@@ -143,7 +143,7 @@ class Runtime:
         while not self.stop.is_set():
             try:
                 step()
-            except Exception:  # noqa: BLE001 - see docstring
+            except Exception:  # see docstring
                 log.exception("periodic step %s failed", getattr(step, "__name__", step))
             if wait is None:
                 self.stop.wait(interval_s)

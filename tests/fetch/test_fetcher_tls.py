@@ -72,7 +72,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         self.server.hosts.append(self.headers.get("Host"))  # type: ignore[attr-defined]
         self.send_response(200)
         self.send_header("Content-Length", str(len(BODY)))
