@@ -64,8 +64,7 @@ RUNNING, SUCCEEDED = 0, 1
 PHASE_NAME = {RUNNING: "RUNNING", SUCCEEDED: "SUCCEEDED"}
 PROMPT = ("a red fox running through fresh snow at dusk, cinematic, 35mm film, shallow depth of field, "
           "golden hour light, slow tracking shot from the side")
-PARAMS = ('{"prompt": "%s", "model": "%s", "duration_s": 5, "resolution": "1080p", "aspect_ratio": "16:9"}'
-          % (PROMPT, MODEL))
+PARAMS = f'{{"prompt": "{PROMPT}", "model": "{MODEL}", "duration_s": 5, "resolution": "1080p", "aspect_ratio": "16:9"}}'
 
 
 # ------------------------------------------------------------------------------------------------ options
@@ -231,7 +230,7 @@ class Workload:
         frac = self.dup_fraction if dup_fraction is None else dup_fraction
         items = build_stream(n_tasks, lag=self.lag, dup_fraction=frac, rng=self.rng)
         events = [(observation_envelope(t, j, RUNNING, now), observation_envelope(t, j, SUCCEEDED, now))
-                  for t, j in zip(task_ids, jobs)]
+                  for t, j in zip(task_ids, jobs, strict=True)]
         envelopes = [events[it.task][it.phase] for it in items]
         sl = Slice(name, task_ids, items, envelopes, stream_stats(items))
         self.slices.append(sl)
@@ -657,7 +656,7 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
         return original(self, *args, **kw)
 
     def by_phase(sl: Slice, phase: int) -> list[Any]:
-        return [e for it, e in zip(sl.items, sl.envelopes) if it.phase == phase and not it.dup]
+        return [e for it, e in zip(sl.items, sl.envelopes, strict=True) if it.phase == phase and not it.dup]
 
     def traced(label: str, calls: list[Callable[[], Any]]) -> dict[str, Any]:
         files = []
@@ -694,8 +693,8 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
         warm_pool(ctx.engine, 1)
         now = lambda: datetime.now(UTC)  # noqa: E731
         half = len(warm.task_ids) // 2
-        warm_reduce = [e for it, e in zip(warm.items, warm.envelopes) if it.task < half]
-        warm_actor = [e for it, e in zip(warm.items, warm.envelopes) if it.task >= half]
+        warm_reduce = [e for it, e in zip(warm.items, warm.envelopes, strict=True) if it.task < half]
+        warm_actor = [e for it, e in zip(warm.items, warm.envelopes, strict=True) if it.task >= half]
         if not pgconns:
             raise BenchError("round-trip count: no traced connection")
         # warm-ups are traced too, only so that statements prepared there get their SQL as a label
@@ -708,11 +707,11 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
                                                           for e in by_phase(reduce_sl, SUCCEEDED)])
         out["reduce_event re-delivery"] = traced("r-dup", [lambda e=e: reducer.reduce_event(ctx.engine, e, now())
                                                            for e in runs])
-        traced("a-warm", [lambda b=e.to_dict(): fn(b) for e in warm_actor])
+        traced("a-warm", [lambda b=e.to_dict(): fn(b) for e in warm_actor])  # noqa: B008 - serialized before the traced call
         runs = by_phase(actor_sl, RUNNING)
-        out["actor RUNNING"] = traced("a-run", [lambda b=e.to_dict(): fn(b) for e in runs])
-        out["actor SUCCEEDED"] = traced("a-succ", [lambda b=e.to_dict(): fn(b) for e in by_phase(actor_sl, SUCCEEDED)])
-        out["actor re-delivery"] = traced("a-dup", [lambda b=e.to_dict(): fn(b) for e in runs])
+        out["actor RUNNING"] = traced("a-run", [lambda b=e.to_dict(): fn(b) for e in runs])  # noqa: B008 - serialized before the traced call
+        out["actor SUCCEEDED"] = traced("a-succ", [lambda b=e.to_dict(): fn(b) for e in by_phase(actor_sl, SUCCEEDED)])  # noqa: B008 - serialized before the traced call
+        out["actor re-delivery"] = traced("a-dup", [lambda b=e.to_dict(): fn(b) for e in runs])  # noqa: B008 - serialized before the traced call
         out["connections"] = len(pgconns)
         return out
     finally:
@@ -1033,7 +1032,7 @@ def summary_doc(all_reps: dict[tuple[str, int], list[Repetition]], cfg: Config) 
     points: dict[str, Any] = {}
     for (mode, c), reps in sorted(all_reps.items(), key=lambda kv: (MODES.index(kv[0][0]), kv[0][1])):
         def s(fn: Callable[[Repetition], float]) -> dict[str, Any] | None:
-            x = common.summarize_kept(reps, fn)
+            x = common.summarize_kept(reps, fn)  # noqa: B023 - called within this iteration
             return x.as_dict() if x else None
 
         points[f"{mode}_c{c}"] = {
@@ -1069,7 +1068,7 @@ def render(doc: dict[str, Any]) -> str:
         return common.Spread(d["median"], d["min"], d["max"], d["n"]) if d else None
 
     rows = []
-    for key, p in sm["points"].items():
+    for p in sm["points"].values():
         mark = " ★" if p["mode"] == headline else ""
         r_med, r_spread = fmt_spread(sp(p["ratio"]), 3)
         e_med, e_spread = fmt_spread(sp(p["events_per_s"]))
@@ -1093,7 +1092,7 @@ def render(doc: dict[str, Any]) -> str:
         out += ["", "Per repetition, in run order (chain A → " + " → ".join(
             f"{MODE_LABEL[m_]} → {'BC'[k]}" for k, m_ in enumerate(modes_run)) + "):", table(hdr, per)]
     ratio_rows = []
-    for key, p in sm["points"].items():
+    for p in sm["points"].values():
         for r in p["per_rep"]:
             ratio_rows.append([r["index"], MODE_LABEL[p["mode"]], p["clients"], fmt(r["baseline_a"]), fmt(r["system"]),
                                fmt(r["baseline_b"]), f"{100 * (r['baseline_divergence'] or math.inf):.1f} %",
@@ -1114,11 +1113,11 @@ def render(doc: dict[str, Any]) -> str:
                 label = MODE_LABEL.get(name, f"pgbench {name}")
 
                 def cell(*groups: str) -> str:
-                    vals = [cpu[f"{g_}_cores"] for g_ in groups if f"{g_}_cores" in cpu]
+                    vals = [cpu[f"{g_}_cores"] for g_ in groups if f"{g_}_cores" in cpu]  # noqa: B023 - called within this iteration
                     if not vals:
                         return "—"
                     cores = sum(vals)
-                    return f"{cores:.2f} ({cores * 1e6 / rate:.0f})" if rate and math.isfinite(rate) else f"{cores:.2f}"
+                    return f"{cores:.2f} ({cores * 1e6 / rate:.0f})" if rate and math.isfinite(rate) else f"{cores:.2f}"  # noqa: B023 - called within this iteration
 
                 cpu_rows.append([f"rep {rep['index']} c={c} {label}", fmt(rate),
                                  f"{100 * cpu.get('box_busy_fraction', math.nan):.0f} %", f"{cpu['other_cores']:.2f}",

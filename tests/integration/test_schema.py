@@ -58,7 +58,7 @@ def test_columns_match_mirror(engine: sa.Engine) -> None:
     for table in tables.metadata.sorted_tables:
         reflected = insp.get_columns(table.name)
         assert [c["name"] for c in reflected] == [c.name for c in table.columns], table.name
-        for col, ref in zip(table.columns, reflected):
+        for col, ref in zip(table.columns, reflected, strict=True):
             where = f"{table.name}.{col.name}"
             assert _pg_type(ref["type"]) == _pg_type(col.type), where
             assert ref["nullable"] == col.nullable, where
