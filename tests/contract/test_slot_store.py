@@ -227,7 +227,7 @@ def test_limits_hold_under_concurrent_acquirers(harness: Harness) -> None:
                         holding[scope] -= 1
                 assert s.release(lease)
                 cycles += 1
-        except BaseException as exc:  # re-raised in the main thread
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             errors.append(exc)
 
     def sampler() -> None:
