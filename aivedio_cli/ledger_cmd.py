@@ -275,7 +275,8 @@ def _show_report(report: ReconcileReport) -> None:
     if findings:
         table = _table("line", "kind", "job_id", "amount", "task_id", "booking", "note")
         for f in findings:
-            table.add_row(str(f.line.line_no), f.kind, f.line.job_id, f"{_money(f.line.amount)} {f.line.currency or ''}",
+            table.add_row(str(f.line.line_no), f.kind, f.line.job_id,
+                          f"{_money(f.line.amount)} {f.line.currency or ''}",
                           str(f.attempt.task_id) if f.attempt else "-", f.booking or "", f.note)
         console.print(table)
     console.print(f"duplicates: {len(report.of('duplicate_line', 'duplicate_job'))}, orphans: "

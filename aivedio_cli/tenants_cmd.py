@@ -23,7 +23,8 @@ keys_app = typer.Typer(help="API keys: create (shown once) and revoke.", no_args
 def create_tenant(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Unique tenant name."),
-    credits: str | None = typer.Option(None, "--credits", help="Initial credits (default: limits.tenant_default_credits)."),
+    credits: str | None = typer.Option(
+        None, "--credits", help="Initial credits (default: limits.tenant_default_credits)."),
     max_upload_bytes: int | None = typer.Option(
         None, "--max-upload-bytes", min=1, help="This tenant's upload size cap (default: api.max_upload_bytes)."),
     as_json: bool = typer.Option(False, "--json"),

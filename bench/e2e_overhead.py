@@ -15,9 +15,9 @@ Per task the client POSTs /v1/generations (unique Idempotency-Key) on an open-lo
 GET /v1/generations/{id}/events (SSE; `--observe get` polls GET every `--get-interval-ms` instead) until the
 terminal status, then confirms it with one GET (status and playable outputs, for the gate). The path between:
 
-    202 → relay → intake (NOTIFY wakes the dispatcher; 0.5 s fallback tick) → dispatch → outbox → relay (LISTEN/NOTIFY) → Redis
-    → submit actor → POST /v1/jobs to the sim → [sim job: job_seconds] → webhook POST to the API → outbox → relay
-    → reducer → fetch.requested → relay → fetch actor: GET output from the sim, S3 PUT → media.process.requested
+    202 → relay → intake (NOTIFY wakes the dispatcher; 0.5 s fallback tick) → dispatch → outbox → relay (LISTEN/NOTIFY)
+    → Redis → submit actor → POST /v1/jobs to the sim → [sim job: job_seconds] → webhook POST to the API → outbox
+    → relay → reducer → fetch.requested → relay → fetch actor: GET output from the sim, S3 PUT → media.process.requested
     → relay → media actor: S3 GET, ffprobe + ffmpeg (proxy MP4, HLS, thumbnail), S3 PUTs → SUCCEEDED
     (→ task.status.changed → relay → notify actor → Redis PUBLISH → the API's SSE stream re-reads and sends)
 

@@ -352,7 +352,8 @@ def _republish(conn: Connection, row: Any, result: ReplayResult, now: datetime) 
     try:
         EventType(row.event_type)
     except ValueError:
-        result.failed.append({"id": str(row.id), "reason": f"event type {row.event_type!r} is not routed by this build"})
+        result.failed.append({"id": str(row.id),
+                              "reason": f"event type {row.event_type!r} is not routed by this build"})
         return
     if row.target not in BY_ACTOR:
         result.failed.append({"id": str(row.id), "reason": f"target {row.target!r} is not an actor of this build"})

@@ -320,7 +320,8 @@ class ProviderSync:
         with self._engine.connect() as conn:
             attempt = attempts.current(conn, task_id)
         now = self._clock.now()
-        if attempt is None or attempt.submit_state in (AttemptStatus.NEW.value, AttemptStatus.FAILED_BEFORE_ACCEPT.value):
+        if attempt is None or attempt.submit_state in (AttemptStatus.NEW.value,
+                                                       AttemptStatus.FAILED_BEFORE_ACCEPT.value):
             return self._confirm_cancel(task_id, now, billed=False)
         if attempt.submit_state in (AttemptStatus.UNKNOWN.value, AttemptStatus.SENDING.value):
             self._set_next_action(task_id, now + timedelta(seconds=10))

@@ -46,7 +46,8 @@ def parse_roles(text: str) -> set[str]:
         raise ValueError("--role: give at least one of " + ", ".join((*ROLES, "all")))
     unknown = parts - set(ROLES) - {"all"}
     if unknown:
-        raise ValueError(f"--role: unknown role {', '.join(sorted(unknown))} (choose from {', '.join((*ROLES, 'all'))})")
+        raise ValueError(f"--role: unknown role {', '.join(sorted(unknown))} "
+                         f"(choose from {', '.join((*ROLES, 'all'))})")
     return set(ROLES) if "all" in parts else parts
 
 

@@ -382,7 +382,8 @@ class SimState:
             ttl = self.faults.url_expire_s if self.faults.url_expire_s is not None else self.config.output_url_ttl_s
             expires = now + timedelta(seconds=ttl)
             exp = f"{expires.timestamp():.3f}"
-            out["output"] = {"url": f"{self.base_url}/outputs/{job.id}.mp4?expires={exp}&sig={self._url_sig(job.id, exp)}",
+            sig = self._url_sig(job.id, exp)
+            out["output"] = {"url": f"{self.base_url}/outputs/{job.id}.mp4?expires={exp}&sig={sig}",
                              "expires_at": _iso(expires), "content_type": "video/mp4"}
         elif job.status == "failed":
             out["error"] = {"code": "generation_failed", "message": "the simulated model failed"}
