@@ -55,6 +55,7 @@ def install_commit_hooks(engine: Engine, events: dict[str, threading.Event]) -> 
     do_commit = dialect.do_commit
 
     def _commit_then_wake(dbapi_connection: Any) -> None:
+        channels: set[str]
         channels, pending.channels = getattr(pending, "channels", set()), set()
         do_commit(dbapi_connection)
         for channel in channels:
