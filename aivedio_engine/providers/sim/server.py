@@ -323,7 +323,8 @@ class SimState:
             due: tuple[datetime, int, Job] | None = None
             for job in self.jobs.values():
                 if job.status == "running":
-                    t = job.started_at + run_s  # type: ignore[operator]
+                    assert job.started_at is not None  # _run sets it with the status
+                    t = job.started_at + run_s
                 elif job.status in ("queued", "throttled") and not job.waiting:
                     t = job.ready_at
                 else:
