@@ -204,7 +204,7 @@ def _matching(kind: str, flt: ReplayFilter) -> tuple[sa.Table, list[Any], list[A
     if kind == "orphans":
         if flt.actor or flt.error_class:
             raise InvalidInput("--actor and --error-class do not apply to orphans (use --provider)", field="actor")
-        where = [_pe.orphan.is_(True)]
+        where: list[sa.ColumnElement[bool]] = [_pe.orphan.is_(True)]
         if flt.provider:
             where.append(_pe.provider == flt.provider)
         if flt.since:

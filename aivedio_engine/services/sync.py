@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -248,7 +249,7 @@ class ProviderSync:
             obs = Observation(job_id=job.job_id, status=job.status)
         return self._found(attempt, obs, now)
 
-    def _park_ambiguous(self, attempt: Any, candidates: list[JobSummary], rivals: list[Any], now: datetime) -> str:
+    def _park_ambiguous(self, attempt: Any, candidates: list[JobSummary], rivals: Sequence[Any], now: datetime) -> str:
         """Several jobs could be ours: a human decides. Never resubmit here — one of them very likely is ours."""
         ids = sorted(j.job_id for j in candidates)
         reason = (f"ambiguous submit to {attempt.provider}: {len(ids)} listed job(s) match the request "

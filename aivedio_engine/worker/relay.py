@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -148,7 +149,7 @@ class Relay:
         )
         return query.with_for_update(skip_locked=True) if self._postgres else query
 
-    def _enqueue_all(self, rows: list[sa.Row[Any]]) -> tuple[list[Any], list[tuple[sa.Row[Any], BaseException]]]:
+    def _enqueue_all(self, rows: Sequence[sa.Row[Any]]) -> tuple[list[Any], list[tuple[sa.Row[Any], BaseException]]]:
         published: list[Any] = []
         failures: list[tuple[sa.Row[Any], BaseException]] = []
         for row in rows:
