@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -54,7 +55,7 @@ class Problem(Exception):
 
 
 def problem_response(request: Request, status: int, slug: str, title: str, detail: str | None = None,
-                     headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+                     headers: Mapping[str, str] | None = None, **extra: Any) -> JSONResponse:
     body: dict[str, Any] = {"type": TYPE_BASE + slug, "title": title, "status": status}
     if detail:
         body["detail"] = detail
