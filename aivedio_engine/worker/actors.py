@@ -113,14 +113,14 @@ def declare_actors(broker: dramatiq.Broker, ctx: AppContext) -> dict[str, dramat
     declared: dict[str, dramatiq.Actor[Any, Any]] = {}
     for spec in REGISTRY.values():
         for route in (ROUTES[spec.event_type], *ALTERNATE_ROUTES.get(spec.event_type, ())):
+            # dramatiq.actor(fn, **options) is dramatiq.actor(**options)(fn); only the latter is in its type hints
             declared[route.actor] = dramatiq.actor(
-                _bind(spec.handler, ctx, route.actor),
                 broker=broker,
                 actor_name=route.actor,
                 queue_name=route.queue.value,
                 priority=route.priority,
                 **spec.options,
-            )
+            )(_bind(spec.handler, ctx, route.actor))
     return declared
 
 
