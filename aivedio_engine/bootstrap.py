@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from aivedio_engine.storage.base import ObjectStore
 
 
-class shared_property(cached_property):  # type: ignore[type-arg]  # noqa: N801 - a decorator
+class shared_property(cached_property):  # noqa: N801 - a decorator
     """`cached_property` that builds once even when threads race for it (Python 3.12 dropped its lock):
     two provider registries or engines would each hold half of the process's state."""
 

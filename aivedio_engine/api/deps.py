@@ -12,7 +12,7 @@ from aivedio_engine.services.tenants import Principal
 
 
 def get_ctx(request: Request) -> AppContext:
-    return request.app.state.ctx  # type: ignore[no-any-return]
+    return request.app.state.ctx
 
 
 def get_principal(request: Request) -> Principal:
