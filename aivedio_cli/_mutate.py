@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -30,7 +30,7 @@ PLAN_OUT = typer.Option(None, "--plan-out", help="Save exactly the previewed set
 PLAN = typer.Option(None, "--plan", help="Apply exactly the set saved by --plan-out, ignoring filters.")
 
 
-def operation(command: str, reason: Optional[str], dry_run: bool, **args: Any) -> Operation:
+def operation(command: str, reason: str | None, dry_run: bool, **args: Any) -> Operation:
     op = Operation(command=command, reason=reason, dry_run=dry_run, args=args)
     if not dry_run and not (reason or "").strip():
         fail(f"{command}: --reason is required (it is stored in the audit log)", ExitCode.USAGE)

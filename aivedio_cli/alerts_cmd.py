@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from aivedio_cli._mutate import DRY_RUN, REASON, YES, confirm, operation
-from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id
+from aivedio_cli._render import ExitCode, emit_json, out, parse_id
 from aivedio_cli._services import service_context
 from aivedio_engine.services.alert_ops import LIST_STATUSES, NOT_FOUND, AlertChange, AlertOps
 
@@ -21,8 +19,8 @@ JSON = typer.Option(False, "--json", help="Print JSON.")
 def list_alerts(
     ctx: typer.Context,
     status: str = typer.Option("unresolved", "--status", help=f"One of: {', '.join(LIST_STATUSES)}."),
-    rule: Optional[str] = typer.Option(None, "--rule", help="Only this rule, e.g. submit_unknown_parked."),
-    severity: Optional[str] = typer.Option(None, "--severity", help="info, warning or critical."),
+    rule: str | None = typer.Option(None, "--rule", help="Only this rule, e.g. submit_unknown_parked."),
+    severity: str | None = typer.Option(None, "--severity", help="info, warning or critical."),
     limit: int = typer.Option(100, "--limit", min=1, max=10_000),
     as_json: bool = JSON,
 ) -> None:
@@ -45,20 +43,20 @@ def list_alerts(
 
 
 @app.command("ack")
-def acknowledge(ctx: typer.Context, ids: list[str] = IDS, reason: Optional[str] = REASON, yes: bool = YES,
+def acknowledge(ctx: typer.Context, ids: list[str] = IDS, reason: str | None = REASON, yes: bool = YES,
                 dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
     """Acknowledge: someone is on it. The alert stays unresolved; repeats of its condition do not re-open it."""
     _change(ctx, "ack", ids, reason, yes, dry_run, as_json)
 
 
 @app.command("resolve")
-def resolve(ctx: typer.Context, ids: list[str] = IDS, reason: Optional[str] = REASON, yes: bool = YES,
+def resolve(ctx: typer.Context, ids: list[str] = IDS, reason: str | None = REASON, yes: bool = YES,
             dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
     """Resolve: the condition is handled. If it still holds, the engine raises a new alert."""
     _change(ctx, "resolve", ids, reason, yes, dry_run, as_json)
 
 
-def _change(ctx: typer.Context, verb: str, ids: list[str], reason: Optional[str], yes: bool, dry_run: bool,
+def _change(ctx: typer.Context, verb: str, ids: list[str], reason: str | None, yes: bool, dry_run: bool,
             as_json: bool) -> None:
     alert_ids = [parse_id(i, "valid alert") for i in ids]
     op = operation(f"alerts {verb}", reason, dry_run, ids=[str(i) for i in alert_ids])

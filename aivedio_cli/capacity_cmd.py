@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.table import Table
 
@@ -13,11 +11,11 @@ from aivedio_engine.domain.capacity import (
     UNITS,
     CapacityInputError,
     CapacityInputs,
-    estimate as estimate_capacity,
     explain,
     fmt,
     overload_warning,
 )
+from aivedio_engine.domain.capacity import estimate as estimate_capacity
 from aivedio_engine.domain.capacity_live import LiveReport, Saturation, fmt_duration, parse_window, pressure_warnings
 from aivedio_engine.services.capacity_live import CapacityLiveService
 
@@ -31,7 +29,7 @@ def estimate(
     target_utilization: float = typer.Option(
         0.75, "--target-utilization", help="ρ: target utilization of provider slots, in (0, 1]."
     ),
-    provider_slots: Optional[int] = typer.Option(
+    provider_slots: int | None = typer.Option(
         None, "--provider-slots", help="C: total provider concurrency. Without it, throughput and growth are unknown."
     ),
     success_rate: float = typer.Option(0.9, "--success-rate", help="Share of tasks that produce an output, 0..1."),

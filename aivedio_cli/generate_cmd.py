@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -71,16 +71,16 @@ def generate(
     prompt: str = typer.Argument(..., help="What the video should show."),
     image: list[Path] = typer.Option([], "--image", help="Reference image (PNG/JPEG/WebP); repeatable."),
     video: list[Path] = typer.Option([], "--video", help="Reference video (MP4/WebM); repeatable."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model (default: the first one offered)."),
-    provider: Optional[str] = typer.Option(None, "--provider", help="Provider (default: the model's default)."),
-    duration: Optional[int] = typer.Option(None, "--duration", min=1, help="Length in seconds."),
-    resolution: Optional[str] = typer.Option(None, "--resolution", help="e.g. 720p."),
+    model: str | None = typer.Option(None, "--model", help="Model (default: the first one offered)."),
+    provider: str | None = typer.Option(None, "--provider", help="Provider (default: the model's default)."),
+    duration: int | None = typer.Option(None, "--duration", min=1, help="Length in seconds."),
+    resolution: str | None = typer.Option(None, "--resolution", help="e.g. 720p."),
     wait: bool = typer.Option(False, "--wait", help="Follow the task to its end and print the outputs."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
-    key: Optional[str] = typer.Option(None, "--idempotency-key", help="Resubmitting with the same key is a no-op."),
+    key: str | None = typer.Option(None, "--idempotency-key", help="Resubmitting with the same key is a no-op."),
     timeout: float = typer.Option(900, "--timeout", min=1, help="Seconds --wait waits before giving up."),
-    api_url: Optional[str] = _API_URL,
-    api_key: Optional[str] = _API_KEY,
+    api_url: str | None = _API_URL,
+    api_key: str | None = _API_KEY,
 ) -> None:
     """Generate one video. Exit code 0 only when the task SUCCEEDED (or, without --wait, was accepted)."""
     from aivedio_engine.client import ClientError
@@ -141,11 +141,11 @@ def batch_run(
     ctx: typer.Context,
     file: Path = typer.Argument(..., help="JSONL: one {\"prompt\": ..., \"images\": [...], ...} per line."),
     concurrency: int = typer.Option(4, "--concurrency", min=1, max=256, help="Generations in flight at once."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write one JSON result per line here."),
+    out: Path | None = typer.Option(None, "--out", help="Write one JSON result per line here."),
     timeout: float = typer.Option(1800, "--timeout", min=1, help="Seconds to wait for each generation."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-    api_url: Optional[str] = _API_URL,
-    api_key: Optional[str] = _API_KEY,
+    api_url: str | None = _API_URL,
+    api_key: str | None = _API_KEY,
 ) -> None:
     """Run every line of FILE; a re-run resumes (same idempotency key per line). Exit 3 if some failed."""
     from aivedio_engine.client import ClientError

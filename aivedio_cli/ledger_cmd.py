@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -27,7 +27,7 @@ TENANT = typer.Option(..., "--tenant", help="Tenant id or name.")
 JSON = typer.Option(False, "--json", help="JSON on stdout.")
 
 
-def _uuid(value: Optional[str], what: str) -> Optional[uuid.UUID]:
+def _uuid(value: str | None, what: str) -> uuid.UUID | None:
     return None if value is None else parse_id(value, what)
 
 
@@ -96,8 +96,8 @@ def balance(ctx: typer.Context, tenant: str = TENANT, as_json: bool = JSON) -> N
 @app.command("entries")
 def entries(
     ctx: typer.Context,
-    tenant: Optional[str] = typer.Option(None, "--tenant", help="Tenant id or name."),
-    task: Optional[str] = typer.Option(None, "--task", help="Only entries of this task."),
+    tenant: str | None = typer.Option(None, "--tenant", help="Tenant id or name."),
+    task: str | None = typer.Option(None, "--task", help="Only entries of this task."),
     limit: int = typer.Option(50, "--limit", min=1, max=10_000, help="At most N entries, newest first."),
     as_json: bool = JSON,
 ) -> None:
@@ -122,8 +122,8 @@ def adjust(
     business_key: str = typer.Option(
         ..., "--business-key",
         help="Your reference for this correction (e.g. a ticket id). Booking the same key again is a no-op."),
-    task: Optional[str] = typer.Option(None, "--task", help="The task this correction is about."),
-    dry_run: bool = DRY_RUN, yes: bool = YES, reason: Optional[str] = REASON, as_json: bool = JSON,
+    task: str | None = typer.Option(None, "--task", help="The task this correction is about."),
+    dry_run: bool = DRY_RUN, yes: bool = YES, reason: str | None = REASON, as_json: bool = JSON,
 ) -> None:
     """Book one append-only ADJUSTMENT. A negative one that would take the balance below zero is refused (exit 4)."""
     try:
@@ -172,9 +172,9 @@ def _show_adjust(r: AdjustResult, preview: bool) -> None:
 def reconcile(
     ctx: typer.Context,
     invoice: Path = typer.Option(..., "--invoice", help="The provider's invoice as CSV (columns below)."),
-    provider: Optional[str] = typer.Option(None, "--provider", help="Only lines of this provider."),
+    provider: str | None = typer.Option(None, "--provider", help="Only lines of this provider."),
     apply: bool = typer.Option(False, "--apply", help="Book an ADJUSTMENT (0 credits) per duplicate and orphan."),
-    dry_run: bool = DRY_RUN, yes: bool = YES, reason: Optional[str] = REASON, as_json: bool = JSON,
+    dry_run: bool = DRY_RUN, yes: bool = YES, reason: str | None = REASON, as_json: bool = JSON,
 ) -> None:
     """Check a provider invoice against our attempts: duplicates, orphans, missing charges.
 
@@ -275,7 +275,8 @@ def _show_report(report: ReconcileReport) -> None:
     if findings:
         table = _table("line", "kind", "job_id", "amount", "task_id", "booking", "note")
         for f in findings:
-            table.add_row(str(f.line.line_no), f.kind, f.line.job_id, f"{_money(f.line.amount)} {f.line.currency or ''}",
+            table.add_row(str(f.line.line_no), f.kind, f.line.job_id,
+                          f"{_money(f.line.amount)} {f.line.currency or ''}",
                           str(f.attempt.task_id) if f.attempt else "-", f.booking or "", f.note)
         console.print(table)
     console.print(f"duplicates: {len(report.of('duplicate_line', 'duplicate_job'))}, orphans: "

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
-from aivedio_cli import capacity_cmd, config_cmd, db_cmd, serve_cmd, states_cmd, tenants_cmd
-from aivedio_cli import generate_cmd, sim_cmd
-from aivedio_cli import ledger_cmd, replay_cmd
-from aivedio_cli import alerts_cmd, audit_cmd, review_cmd
-from aivedio_cli import reconcile_cmd, tasks_cmd
-from aivedio_cli import tui_cmd
-from aivedio_cli import storage_cmd
+from aivedio_cli import (
+    alerts_cmd,
+    audit_cmd,
+    capacity_cmd,
+    config_cmd,
+    db_cmd,
+    generate_cmd,
+    ledger_cmd,
+    reconcile_cmd,
+    replay_cmd,
+    review_cmd,
+    serve_cmd,
+    sim_cmd,
+    states_cmd,
+    storage_cmd,
+    tasks_cmd,
+    tenants_cmd,
+    tui_cmd,
+)
 from aivedio_cli._context import CliState
 from aivedio_engine import __version__
 
@@ -52,7 +62,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def main(
     ctx: typer.Context,
-    config: Optional[str] = typer.Option(
+    config: str | None = typer.Option(
         None, "--config", "-c", metavar="PATH", help="TOML config file (default: $AIVEDIO_CONFIG, else ./aivedio.toml)."
     ),
     set_items: list[str] = typer.Option(

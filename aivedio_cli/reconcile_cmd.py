@@ -10,7 +10,7 @@ import sys
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -29,16 +29,16 @@ SAMPLE = 10
 
 def reconcile(
     ctx: typer.Context,
-    task: Optional[str] = typer.Option(None, "--task", metavar="ID", help="Only this task."),
-    provider: Optional[str] = typer.Option(None, "--provider", help="Only ambiguous submits to this provider."),
-    older_than: Optional[str] = typer.Option(
+    task: str | None = typer.Option(None, "--task", metavar="ID", help="Only this task."),
+    provider: str | None = typer.Option(None, "--provider", help="Only ambiguous submits to this provider."),
+    older_than: str | None = typer.Option(
         None, "--older-than", metavar="D", help="Only submits sent at least D ago (10m, 2h, 1d)."),
     limit: int = typer.Option(100, "--limit", min=1, max=10_000, help="At most this many tasks, oldest send first."),
     dry_run: bool = DRY_RUN,
     yes: bool = YES,
-    reason: Optional[str] = REASON,
-    plan_out: Optional[Path] = PLAN_OUT,
-    plan: Optional[Path] = PLAN,
+    reason: str | None = REASON,
+    plan_out: Path | None = PLAN_OUT,
+    plan: Path | None = PLAN,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output (the stable contract)."),
 ) -> None:
     """Resolve SUBMIT_UNKNOWN tasks now: look each one up at its provider.
@@ -83,7 +83,7 @@ def _plan_ids(path: Path) -> list[uuid.UUID]:
     return [parse_id(i, "task (in the plan)") for i in read_plan(path, COMMAND)]
 
 
-def _render_preview(found: list[Candidate], as_json: bool, plan_out: Optional[Path]) -> None:
+def _render_preview(found: list[Candidate], as_json: bool, plan_out: Path | None) -> None:
     if as_json:
         emit_json({"schema": SCHEMA, "dry_run": True, "count": len(found), "tasks": jsonable(found),
                    "plan": str(plan_out) if plan_out else None})
@@ -97,7 +97,7 @@ def _render_preview(found: list[Candidate], as_json: bool, plan_out: Optional[Pa
                   + (f"; plan saved to {plan_out}" if plan_out else ""), highlight=False)
 
 
-def _preview_table(found: list[Candidate], console: Console, sample: Optional[int] = SAMPLE) -> None:
+def _preview_table(found: list[Candidate], console: Console, sample: int | None = SAMPLE) -> None:
     shown = found if sample is None else found[:sample]
     table = id_table("task_id", "provider", "status", "sent_at", "lookups", "parked")
     for c in shown:

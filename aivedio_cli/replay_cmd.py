@@ -8,7 +8,7 @@ exactly those ids (rows that no longer qualify are skipped and reported). Replay
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -38,9 +38,9 @@ JSON = typer.Option(False, "--json", help="One JSON document on stdout (schema a
 
 @app.command("dlq")
 def dlq(
-    ctx: typer.Context, actor: Optional[str] = ACTOR, error_class: Optional[str] = ERROR_CLASS,
-    since: Optional[str] = SINCE, limit: int = LIMIT, dry_run: bool = DRY_RUN, yes: bool = YES,
-    reason: Optional[str] = REASON, plan_out: Optional[Path] = PLAN_OUT, plan: Optional[Path] = PLAN,
+    ctx: typer.Context, actor: str | None = ACTOR, error_class: str | None = ERROR_CLASS,
+    since: str | None = SINCE, limit: int = LIMIT, dry_run: bool = DRY_RUN, yes: bool = YES,
+    reason: str | None = REASON, plan_out: Path | None = PLAN_OUT, plan: Path | None = PLAN,
     as_json: bool = JSON,
 ) -> None:
     """Re-publish dead letters (not yet replayed) through the outbox under their original event ids.
@@ -56,9 +56,9 @@ def dlq(
 @app.command("orphans")
 def orphans(
     ctx: typer.Context,
-    provider: Optional[str] = typer.Option(None, "--provider", help="Only events from this provider."),
-    since: Optional[str] = SINCE, limit: int = LIMIT, dry_run: bool = DRY_RUN, yes: bool = YES,
-    reason: Optional[str] = REASON, plan_out: Optional[Path] = PLAN_OUT, plan: Optional[Path] = PLAN,
+    provider: str | None = typer.Option(None, "--provider", help="Only events from this provider."),
+    since: str | None = SINCE, limit: int = LIMIT, dry_run: bool = DRY_RUN, yes: bool = YES,
+    reason: str | None = REASON, plan_out: Path | None = PLAN_OUT, plan: Path | None = PLAN,
     as_json: bool = JSON,
 ) -> None:
     """Attach orphan provider events to the attempt that owns their job id now, and hand them to the reducer.
@@ -71,9 +71,9 @@ def orphans(
 
 @app.command("outbox")
 def outbox(
-    ctx: typer.Context, actor: Optional[str] = ACTOR, error_class: Optional[str] = ERROR_CLASS,
-    since: Optional[str] = SINCE, limit: int = LIMIT, dry_run: bool = DRY_RUN, yes: bool = YES,
-    reason: Optional[str] = REASON, plan_out: Optional[Path] = PLAN_OUT, plan: Optional[Path] = PLAN,
+    ctx: typer.Context, actor: str | None = ACTOR, error_class: str | None = ERROR_CLASS,
+    since: str | None = SINCE, limit: int = LIMIT, dry_run: bool = DRY_RUN, yes: bool = YES,
+    reason: str | None = REASON, plan_out: Path | None = PLAN_OUT, plan: Path | None = PLAN,
     as_json: bool = JSON,
 ) -> None:
     """Put DEAD outbox rows (the relay could not enqueue them) back to PENDING with their attempts reset."""
@@ -86,7 +86,7 @@ _VERB = {"dlq": "replay", "orphans": "rematch", "outbox": "re-publish"}
 
 
 def _run(ctx: typer.Context, kind: str, filters: dict[str, Any], *, dry_run: bool, yes: bool,
-         reason: Optional[str], plan_out: Optional[Path], plan: Optional[Path], as_json: bool) -> None:
+         reason: str | None, plan_out: Path | None, plan: Path | None, as_json: bool) -> None:
     from aivedio_engine.services.replay import ReplayFilter, ReplayService, parse_since
 
     command = f"replay {kind}"
@@ -154,7 +154,7 @@ def _cell(column: str, value: Any) -> str:
     return str(value)
 
 
-def _show_result(result: ReplayResult, plan_out: Optional[Path]) -> None:
+def _show_result(result: ReplayResult, plan_out: Path | None) -> None:
     from aivedio_engine.services.replay import DONE_KEY
 
     console = out()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -22,7 +22,7 @@ JSON = typer.Option(False, "--json", help="Print JSON.")
 @app.command("list")
 def list_items(
     ctx: typer.Context,
-    state: Optional[str] = typer.Option(None, "--state", help=f"One of: {', '.join(LIST_STATES)}. Default: all."),
+    state: str | None = typer.Option(None, "--state", help=f"One of: {', '.join(LIST_STATES)}. Default: all."),
     as_json: bool = JSON,
 ) -> None:
     """The queue, oldest first. An expired claim shows as pending: anyone may take it over."""
@@ -51,7 +51,7 @@ def list_items(
 def claim(
     ctx: typer.Context,
     item: str = ITEM,
-    as_: Optional[str] = AS,
+    as_: str | None = AS,
     ttl: float = typer.Option(DEFAULT_TTL_S, "--ttl", help="Seconds the claim holds; after that others may take it."),
     dry_run: bool = DRY_RUN,
     as_json: bool = JSON,
@@ -73,20 +73,20 @@ def claim(
 
 
 @app.command("approve")
-def approve(ctx: typer.Context, item: str = ITEM, reason: Optional[str] = REASON, as_: Optional[str] = AS,
+def approve(ctx: typer.Context, item: str = ITEM, reason: str | None = REASON, as_: str | None = AS,
             yes: bool = YES, dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
     """Approve the held output: the task SUCCEEDS and its credits are settled."""
     _decide(ctx, "approve", item, reason, as_, yes, dry_run, as_json)
 
 
 @app.command("reject")
-def reject(ctx: typer.Context, item: str = ITEM, reason: Optional[str] = REASON, as_: Optional[str] = AS,
+def reject(ctx: typer.Context, item: str = ITEM, reason: str | None = REASON, as_: str | None = AS,
            yes: bool = YES, dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
     """Reject the held output: the task FAILS (FAILED_FINAL); the provider's cost is still settled."""
     _decide(ctx, "reject", item, reason, as_, yes, dry_run, as_json)
 
 
-def _decide(ctx: typer.Context, verb: str, item: str, reason: Optional[str], as_: Optional[str], yes: bool,
+def _decide(ctx: typer.Context, verb: str, item: str, reason: str | None, as_: str | None, yes: bool,
             dry_run: bool, as_json: bool) -> None:
     ref = parse_id(item, "review item or task")
     reviewer = as_ or current_operator()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -17,8 +17,9 @@ from aivedio_cli._render import ExitCode, fail
 from aivedio_engine.config import Settings
 
 if TYPE_CHECKING:
-    from aivedio_engine.bootstrap import AppContext
     from sqlalchemy import Engine
+
+    from aivedio_engine.bootstrap import AppContext
 
 
 def serve(
@@ -27,8 +28,8 @@ def serve(
         "all", "--role", metavar="ROLES",
         help="Comma list of api, relay, worker, scheduler, sweeper, or all (one process runs everything).",
     ),
-    host: Optional[str] = typer.Option(None, "--host", help="API listen address (default: api.host)."),
-    port: Optional[int] = typer.Option(None, "--port", help="API listen port (default: api.port)."),
+    host: str | None = typer.Option(None, "--host", help="API listen address (default: api.host)."),
+    port: int | None = typer.Option(None, "--port", help="API listen port (default: api.port)."),
 ) -> None:
     """Run aivedio's process roles until SIGTERM or Ctrl-C, then shut down cleanly."""
     from aivedio_engine.bootstrap import build_context

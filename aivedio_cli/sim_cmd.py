@@ -6,8 +6,6 @@ The HTTP stack loads only when the command runs.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from aivedio_cli._render import ExitCode, fail
@@ -21,7 +19,7 @@ def sim_provider(
         "", "--faults", metavar="SPEC",
         help="Seeded faults, e.g. 'ambiguous=0.2,5xx=0.1,429=0.05,latency=50ms..200ms,dup_cb=0.3,url_expire=1s'.",
     ),
-    webhook_url: Optional[str] = typer.Option(
+    webhook_url: str | None = typer.Option(
         None, "--webhook-url", help="Send signed status callbacks here (a job's own callback_url wins)."),
     webhook_secret: list[str] = typer.Option(
         [], "--webhook-secret", metavar="whsec_...",
@@ -31,7 +29,7 @@ def sim_provider(
     listing: bool = typer.Option(
         False, "--list", help="Serve GET /v1/jobs?created_after=&created_before= (list-and-match reconciliation)."),
     job_seconds: float = typer.Option(2.0, "--job-seconds", min=0.01, help="Time from submit to success."),
-    max_concurrency: Optional[int] = typer.Option(
+    max_concurrency: int | None = typer.Option(
         None, "--max-concurrency", min=1, help="Jobs running at once; the rest wait THROTTLED."),
     output_url_ttl: float = typer.Option(3600.0, "--output-url-ttl", min=1, help="Output URL lifetime, seconds."),
 ) -> None:

@@ -24,7 +24,7 @@ class Format(StrEnum):
     DOT = "dot"
 
 
-MACHINES: dict[MachineName, Machine] = {MachineName.TASK: TASK_MACHINE, MachineName.ATTEMPT: ATTEMPT_MACHINE}  # type: ignore[type-arg]
+MACHINES: dict[MachineName, Machine] = {MachineName.TASK: TASK_MACHINE, MachineName.ATTEMPT: ATTEMPT_MACHINE}
 
 
 def states(
@@ -50,14 +50,14 @@ def states(
         out().print(table)
 
 
-def to_mermaid(m: Machine) -> str:  # type: ignore[type-arg]
+def to_mermaid(m: Machine) -> str:
     lines = ["stateDiagram-v2", f"    [*] --> {m.initial.value}"]
     lines += [f"    {e.source.value} --> {e.target.value}: {e.event.value}" for e in m.edges()]
     lines += [f"    {s.value} --> [*]" for s in m.states if s in m.terminal]
     return "\n".join(lines)
 
 
-def to_dot(m: Machine) -> str:  # type: ignore[type-arg]
+def to_dot(m: Machine) -> str:
     lines = [f'digraph "{m.name}" {{', "    rankdir=LR;", "    node [shape=box, style=rounded];"]
     lines += [f'    "{s.value}" [peripheries=2];' for s in m.states if s in m.terminal]
     lines += [f'    "{e.source.value}" -> "{e.target.value}" [label="{e.event.value}"];' for e in m.edges()]

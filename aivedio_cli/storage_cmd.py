@@ -10,7 +10,7 @@ recorded too).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -26,7 +26,7 @@ app = typer.Typer(help="The object store: orphan objects.", no_args_is_help=True
 @app.command("scan")
 def scan(
     ctx: typer.Context,
-    grace: Optional[str] = typer.Option(
+    grace: str | None = typer.Option(
         None, "--grace", metavar="D", help="Objects younger than this are never orphans, since their row may not "
                                            "be committed yet (default: sweeper.storage_scan_grace_s; e.g. 30m, 1h)."),
     limit: int = typer.Option(50, "--limit", min=0, help="Orphan keys printed in the table (--json prints all "

@@ -9,7 +9,7 @@ import json
 import sys
 import time
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -29,7 +29,7 @@ PIPED_WIDTH = 250
 JSON = typer.Option(False, "--json", help="Machine-readable output (the stable contract).")
 
 
-def duration_opt(value: Optional[str], name: str) -> Optional[timedelta]:
+def duration_opt(value: str | None, name: str) -> timedelta | None:
     if value is None:
         return None
     try:
@@ -64,10 +64,10 @@ def ops(app_ctx: AppContext) -> TaskOps:
 @app.command("list")
 def list_tasks(
     ctx: typer.Context,
-    status: Optional[str] = typer.Option(None, "--status", help="Only tasks in this status, e.g. SUBMIT_UNKNOWN."),
-    tenant: Optional[str] = typer.Option(None, "--tenant", help="Tenant id or name."),
-    provider: Optional[str] = typer.Option(None, "--provider", help="Only tasks sent to this provider."),
-    older_than: Optional[str] = typer.Option(
+    status: str | None = typer.Option(None, "--status", help="Only tasks in this status, e.g. SUBMIT_UNKNOWN."),
+    tenant: str | None = typer.Option(None, "--tenant", help="Tenant id or name."),
+    provider: str | None = typer.Option(None, "--provider", help="Only tasks sent to this provider."),
+    older_than: str | None = typer.Option(
         None, "--older-than", metavar="D",
         help="Only tasks not updated for at least D (10m, 2h, 1d): compares updated_at, so it finds stuck tasks."),
     limit: int = typer.Option(50, "--limit", min=1, max=10_000, help="At most this many, most recently updated first."),
@@ -145,8 +145,8 @@ def _summary(i: dict[str, Any]) -> str:
 @app.command("tail")
 def tail(
     ctx: typer.Context,
-    status: Optional[str] = typer.Option(None, "--status", help="Only events that move a task into this status."),
-    after: Optional[str] = typer.Option(
+    status: str | None = typer.Option(None, "--status", help="Only events that move a task into this status."),
+    after: str | None = typer.Option(
         None, "--after", metavar="CURSOR", help="Start after this cursor (printed with each event), not at the end."),
     last: int = typer.Option(10, "--last", min=0, help="Without --after: start with the newest N events."),
     interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between database polls."),
@@ -183,7 +183,7 @@ def _print_event(e: dict[str, Any], as_json: bool) -> None:
 def cancel(
     ctx: typer.Context,
     task_id: str = typer.Argument(..., help="Task id (any tenant)."),
-    reason: Optional[str] = REASON,
+    reason: str | None = REASON,
     yes: bool = YES,
     dry_run: bool = DRY_RUN,
     as_json: bool = JSON,

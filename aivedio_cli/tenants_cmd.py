@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -24,13 +23,14 @@ keys_app = typer.Typer(help="API keys: create (shown once) and revoke.", no_args
 def create_tenant(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Unique tenant name."),
-    credits: Optional[str] = typer.Option(None, "--credits", help="Initial credits (default: limits.tenant_default_credits)."),
-    max_upload_bytes: Optional[int] = typer.Option(
+    credits: str | None = typer.Option(
+        None, "--credits", help="Initial credits (default: limits.tenant_default_credits)."),
+    max_upload_bytes: int | None = typer.Option(
         None, "--max-upload-bytes", min=1, help="This tenant's upload size cap (default: api.max_upload_bytes)."),
     as_json: bool = typer.Option(False, "--json"),
     dry_run: bool = DRY_RUN,
     yes: bool = YES,
-    reason: Optional[str] = REASON_OPTIONAL,
+    reason: str | None = REASON_OPTIONAL,
 ) -> None:
     """Create a tenant with an initial credit grant (booked as a ledger ADJUSTMENT). Audited."""
     amount = None
@@ -71,11 +71,11 @@ def list_tenants(ctx: typer.Context, as_json: bool = typer.Option(False, "--json
 def create_key(
     ctx: typer.Context,
     tenant: str = typer.Option(..., "--tenant", help="Tenant id."),
-    name: Optional[str] = typer.Option(None, "--name", help="A label for the key."),
+    name: str | None = typer.Option(None, "--name", help="A label for the key."),
     as_json: bool = typer.Option(False, "--json"),
     dry_run: bool = DRY_RUN,
     yes: bool = YES,
-    reason: Optional[str] = REASON_OPTIONAL,
+    reason: str | None = REASON_OPTIONAL,
 ) -> None:
     """Create an API key. It is printed once; only its hash is stored. Audited (never the key)."""
     op = Operation("keys create", reason, dry_run=dry_run, args={"tenant": tenant, "name": name})
@@ -100,7 +100,7 @@ def revoke_key(
     as_json: bool = typer.Option(False, "--json"),
     dry_run: bool = DRY_RUN,
     yes: bool = YES,
-    reason: Optional[str] = typer.Option(None, "--reason", help="Why (required unless --dry-run; audited)."),
+    reason: str | None = typer.Option(None, "--reason", help="Why (required unless --dry-run; audited)."),
 ) -> None:
     """Revoke a key: requests with it get 401 from now on."""
     op = operation("keys revoke", reason, dry_run, key_id=key_id)

@@ -31,7 +31,7 @@ def tui(
         fail("aivedio tui needs an interactive terminal (use the other commands, e.g. `tasks list --json`, "
              "in scripts)", ExitCode.USAGE)
     try:
-        import tui.app as launcher  # noqa: PLC0415 - lazy on purpose: only this command loads Textual
+        import tui.app as launcher  # lazy on purpose: only this command loads Textual
     except ImportError as exc:  # textual is a dependency, but a trimmed install may lack it
         fail(f"the dashboard is unavailable: {exc}")
     with service_context(ctx) as app_ctx:

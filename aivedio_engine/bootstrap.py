@@ -21,12 +21,11 @@ if TYPE_CHECKING:
 
     from aivedio_engine.domain.requests import Catalog
     from aivedio_engine.notify import Notifier
-    from aivedio_engine.services.assets import AssetService
-    from aivedio_engine.services.generations import GenerationService
-    from aivedio_engine.services.tenants import TenantService
     from aivedio_engine.providers.registry import ProviderRegistry
+    from aivedio_engine.services.assets import AssetService
     from aivedio_engine.services.callbacks import CallbackService
     from aivedio_engine.services.dispatch import Dispatcher
+    from aivedio_engine.services.generations import GenerationService
     from aivedio_engine.services.media import MediaService
     from aivedio_engine.services.output_fetch import OutputFetchService
     from aivedio_engine.services.outputs import OutputService
@@ -34,11 +33,12 @@ if TYPE_CHECKING:
     from aivedio_engine.services.submit import SubmitService
     from aivedio_engine.services.sweeper import Sweeper
     from aivedio_engine.services.sync import ProviderSync
+    from aivedio_engine.services.tenants import TenantService
     from aivedio_engine.slots.base import SlotStore
     from aivedio_engine.storage.base import ObjectStore
 
 
-class shared_property(cached_property):  # type: ignore[type-arg]  # noqa: N801 - a decorator
+class shared_property(cached_property):  # noqa: N801 - a decorator
     """`cached_property` that builds once even when threads race for it (Python 3.12 dropped its lock):
     two provider registries or engines would each hold half of the process's state."""
 
@@ -120,9 +120,8 @@ class AppContext:
 
     @shared_property
     def submitter(self) -> SubmitService:
-        from aivedio_engine.services.submit import SubmitService
-
         from aivedio_engine.services.references import ReferenceResolver
+        from aivedio_engine.services.submit import SubmitService
 
         references = ReferenceResolver(self.storage, self.settings.storage.reference_url_ttl_s,
                                        Path(self.settings.data_dir) / "reference-cache")
@@ -183,7 +182,6 @@ class AppContext:
     @shared_property
     def outputs(self) -> OutputService:
         from aivedio_engine.services.outputs import OutputService
-
         from aivedio_engine.storage.fs import load_signing_key
         from aivedio_engine.storage.signing import UrlSigner
 

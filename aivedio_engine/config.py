@@ -193,7 +193,7 @@ class RetrySettings(_Section):
     def _fill_from_defaults(cls, value: Any, info: ValidationInfo) -> Any:
         """A partial `[retry.<step>]` table keeps the step's defaults for the keys it does not set."""
         if isinstance(value, dict):
-            return {**DEFAULT_BUDGETS[Step(info.field_name)].as_dict(), **value}
+            return {**DEFAULT_BUDGETS[Step(str(info.field_name))].as_dict(), **value}
         return value
 
     def budget(self, step: Step) -> RetryBudget:

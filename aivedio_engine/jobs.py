@@ -86,8 +86,10 @@ def parse_batch(path: Path) -> list[JobSpec]:
             continue
         try:
             doc = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise ClientError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        except ValueError as exc:  # e.g. an integer longer than Python's int-conversion digit limit
+            raise ClientError(f"{path}:{number}: not JSON ({exc})") from None
         specs.append(_spec(doc, path, number, line))
     if not specs:
         raise ClientError(f"{path}: no generations in the file")

@@ -272,7 +272,7 @@ class Api:
             if self.proc.poll() is not None:
                 raise BenchError(f"the API server exited ({self.proc.returncode}):\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp:  # noqa: S310 - loopback
                     ok = ok + 1 if resp.status == 200 else 0
             except OSError:
                 ok = 0
@@ -895,7 +895,7 @@ def summary_doc(reps: dict[str, list[Repetition]], rep_docs: list[dict[str, Any]
     out: dict[str, Any] = {}
     for t in tenant_sets:
         mins, owns = reps.get(f"minimal_t{t}", []), reps.get(f"own_t{t}", [])
-        pairs = list(zip(mins, owns))
+        pairs = list(zip(mins, owns, strict=False))
         d = {
             "tenants": t, "total": len(mins), "kept_minimal": len(common.kept(mins)),
             "kept_own": len(common.kept(owns)),
@@ -909,18 +909,20 @@ def summary_doc(reps: dict[str, list[Repetition]], rep_docs: list[dict[str, Any]
         }
         sysps = [r["api"][f"t{t}"]["c16"] for r in rep_docs]
         keep = [m.kept or o.kept for m, o in pairs]
-        d["api_p50_ms_c16"] = sp([s["latency_us"]["p50"] / 1000 for s, k in zip(sysps, keep) if k])
-        d["api_p99_ms_c16"] = sp([s["latency_us"]["p99"] / 1000 for s, k in zip(sysps, keep) if k])
+        d["api_p50_ms_c16"] = sp([s["latency_us"]["p50"] / 1000 for s, k in zip(sysps, keep, strict=False) if k])
+        d["api_p99_ms_c16"] = sp([s["latency_us"]["p99"] / 1000 for s, k in zip(sysps, keep, strict=False) if k])
         if t == 1:
             c1s = [r["c1"] for r in rep_docs if r.get("c1")]
             km = [m.kept for m in mins]
             ko = [o.kept for o in owns]
-            d["api_p50_ms_c1"] = sp([c["minimal"]["api_p50_ms"] for c, k in zip(c1s, keep) if k])
+            d["api_p50_ms_c1"] = sp([c["minimal"]["api_p50_ms"] for c, k in zip(c1s, keep, strict=False) if k])
             d["minimal_latency_ms_c1_mean"] = sp([c["minimal"]["pgbench_latency_ms_mean"]
-                                                  for c, k in zip(c1s, km) if k])
-            d["own_latency_ms_c1_mean"] = sp([c["own_t1"]["pgbench_latency_ms_mean"] for c, k in zip(c1s, ko) if k])
-            d["c1_overhead_vs_minimal_ms"] = sp([c["minimal"]["overhead_ms"] for c, k in zip(c1s, km) if k])
-            d["c1_overhead_vs_own_ms"] = sp([c["own_t1"]["overhead_ms"] for c, k in zip(c1s, ko) if k])
+                                                  for c, k in zip(c1s, km, strict=False) if k])
+            d["own_latency_ms_c1_mean"] = sp([c["own_t1"]["pgbench_latency_ms_mean"]
+                                              for c, k in zip(c1s, ko, strict=False) if k])
+            d["c1_overhead_vs_minimal_ms"] = sp([c["minimal"]["overhead_ms"]
+                                                 for c, k in zip(c1s, km, strict=False) if k])
+            d["c1_overhead_vs_own_ms"] = sp([c["own_t1"]["overhead_ms"] for c, k in zip(c1s, ko, strict=False) if k])
         out[f"tenants_{t}"] = d
     one = out.get("tenants_1", {})
     return {"summary": {"headline": "tenants_1", "ratio": one.get("ratio_vs_minimal"),

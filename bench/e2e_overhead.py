@@ -15,9 +15,9 @@ Per task the client POSTs /v1/generations (unique Idempotency-Key) on an open-lo
 GET /v1/generations/{id}/events (SSE; `--observe get` polls GET every `--get-interval-ms` instead) until the
 terminal status, then confirms it with one GET (status and playable outputs, for the gate). The path between:
 
-    202 → relay → intake (NOTIFY wakes the dispatcher; 0.5 s fallback tick) → dispatch → outbox → relay (LISTEN/NOTIFY) → Redis
-    → submit actor → POST /v1/jobs to the sim → [sim job: job_seconds] → webhook POST to the API → outbox → relay
-    → reducer → fetch.requested → relay → fetch actor: GET output from the sim, S3 PUT → media.process.requested
+    202 → relay → intake (NOTIFY wakes the dispatcher; 0.5 s fallback tick) → dispatch → outbox → relay (LISTEN/NOTIFY)
+    → Redis → submit actor → POST /v1/jobs to the sim → [sim job: job_seconds] → webhook POST to the API → outbox
+    → relay → reducer → fetch.requested → relay → fetch actor: GET output from the sim, S3 PUT → media.process.requested
     → relay → media actor: S3 GET, ffprobe + ffmpeg (proxy MP4, HLS, thumbnail), S3 PUTs → SUCCEEDED
     (→ task.status.changed → relay → notify actor → Redis PUBLISH → the API's SSE stream re-reads and sends)
 
@@ -322,7 +322,7 @@ def parse_redis_csv(text: str) -> dict[str, float]:
     head = [h.strip('"') for h in rows[0].split('","')]
     vals = [v.strip('"') for v in re.findall(r'"((?:[^"]|"")*)"', rows[1])]
     out: dict[str, float] = {}
-    for h, v in zip(head, vals):
+    for h, v in zip(head, vals, strict=False):
         if h != "test":
             try:
                 out[h] = float(v)
@@ -958,7 +958,7 @@ def analyse_point(system: System, label: str, rate: float, runs: list[TaskRun], 
     sent = [r for r in runs if math.isfinite(r.t_send)]
     send_span = (max(r.t_send for r in sent) - min(r.t_send for r in sent)) if len(sent) > 1 else 0.0
     completed = completion_rate([r.t_terminal for r in ok])
-    ok_trend, trend = sustained([(r.scheduled, m["overhead_ms"]) for r, m in zip(ok, per_task)], len(runs),
+    ok_trend, trend = sustained([(r.scheduled, m["overhead_ms"]) for r, m in zip(ok, per_task, strict=True)], len(runs),
                                 offered=rate, completed=completed)
     stopped = info.get("stopped_at_backlog")
     if stopped:
@@ -1200,8 +1200,8 @@ def run(args: argparse.Namespace) -> int:
         derived = gate["derived_objects_per_task"]
         derived_files = round(derived) if math.isfinite(derived) and derived > 0 else EXPECTED_DERIVED_FILES
         summary, rep_objs = summarize_run(reps, derived_files, args.job_seconds)
-        doc.update(summary=summary, repetitions=[_rep_doc(r, o) for r, o in zip(reps, rep_objs)], gate=gate,
-                   derived_files_used=derived_files,
+        doc.update(summary=summary, repetitions=[_rep_doc(r, o) for r, o in zip(reps, rep_objs, strict=True)],
+                   gate=gate, derived_files_used=derived_files,
                    other_points=[_point_doc(p) for p in points if not p["label"].startswith("rep")],
                    pipeline=[s.__dict__ for s in pipeline(derived_files)])
         if not gate["ok"]:
@@ -1260,7 +1260,7 @@ def summarize_run(reps: list[dict[str, Any]], derived_files: int, job_s: float) 
         obj = Repetition(r["index"], ba["count"], r["load"]["summary"]["overhead_ms"]["p50"], bb["count"],
                          raw={"baselines": r["baselines"]})
         rep_objs.append(obj)
-    kept = [(r, o) for r, o in zip(reps, rep_objs) if o.kept]
+    kept = [(r, o) for r, o in zip(reps, rep_objs, strict=True) if o.kept]
     kept_anchor = [r for r in reps if common.baselines_agree(r["baselines"]["a"]["anchor"],
                                                              r["baselines"]["b"]["anchor"])]
     kept_ex = [r for r in reps if common.baselines_agree(r["baselines"]["a"]["count_ex_media"],
@@ -1475,8 +1475,8 @@ def render(doc: dict[str, Any]) -> str:
         rate_ = r["load"]["offered_rate"]
 
         def cell(name: str) -> str:
-            v = cpu.get(f"{name}_cores")
-            return "—" if v is None else f"{v:.2f} ({v * 1000 / rate_:.0f})"
+            v = cpu.get(f"{name}_cores")  # noqa: B023 - called within this iteration
+            return "—" if v is None else f"{v:.2f} ({v * 1000 / rate_:.0f})"  # noqa: B023 - called within this iteration
         crows.append([r["load"]["label"], f"{100 * cpu.get('box_busy_fraction', math.nan):.0f} %", cell("api"),
                       cell("worker"), cell("media_children"), cell("postgres"), cell("pg_shared"), cell("redis"),
                       cell("sim"), cell("moto"), cell("client"), cell("other")])

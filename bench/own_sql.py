@@ -418,7 +418,7 @@ class _Renderer:
         parts: list[str] = []
         lit = ""
         changed = False
-        for (ka, ta), (kb, tb) in zip(pa, pb):
+        for (ka, ta), (kb, tb) in zip(pa, pb, strict=False):
             if ka != kb:
                 return None
             if ka == "lit" or ta == tb:
@@ -555,24 +555,24 @@ def render_script(a: Operation, b: Operation, literal: Callable[[Any], str], ent
     shape: list[list[str]] = []
     statements = round_trips = 0
     tx_rts: list[int] = []
-    for k, (xa, xb) in enumerate(zip(ta, tb)):
+    for k, (xa, xb) in enumerate(zip(ta, tb, strict=False)):
         before = round_trips
         if k in optional:
             body.append(f"\\if :opt{k} <= {round(optional[k] * 1_000_000)}")
         body.append("BEGIN;")
         round_trips += 2
         labels = []
-        for s, (sa_, sb_) in enumerate(zip(xa.stmts, xb.stmts)):
+        for s, (sa_, sb_) in enumerate(zip(xa.stmts, xb.stmts, strict=False)):
             side_a, side_b = _Side(a.index, xa.began_at), _Side(b.index, xb.began_at)
             rows_a = sa_.params if sa_.many else [sa_.params]
             rows_b = sb_.params if sb_.many else [sb_.params]
             rendered = []
-            for row, (pa, pb) in enumerate(zip(rows_a, rows_b)):
+            for row, (pa, pb) in enumerate(zip(rows_a, rows_b, strict=False)):
                 la, lb = _leaves(pa), _leaves(pb)
                 if [k_ for k_, _ in la] != [k_ for k_, _ in lb]:
                     raise BenchError(f"render: tx {k} statement {s}: parameter names differ between the captures")
                 exprs = {}
-                for (name, va), (_, vb) in zip(la, lb):
+                for (name, va), (_, vb) in zip(la, lb, strict=False):
                     exprs[name] = r.value(va, vb, side_a, side_b, f"tx {k} stmt {s} row {row} {name}")
                 positional = [exprs[str(i)] for i in range(len(la))] if not isinstance(pa, dict) else []
                 rendered.append(_substitute(sa_.sql, exprs, positional).strip().rstrip(";") + ";")
@@ -793,7 +793,7 @@ def writes_per_op(before: dict[str, tuple[int, int, int]], after: dict[str, tupl
         str, list[float]]:
     out = {}
     for t, vals in after.items():
-        d = [v - w for v, w in zip(vals, before.get(t, (0, 0, 0)))]
+        d = [v - w for v, w in zip(vals, before.get(t, (0, 0, 0)), strict=False)]
         if any(d):
             out[t] = [round(x / ops, 3) for x in d]
     return out
@@ -818,5 +818,5 @@ def compare_writes(product: dict[str, list[float]], replay: dict[str, list[float
     """Same inserts, updates and deletes per table per operation? (HOT or not is not compared.)"""
     tables = sorted(set(product) | set(replay))
     rows = {t: {"product": product.get(t, [0, 0, 0]), "replay": replay.get(t, [0, 0, 0])} for t in tables}
-    ok = all(abs(a - b) < 1e-6 for t in tables for a, b in zip(rows[t]["product"], rows[t]["replay"]))
+    ok = all(abs(a - b) < 1e-6 for t in tables for a, b in zip(rows[t]["product"], rows[t]["replay"], strict=False))
     return {"ok": ok, "per_table_ins_upd_del_per_op": rows}

@@ -80,8 +80,7 @@ RUNNING, SUCCEEDED = 0, 1
 PHASE_NAME = {RUNNING: "RUNNING", SUCCEEDED: "SUCCEEDED"}
 PROMPT = ("a red fox running through fresh snow at dusk, cinematic, 35mm film, shallow depth of field, "
           "golden hour light, slow tracking shot from the side")
-PARAMS = ('{"prompt": "%s", "model": "%s", "duration_s": 5, "resolution": "1080p", "aspect_ratio": "16:9"}'
-          % (PROMPT, MODEL))
+PARAMS = f'{{"prompt": "{PROMPT}", "model": "{MODEL}", "duration_s": 5, "resolution": "1080p", "aspect_ratio": "16:9"}}'
 
 
 # ------------------------------------------------------------------------------------------------ options
@@ -262,7 +261,7 @@ class Workload:
         frac = self.dup_fraction if dup_fraction is None else dup_fraction
         items = build_stream(n_tasks, lag=self.lag, dup_fraction=frac, rng=self.rng)
         events = [(observation_envelope(t, j, RUNNING, now), observation_envelope(t, j, SUCCEEDED, now))
-                  for t, j in zip(task_ids, jobs)]
+                  for t, j in zip(task_ids, jobs, strict=True)]
         envelopes = [events[it.task][it.phase] for it in items]
         sl = Slice(name, task_ids, items, envelopes, stream_stats(items))
         self.slices.append(sl)
@@ -632,7 +631,7 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
         return original(self, *args, **kw)
 
     def by_phase(sl: Slice, phase: int) -> list[Any]:
-        return [e for it, e in zip(sl.items, sl.envelopes) if it.phase == phase and not it.dup]
+        return [e for it, e in zip(sl.items, sl.envelopes, strict=True) if it.phase == phase and not it.dup]
 
     def trace_once(label: str, calls: list[Callable[[], Any]]) -> list[list[str]]:
         """Run the calls with every connection traced; the trace lines of each connection."""
@@ -681,8 +680,8 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
         warm_pool(ctx.engine, 1)
         now = lambda: datetime.now(UTC)  # noqa: E731
         half = len(warm.task_ids) // 2
-        warm_reduce = [e for it, e in zip(warm.items, warm.envelopes) if it.task < half]
-        warm_actor = [e for it, e in zip(warm.items, warm.envelopes) if it.task >= half]
+        warm_reduce = [e for it, e in zip(warm.items, warm.envelopes, strict=True) if it.task < half]
+        warm_actor = [e for it, e in zip(warm.items, warm.envelopes, strict=True) if it.task >= half]
         if not pgconns:
             raise BenchError("round-trip count: no traced connection")
         # warm-ups are traced too, only so that statements prepared there get their SQL as a label
@@ -695,11 +694,11 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
                                                           for e in by_phase(reduce_sl, SUCCEEDED)])
         out["reduce_event re-delivery"] = traced("r-dup", [lambda e=e: reducer.reduce_event(ctx.engine, e, now())
                                                            for e in runs])
-        traced("a-warm", [lambda b=e.to_dict(): fn(b) for e in warm_actor])
+        traced("a-warm", [lambda b=e.to_dict(): fn(b) for e in warm_actor])  # noqa: B008 - serialized before the traced call
         runs = by_phase(actor_sl, RUNNING)
-        out["actor RUNNING"] = traced("a-run", [lambda b=e.to_dict(): fn(b) for e in runs])
-        out["actor SUCCEEDED"] = traced("a-succ", [lambda b=e.to_dict(): fn(b) for e in by_phase(actor_sl, SUCCEEDED)])
-        out["actor re-delivery"] = traced("a-dup", [lambda b=e.to_dict(): fn(b) for e in runs])
+        out["actor RUNNING"] = traced("a-run", [lambda b=e.to_dict(): fn(b) for e in runs])  # noqa: B008 - serialized before the traced call
+        out["actor SUCCEEDED"] = traced("a-succ", [lambda b=e.to_dict(): fn(b) for e in by_phase(actor_sl, SUCCEEDED)])  # noqa: B008 - serialized before the traced call
+        out["actor re-delivery"] = traced("a-dup", [lambda b=e.to_dict(): fn(b) for e in runs])  # noqa: B008 - serialized before the traced call
         out["connections"] = len(pgconns)
         return out
     finally:
@@ -1051,7 +1050,7 @@ def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: s
             chain: dict[str, Any] = {}
             label = f"rep {index} c={c} t={tn}"
 
-            def block(name: str) -> dict[str, Any]:
+            def block(name: str, label: str = label, c: int = c, tn: int = tn) -> dict[str, Any]:
                 _log(f"{label}: baselines {name} (minimal, own)")
                 m = common.run_pgbench(pg, pgb_db, minimal, c, cfg.duration, sample_cpu=True).as_dict()
                 o = own.run(tn, c, cfg.duration, m["tps"])
@@ -1270,7 +1269,7 @@ def summary_doc(all_reps: dict[tuple[str, int, int, str], list[Repetition]], cfg
     keys = sorted({k[:3] for k in all_reps}, key=lambda k: (MODES.index(k[0]), k[1], k[2]))
     for mode, c, tn in keys:
         mins, owns = all_reps[(mode, c, tn, "minimal")], all_reps[(mode, c, tn, "own")]
-        pairs = list(zip(mins, owns))
+        pairs = list(zip(mins, owns, strict=False))
         points[f"{mode}_c{c}_t{tn}"] = {
             "mode": mode, "clients": c, "tenants": tn, "total": len(mins),
             "kept_minimal": len(common.kept(mins)), "kept_own": len(common.kept(owns)),
@@ -1304,9 +1303,9 @@ def round_trip_summary(doc: dict[str, Any]) -> dict[str, Any]:
                       "parse_messages": v["parse_messages_per_event"], "redis_commands": v["redis_commands_per_event"],
                       "sequence": v.get("sequence")}
     own = doc.get("own_transaction") or {}
-    for t, sc in (own.get("scripts") or {}).items():
+    for _t, sc in (own.get("scripts") or {}).items():
         for name, n, shape in zip(("RUNNING", "SUCCEEDED", "re-delivery"), sc.get("tx_round_trips", []),
-                                  sc.get("shape", [])):
+                                  sc.get("shape", []), strict=False):
             out[f"own script {name} (pgbench)"] = {"round_trips": n, "sequence": ["BEGIN", *shape, "COMMIT"]}
         break
     out["minimal transition.sql (pgbench)"] = {
@@ -1334,7 +1333,7 @@ def render(doc: dict[str, Any]) -> str:
         return common.Spread(d["median"], d["min"], d["max"], d["n"]) if d else None
 
     rows = []
-    for key, p in sm["points"].items():
+    for p in sm["points"].values():
         mark = " ★" if p["mode"] == headline else ""
         cells = []
         for metric, digits in (("ratio_vs_minimal", 3), ("schema_cost", 3), ("client_path_cost", 3),
@@ -1368,7 +1367,7 @@ def render(doc: dict[str, Any]) -> str:
         out += ["", "Per repetition, in run order (chain A → " + " → ".join(
             f"{MODE_LABEL[m_]} → {'BC'[k]}" for k, m_ in enumerate(modes_run)) + "):", table(hdr, per)]
     ratio_rows = []
-    for key, p in sm["points"].items():
+    for p in sm["points"].values():
         for r in p["per_rep"]:
             for base in ("minimal", "own"):
                 x = r[base]

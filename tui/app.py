@@ -106,7 +106,7 @@ class AivedioApp(App[None]):
         self.history = [m for m in self.history if m != self.current_mode][-20:] + [self.current_mode]
         self.switch_mode(mode)
 
-    def action_back(self) -> None:
+    def action_back(self) -> None:  # type: ignore[override]  # Textual runs sync and async actions alike
         if len(self.screen_stack) > 1:
             self.pop_screen()
         elif self.history:

@@ -241,11 +241,10 @@ class EngineData:
     def review_facts(self, item: ReviewView) -> AssetFacts:
         timeline = self._tasks.timeline(item.task_id)
         output = next((i for i in timeline.items if i["kind"] == "asset" and i["id"] == item.asset_id), None)
-        return AssetFacts(
-            asset_id=item.asset_id, mime=output and output["mime"], duration_ms=output and output["duration_ms"],
-            size_bytes=output and output["size_bytes"], width=output and output["width"],
-            height=output and output["height"], status=output and output["status"],
-            thumbnail=self._thumbnail(timeline.task["tenant_id"], item.task_id))
+        facts = {k: output[k] if output else None
+                 for k in ("mime", "duration_ms", "size_bytes", "width", "height", "status")}
+        return AssetFacts(asset_id=item.asset_id, **facts,
+                          thumbnail=self._thumbnail(timeline.task["tenant_id"], item.task_id))
 
     def _thumbnail(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> str | None:
         found = self.ctx.outputs.files(tenant_id, task_id).get("thumbnail")

@@ -45,7 +45,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     return app
 
 
-def _optional_routers() -> list:  # type: ignore[type-arg]
+def _optional_routers() -> list:
     from aivedio_engine.api.routes import assets
 
     return [assets.router, *getattr(assets, "extra_routers", [])]

@@ -15,7 +15,7 @@ from aivedio_engine.services.tenants import Principal
 # Both are `async def` so FastAPI does not hop to its thread pool for them: a recently verified key is answered
 # from the in-process cache on the event loop; only a cache miss reads the database, in the pool.
 async def get_ctx(request: Request) -> AppContext:
-    return request.app.state.ctx  # type: ignore[no-any-return]
+    return request.app.state.ctx
 
 
 async def get_principal(request: Request) -> Principal:

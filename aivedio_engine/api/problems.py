@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError, TimeoutError as PoolTimeout
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aivedio_engine.services import errors
@@ -53,7 +55,7 @@ class Problem(Exception):
 
 
 def problem_response(request: Request, status: int, slug: str, title: str, detail: str | None = None,
-                     headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+                     headers: Mapping[str, str] | None = None, **extra: Any) -> JSONResponse:
     body: dict[str, Any] = {"type": TYPE_BASE + slug, "title": title, "status": status}
     if detail:
         body["detail"] = detail

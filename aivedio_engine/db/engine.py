@@ -86,7 +86,7 @@ def bounded_connect(connect: Callable[[], Any], timeout_s: float) -> Any:
     def attempt() -> None:
         try:
             outcome["conn"] = connect()
-        except BaseException as exc:  # handed to the caller below
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
             outcome["error"] = exc
         done.set()
         if abandoned.is_set() and "conn" in outcome:

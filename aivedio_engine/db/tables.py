@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -97,7 +97,7 @@ def enum_checks() -> dict[str, tuple[str, ...]]:
     for table in metadata.sorted_tables:
         for c in table.constraints:
             if isinstance(c, sa.CheckConstraint) and "enum_values" in c.info:
-                found[f"{table.name}.{c.name.removeprefix(f'ck_{table.name}_')}"] = c.info["enum_values"]
+                found[f"{table.name}.{cast(str, c.name).removeprefix(f'ck_{table.name}_')}"] = c.info["enum_values"]
     return found
 
 

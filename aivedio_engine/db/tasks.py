@@ -17,8 +17,8 @@ from sqlalchemy import Connection
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import outbox
 from aivedio_engine.db.tables import generation_tasks, task_state_events
-from aivedio_engine.domain.status import EventSource, StateEventOutcome, TaskStatus
 from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.status import EventSource, StateEventOutcome, TaskStatus
 from aivedio_engine.domain.transitions import Decision, Effect, TaskEvent, TaskSnapshot, Trigger, decide
 
 _t = generation_tasks.c

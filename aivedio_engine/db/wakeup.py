@@ -68,6 +68,7 @@ def install_commit_hooks(engine: Engine, wake: Callable[[set[str]], None]) -> No
     do_commit = dialect.do_commit
 
     def _commit_then_wake(dbapi_connection: Any) -> None:
+        channels: set[str]
         channels, pending.channels = getattr(pending, "channels", set()), set()
         do_commit(dbapi_connection)
         if channels:

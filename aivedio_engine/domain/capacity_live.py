@@ -21,6 +21,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from aivedio_engine.domain.capacity import CapacityEstimate, CapacityInputs, estimate
 
@@ -149,7 +150,7 @@ def live_inputs(m: Measured, slots: int, *, poll_interval: float,
         "transitions_per_task": m.transitions_per_task,
     }
     assumed = tuple(name for name, value in measured.items() if value is None)
-    chosen = {name: (_DEFAULTS[name] if value is None else value) for name, value in measured.items()}
+    chosen: dict[str, Any] = {name: (_DEFAULTS[name] if value is None else value) for name, value in measured.items()}
     inputs = CapacityInputs(arrival_rate=m.arrival_rate, avg_duration=m.provider_seconds,
                             target_utilization=target_utilization, provider_slots=slots,
                             poll_interval=poll_interval, backlog=m.in_flight + m.backlog, **chosen)

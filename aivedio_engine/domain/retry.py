@@ -212,7 +212,8 @@ def decide_retry(ctx: FailureContext, budget: RetryBudget, now: datetime, rng: r
     if late:
         verdict = Verdict.MANUAL if budget.manual_confirmation_required else Verdict.GIVE_UP
         return RetryDecision(verdict, None, late)
-    return RetryDecision(Verdict.RETRY, retry_at, f"retry {ctx.attempts_made + 1}/{budget.max_attempts} in {delay:.1f}s")
+    return RetryDecision(Verdict.RETRY, retry_at,
+                         f"retry {ctx.attempts_made + 1}/{budget.max_attempts} in {delay:.1f}s")
 
 
 def _exhausted(ctx: FailureContext, budget: RetryBudget, now: datetime) -> str | None:

@@ -72,7 +72,7 @@ class Throttle:
         effective = max(1, int(self.effective * self.policy.decrease_factor))
         return replace(self, effective=effective, blocked_until=blocked_until, last_decrease_at=now)
 
-    def on_success(self, now: datetime) -> Throttle:  # noqa: ARG002 - same signature as the other events
+    def on_success(self, now: datetime) -> Throttle:  # same signature as the other events
         return replace(self, effective=min(self.max_capacity, self.effective + self.policy.increase_step))
 
     def with_max(self, max_capacity: int) -> Throttle:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import ffmpeg
 
-_Stream = ffmpeg.nodes.FilterableStream
+_Stream: TypeAlias = ffmpeg.nodes.FilterableStream  # Any to mypy: ffmpeg-python has no type hints
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,7 +114,8 @@ def ffprobe_argv(path: Path, family: str, limits: MediaLimits, ffprobe: str = "f
 
 def run_ffprobe(path: Path, family: str, limits: MediaLimits, ffprobe: str = "ffprobe") -> dict[str, Any]:
     """ffprobe's JSON for a local file. ProbeError when the content is refused or unreadable."""
-    argv = sandbox.prefix(math.ceil(limits.timeout_s), limits.memory_limit_bytes) + ffprobe_argv(path, family, limits, ffprobe)
+    argv = (sandbox.prefix(math.ceil(limits.timeout_s), limits.memory_limit_bytes)
+            + ffprobe_argv(path, family, limits, ffprobe))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=limits.timeout_s,

@@ -56,7 +56,7 @@ def configure_logging(settings: Settings, *, stream: IO[str] | None = None,
     `default_level` applies when the configuration does not set `logging.level` itself: an interactive command
     keeps the terminal for its own progress display unless the operator asked for more.
     """
-    level = settings.logging.level
+    level: str = settings.logging.level
     if default_level is not None and "level" not in settings.logging.model_fields_set:
         level = default_level
     redactor = Redactor(secret_values(settings))

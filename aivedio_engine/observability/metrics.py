@@ -260,8 +260,8 @@ class DbCollector(Collector):
         except redis.RedisError as exc:
             log.warning("metrics: broker queue read failed: %s", exc)
             return []
-        samples = {(q.value, kind): float(lengths[2 * i + j]) for i, q in enumerate(Queue)
-                   for j, kind in enumerate(("ready", "delayed"))}
+        samples: dict[tuple[str, ...], float] = {(q.value, kind): float(lengths[2 * i + j]) for i, q in enumerate(Queue)
+                                                  for j, kind in enumerate(("ready", "delayed"))}
         return [_gauge("aivedio_mq_queue_depth", "Messages waiting in each broker queue (consumer lag).",
                        labels=["queue", "kind"], samples=samples)]
 

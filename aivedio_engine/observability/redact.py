@@ -116,7 +116,7 @@ class Redactor:
         # an arbitrary object would be rendered by its repr, which may hold anything (a dataclass with a prompt)
         return self.text(repr(value))
 
-    def event(self, event_dict: dict[str, Any]) -> dict[str, Any]:
+    def event(self, event_dict: Mapping[str, Any]) -> dict[str, Any]:
         """A structlog event dict; keys starting with `_` are structlog's own bookkeeping and pass through."""
         return {k: v if k.startswith("_") else self.value(v, k) for k, v in event_dict.items()}
 

@@ -143,7 +143,7 @@ class KlingProvider:
         if 200 <= resp.status < 300 and code in (0, None):
             task = data.get("data") if data else None
             job_id = task.get("task_id") if isinstance(task, dict) else None
-            if not isinstance(job_id, str) or not job_id:
+            if not isinstance(task, dict) or not isinstance(job_id, str) or not job_id:
                 return Ambiguous(f"HTTP {resp.status} without a task_id")
             obs = self._observe(task, job_id, event_id=None)
             return Accepted(job_id, obs if isinstance(obs, Observation) else None)

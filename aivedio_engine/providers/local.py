@@ -393,7 +393,7 @@ class _OutputHandler(BaseHTTPRequestHandler):
     server_version = "aivedio-local"
     sys_version = ""
 
-    def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
+    def do_GET(self) -> None:  # stdlib naming
         status, path = self.server.provider._authorize(self.path)
         try:
             handle = open(path, "rb") if path is not None else None  # noqa: SIM115 (closed below)
@@ -413,7 +413,7 @@ class _OutputHandler(BaseHTTPRequestHandler):
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client went away; nothing to clean up
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass  # request lines carry signed query strings, which must never reach logs
 
 

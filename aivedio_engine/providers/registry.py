@@ -70,4 +70,4 @@ def build_adapter(name: str, cfg: ProviderSettings, settings: Settings) -> Provi
     kwargs: dict[str, Any] = {}
     if cfg.adapter == "local":
         kwargs["data_dir"] = settings.data_dir
-    return cls(name, cfg, **kwargs)  # type: ignore[no-any-return]
+    return cls(name, cfg, **kwargs)

@@ -126,7 +126,7 @@ class ReplicateProvider:
         data = v.json_object(resp.body)
         if 200 <= resp.status < 300:
             job_id = data.get("id") if data else None
-            if not isinstance(job_id, str) or not job_id:
+            if not data or not isinstance(job_id, str) or not job_id:
                 return Ambiguous(f"HTTP {resp.status} without a prediction id")
             obs = self._observe(data, job_id, event_id=None)
             return Accepted(job_id, obs if isinstance(obs, Observation) else None)
@@ -218,7 +218,7 @@ class ReplicateProvider:
         model, version = item.get("model"), item.get("version")
         if isinstance(version, str) and f"{model}:{version}" in self._settings.models:
             model = f"{model}:{version}"
-        inp = item.get("input") if isinstance(item.get("input"), dict) else {}
+        inp = raw if isinstance(raw := item.get("input"), dict) else {}
         echo = {"prompt": inp.get("prompt"), "model": model, "duration_s": inp.get("duration"),
                 "resolution": inp.get("resolution"), "aspect_ratio": inp.get("aspect_ratio"), "seed": inp.get("seed")}
         fingerprint = echoed_fingerprint(echo)

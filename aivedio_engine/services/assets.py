@@ -49,8 +49,8 @@ from aivedio_engine.services.errors import (
     ServiceError,
 )
 from aivedio_engine.services.tenants import Principal
-from aivedio_engine.storage import keys
 from aivedio_engine.services.upload_validation import UploadValidator, discard
+from aivedio_engine.storage import keys
 from aivedio_engine.storage.base import (
     LocallySignedStore,
     MultipartStore,
@@ -179,6 +179,7 @@ class AssetService:
                 declared_content_type=ctype, declared_sha256=digest, expires_at=now + timedelta(seconds=ttl),
                 created_at=now,
             ))
+        target: UploadTarget | PartUrls
         if parts is None:
             target = self._store.upload_target(key, size_bytes, ctype, ttl, upload_id=str(session_id), now=now)
         else:
@@ -334,7 +335,7 @@ class AssetService:
         return self.get(principal, asset_id)
 
     def _claim_expired(self, row: Any, now: datetime) -> bool:
-        started = ((row.probe or {}).get("validation") or {}).get("started_at")
+        started: Any = ((row.probe or {}).get("validation") or {}).get("started_at")
         try:
             return now - _aware(datetime.fromisoformat(started)) > timedelta(seconds=self._claim_ttl_s)
         except (TypeError, ValueError):

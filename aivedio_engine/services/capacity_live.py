@@ -71,7 +71,7 @@ def _in(col: Any, since: datetime, now: datetime) -> ColumnElement[bool]:
 
 
 def _measure_by_provider(conn: Connection, since: datetime, now: datetime, window_s: float) -> dict[str, Measured]:
-    arrivals = dict(conn.execute(
+    arrivals: dict[str | None, int] = dict(conn.execute(
         sa.select(_t.selected_provider, sa.func.count()).where(_in(_t.created_at, since, now))
         .group_by(_t.selected_provider)).all())
     runs = {r[0]: (r[1], r[2]) for r in conn.execute(
@@ -79,10 +79,10 @@ def _measure_by_provider(conn: Connection, since: datetime, now: datetime, windo
         .where(_a.submit_state == AttemptStatus.SUCCEEDED.value, _a.submitted_at.is_not(None),
                _in(_a.completed_at, since, now))
         .group_by(_a.provider))}
-    in_flight = dict(conn.execute(
+    in_flight: dict[str | None, int] = dict(conn.execute(
         sa.select(_a.provider, sa.func.count()).where(_a.submit_state.in_([s.value for s in ATTEMPT_IN_FLIGHT]))
         .group_by(_a.provider)).all())
-    waiting = dict(conn.execute(
+    waiting: dict[str | None, int] = dict(conn.execute(
         sa.select(_t.selected_provider, sa.func.count()).where(_t.status.in_(_WAITING))
         .group_by(_t.selected_provider)).all())
     names = {n for n in (*arrivals, *runs, *in_flight, *waiting) if n is not None}

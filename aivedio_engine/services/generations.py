@@ -21,13 +21,20 @@ from sqlalchemy import Connection, Engine
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
 from aivedio_engine.db import creation, tasks
-from aivedio_engine.services import billing
-from aivedio_engine.services.shedding import BacklogGate
 from aivedio_engine.db.session import read_conn, write_tx
 from aivedio_engine.db.tables import assets, generation_tasks
 from aivedio_engine.domain.requests import Catalog, InvalidRequest, estimate_cost, normalize, request_hash
-from aivedio_engine.domain.status import AssetKind, AssetStatus, EventSource, StateEventOutcome, TaskStatus
-from aivedio_engine.domain.transitions import Decision, Effect, Rejection, RejectionKind, TaskEvent, TaskSnapshot, decide
+from aivedio_engine.domain.status import AssetKind, AssetStatus, EventSource, TaskStatus
+from aivedio_engine.domain.transitions import (
+    Decision,
+    Effect,
+    Rejection,
+    RejectionKind,
+    TaskEvent,
+    TaskSnapshot,
+    decide,
+)
+from aivedio_engine.services import billing
 from aivedio_engine.services.errors import (
     BadRequest,
     IdempotencyKeyInFlight,
@@ -39,6 +46,7 @@ from aivedio_engine.services.errors import (
     NotFound,
     Overloaded,
 )
+from aivedio_engine.services.shedding import BacklogGate
 
 MAX_IDEMPOTENCY_KEY = 255
 _t = generation_tasks.c
@@ -132,7 +140,7 @@ class GenerationService:
         return Created(TaskView.of(task), replayed=False)
 
     def _by_key(self, conn: Connection, tenant_id: uuid.UUID, key: str) -> Any:
-        return creation._by_key(conn, tenant_id, key)  # noqa: SLF001 - same persistence layer
+        return creation._by_key(conn, tenant_id, key)
 
     def _check_assets(self, conn: Connection, tenant_id: uuid.UUID, asset_ids: tuple[str, ...]) -> None:
         if not asset_ids:

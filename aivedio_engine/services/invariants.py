@@ -26,13 +26,35 @@ from sqlalchemy import ColumnElement, Connection, Engine
 
 from aivedio_engine.clock import Clock
 from aivedio_engine.db import alerts as alert_rules
-from aivedio_engine.db.tables import (alerts, assets, credit_ledger, generation_tasks, inbox_dedup, outbox_events,
-                                      provider_events, review_items, slot_grants, storage_scans, task_attempts,
-                                      task_state_events, tenants)
+from aivedio_engine.db.tables import (
+    alerts,
+    assets,
+    credit_ledger,
+    generation_tasks,
+    inbox_dedup,
+    outbox_events,
+    provider_events,
+    review_items,
+    slot_grants,
+    storage_scans,
+    task_attempts,
+    task_state_events,
+    tenants,
+)
 from aivedio_engine.domain.events import ROUTES, EventType
-from aivedio_engine.domain.status import (ATTEMPT_IN_FLIGHT, TASK_TERMINAL, AlertStatus, AssetKind, AssetStatus,
-                                          CancelOutcome, LedgerEntryType, OutboxStatus, ReviewState, StateEventOutcome,
-                                          TaskStatus)
+from aivedio_engine.domain.status import (
+    ATTEMPT_IN_FLIGHT,
+    TASK_TERMINAL,
+    AlertStatus,
+    AssetKind,
+    AssetStatus,
+    CancelOutcome,
+    LedgerEntryType,
+    OutboxStatus,
+    ReviewState,
+    StateEventOutcome,
+    TaskStatus,
+)
 from aivedio_engine.domain.transitions import TASK_MACHINE
 from aivedio_engine.services import intake, reducer
 from aivedio_engine.services.errors import InvalidInput

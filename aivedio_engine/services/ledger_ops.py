@@ -138,7 +138,8 @@ class LedgerOps:
 
     # --- adjust --------------------------------------------------------------------------------------------
 
-    def quote_adjust(self, tenant_ref: str, amount: Decimal, key: str, task_id: uuid.UUID | None = None) -> AdjustResult:
+    def quote_adjust(self, tenant_ref: str, amount: Decimal, key: str,
+                     task_id: uuid.UUID | None = None) -> AdjustResult:
         """What `adjust` would do, without writing anything (raises the same refusals)."""
         with self._engine.connect() as conn:
             return self._evaluate(conn, tenant_ref, amount, key, task_id, dry_run=True, lock=False)
@@ -163,7 +164,8 @@ class LedgerOps:
                                        created_by=op.actor[:128], task_id=task_id, reason=reason):
                         # booked by a concurrent adjustment of another tenant since _evaluate looked
                         raise Conflict(f"business key {key!r} was just used by another adjustment; retry to see it")
-                    entry_id = conn.execute(sa.select(_cl.id).where(_cl.business_key == result.business_key)).scalar_one()
+                    entry_id = conn.execute(
+                        sa.select(_cl.id).where(_cl.business_key == result.business_key)).scalar_one()
                     result = replace(result, outcome="booked", entry_id=entry_id)
                 affected = [result.entry_id] if result.entry_id and result.outcome == "booked" else []
                 record(conn, op, affected_ids=affected, outcome="dry_run" if op.dry_run else result.outcome, now=now)
@@ -301,7 +303,8 @@ def _known_attempts(conn: Connection, lines: list[InvoiceLine]) -> tuple[dict[tu
         jobs = sorted({ln.job_id for ln in lines if ln.provider == provider})
         keys = sorted({ln.request_key for ln in lines if ln.provider == provider and ln.request_key})
         for start in range(0, len(jobs), 500):
-            for row in conn.execute(base.where(_a.provider == provider, _a.provider_job_id.in_(jobs[start:start + 500]))):
+            batch = jobs[start:start + 500]
+            for row in conn.execute(base.where(_a.provider == provider, _a.provider_job_id.in_(batch))):
                 by_job[(provider, row.provider_job_id)] = _known(row)
         for start in range(0, len(keys), 500):
             for row in conn.execute(base.where(_a.provider == provider,

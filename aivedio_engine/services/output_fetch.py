@@ -224,11 +224,11 @@ class OutputFetchService:
             first = _ts(p.get("first_failure_at")) or now
             verdict, reason, retry_at = Verdict.GIVE_UP, f"{failure.code}: output refused by fetch policy", None
             if failure.error_class is not None:
-                decision = decide_retry(
+                retry_decision = decide_retry(
                     FailureContext(failure.error_class, tried, first, _ts(p.get("step_started_at")) or first,
                                    task.deadline_at, url_refreshed=failure.url_refreshed),
                     self._settings.retry.budget(Step.OUTPUT_FETCH), now, self._rng)
-                verdict, reason, retry_at = decision.verdict, decision.reason, decision.retry_at
+                verdict, reason, retry_at = retry_decision.verdict, retry_decision.reason, retry_decision.retry_at
             error = {"last_error_class": (failure.error_class or ErrorClass.PROVIDER_REJECTED).value,
                      "last_error_code": failure.code[:128]}
             if verdict in (Verdict.RETRY, Verdict.REFRESH_URL):

@@ -26,7 +26,6 @@ from aivedio_engine.services.errors import Forbidden, NotFound
 from aivedio_engine.storage.base import ObjectStore
 from aivedio_engine.storage.signing import UrlSigner
 
-
 PLAYLIST_PATH = "/v1/playback/{asset_id}/index.m3u8"
 #: a playlist is a few hundred lines; anything bigger is not one of ours
 MAX_PLAYLIST_BYTES = 1024 * 1024

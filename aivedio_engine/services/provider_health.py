@@ -9,6 +9,7 @@ them the recent history.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -88,7 +89,7 @@ def _breaker(rows: Any) -> Breaker:
     return breaker
 
 
-def _throttle(rows: list[Any], max_capacity: int, now: datetime) -> Throttle:
+def _throttle(rows: Sequence[Any], max_capacity: int, now: datetime) -> Throttle:
     throttle = Throttle.at_max(max_capacity)
     limited = [r for r in rows if r.last_error_class == ErrorClass.PROVIDER_RATE_LIMITED.value
                and now - r.updated_at <= THROTTLE_MEMORY]

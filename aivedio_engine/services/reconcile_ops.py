@@ -151,7 +151,7 @@ class ReconcileOps:
             return self._describe(task_id, None, "skipped", "not-unknown")
         try:
             said = self._sync.reconcile_one(row.attempt_id, force=True)
-        except Exception as exc:  # noqa: BLE001 - one provider's failure must not abandon the rest of the set
+        except Exception as exc:  # one provider's failure must not abandon the rest of the set
             log.warning("reconcile of task %s failed", task_id, exc_info=True)
             return self._describe(task_id, row.attempt_id, "error", f"{type(exc).__name__}: {exc}"[:300])
         return self._describe(task_id, row.attempt_id, _result_of(said), said)

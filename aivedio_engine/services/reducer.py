@@ -19,7 +19,16 @@ from aivedio_engine.db import alerts, attempts, outbox, tasks
 from aivedio_engine.db.tables import generation_tasks, task_attempts, task_state_events
 from aivedio_engine.domain.events import EventType, fetch_route
 from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, StateEventOutcome, TaskStatus
-from aivedio_engine.domain.transitions import AttemptEvent, Decision, Effect, Rejection, RejectionKind, TaskEvent, Trigger, decide
+from aivedio_engine.domain.transitions import (
+    AttemptEvent,
+    Decision,
+    Effect,
+    Rejection,
+    RejectionKind,
+    TaskEvent,
+    Trigger,
+    decide,
+)
 from aivedio_engine.providers.base import JobStatus
 from aivedio_engine.services import billing
 from aivedio_engine.services.consume import Envelope, consume_once
@@ -170,7 +179,8 @@ def _apply(conn: Connection, task: Any, attempt: Any, decision: Decision, obs: d
         expiries = [_ts(o.get("expires_at")) for o in obs.get("outputs", [])]
         outbox.add(conn, EventType.FETCH_REQUESTED, aggregate_type="task", aggregate_id=task.id,
                    aggregate_version=decision.version, tenant_id=task.tenant_id, trace_id=task.trace_id, now=now,
-                   route=fetch_route(expiries, now, urgent_fetch_s), payload={"task_id": str(task.id), "attempt_id": str(attempt.id), "provider": attempt.provider,
+                   route=fetch_route(expiries, now, urgent_fetch_s),
+                   payload={"task_id": str(task.id), "attempt_id": str(attempt.id), "provider": attempt.provider,
                             "job_id": attempt.provider_job_id, "outputs": obs.get("outputs", [])})
     billing.close_reservation(conn, task, decision, now, reason=decision.event.value, billed=obs.get("billed"))
 
@@ -191,7 +201,8 @@ def _progress_only(conn: Connection, task: Any, progress: Any, now: datetime) ->
 def _summary(obs: dict[str, Any]) -> dict[str, Any]:
     """What the timeline keeps: never output URLs (signed query strings) or long messages."""
     return {"provider": obs["provider"], "job_id": obs["job_id"], "status": obs["status"],
-            "progress": obs.get("progress"), "error_code": obs.get("error_code"), "outputs": len(obs.get("outputs", []))}
+            "progress": obs.get("progress"), "error_code": obs.get("error_code"),
+            "outputs": len(obs.get("outputs", []))}
 
 
 def _ts(value: Any) -> datetime | None:

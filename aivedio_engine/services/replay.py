@@ -204,7 +204,7 @@ def _matching(kind: str, flt: ReplayFilter) -> tuple[sa.Table, list[Any], list[A
     if kind == "orphans":
         if flt.actor or flt.error_class:
             raise InvalidInput("--actor and --error-class do not apply to orphans (use --provider)", field="actor")
-        where = [_pe.orphan.is_(True)]
+        where: list[sa.ColumnElement[bool]] = [_pe.orphan.is_(True)]
         if flt.provider:
             where.append(_pe.provider == flt.provider)
         if flt.since:
@@ -352,7 +352,8 @@ def _republish(conn: Connection, row: Any, result: ReplayResult, now: datetime) 
     try:
         EventType(row.event_type)
     except ValueError:
-        result.failed.append({"id": str(row.id), "reason": f"event type {row.event_type!r} is not routed by this build"})
+        result.failed.append({"id": str(row.id),
+                              "reason": f"event type {row.event_type!r} is not routed by this build"})
         return
     if row.target not in BY_ACTOR:
         result.failed.append({"id": str(row.id), "reason": f"target {row.target!r} is not an actor of this build"})

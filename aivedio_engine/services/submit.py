@@ -138,7 +138,7 @@ class SubmitService:
         verdict = decide_retry(self._failure_context(conn, task, result, now),
                                self._settings.retry.budget(Step.SUBMIT), now, self._rng)
         detail = {"error_class": result.error_class.value, "code": result.code, "reason": verdict.reason}
-        extra = {"last_error_class": result.error_class.value, "last_error_code": result.code}
+        extra: dict[str, Any] = {"last_error_class": result.error_class.value, "last_error_code": result.code}
         if verdict.verdict is Verdict.RETRY:
             extra.update(next_retry_at=verdict.retry_at, next_action_at=verdict.retry_at)
             self._apply(conn, task, TaskEvent.RETRYABLE_FAILURE, now, attempt.id, detail, extra)

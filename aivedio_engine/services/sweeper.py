@@ -111,7 +111,7 @@ class Sweeper:
     def _scan_storage(self) -> dict[str, Any]:
         try:
             result = self._storage_scan()  # type: ignore[misc]
-        except Exception:  # noqa: BLE001 - e.g. the database refused the row; the next interval tries again
+        except Exception:  # e.g. the database refused the row; the next interval tries again
             log.exception("storage scan could not be recorded")
             return {"error": "not recorded"}
         if result is None:

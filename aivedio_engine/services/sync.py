@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -248,7 +249,7 @@ class ProviderSync:
             obs = Observation(job_id=job.job_id, status=job.status)
         return self._found(attempt, obs, now)
 
-    def _park_ambiguous(self, attempt: Any, candidates: list[JobSummary], rivals: list[Any], now: datetime) -> str:
+    def _park_ambiguous(self, attempt: Any, candidates: list[JobSummary], rivals: Sequence[Any], now: datetime) -> str:
         """Several jobs could be ours: a human decides. Never resubmit here — one of them very likely is ours."""
         ids = sorted(j.job_id for j in candidates)
         reason = (f"ambiguous submit to {attempt.provider}: {len(ids)} listed job(s) match the request "
@@ -320,7 +321,8 @@ class ProviderSync:
         with self._engine.connect() as conn:
             attempt = attempts.current(conn, task_id)
         now = self._clock.now()
-        if attempt is None or attempt.submit_state in (AttemptStatus.NEW.value, AttemptStatus.FAILED_BEFORE_ACCEPT.value):
+        if attempt is None or attempt.submit_state in (AttemptStatus.NEW.value,
+                                                       AttemptStatus.FAILED_BEFORE_ACCEPT.value):
             return self._confirm_cancel(task_id, now, billed=False)
         if attempt.submit_state in (AttemptStatus.UNKNOWN.value, AttemptStatus.SENDING.value):
             self._set_next_action(task_id, now + timedelta(seconds=10))
@@ -354,7 +356,7 @@ class ProviderSync:
         """Ask the provider to stop a job whose task already ended (e.g. expired); failures are only logged."""
         try:
             self._providers[attempt.provider].cancel(attempt.provider_job_id)
-        except Exception:  # noqa: BLE001 - best effort; the job's outcome still arrives through the reducer
+        except Exception:  # best effort; the job's outcome still arrives through the reducer
             logging.getLogger("aivedio.sync").warning("cancel of an expired task's job failed", exc_info=True)
 
     def _confirm_cancel(self, task_id: uuid.UUID, now: datetime, billed: bool) -> str:

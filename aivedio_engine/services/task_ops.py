@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -223,6 +224,7 @@ class EventTail:
         stmt = sa.select(task_state_events)
         if self._to_status is not None:
             stmt = stmt.where(_e.to_status == self._to_status)
+        rows: Sequence[Any]
         with self._engine.connect() as conn:
             if not self._started:
                 rows = list(reversed(conn.execute(stmt.order_by(_e.id.desc()).limit(self._last)).all()))

@@ -9,6 +9,7 @@ the tie-break. Nothing here prints a signed URL, a request body or a prompt: ope
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,14 +65,14 @@ def build_timeline(conn: Connection, task_id: uuid.UUID) -> Timeline | None:
     return Timeline(task=header, items=items)
 
 
-def _provider_events(conn: Connection, attempt_rows: list[Any]) -> list[Any]:
+def _provider_events(conn: Connection, attempt_rows: Sequence[Any]) -> list[Any]:
     """Events matched to an attempt, and orphans carrying one of its job ids or request keys (a callback that
     beat the submit response, or one for a job we never bound)."""
     if not attempt_rows:
         return []
     pe = provider_events.c
     ids = [a.id for a in attempt_rows]
-    conds = [pe.matched_attempt_id.in_(ids)]
+    conds: list[sa.ColumnElement[bool]] = [pe.matched_attempt_id.in_(ids)]
     for a in attempt_rows:
         keyed = [pe.provider_request_key == a.provider_request_key]
         if a.provider_job_id:
@@ -94,7 +95,7 @@ def _assets(conn: Connection, task: Any) -> list[Any]:
     return list(conn.execute(sa.select(assets).where(cond)))
 
 
-def _alerts(conn: Connection, task_id: uuid.UUID, attempt_rows: list[Any]) -> list[Any]:
+def _alerts(conn: Connection, task_id: uuid.UUID, attempt_rows: Sequence[Any]) -> list[Any]:
     subjects = [sa.and_(alerts.c.subject_type == "task", alerts.c.subject_id == str(task_id))]
     if attempt_rows:
         subjects.append(sa.and_(alerts.c.subject_type == "attempt",

@@ -16,10 +16,10 @@ from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
 from aivedio_engine.db import ledger
 from aivedio_engine.db.session import read_conn, write_tx
-from aivedio_engine.services.operations import Operation, record
 from aivedio_engine.db.tables import api_keys, tenants
 from aivedio_engine.domain.status import LedgerEntryType, TenantStatus
 from aivedio_engine.services.errors import Conflict, InvalidInput, NotFound
+from aivedio_engine.services.operations import Operation, record
 
 KEY_PREFIX = "avk_"
 

@@ -114,9 +114,9 @@ class MemorySlotStore:
                     kept += 1
                 # Only tokens the database once vouched for are dropped. A token it never saw may belong to a
                 # dispatcher between acquire and its transaction; the TTL takes care of it if that one died.
-                for token, scopes in tokens.items():
+                for token, live_in in tokens.items():
                     if token != owner and token in self._backed:
-                        self._remove(token, scopes)
+                        self._remove(token, live_in)
                         self._backed.discard(token)
                         dropped += 1
             for holder, scopes in want.items():

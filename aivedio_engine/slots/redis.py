@@ -216,7 +216,7 @@ class RedisSlotStore:
         validate_chain(scope_chain)
         names = tuple(s for s, _ in scope_chain)
         keys = [self._fence_key, self._scopes_key, *map(self.zset_key, names)]
-        args = [str(holder), _ms(ttl_s), *(int(limit) for _, limit in scope_chain), *names]
+        args: list[str | int] = [str(holder), _ms(ttl_s), *(int(limit) for _, limit in scope_chain), *names]
         status, value = self._acquire(keys=keys, args=args)
         if status == -1:
             # the counter is gone (flush, restart without persistence): re-create it above every fence the

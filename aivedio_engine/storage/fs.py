@@ -153,7 +153,7 @@ class FsStore:
 
     def open_read(self, key: str) -> IO[bytes]:
         try:
-            return open(self._data(key), "rb")  # noqa: SIM115 - the caller owns the stream
+            return open(self._data(key), "rb")  # the caller owns the stream
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFound(key) from None
 

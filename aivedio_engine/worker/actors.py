@@ -28,8 +28,8 @@ from aivedio_engine.domain.events import ALTERNATE_ROUTES, ROUTES, EventType
 from aivedio_engine.observability.logging import task_context
 from aivedio_engine.observability.metrics import measure_actor
 from aivedio_engine.services import intake, notifications, reducer
-from aivedio_engine.services.dispatch import release_if_finished
 from aivedio_engine.services.consume import Envelope, InvalidEnvelope
+from aivedio_engine.services.dispatch import release_if_finished
 
 if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext
@@ -113,14 +113,14 @@ def declare_actors(broker: dramatiq.Broker, ctx: AppContext) -> dict[str, dramat
     declared: dict[str, dramatiq.Actor[Any, Any]] = {}
     for spec in REGISTRY.values():
         for route in (ROUTES[spec.event_type], *ALTERNATE_ROUTES.get(spec.event_type, ())):
+            # dramatiq.actor(fn, **options) is dramatiq.actor(**options)(fn); only the latter is in its type hints
             declared[route.actor] = dramatiq.actor(
-                _bind(spec.handler, ctx, route.actor),
                 broker=broker,
                 actor_name=route.actor,
                 queue_name=route.queue.value,
                 priority=route.priority,
                 **spec.options,
-            )
+            )(_bind(spec.handler, ctx, route.actor))
     return declared
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,8 +30,8 @@ from sqlalchemy import Connection, Engine
 from aivedio_engine.clock import Clock
 from aivedio_engine.db.engine import SQLITE_BEGIN_OPTION
 from aivedio_engine.db.outbox import NOTIFY_CHANNEL
-from aivedio_engine.db.wakeup import Waiter
 from aivedio_engine.db.tables import outbox_events
+from aivedio_engine.db.wakeup import Waiter
 from aivedio_engine.domain.events import BY_ACTOR, EventType
 from aivedio_engine.domain.status import OutboxStatus
 from aivedio_engine.services.consume import Envelope
@@ -148,7 +149,7 @@ class Relay:
         )
         return query.with_for_update(skip_locked=True) if self._postgres else query
 
-    def _enqueue_all(self, rows: list[sa.Row[Any]]) -> tuple[list[Any], list[tuple[sa.Row[Any], BaseException]]]:
+    def _enqueue_all(self, rows: Sequence[sa.Row[Any]]) -> tuple[list[Any], list[tuple[sa.Row[Any], BaseException]]]:
         published: list[Any] = []
         failures: list[tuple[sa.Row[Any], BaseException]] = []
         for row in rows:
@@ -192,7 +193,7 @@ class Relay:
             while not stop.is_set():
                 try:
                     result = self.run_batch()
-                except Exception:  # noqa: BLE001 - a database or failpoint error must not end the relay
+                except Exception:  # a database or failpoint error must not end the relay
                     log.exception("outbox relay batch failed; retrying in %.1fs", self.error_backoff_s)
                     stop.wait(self.error_backoff_s)
                     continue

@@ -46,7 +46,8 @@ def parse_roles(text: str) -> set[str]:
         raise ValueError("--role: give at least one of " + ", ".join((*ROLES, "all")))
     unknown = parts - set(ROLES) - {"all"}
     if unknown:
-        raise ValueError(f"--role: unknown role {', '.join(sorted(unknown))} (choose from {', '.join((*ROLES, 'all'))})")
+        raise ValueError(f"--role: unknown role {', '.join(sorted(unknown))} "
+                         f"(choose from {', '.join((*ROLES, 'all'))})")
     return set(ROLES) if "all" in parts else parts
 
 
@@ -116,7 +117,7 @@ class Runtime:
         def guarded() -> None:
             try:
                 target(*args)
-            except BaseException as exc:  # noqa: BLE001 - a dead role must stop the process, not linger
+            except BaseException as exc:  # a dead role must stop the process, not linger
                 log.exception("role thread %s failed; stopping", name)
                 self.failed = exc
                 self.stop.set()
@@ -143,7 +144,7 @@ class Runtime:
         while not self.stop.is_set():
             try:
                 step()
-            except Exception:  # noqa: BLE001 - see docstring
+            except Exception:  # see docstring
                 log.exception("periodic step %s failed", getattr(step, "__name__", step))
             if wait is None:
                 self.stop.wait(interval_s)

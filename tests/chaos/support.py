@@ -72,7 +72,7 @@ def insert_queued_events(conn: sa.Connection, tenant_id: uuid.UUID, task_ids: li
              event_type=EventType.GENERATION_QUEUED.value, payload={"task_id": str(tid), "priority": 0},
              status=OutboxStatus.PENDING.value, target=ROUTES[EventType.GENERATION_QUEUED].actor,
              available_at=now, tenant_id=tenant_id, trace_id=f"trace-{tid.hex[:8]}", created_at=now)
-        for eid, tid in zip(ids, task_ids)
+        for eid, tid in zip(ids, task_ids, strict=True)
     ])
     if conn.dialect.name == "postgresql":
         conn.execute(sa.text("SELECT pg_notify(:ch, '')"), {"ch": outbox.NOTIFY_CHANNEL})

@@ -141,7 +141,8 @@ def test_balance_entries_and_adjust(tmp_path: Path, pg_url: str) -> None:
 
         assert [(a.outcome, a.dry_run, a.actor) for a in audits(ctx, "ledger adjust")] == [
             ("dry_run", True, OPERATOR), ("booked", False, OPERATOR), ("duplicate", False, OPERATOR),
-            ("duplicate", False, OPERATOR), ("refused", False, OPERATOR), ("refused", False, OPERATOR), ("booked", False, OPERATOR)]
+            ("duplicate", False, OPERATOR), ("refused", False, OPERATOR), ("refused", False, OPERATOR),
+            ("booked", False, OPERATOR)]
         assert audits(ctx, "ledger adjust")[1].affected_ids == [str(entry.id)]
         ctx.close()
 
@@ -181,7 +182,8 @@ def test_reconcile_finds_duplicates_orphans_and_missing_and_books_once(tmp_path:
         truth = sim.truth()["jobs"]
         by_key = {j["request_key"]: j for j in truth}
         job = {name: by_key[attempts[key].provider_request_key]["id"] for name, key in {
-            "first": (resubmitted, 1), "second": (resubmitted, 2), "canceled": (canceled, 1), "normal": (normal, 1)}.items()}
+            "first": (resubmitted, 1), "second": (resubmitted, 2), "canceled": (canceled, 1),
+            "normal": (normal, 1)}.items()}
         assert all(j["billed"] for j in truth) and len(truth) == 4
         line = {j["id"]: {"provider": "sim", "job_id": j["id"], "amount": "0.40", "currency": "USD",
                           "billed_at": j["created_at"], "request_key": j["request_key"], "vendor_note": "x"}
@@ -204,7 +206,8 @@ def test_reconcile_finds_duplicates_orphans_and_missing_and_books_once(tmp_path:
         orphans = {o["job_id"]: o for o in report["orphans"]}
         assert set(orphans) == {job["canceled"], "job-from-elsewhere"}
         assert orphans[job["canceled"]]["task_id"] == str(canceled) and orphans[job["canceled"]]["business_key"]
-        assert orphans["job-from-elsewhere"]["task_id"] is None and orphans["job-from-elsewhere"]["business_key"] is None
+        elsewhere = orphans["job-from-elsewhere"]
+        assert elsewhere["task_id"] is None and elsewhere["business_key"] is None
         assert [m["job_id"] for m in report["missing"]] == [job["normal"]]
         assert set(report["duplicates"][0]) == {"kind", "line", "provider", "job_id", "amount", "currency",
                                                 "billed_at", "request_key", "tenant_id", "task_id", "attempt_id",

@@ -187,7 +187,8 @@ def test_dlq_preview_plan_apply_and_repeat(tmp_path: Path, pg_url: str) -> None:
         outbox = {r.id: r for r in rows(ctx, outbox_events)}
         assert {i for i, r in outbox.items() if r.status == "PENDING"} == events
         assert all(outbox[e].publish_attempts == 0 for e in events)
-        assert letters[str(slow_task)].id in {r.id for r in rows(ctx, dead_letters, dead_letters.c.replayed_at.is_(None))}
+        pending = rows(ctx, dead_letters, dead_letters.c.replayed_at.is_(None))
+        assert letters[str(slow_task)].id in {r.id for r in pending}
         (audit,) = [a for a in audits(ctx, "replay dlq") if not a.dry_run]
         assert audit.reason == "db failover" and audit.outcome == "replayed"
         assert {uuid.UUID(i).hex for i in audit.affected_ids} == planned
@@ -390,8 +391,8 @@ def test_orphans_rematch_the_raced_callback_and_report_the_foreign_job(tmp_path:
                        outbox_events.c.status == "PENDING")
         assert [e.payload["provider_event_id"] for e in emitted] == [str(raced.id)]
         drv.round()  # the reducer takes the re-emitted observation like any other
-        assert [e.source for e in rows(ctx, task_state_events, task_state_events.c.source_event_id == raced.dedup_key)] \
-            == ["callback"]
+        raced_events = rows(ctx, task_state_events, task_state_events.c.source_event_id == raced.dedup_key)
+        assert [e.source for e in raced_events] == ["callback"]
         settled = len(rows(ctx, outbox_events))
 
         again = ok_json(cli(pg_url, data, "replay", "orphans", "--reason", "callback race", "--yes", "--json"))

@@ -27,7 +27,7 @@ def scan(s: Seeded, *args: str) -> tuple[int, dict[str, Any]]:
     return result.exit_code, json.loads(result.stdout)
 
 
-def test_scan_reports_the_orphan_a_crashed_fetch_leaves(seeder: Callable[..., Seeded]) -> None:  # noqa: F811
+def test_scan_reports_the_orphan_a_crashed_fetch_leaves(seeder: Callable[..., Seeded]) -> None:
     s = seeder({"ok": "scene one"})
     assert s.task("ok").status == "SUCCEEDED"
     with s.ctx.engine.connect() as conn:
@@ -64,7 +64,7 @@ def test_scan_reports_the_orphan_a_crashed_fetch_leaves(seeder: Callable[..., Se
     assert s.cli("storage", "scan", "--grace", "soon").exit_code == 2
 
 
-def test_a_failed_listing_exits_1_and_is_recorded(tmp_path: Path, moto_s3: MotoS3) -> None:  # noqa: F811
+def test_a_failed_listing_exits_1_and_is_recorded(tmp_path: Path, moto_s3: MotoS3) -> None:
     storage = {**moto_s3.storage_settings(), "bucket": f"missing-{uuid.uuid4().hex[:12]}"}
     make_context(tmp_path / "data", storage=storage).close()  # the schema
     sets = [f"data_dir={tmp_path / 'data'}"] + [f"storage.{k}={v}" for k, v in storage.items()]

@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from aivedio_cli.main import app
-from aivedio_engine.db.engine import make_engine
 from aivedio_engine.config import load_settings
+from aivedio_engine.db.engine import make_engine
 from aivedio_engine.db.tables import api_keys, audit_log, tenants
 
 runner = CliRunner()

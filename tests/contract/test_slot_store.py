@@ -139,7 +139,7 @@ def test_fences_strictly_increase(harness: Harness) -> None:
         fences.append(lease.fence)
         if n % 2:
             s.release(lease)
-    assert all(a < b for a, b in zip(fences, fences[1:]))
+    assert all(a < b for a, b in zip(fences, fences[1:], strict=False))
     assert s.current_fence() == fences[-1]
 
 
@@ -227,7 +227,7 @@ def test_limits_hold_under_concurrent_acquirers(harness: Harness) -> None:
                         holding[scope] -= 1
                 assert s.release(lease)
                 cycles += 1
-        except BaseException as exc:  # re-raised in the main thread
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             errors.append(exc)
 
     def sampler() -> None:
@@ -251,7 +251,7 @@ def test_limits_hold_under_concurrent_acquirers(harness: Harness) -> None:
     assert max_seen["platform"] >= 3 and sum(refused) > 0  # there was real contention to survive
     all_fences = [f for fs in fences.values() for f in fs]
     assert len(all_fences) == 1600 and len(set(all_fences)) == 1600  # every grant its own fence
-    assert all(all(a < b for a, b in zip(fs, fs[1:])) for fs in fences.values())
+    assert all(all(a < b for a, b in zip(fs, fs[1:], strict=False)) for fs in fences.values())
     assert s.counts() == {}
     print(f"\n[{harness.kind}] max concurrent holders {dict(max_seen)} store samples {dict(store_max)}"
           f" refused {sum(refused)} fences {min(all_fences)}..{max(all_fences)}")

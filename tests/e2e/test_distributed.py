@@ -108,7 +108,7 @@ def _drop_redis_keys(url: str, prefix: str) -> None:
         client.close()
 
 
-def test_fifty_generations_through_distributed_serve(tmp_path: Path, pg_url: str, moto_s3: MotoS3) -> None:  # noqa: F811
+def test_fifty_generations_through_distributed_serve(tmp_path: Path, pg_url: str, moto_s3: MotoS3) -> None:
     api_port = free_port()
     faults = "redirect=0.2,dup_cb=0.2,reorder_cb=0.2,drop_cb=0.1,early_cb=0.1,5xx=0.05,latency=5ms..40ms"
     with running_sim(real_clock=True, seed=11, faults=faults, job_seconds=1.0) as sim, ExitStack() as stack:
@@ -185,7 +185,7 @@ def _ready(port: int) -> bool:
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:  # noqa: S310 - loopback
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:  # loopback
             return r.status == 200
     except OSError:
         return False

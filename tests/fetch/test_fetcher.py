@@ -21,7 +21,7 @@ import pytest
 
 from aivedio_engine.clock import SystemClock
 from aivedio_engine.config import FetchSettings
-from aivedio_engine.fetch import CHUNK_SIZE, FetchError, Fetcher, FetchPolicy, StaticResolver
+from aivedio_engine.fetch import CHUNK_SIZE, Fetcher, FetchError, FetchPolicy, StaticResolver
 from aivedio_engine.storage.fs import FsStore
 
 SIM = "sim.provider.example"
@@ -37,7 +37,7 @@ class Server:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 server.requests.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
                 route = server.routes.get(self.path.split("?", 1)[0])
                 if route is None:

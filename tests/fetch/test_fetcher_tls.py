@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from aivedio_engine.config import FetchSettings
-from aivedio_engine.fetch import FetchError, Fetcher, FetchPolicy, StaticResolver
+from aivedio_engine.fetch import Fetcher, FetchError, FetchPolicy, StaticResolver
 
 HOST = "video.cdn.provider.example"
 BODY = b"\x00\x00\x00\x18ftypmp42" + b"x" * 1000
@@ -72,7 +72,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         self.server.hosts.append(self.headers.get("Host"))  # type: ignore[attr-defined]
         self.send_response(200)
         self.send_header("Content-Length", str(len(BODY)))

@@ -41,8 +41,8 @@ from aivedio_engine.providers.sim.app import sample_mp4
 from aivedio_engine.services.consume import Envelope
 from aivedio_engine.services.output_fetch import OutputFetchService
 from aivedio_engine.storage import keys
-from tests.support.flow import Driver, sim_context
 from tests.support.app import tenant_with_key
+from tests.support.flow import Driver, sim_context
 from tests.support.pump import Pump
 from tests.support.sim import SimHandle, sim, sim_factory  # noqa: F401 - fixtures
 

@@ -80,7 +80,8 @@ def test_a_vendor_gets_a_short_lived_signed_url_for_each_reference(recorded: Any
                                   now=ctx.clock.now())
     # the signed URLs are credentials: no row of the task, its history or its messages holds one
     with ctx.engine.connect() as conn:
-        stored = [str(r) for t in (generation_tasks, task_state_events, outbox_events) for r in conn.execute(sa.select(t))]
+        stored = [str(r) for t in (generation_tasks, task_state_events, outbox_events)
+                  for r in conn.execute(sa.select(t))]
     assert not any("sig=" in row for row in stored)
 
 
@@ -94,7 +95,7 @@ def test_the_local_provider_reads_the_reference_as_a_file(tmp_path: Path) -> Non
         from aivedio_engine.db.assets import inputs_of
 
         found = inputs_of(conn, who.tenant_id, [image])
-    refs = ctx.submitter._references.resolve(found, [image], transport="file", now=ctx.clock.now())  # noqa: SLF001
+    refs = ctx.submitter._references.resolve(found, [image], transport="file", now=ctx.clock.now())
     path = Path(urlsplit(refs.images[0]).path)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == hashlib.sha256(PNG).hexdigest()
     ctx.close()

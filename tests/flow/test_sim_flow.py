@@ -50,7 +50,8 @@ def test_ambiguous_submits_with_lookup_make_no_duplicate_jobs(tmp_path: Path, pg
         assert truth["duplicate_paid_jobs"] == 0 and len(truth["jobs"]) == 100
         with ctx.engine.connect() as conn:
             unknown_seen = conn.execute(sa.text(
-                "SELECT count(DISTINCT task_id) FROM task_state_events WHERE to_status = 'SUBMIT_UNKNOWN'")).scalar_one()
+                "SELECT count(DISTINCT task_id) FROM task_state_events WHERE to_status = 'SUBMIT_UNKNOWN'"
+            )).scalar_one()
             resubmits = conn.execute(sa.select(sa.func.count()).select_from(task_attempts)
                                      .where(task_attempts.c.resubmitted_after_unknown)).scalar_one()
         assert unknown_seen >= 10  # ~20 % of 100 went through SUBMIT_UNKNOWN and were resolved

@@ -118,7 +118,8 @@ def test_same_envelope_delivered_twice_has_one_effect(ctx: AppContext, broker: d
 
     assert len(duplicates) == 1
     (inbox,) = inbox_rows(ctx)
-    assert (inbox.consumer_group, inbox.event_id, inbox.aggregate_id, inbox.result_digest) == (GROUP, event, task, "ready")
+    assert (inbox.consumer_group, inbox.event_id, inbox.aggregate_id, inbox.result_digest) \
+        == (GROUP, event, task, "ready")
     assert effects_per_task(ctx.engine) == {task.hex: 1}
     row = task_row(ctx, task)
     assert row.next_action_at is not None and (row.status, row.version) == (TaskStatus.QUEUED, 3)
@@ -194,7 +195,8 @@ def test_always_failing_actor_lands_in_dead_letters_once(ctx: AppContext, broker
 
 def _seen_count(ctx: AppContext, message_id: str) -> int:
     with ctx.engine.connect() as conn:
-        return conn.execute(sa.select(dead_letters.c.seen_count).where(dead_letters.c.message_id == message_id)).scalar()
+        return conn.execute(
+            sa.select(dead_letters.c.seen_count).where(dead_letters.c.message_id == message_id)).scalar()
 
 
 def test_invalid_envelope_is_dead_lettered_without_retries(ctx: AppContext, broker: dramatiq.Broker,

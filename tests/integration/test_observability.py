@@ -141,7 +141,7 @@ def test_broker_queue_depth_is_read_from_redis(tmp_path: Path) -> None:
 
 
 def test_actor_calls_are_counted_and_logged_with_their_task_ids(
-        tmp_path: Path, restore_logging: None) -> None:  # noqa: F811 - the imported fixture
+        tmp_path: Path, restore_logging: None) -> None:  # the imported fixture
     with running_sim() as sim:
         ctx = sim_context(tmp_path, sim, logging={"format": "json", "level": "DEBUG"})
         out = io.StringIO()

@@ -263,7 +263,8 @@ def test_listen_notify_wakes_the_relay_without_polling(engine: sa.Engine) -> Non
 def test_embedded_commit_wakes_the_relay_without_polling(tmp_path: Any) -> None:
     from aivedio_engine.bootstrap import build_context
 
-    ctx = build_context(load_settings(overrides={"data_dir": str(tmp_path)}), clock=MutableClock(T0 + timedelta(hours=1)))
+    ctx = build_context(load_settings(overrides={"data_dir": str(tmp_path)}),
+                        clock=MutableClock(T0 + timedelta(hours=1)))
     migrate.upgrade(ctx.engine)
     with ctx.engine.begin() as conn:
         tenant = insert_tenant(conn)

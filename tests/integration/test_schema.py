@@ -44,7 +44,8 @@ def _pg_type(t: Any) -> str:
 
 def _mirror_indexes(table: sa.Table) -> dict[str, tuple[tuple[str, ...], bool, bool]]:
     return {
-        ix.name: (tuple(c.name for c in ix.columns), bool(ix.unique), ix.dialect_options["postgresql"]["where"] is not None)
+        ix.name: (tuple(c.name for c in ix.columns), bool(ix.unique),
+                  ix.dialect_options["postgresql"]["where"] is not None)
         for ix in table.indexes
     }
 
@@ -58,7 +59,7 @@ def test_columns_match_mirror(engine: sa.Engine) -> None:
     for table in tables.metadata.sorted_tables:
         reflected = insp.get_columns(table.name)
         assert [c["name"] for c in reflected] == [c.name for c in table.columns], table.name
-        for col, ref in zip(table.columns, reflected):
+        for col, ref in zip(table.columns, reflected, strict=True):
             where = f"{table.name}.{col.name}"
             assert _pg_type(ref["type"]) == _pg_type(col.type), where
             assert ref["nullable"] == col.nullable, where
@@ -79,7 +80,8 @@ def test_keys_and_constraints_match_mirror(engine: sa.Engine) -> None:
 
         fks = {f["name"]: (f["constrained_columns"], f["referred_table"], f["referred_columns"])
                for f in insp.get_foreign_keys(table.name)}
-        mirror_fks = {fk.name: ([c.name for c in fk.columns], fk.referred_table.name, [e.column.name for e in fk.elements])
+        mirror_fks = {fk.name: ([c.name for c in fk.columns], fk.referred_table.name,
+                                [e.column.name for e in fk.elements])
                       for fk in table.foreign_key_constraints}
         assert fks == mirror_fks, table.name
 
@@ -91,7 +93,8 @@ def test_indexes_match_mirror(engine: sa.Engine) -> None:
     insp = sa.inspect(engine)
     for table in tables.metadata.sorted_tables:
         reflected = {
-            ix["name"]: (tuple(ix["column_names"]), bool(ix["unique"]), bool(ix.get("dialect_options", {}).get("postgresql_where")))
+            ix["name"]: (tuple(ix["column_names"]), bool(ix["unique"]),
+                         bool(ix.get("dialect_options", {}).get("postgresql_where")))
             for ix in insp.get_indexes(table.name)
             if "duplicates_constraint" not in ix  # the index behind a UNIQUE / PRIMARY KEY constraint
         }

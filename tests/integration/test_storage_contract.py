@@ -290,7 +290,7 @@ def test_fs_upload_target_is_a_signed_put_for_one_upload(tmp_path: Path) -> None
     assert not store.verify("GET", f"uploads/{upload_id}", expires, sig)  # type: ignore[attr-defined]
 
 
-def test_s3_presigned_post_policy_pins_key_size_and_type(moto_s3: MotoS3, tmp_path: Path) -> None:  # noqa: F811
+def test_s3_presigned_post_policy_pins_key_size_and_type(moto_s3: MotoS3, tmp_path: Path) -> None:
     """moto does not enforce POST policies, so the policy document itself is the test (U3)."""
     store = build_store(load_settings(None, {"data_dir": str(tmp_path), "storage": moto_s3.storage_settings()}))
     k, before = key(), datetime.now(UTC)
@@ -312,7 +312,7 @@ def test_s3_presigned_post_policy_pins_key_size_and_type(moto_s3: MotoS3, tmp_pa
     assert head is not None and head.size == 31_430 and head.sha256 is None  # a client wrote it: digest unknown
 
 
-def test_s3_multipart_upload_with_presigned_parts(moto_s3: MotoS3, tmp_path: Path) -> None:  # noqa: F811
+def test_s3_multipart_upload_with_presigned_parts(moto_s3: MotoS3, tmp_path: Path) -> None:
     store = build_store(load_settings(None, {"data_dir": str(tmp_path), "storage": moto_s3.storage_settings()}))
     k = key()
     parts = [os.urandom(5 * 1024 * 1024), os.urandom(1000)]

@@ -166,7 +166,7 @@ def test_the_files_of_a_recorded_derivative_are_not_orphans(embedded: AppContext
 
 
 def test_a_listing_that_fails_is_recorded_with_zero_counts(request: pytest.FixtureRequest, tmp_path: Path,
-                                                           moto_s3: MotoS3) -> None:  # noqa: F811
+                                                           moto_s3: MotoS3) -> None:
     gone = {**moto_s3.storage_settings(), "bucket": f"missing-{uuid.uuid4().hex[:12]}"}
     ctx = make_context(tmp_path / "data", clock=FakeClock(), storage=gone)
     try:

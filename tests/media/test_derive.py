@@ -13,8 +13,15 @@ import pytest
 
 from aivedio_engine.domain.status import DerivativeProfile as P
 from aivedio_engine.media import derive
-from aivedio_engine.media.derive import (DerivativeResult, MediaError, MediaUnavailable, build_derivatives,
-                                         content_type_for, job_dir, run_ffmpeg)
+from aivedio_engine.media.derive import (
+    DerivativeResult,
+    MediaError,
+    MediaUnavailable,
+    build_derivatives,
+    content_type_for,
+    job_dir,
+    run_ffmpeg,
+)
 from aivedio_engine.media.probe import MediaLimits, ProbeResult, StreamInfo, probe_file
 
 LIMITS = MediaLimits(timeout_s=60)

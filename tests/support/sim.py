@@ -189,7 +189,7 @@ def running_sink(status: int = 204) -> Iterator[CallbackSink]:
     sink = CallbackSink(status=status)
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length)
             sink.record(Received({k.lower(): v for k, v in self.headers.items()}, body, self.path))

@@ -87,7 +87,7 @@ def status_line(app: AivedioApp) -> str:
 
 
 @pytest.fixture
-def world(tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch) -> Iterator[Seeded]:  # noqa: F811
+def world(tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch) -> Iterator[Seeded]:
     """The three PROMPTS run through the whole pipeline on embedded SQLite."""
     seeded = seed(tmp_path, sim, None, monkeypatch, PROMPTS)
     yield seeded

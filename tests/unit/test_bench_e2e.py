@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from bench.common import BenchError
 from bench.e2e_overhead import (
     EXPECTED_DERIVED_FILES,
     STAGE_LABELS,
@@ -117,7 +118,7 @@ def test_redis_benchmark_csv_is_read() -> None:
            '"max_latency_ms"\n"LPUSH bench:k xxxx","18867.92","0.047","0.016","0.031","0.095","0.535","1.295"\n')
     r = parse_redis_csv(out)
     assert r["avg_latency_ms"] == 0.047 and r["rps"] == 18867.92 and "test" not in r
-    with pytest.raises(Exception):
+    with pytest.raises(BenchError):
         parse_redis_csv("ERR unknown command")
 
 

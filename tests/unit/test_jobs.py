@@ -4,9 +4,12 @@ history; a client without history reports what each poll sees."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
-from aivedio_engine.client import Snapshot
-from aivedio_engine.jobs import follow
+import pytest
+
+from aivedio_engine.client import ClientError, Snapshot
+from aivedio_engine.jobs import follow, parse_batch
 
 PATH = ["QUEUED", "DISPATCHING", "SUBMITTED", "OUTPUT_FETCHING", "POST_PROCESSING", "SUCCEEDED"]
 
@@ -45,3 +48,12 @@ def test_polling_client_reports_what_it_sees() -> None:
     client = _Client()
     follow(client, Snapshot("t", "QUEUED", 4, 0), lambda s: seen.append(s.status), timeout_s=5, stop=_Stop())
     assert seen == ["QUEUED", "SUCCEEDED"] and client.polls == 1
+
+
+@pytest.mark.parametrize("line", ['{"prompt": "a fox"', '{"prompt": "a fox", "seed": ' + "1" * 5000 + "}"],
+                         ids=["truncated", "huge-integer"])
+def test_a_line_that_is_not_json_is_a_client_error(tmp_path: Path, line: str) -> None:
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text('{"prompt": "a cat"}\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(ClientError, match=r"batch.jsonl:2: not JSON"):
+        parse_batch(batch)

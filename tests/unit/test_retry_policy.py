@@ -40,12 +40,14 @@ def test_matrix_has_one_row_per_error_class_of_the_seed() -> None:
     [
         (ErrorClass.LOCAL_INVALID, AutoRetry.NO, DuplicateRisk.NONE, Strategy.FAIL_FINAL),
         (ErrorClass.PROVIDER_REJECTED, AutoRetry.USUALLY_NO, DuplicateRisk.NONE, Strategy.FAIL_BUSINESS),
-        (ErrorClass.PROVIDER_RATE_LIMITED, AutoRetry.YES_DELAYED, DuplicateRisk.LOW, Strategy.BACKOFF_HONOUR_RETRY_AFTER),
+        (ErrorClass.PROVIDER_RATE_LIMITED, AutoRetry.YES_DELAYED, DuplicateRisk.LOW,
+         Strategy.BACKOFF_HONOUR_RETRY_AFTER),
         (ErrorClass.PROVIDER_5XX_NOT_ACCEPTED, AutoRetry.YES, DuplicateRisk.LOW, Strategy.BACKOFF),
         (ErrorClass.CONNECT_FAILED, AutoRetry.YES, DuplicateRisk.LOW, Strategy.SHORT_BACKOFF),
         (ErrorClass.SUBMIT_AMBIGUOUS, AutoRetry.NOT_IMMEDIATELY, DuplicateRisk.HIGH, Strategy.RECONCILE),
         (ErrorClass.QUERY_FAILED, AutoRetry.YES, DuplicateRisk.NONE, Strategy.BACKOFF_NO_STATE_CHANGE),
-        (ErrorClass.CALLBACK_PROCESSING_FAILED, AutoRetry.BY_REDELIVERY, DuplicateRisk.NONE, Strategy.PERSIST_AND_DEDUPE),
+        (ErrorClass.CALLBACK_PROCESSING_FAILED, AutoRetry.BY_REDELIVERY, DuplicateRisk.NONE,
+         Strategy.PERSIST_AND_DEDUPE),
         (ErrorClass.OUTPUT_DOWNLOAD_TRANSIENT, AutoRetry.YES, DuplicateRisk.EXTRA_TRAFFIC, Strategy.REDOWNLOAD),
         (ErrorClass.OUTPUT_URL_EXPIRED, AutoRetry.CONDITIONAL, DuplicateRisk.NONE, Strategy.REFRESH_URL_FIRST),
         (ErrorClass.MEDIA_WORKER_CRASHED, AutoRetry.YES, DuplicateRisk.EXTRA_COMPUTE, Strategy.RERUN_MEDIA),
@@ -135,6 +137,8 @@ def test_full_jitter_stays_within_zero_and_the_capped_exponential(
 
 def test_same_seed_same_schedule() -> None:
     budget = DEFAULT_BUDGETS[Step.OUTPUT_FETCH]
-    a = [decide_retry(ctx(ErrorClass.OUTPUT_DOWNLOAD_TRANSIENT, n), budget, T0, random.Random(9)).retry_at for n in (1, 2)]
-    b = [decide_retry(ctx(ErrorClass.OUTPUT_DOWNLOAD_TRANSIENT, n), budget, T0, random.Random(9)).retry_at for n in (1, 2)]
+    a = [decide_retry(ctx(ErrorClass.OUTPUT_DOWNLOAD_TRANSIENT, n), budget, T0, random.Random(9)).retry_at
+         for n in (1, 2)]
+    b = [decide_retry(ctx(ErrorClass.OUTPUT_DOWNLOAD_TRANSIENT, n), budget, T0, random.Random(9)).retry_at
+         for n in (1, 2)]
     assert a == b

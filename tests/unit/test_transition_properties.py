@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aivedio_engine.domain.status import TASK_TERMINAL, TaskStatus
-from aivedio_engine.domain.transitions import TASK_MACHINE, Decision, Rejection, TaskEvent, TaskSnapshot, Trigger, decide
+from aivedio_engine.domain.transitions import (
+    TASK_MACHINE,
+    Decision,
+    Rejection,
+    TaskEvent,
+    TaskSnapshot,
+    Trigger,
+    decide,
+)
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 

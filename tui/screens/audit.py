@@ -45,7 +45,8 @@ def _cell(value: Any) -> str:
 
 class AuditScreen(OpsScreen):
     NAME = "Audit"
-    FILTER_HINT = "filter: words that must appear in a check's id, status or invariant (e.g. violated, I4); empty clears"
+    FILTER_HINT = ("filter: words that must appear in a check's id, status or invariant (e.g. violated, I4); "
+                   "empty clears")
     BINDINGS = [Binding("r", "reload", "Run the checks again")]
 
     def __init__(self) -> None:

@@ -117,7 +117,8 @@ class OverviewScreen(OpsScreen):
             (p.name, (p.name, f"{p.active}/{p.limit if p.limit is not None else '∞'}", str(p.unknown),
                       str(p.orphans))) for p in o.providers])
         self.fill(self.query_one("#alerts", DataTable), [
-            (str(a.id) if a.id else f"{i}", (a.raised_at.strftime("%m-%d %H:%M:%S"), a.severity, a.rule, a.message[:120]))
+            (str(a.id) if a.id else f"{i}",
+             (a.raised_at.strftime("%m-%d %H:%M:%S"), a.severity, a.rule, a.message[:120]))
             for i, a in enumerate(o.alerts)])
         self.set_status(self._status(o))
 

@@ -65,7 +65,7 @@ class ReplayScreen(OpsScreen):
         table.border_title = f"{TITLES[self.kind]} (k: next pile)"
 
     def action_next_kind(self) -> None:
-        self.kind = KINDS[(KINDS.index(self.kind) + 1) % len(KINDS)]  # type: ignore[arg-type]
+        self.kind = KINDS[(KINDS.index(self.kind) + 1) % len(KINDS)]
         self.preview, self.rows = None, []
         self._columns()
         self.reload()

@@ -202,7 +202,7 @@ def _observation(data: dict[str, Any], event_id: str | None = None) -> Observati
     if isinstance(out, dict) and isinstance(out.get("url"), str):
         outputs = (Output(url=out["url"], expires_at=_parse_time(out.get("expires_at")),
                           content_type=out.get("content_type")),)
-    error = data.get("error") if isinstance(data.get("error"), dict) else {}
+    error = err if isinstance(err := data.get("error"), dict) else {}
     progress = data.get("progress")
     billed = data.get("billed")
     return Observation(
@@ -226,7 +226,7 @@ def _summary(item: Any) -> JobSummary | None:
         return None
     created = _parse_time(item.get("created_at"))
     try:
-        status = JobStatus(item.get("status"))
+        status = JobStatus(item.get("status", ""))
     except ValueError:
         return None
     if created is None:

@@ -15,9 +15,9 @@ import random
 import re
 import threading
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 #: probability faults: each is rolled once per opportunity (per call, per callback event, per output GET).
 PROBABILITY_FAULTS: Mapping[str, str] = MappingProxyType({

@@ -323,7 +323,8 @@ class SimState:
             due: tuple[datetime, int, Job] | None = None
             for job in self.jobs.values():
                 if job.status == "running":
-                    t = job.started_at + run_s  # type: ignore[operator]
+                    assert job.started_at is not None  # _run sets it with the status
+                    t = job.started_at + run_s
                 elif job.status in ("queued", "throttled") and not job.waiting:
                     t = job.ready_at
                 else:
@@ -382,7 +383,8 @@ class SimState:
             ttl = self.faults.url_expire_s if self.faults.url_expire_s is not None else self.config.output_url_ttl_s
             expires = now + timedelta(seconds=ttl)
             exp = f"{expires.timestamp():.3f}"
-            out["output"] = {"url": f"{self.base_url}/outputs/{job.id}.mp4?expires={exp}&sig={self._url_sig(job.id, exp)}",
+            sig = self._url_sig(job.id, exp)
+            out["output"] = {"url": f"{self.base_url}/outputs/{job.id}.mp4?expires={exp}&sig={sig}",
                              "expires_at": _iso(expires), "content_type": "video/mp4"}
         elif job.status == "failed":
             out["error"] = {"code": "generation_failed", "message": "the simulated model failed"}
