@@ -53,10 +53,11 @@ def read(conn: Connection, attempt_id: uuid.UUID, *, lock: bool = False) -> Any:
     return conn.execute(stmt).first()
 
 
-def by_job(conn: Connection, provider: str, job_id: str) -> Any:
-    return conn.execute(
-        sa.select(task_attempts).where(_a.provider == provider, _a.provider_job_id == job_id)
-    ).first()
+def by_job(conn: Connection, provider: str, job_id: str, *, lock: bool = False) -> Any:
+    stmt = sa.select(task_attempts).where(_a.provider == provider, _a.provider_job_id == job_id)
+    if lock and conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    return conn.execute(stmt).first()
 
 
 def current(conn: Connection, task_id: uuid.UUID) -> Any:

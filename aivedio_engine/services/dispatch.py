@@ -146,6 +146,22 @@ class Dispatcher:
         return True
 
 
+def lease_of(attempt: Any, tenant_id: uuid.UUID) -> Lease | None:
+    """The lease an attempt row holds, from rows already read (no query)."""
+    if attempt.fencing_token is None:
+        return None
+    return Lease.of(str(attempt.id), attempt.fencing_token,
+                    admission.scope_names(str(tenant_id), attempt.provider, attempt.model))
+
+
+def release_lease(engine: Engine, slots: SlotStore, lease: Lease) -> bool:
+    """Free a finished attempt's slot (after the commit that finished it); idempotent."""
+    released = slots.release(lease)
+    if released:  # a freed slot may admit a waiting task: wake the dispatcher
+        wakeup.committed(engine, (wakeup.DISPATCH,))
+    return released
+
+
 def attempt_lease(conn: Any, attempt_id: uuid.UUID) -> Lease | None:
     """The lease an attempt row holds, rebuilt from the row (any process can release it)."""
     row = conn.execute(
@@ -167,8 +183,4 @@ def release_if_finished(engine: Engine, slots: SlotStore, attempt_id: uuid.UUID)
         if state is None or state not in {s.value for s in ATTEMPT_TERMINAL}:
             return False
         lease = attempt_lease(conn, attempt_id)
-    released = lease is not None and slots.release(lease)
-    if released:  # a freed slot may admit a waiting task: wake the dispatcher
-        with engine.begin() as conn:
-            wakeup.notify(conn, wakeup.DISPATCH)
-    return released
+    return lease is not None and release_lease(engine, slots, lease)

@@ -9,6 +9,7 @@ raises an alert and is never applied.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +19,14 @@ from sqlalchemy import Connection, Engine
 from aivedio_engine.db import alerts, attempts, outbox, tasks
 from aivedio_engine.db.tables import generation_tasks, task_attempts, task_state_events
 from aivedio_engine.domain.events import EventType, fetch_route
-from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, StateEventOutcome, TaskStatus
+from aivedio_engine.domain.status import (
+    ATTEMPT_TERMINAL,
+    AlertSeverity,
+    AttemptStatus,
+    EventSource,
+    StateEventOutcome,
+    TaskStatus,
+)
 from aivedio_engine.domain.transitions import (
     AttemptEvent,
     Decision,
@@ -31,7 +39,9 @@ from aivedio_engine.domain.transitions import (
 )
 from aivedio_engine.providers.base import JobStatus
 from aivedio_engine.services import billing
-from aivedio_engine.services.consume import Envelope, consume_once
+from aivedio_engine.services.consume import PROCESSED, Envelope, Outcome, consume_once
+from aivedio_engine.services.dispatch import lease_of
+from aivedio_engine.slots.base import Lease
 from aivedio_engine.testing.failpoints import failpoint
 
 _ATTEMPT_EVENT = {
@@ -62,14 +72,29 @@ def task_event_for(status: JobStatus, task_status: str) -> TaskEvent | None:
     }.get(status)
 
 
-def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s: float = 900) -> str:
-    """Apply one observation (the outbox payload built by `services.observations`). Returns a digest."""
-    attempt = attempts.by_job(conn, obs["provider"], obs["job_id"])
+def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s: float = 900,
+           after: dict[str, Any] | None = None) -> str:
+    """Apply one observation (the outbox payload built by `services.observations`). Returns a digest.
+
+    The attempt is locked before the task (the order submit's tx B uses): read without its lock, a concurrent
+    reducer could move it between the read and the task's lock, and the task would move while the attempt kept
+    its old state and its slot. `after["lease"]` is set when the attempt ends up terminal: the caller frees that
+    slot once this transaction has committed."""
+    attempt = attempts.by_job(conn, obs["provider"], obs["job_id"], lock=True)
     if attempt is None:
         attempt = _bind_ambiguous(conn, obs, now)
     if attempt is None:
         return "unmatched"
     task = tasks.read(conn, attempt.task_id, lock=True)
+    moved: dict[str, AttemptStatus] = {}
+    digest = _reduce(conn, attempt, task, obs, now, urgent_fetch_s, moved)
+    if after is not None and moved.get("to", AttemptStatus(attempt.submit_state)) in ATTEMPT_TERMINAL:
+        after["lease"] = lease_of(attempt, task.tenant_id)
+    return digest
+
+
+def _reduce(conn: Connection, attempt: Any, task: Any, obs: dict[str, Any], now: datetime,
+            urgent_fetch_s: float, moved: dict[str, AttemptStatus]) -> str:
     source = EventSource(obs["source"])
     if conn.execute(sa.select(task_state_events.c.id).where(
             task_state_events.c.source == source.value,
@@ -83,8 +108,7 @@ def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s:
     if attempt.provider_updated_at and observed_at and observed_at < attempt.provider_updated_at:
         _record(conn, task, status, StateEventOutcome.STALE, base, "older than the newest applied observation")
         return "stale"
-    latest = attempts.current(conn, task.id)
-    if latest is not None and latest.id != attempt.id and status is JobStatus.SUCCEEDED:
+    if status is JobStatus.SUCCEEDED and int(task.current_attempt_no) != int(attempt.attempt_no):
         # a success of a superseded attempt: a second paid job exists (ambiguous submit resubmitted)
         _record(conn, task, status, StateEventOutcome.ANOMALY, base, "success of a superseded attempt")
         alerts.raise_alert(conn, alerts.Rule.DUPLICATE_PROVIDER_JOB, AlertSeverity.WARNING,
@@ -93,7 +117,7 @@ def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s:
                            message=f"provider {attempt.provider} finished superseded job {attempt.provider_job_id}")
         return "anomaly"
 
-    _move_attempt(conn, attempt, status, obs, observed_at, now)
+    _move_attempt(conn, attempt, status, obs, observed_at, now, moved)
     event = task_event_for(status, task.status)
     if event is None:  # queued / throttled: nothing to decide, but progress is worth showing
         _progress_only(conn, task, obs.get("progress"), now)
@@ -139,7 +163,7 @@ def _bind_ambiguous(conn: Connection, obs: dict[str, Any], now: datetime) -> Any
 
 
 def _move_attempt(conn: Connection, attempt: Any, status: JobStatus, obs: dict[str, Any],
-                  observed_at: datetime | None, now: datetime) -> None:
+                  observed_at: datetime | None, now: datetime, moved: dict[str, AttemptStatus]) -> None:
     values: dict[str, Any] = {}
     if observed_at and (attempt.provider_updated_at is None or observed_at > attempt.provider_updated_at):
         values["provider_updated_at"] = observed_at
@@ -153,7 +177,7 @@ def _move_attempt(conn: Connection, attempt: Any, status: JobStatus, obs: dict[s
                 values["completed_at"] = now
             if status is not JobStatus.SUCCEEDED and obs.get("error_code"):
                 values["provider_error_code"] = str(obs["error_code"])[:128]
-            attempts.transition(conn, attempt, event, now, **values)
+            moved["to"] = attempts.transition(conn, attempt, event, now, **values).to_status
             return
     except attempts.AttemptConflict:
         pass  # a late or repeated status for the attempt: its own state already says more
@@ -212,10 +236,23 @@ def _ts(value: Any) -> datetime | None:
 CONSUMER_GROUP = "reducer"
 
 
-def reduce_event(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s: float = 900) -> str:
+@dataclass(frozen=True, slots=True)
+class Reduced:
+    outcome: Outcome
+    #: the slot of an attempt this event left terminal, to free now that the transaction has committed
+    finished_lease: Lease | None = None
+
+
+def reduce_event(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s: float = 900) -> Outcome:
     """Consume one `provider.status.observed` event exactly once in effect."""
-    return consume_once(engine, CONSUMER_GROUP, envelope.event_id, envelope.aggregate_id,
-                        lambda conn: reduce(conn, envelope.payload, now, urgent_fetch_s), now)
+    return reduce_observation(engine, envelope, now, urgent_fetch_s).outcome
+
+
+def reduce_observation(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s: float = 900) -> Reduced:
+    after: dict[str, Any] = {}
+    outcome = consume_once(engine, CONSUMER_GROUP, envelope.event_id, envelope.aggregate_id,
+                           lambda conn: reduce(conn, envelope.payload, now, urgent_fetch_s, after), now)
+    return Reduced(outcome, after.get("lease") if outcome == PROCESSED else None)
 
 
 def attempt_of(engine: Engine, obs: dict[str, Any]) -> Any:

@@ -28,8 +28,8 @@ from aivedio_engine.domain.events import ALTERNATE_ROUTES, ROUTES, EventType
 from aivedio_engine.observability.logging import task_context
 from aivedio_engine.observability.metrics import measure_actor
 from aivedio_engine.services import intake, notifications, reducer
-from aivedio_engine.services.consume import Envelope, InvalidEnvelope
-from aivedio_engine.services.dispatch import release_if_finished
+from aivedio_engine.services.consume import DUPLICATE, Envelope, InvalidEnvelope
+from aivedio_engine.services.dispatch import release_if_finished, release_lease
 
 if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext
@@ -84,10 +84,14 @@ def submit_to_provider(ctx: AppContext, envelope: Envelope) -> None:
 
 @consumes(EventType.PROVIDER_STATUS_OBSERVED, max_retries=5, min_backoff=500, max_backoff=30_000, time_limit=30_000)
 def reduce_provider_status(ctx: AppContext, envelope: Envelope) -> None:
-    reducer.reduce_event(ctx.engine, envelope, ctx.clock.now(), ctx.settings.fetch.urgent_within_s)
-    attempt_id = reducer.attempt_of(ctx.engine, envelope.payload)
-    if attempt_id is not None:
-        release_if_finished(ctx.engine, ctx.slots, attempt_id)
+    done = reducer.reduce_observation(ctx.engine, envelope, ctx.clock.now(), ctx.settings.fetch.urgent_within_s)
+    if done.finished_lease is not None:
+        release_lease(ctx.engine, ctx.slots, done.finished_lease)
+    elif done.outcome == DUPLICATE:
+        # the first delivery may have committed and died before freeing the slot: check from the rows
+        attempt_id = reducer.attempt_of(ctx.engine, envelope.payload)
+        if attempt_id is not None:
+            release_if_finished(ctx.engine, ctx.slots, attempt_id)
 
 
 @consumes(EventType.FETCH_REQUESTED, max_retries=3, min_backoff=1_000, max_backoff=60_000, time_limit=900_000)
