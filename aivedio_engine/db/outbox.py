@@ -1,8 +1,7 @@
 """Writing outbox rows: always inside the caller's transaction, next to the state change they announce.
 
-On PostgreSQL the same transaction sends `NOTIFY aivedio_outbox`, delivered only on commit, so relays wake up
-without polling and never see a row before it exists. In embedded mode an in-process event is set once such a
-commit has completed (`db.wakeup`).
+Once the transaction has committed, the relays are woken (`db.wakeup`: a coalesced `NOTIFY aivedio_outbox` sent
+after the commit on PostgreSQL, an in-process event in embedded mode), so they never look before the row exists.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.dialects import postgresql, sqlite
 
 from aivedio_engine.clock import Clock
-from aivedio_engine.db import attempts
+from aivedio_engine.db import attempts, wakeup
 from aivedio_engine.db.outbox import NOTIFY_CHANNEL
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import dead_letters, outbox_events, provider_events
@@ -181,9 +181,8 @@ class ReplayService:
                     result.skipped.append({"id": str(key), "reason": "not found"})
                 else:
                     _ACT[kind](conn, row, result, now)
-            if result.done and not op.dry_run and kind != "orphans" and conn.dialect.name == "postgresql":
-                # wake the relays now rather than at their fallback check (delivered on commit)
-                conn.execute(sa.text("SELECT pg_notify(:ch, '')"), {"ch": NOTIFY_CHANNEL})
+            if result.done and not op.dry_run and kind != "orphans":
+                wakeup.notify(conn, NOTIFY_CHANNEL)  # the relays look now rather than at their fallback check
             affected = [d["id"] for d in result.done] + [i for d in result.done for i in d.get("also", [])]
             record(conn, op, affected_ids=affected, outcome=result.outcome, now=now)
         return result

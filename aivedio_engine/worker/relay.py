@@ -6,10 +6,10 @@ On PostgreSQL, `FOR UPDATE SKIP LOCKED` lets any number of relays share the tabl
 on SQLite (embedded, one process) `BEGIN IMMEDIATE` serializes relays instead. Holding the row locks while
 enqueueing is deliberate: the broker call is a local, fast one, and it is the only I/O inside the transaction.
 
-Wake-up without slow polling: PostgreSQL `LISTEN aivedio_outbox` on a dedicated connection (writers NOTIFY in
-the transaction that inserts the row, so the notification arrives only after the row is visible); embedded mode
-waits on the in-process event set after such a commit. A periodic check (`fallback_interval_s`) covers lost
-notifications and rows whose `available_at` lies in the future.
+Wake-up without slow polling: PostgreSQL `LISTEN aivedio_outbox` on a dedicated connection (the writer's process
+sends the NOTIFY after the commit that inserted the row, so it arrives only once the row is visible:
+`db.wakeup`); embedded mode waits on the in-process event set after such a commit. A periodic check
+(`fallback_interval_s`) covers lost notifications and rows whose `available_at` lies in the future.
 """
 
 from __future__ import annotations
