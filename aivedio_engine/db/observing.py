@@ -1,0 +1,65 @@
+"""The reducer's reads on PostgreSQL, in one round trip.
+
+A new observation needs four facts before anything can be decided: whether this delivery is the first (the
+inbox row), the attempt (locked), its task (locked, after the attempt — the order submit's tx B uses), and
+whether the observation was already recorded. Sent one by one they were four round trips; here they go as one
+psycopg pipeline of prepared statements with the transaction's BEGIN, on the caller's connection and inside its
+transaction. SQLite (embedded mode) has no such cost: the reducer reads through SQLAlchemy there.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from aivedio_engine.db.tables import generation_tasks, task_attempts
+
+_A_COLS = ", ".join(c.name for c in task_attempts.c)
+_T_COLS = ", ".join(c.name for c in generation_tasks.c)
+_INBOX = ("INSERT INTO inbox_dedup (consumer_group, event_id, aggregate_id, processed_at) "
+          "VALUES (%(group)s, %(event_id)s, %(aggregate_id)s, %(now)s) "
+          "ON CONFLICT (consumer_group, event_id) DO NOTHING RETURNING event_id")
+_ATTEMPT = (f"SELECT {_A_COLS} FROM task_attempts WHERE provider = %(provider)s AND provider_job_id = %(job_id)s "
+            "FOR UPDATE")
+_TASK = (f"SELECT {_T_COLS} FROM generation_tasks WHERE id = (SELECT task_id FROM task_attempts "
+         "WHERE provider = %(provider)s AND provider_job_id = %(job_id)s) FOR UPDATE")
+_SEEN = "SELECT 1 FROM task_state_events WHERE source = %(source)s AND source_event_id = %(dedup_key)s"
+_DIGEST = ("UPDATE inbox_dedup SET result_digest = %(digest)s "
+           "WHERE consumer_group = %(group)s AND event_id = %(event_id)s")
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    fresh: bool  # False: another delivery of this event was consumed already
+    attempt: Any  # None: no attempt has this job id (an orphan, or a job bound by request key)
+    task: Any
+    seen: bool  # the observation is in the task's history already
+
+
+def claim(conn: Connection, *, group: str, event_id: uuid.UUID, aggregate_id: uuid.UUID | None, now: datetime,
+          provider: str, job_id: str, source: str, dedup_key: str) -> Claimed:
+    from psycopg.rows import namedtuple_row
+
+    raw = conn.connection.driver_connection
+    params = {"group": group, "event_id": event_id, "aggregate_id": aggregate_id, "now": now,
+              "provider": provider, "job_id": job_id, "source": source, "dedup_key": dedup_key}
+    with raw.pipeline():  # type: ignore[union-attr]
+        cursors = [raw.cursor(row_factory=namedtuple_row) for _ in range(4)]  # type: ignore[union-attr]
+        for cur, sql in zip(cursors, (_INBOX, _ATTEMPT, _TASK, _SEEN), strict=True):
+            cur.execute(sql, params, prepare=True)
+        inbox, attempt, task, seen = (cur.fetchone() for cur in cursors)
+    return Claimed(fresh=inbox is not None, attempt=attempt, task=task, seen=seen is not None)
+
+
+def record_digest_and_commit(conn: Connection, *, group: str, event_id: uuid.UUID, digest: str | None) -> None:
+    """The inbox row's digest and the COMMIT in one round trip (the caller's transaction then has nothing left)."""
+    raw = conn.connection.driver_connection
+    with raw.pipeline():  # type: ignore[union-attr]
+        if digest:
+            raw.execute(_DIGEST, {"digest": digest[:128], "group": group, "event_id": event_id},  # type: ignore[union-attr]
+                        prepare=True)
+        raw.commit()  # type: ignore[union-attr]
