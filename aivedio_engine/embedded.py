@@ -58,6 +58,11 @@ def running(ctx: AppContext) -> Iterator[Principal]:
         yield principal
     finally:
         with sandbox.stopping():
-            runtime.shutdown()
+            try:
+                runtime.shutdown()
+            except KeyboardInterrupt:  # a second Ctrl-C: stop waiting for the roles, keep what they held
+                runtime.stop.set()
+                runtime.hand_back_undelivered()
+                raise
     if runtime.failed is not None:
         raise RuntimeError(f"an engine role failed: {runtime.failed}") from runtime.failed

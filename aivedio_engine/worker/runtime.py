@@ -110,16 +110,24 @@ class Runtime:
             self.worker.stop(timeout=WORKER_SHUTDOWN_TIMEOUT_MS)
         if self.broker is not None:
             self.broker.close()
-            try:
-                handed = undelivered.hand_back(self.ctx.engine, self.broker, self.ctx.clock.now())
-            except Exception:  # noqa: BLE001 - the sweeper re-drives them later; shutdown must go on
-                log.exception("could not hand undelivered messages back to the outbox")
-            else:
-                if handed:
-                    log.info("%d undelivered message(s) handed back to the outbox", handed)
+            self.hand_back_undelivered()
         for t in self._threads:
             t.join(_JOIN_TIMEOUT_S)
         log.info("aivedio stopped")
+
+    def hand_back_undelivered(self) -> int:
+        """In-memory broker: outbox rows of the messages it never finished → PENDING (see worker.undelivered).
+        Part of `shutdown`; on its own when shutdown was cut short (a second Ctrl-C)."""
+        if self.broker is None:
+            return 0
+        try:
+            handed = undelivered.hand_back(self.ctx.engine, self.broker, self.ctx.clock.now())
+        except Exception:  # noqa: BLE001 - the sweeper re-drives them later; shutdown must go on
+            log.exception("could not hand undelivered messages back to the outbox")
+            return 0
+        if handed:
+            log.info("%d undelivered message(s) handed back to the outbox", handed)
+        return handed
 
     def _spawn(self, name: str, target: Any, *args: Any) -> None:
         def guarded() -> None:
