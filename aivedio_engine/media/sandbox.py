@@ -65,8 +65,9 @@ def prefix(cpu_s: int, address_space_bytes: int, prlimit: str | None = None,
     cpu = max(1, int(cpu_s))
     setpriv = setpriv or shutil.which("setpriv")
     orphan_guard = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
-    return [*orphan_guard, prlimit, f"--as={address_space_bytes}", f"--cpu={cpu}:{cpu + 1}",
-            f"--nofile={NOFILE}", "--"]
+    # prlimit first (its limits hold for setpriv and what it execs); both exec, so the pid stays ffmpeg's
+    return [prlimit, f"--as={address_space_bytes}", f"--cpu={cpu}:{cpu + 1}", f"--nofile={NOFILE}", "--",
+            *orphan_guard]
 
 
 def signal_reason(returncode: int) -> str:

@@ -103,9 +103,11 @@ def test_a_child_runs_in_its_own_session_so_the_terminals_ctrl_c_never_reaches_i
 
 
 def test_the_prefix_keeps_the_limits_and_adds_the_orphan_guard() -> None:
+    # prlimit stays first (test_render_argv pins the CPU soft:hard gap on it); setpriv makes a child whose
+    # starting thread is gone (the command was killed outright) die instead of running on as an orphan
     argv = sandbox.prefix(10, 2**30, prlimit="/usr/bin/prlimit", setpriv="/usr/bin/setpriv")
-    assert argv == ["/usr/bin/setpriv", "--pdeathsig", "KILL", "--", "/usr/bin/prlimit", f"--as={2**30}",
-                    "--cpu=10:11", f"--nofile={sandbox.NOFILE}", "--"]
+    assert argv == ["/usr/bin/prlimit", f"--as={2**30}", "--cpu=10:11", f"--nofile={sandbox.NOFILE}", "--",
+                    "/usr/bin/setpriv", "--pdeathsig", "KILL", "--"]
 
 
 # --- ffmpeg (derive.run_ffmpeg) ---------------------------------------------------------------------------
