@@ -19,6 +19,8 @@ class ExitCode(IntEnum):
     PARTIAL = 3
     REFUSED = 4
     NOT_FOUND = 5
+    #: Ctrl-C (128 + SIGINT, as shells report it): the command stopped following, the tasks continue
+    INTERRUPTED = 130
 
 
 def out() -> Console:

@@ -3,11 +3,16 @@
 Without `--api-url` the engine runs inside this command (embedded: data dir, schema and a local tenant are made
 on first use); with `--api-url` and `--api-key` the command is an HTTP client of a running `aivedio serve`.
 Progress goes to stderr, so `--json` leaves exactly one JSON document on stdout.
+
+Ctrl-C stops following, never the work: the command submits nothing more, the embedded engine shuts down
+gracefully (media work it stops is retried by the next engine that runs, nothing is marked failed), one line
+says how to follow the task again, and the exit code is 130. A second Ctrl-C stops waiting for that shutdown.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import uuid
@@ -25,6 +30,7 @@ from aivedio_cli._render import ExitCode, emit_json, fail
 
 if TYPE_CHECKING:
     from aivedio_engine.client import GenerationClient, Snapshot
+    from aivedio_engine.jobs import BatchResult, StopFlag
 
 batch_app = typer.Typer(help="Run many generations from a JSONL file.", no_args_is_help=True)
 
@@ -35,6 +41,30 @@ _API_KEY = typer.Option(None, "--api-key", envvar="AIVEDIO_API_KEY", help="API k
 
 def _err() -> Console:
     return Console(file=sys.stderr)
+
+
+@contextmanager
+def _ctrl_c_stops(stop: StopFlag) -> Iterator[None]:
+    """While the block runs, the first Ctrl-C only sets `stop`; a second one raises KeyboardInterrupt as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()  # a bool: safe whatever this thread was doing when the signal landed
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted_line(text: str) -> None:
+    # print, not Rich: one line whatever the terminal width, and no markup in it
+    print(f"interrupted — {text}", file=sys.stderr, flush=True)
 
 
 @contextmanager
@@ -82,23 +112,47 @@ def generate(
     api_url: str | None = _API_URL,
     api_key: str | None = _API_KEY,
 ) -> None:
-    """Generate one video. Exit code 0 only when the task SUCCEEDED (or, without --wait, was accepted)."""
+    """Generate one video. Exit code 0 only when the task SUCCEEDED (or, without --wait, was accepted); 130 when
+    Ctrl-C stopped the command first (the task continues)."""
     from aivedio_engine.client import ClientError
-    from aivedio_engine.jobs import JobSpec, submit
+    from aivedio_engine.jobs import JobSpec, StopFlag, submit
 
     options = {k: v for k, v in {"model": model, "provider": provider, "duration_s": duration,
                                  "resolution": resolution}.items() if v is not None}
     spec = JobSpec(prompt, tuple(image), tuple(video), options, key or f"cli:{uuid.uuid4()}")
     err = _err()
-    with _client(ctx, api_url, api_key) as client:
-        try:
-            snap, resumed = submit(client, spec)
-            if not as_json:
-                err.print(f"task {snap.id} {'(already submitted) ' if resumed else ''}is {snap.status}")
-            if wait:
-                snap = _follow_with_progress(client, snap, err, timeout)
-        except ClientError as exc:
-            fail(str(exc))
+    stop = StopFlag()
+    snap: Snapshot | None = None
+    told = False
+
+    def interrupted() -> bool:
+        return stop.is_set() and (snap is None or (wait and not snap.finished))
+
+    try:
+        with _ctrl_c_stops(stop), _client(ctx, api_url, api_key) as client:
+            try:
+                if not stop.is_set():
+                    snap, resumed = submit(client, spec)
+                    if not as_json:
+                        err.print(f"task {snap.id} {'(already submitted) ' if resumed else ''}is {snap.status}")
+                if wait and snap is not None and not stop.is_set():
+                    snap = _follow_with_progress(client, snap, err, timeout, stop)
+            except ClientError as exc:
+                fail(str(exc))
+            if interrupted():  # say so now: the embedded engine's graceful shutdown may take a moment
+                _interrupted_line(_generate_interrupted_text(snap))
+                told = True
+    except KeyboardInterrupt:  # the second Ctrl-C, during submit or the engine's shutdown
+        stop.set()
+    if interrupted():
+        if not told:
+            _interrupted_line(_generate_interrupted_text(snap))
+        if as_json:
+            emit_json({"id": snap and snap.id, "status": snap.status if snap else "NOT_SUBMITTED",
+                       "version": snap and snap.version, "error": snap and snap.error,
+                       "outputs": snap.outputs if snap else {}, "interrupted": True})
+        raise typer.Exit(int(ExitCode.INTERRUPTED))
+    assert snap is not None
     if as_json:
         emit_json({"id": snap.id, "status": snap.status, "version": snap.version, "error": snap.error,
                    "outputs": snap.outputs})
@@ -108,7 +162,14 @@ def generate(
         raise typer.Exit(int(ExitCode.FAILED))
 
 
-def _follow_with_progress(client: GenerationClient, snap: Snapshot, err: Console, timeout: float) -> Snapshot:
+def _generate_interrupted_text(snap: Snapshot | None) -> str:
+    if snap is None:
+        return "nothing was submitted"
+    return f"the task continues; follow it with `aivedio generations wait {snap.id}`"
+
+
+def _follow_with_progress(client: GenerationClient, snap: Snapshot, err: Console, timeout: float,
+                          stop: StopFlag) -> Snapshot:
     from aivedio_engine.jobs import follow
 
     with Progress(TextColumn("[bold]{task.fields[status]:<16}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
@@ -122,7 +183,7 @@ def _follow_with_progress(client: GenerationClient, snap: Snapshot, err: Console
                 progress.console.print(f"  {s.status}")
             progress.update(bar, completed=s.progress, status=s.status)
 
-        return follow(client, snap, changed, timeout_s=timeout)
+        return follow(client, snap, changed, timeout_s=timeout, stop=stop)
 
 
 def _print_result(snap: Snapshot, err: Console) -> None:
@@ -147,9 +208,10 @@ def batch_run(
     api_url: str | None = _API_URL,
     api_key: str | None = _API_KEY,
 ) -> None:
-    """Run every line of FILE; a re-run resumes (same idempotency key per line). Exit 3 if some failed."""
+    """Run every line of FILE; a re-run resumes (same idempotency key per line). Exit 3 if some failed, 130 when
+    Ctrl-C stopped the command first (the submitted tasks continue)."""
     from aivedio_engine.client import ClientError
-    from aivedio_engine.jobs import BatchResult, parse_batch, run_batch
+    from aivedio_engine.jobs import StopFlag, parse_batch, run_batch
 
     try:
         specs = parse_batch(file)
@@ -157,27 +219,42 @@ def batch_run(
         fail(str(exc), ExitCode.USAGE)
     err = _err()
     lock = threading.Lock()
+    stop = StopFlag()
+    results: list[BatchResult] = []
+    told = False
     sink = open(out, "w", encoding="utf-8") if out else None  # noqa: SIM115 - closed below
     try:
-        with _client(ctx, api_url, api_key) as client, \
-                Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]}"),
-                         TimeElapsedColumn(), console=err) as progress:
-            bar = progress.add_task("batch", total=len(specs), failed="")
-            failed = [0]
+        with _ctrl_c_stops(stop), _client(ctx, api_url, api_key) as client:
+            with Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[failed]}"), TimeElapsedColumn(), console=err) as progress:
+                bar = progress.add_task("batch", total=len(specs), failed="")
+                failed = [0]
 
-            def done(result: BatchResult) -> None:
-                with lock:
-                    failed[0] += not result.ok
-                    progress.update(bar, advance=1, failed=f"{failed[0]} failed" if failed[0] else "")
-                    if sink:
-                        sink.write(json.dumps(result.as_dict(), sort_keys=True) + "\n")
-                        sink.flush()
+                def done(result: BatchResult) -> None:
+                    with lock:
+                        failed[0] += not result.ok
+                        progress.update(bar, advance=1, failed=f"{failed[0]} failed" if failed[0] else "")
+                        if sink:
+                            sink.write(json.dumps(result.as_dict(), sort_keys=True) + "\n")
+                            sink.flush()
 
-            results = run_batch(client, specs, concurrency=concurrency, timeout_s=timeout, on_result=done)
+                results = run_batch(client, specs, concurrency=concurrency, timeout_s=timeout, on_result=done,
+                                    stop=stop)
+            if any(r.interrupted for r in results):  # say so now: the engine's shutdown may take a moment
+                _interrupted_line(_batch_interrupted_text(results, file))
+                told = True
+    except KeyboardInterrupt:  # the second Ctrl-C, during the engine's shutdown
+        stop.set()
     finally:
         if sink:
             sink.close()
     summary = _summary(results)
+    if stop.is_set() and (summary["interrupted"] or len(results) < len(specs)):
+        if not told:
+            _interrupted_line(_batch_interrupted_text(results, file))
+        if as_json:
+            emit_json(summary)
+        raise typer.Exit(int(ExitCode.INTERRUPTED))
     if as_json:
         emit_json(summary)
     else:
@@ -190,7 +267,17 @@ def batch_run(
         raise typer.Exit(int(ExitCode.PARTIAL))
 
 
+def _batch_interrupted_text(results: list[BatchResult], file: Path) -> str:
+    submitted = sum(1 for r in results if r.interrupted and r.snapshot is not None)
+    if results and not submitted:
+        return f"nothing more was submitted; run `aivedio batch run {file}` again to submit the rest"
+    count = f"the {submitted} unfinished task(s)" if results else "the submitted tasks"
+    return (f"{count} continue; run `aivedio batch run {file}` again to follow them and submit the rest "
+            "(nothing is submitted twice)")
+
+
 def _summary(results: list[Any]) -> dict[str, Any]:
     return {"total": len(results), "succeeded": sum(r.ok for r in results),
-            "failed": sum(not r.ok for r in results), "resumed": sum(r.resumed for r in results),
+            "failed": sum(not r.ok and not r.interrupted for r in results),
+            "interrupted": sum(r.interrupted for r in results), "resumed": sum(r.resumed for r in results),
             "results": [r.as_dict() for r in results]}

@@ -4,6 +4,11 @@ First use creates what a fresh machine lacks: the data directory, the schema (em
 already be migrated — that is an operator's decision) and the local tenant with its key. The background roles
 (relay, worker, scheduler, sweeper) run as threads of this process until the block ends; tasks left unfinished
 stay in the database and continue with the next run or `aivedio serve`.
+
+The block ends the same way whether the task finished or the user pressed Ctrl-C: media children still running
+are stopped as interruptions (`media.sandbox.stopping`: their step is retried by the next engine, never failed)
+and no new one starts, then the roles shut down in order; messages the in-memory broker still held go back to
+the outbox (`worker.undelivered`), so the next run publishes them at once instead of waiting for the sweeper.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aivedio_engine.db import migrate
+from aivedio_engine.media import sandbox
 
 if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext
@@ -51,6 +57,12 @@ def running(ctx: AppContext) -> Iterator[Principal]:
     try:
         yield principal
     finally:
-        runtime.shutdown()
+        with sandbox.stopping():
+            try:
+                runtime.shutdown()
+            except KeyboardInterrupt:  # a second Ctrl-C: stop waiting for the roles, keep what they held
+                runtime.stop.set()
+                runtime.hand_back_undelivered()
+                raise
     if runtime.failed is not None:
         raise RuntimeError(f"an engine role failed: {runtime.failed}") from runtime.failed

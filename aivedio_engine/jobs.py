@@ -2,6 +2,8 @@
 
 Resuming rests on the Idempotency-Key: before uploading anything, the client asks whether the key already
 made a task; a re-run of the same batch line therefore never uploads again nor creates a second task.
+
+Following stops early when `stop` is set (Ctrl-C): the tasks are left as they are, to be followed again later.
 """
 
 from __future__ import annotations
@@ -14,12 +16,44 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aivedio_engine.client import ClientError, GenerationClient, Snapshot
 
 #: request fields a batch line may carry besides prompt/images/videos/key
 REQUEST_FIELDS = ("model", "provider", "duration_s", "resolution", "aspect_ratio", "seed", "priority", "deadline_s")
+
+
+class Stop(Protocol):
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class StopFlag:
+    """A stop request a signal handler may make: `set()` only stores a bool.
+
+    (`threading.Event.set` takes a lock; a handler that runs while its own thread holds that lock, e.g. inside
+    `Event.wait`, would deadlock.) `wait` polls the bool every `poll_s`."""
+
+    def __init__(self, poll_s: float = 0.05) -> None:
+        self._set = False
+        self._poll_s = poll_s
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._set:
+            left = self._poll_s if deadline is None else min(self._poll_s, deadline - time.monotonic())
+            if left <= 0:
+                break
+            time.sleep(left)
+        return self._set
 
 
 @dataclass(frozen=True)
@@ -46,13 +80,13 @@ def submit(client: GenerationClient, spec: JobSpec) -> tuple[Snapshot, bool]:
 
 
 def follow(client: GenerationClient, snap: Snapshot, on_change: Callable[[Snapshot], None], *,
-           timeout_s: float, interval_s: float = 0.25, stop: threading.Event | None = None) -> Snapshot:
+           timeout_s: float, interval_s: float = 0.25, stop: Stop | None = None) -> Snapshot:
     """Report every change of status or progress until the task ends, `timeout_s` passes or `stop` is set.
 
     Polls `get` — the source of truth — at `interval_s`. A client that can read the stored history
     (`changes`, embedded) reports every transition, also those that came and went between two polls; otherwise
     a change missed between two reads is still visible as the next status. The final snapshot is always re-read."""
-    stop = stop or threading.Event()
+    stop = stop if stop is not None else threading.Event()
     deadline = time.monotonic() + timeout_s
     history = getattr(client, "changes", None)
     last, seen_version = (snap.status, snap.progress), snap.version
@@ -124,6 +158,8 @@ class BatchResult:
     snapshot: Snapshot | None
     resumed: bool = False
     error: str | None = None
+    #: following stopped (Ctrl-C) before the task ended; `snapshot` is None when it was never submitted
+    interrupted: bool = False
 
     @property
     def ok(self) -> bool:
@@ -137,14 +173,21 @@ class BatchResult:
 
 
 def run_batch(client: GenerationClient, specs: Iterable[JobSpec], *, concurrency: int, timeout_s: float,
-              on_result: Callable[[BatchResult], None], stop: threading.Event | None = None,
+              on_result: Callable[[BatchResult], None], stop: Stop | None = None,
               interval_s: float = 0.5) -> list[BatchResult]:
-    """Submit and follow every job with `concurrency` at a time; `on_result` is called as each one ends."""
+    """Submit and follow every job with `concurrency` at a time; `on_result` is called as each one ends.
+
+    Once `stop` is set nothing more is submitted and following ends: those results are `interrupted` (and not
+    passed to `on_result`, since their tasks did not end)."""
 
     def one(spec: JobSpec) -> BatchResult:
+        if stop is not None and stop.is_set():
+            return BatchResult(spec, None, error="interrupted before it was submitted", interrupted=True)
         try:
             snap, resumed = submit(client, spec)
             snap = follow(client, snap, lambda _: None, timeout_s=timeout_s, interval_s=interval_s, stop=stop)
+            if not snap.finished and stop is not None and stop.is_set():
+                return BatchResult(spec, snap, resumed, "interrupted", interrupted=True)
             result = BatchResult(spec, snap, resumed,
                                  None if snap.finished else f"not finished after {timeout_s:g}s ({snap.status})")
         except ClientError as exc:

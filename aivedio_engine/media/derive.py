@@ -18,7 +18,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -53,7 +52,8 @@ Status = Literal["READY", "FAILED", "SKIPPED"]
 
 _HEAD = ["-nostdin", "-hide_banner", "-nostats", "-loglevel", "error", "-y"]
 _LOG_PREFIX = re.compile(r"^\s*(\[[^\]]*\]\s*)+")
-#: ffmpeg exits 255 when a signal it handles arrives; under our sandbox that is prlimit's SIGXCPU
+#: ffmpeg exits 255 when a signal it handles arrives; when we did not stop it, under our sandbox that is
+#: prlimit's SIGXCPU (our own stops are told apart by `sandbox.Child`, which records them)
 _SIGNALLED_EXIT = 255
 #: how an address-space cap shows up: ENOMEM text, x264's failed malloc, or EAGAIN from thread creation
 _ENOMEM_MARKERS = (b"Cannot allocate memory", b"out of memory", b"Out of memory", b"malloc of size",
@@ -76,6 +76,10 @@ class MediaUnavailable(MediaError):
         super().__init__(message, retryable=True)
 
 
+class MediaInterrupted(MediaUnavailable):
+    """ffmpeg was stopped (this process shutting down, SIGINT/SIGTERM/SIGHUP): retry, never a rejection."""
+
+
 @dataclass(slots=True)
 class DerivativeResult:
     profile: DerivativeProfile
@@ -87,6 +91,8 @@ class DerivativeResult:
     content_type: str | None = None
     error: str | None = None
     retryable: bool = False
+    #: stopped, not failed (MediaInterrupted): the whole job is retried soon
+    interrupted: bool = False
 
 
 def content_type_for(path: Path) -> str:
@@ -205,22 +211,26 @@ def run_ffmpeg(argv: Sequence[str], limits: MediaLimits, hide: Sequence[Path] = 
     prefix = sandbox.prefix(sandbox.encoder_cpu_s(limits.timeout_s), limits.memory_limit_bytes)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
     try:
-        proc = subprocess.run([*prefix, *argv], stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=limits.timeout_s, env=env, check=False)
+        proc = sandbox.run([*prefix, *argv], timeout_s=limits.timeout_s, env=env)
     except FileNotFoundError as exc:
         raise MediaUnavailable(f"ffmpeg not runnable: {Path(exc.filename or argv[0]).name}") from None
-    except subprocess.TimeoutExpired:
-        raise MediaError(f"ffmpeg timed out after {limits.timeout_s:g}s") from None
+    except sandbox.Interrupted:
+        raise MediaInterrupted("ffmpeg not started: the engine is stopping") from None
     if proc.returncode == 0:
         return
-    stderr = proc.stderr or b""
+    # who ended it first: ffmpeg exits 255 on the SIGINT/SIGTERM of a shutdown exactly as on SIGXCPU
+    if proc.ending is sandbox.Ending.TIMEOUT:
+        raise MediaError(f"ffmpeg timed out after {limits.timeout_s:g}s")
+    if proc.ending is sandbox.Ending.INTERRUPTED:
+        raise MediaInterrupted(f"ffmpeg {proc.reason}")
+    stderr = proc.stderr
     hidden = [*hide, *_file_args(argv)]
     if proc.returncode == 127:  # prlimit or the loader could not start ffmpeg (also: memory cap below its libraries)
         named = stderr.replace(argv[0].encode(), Path(argv[0]).name.encode())
         raise MediaUnavailable(f"ffmpeg could not be started: {_summary(named, hidden) or 'exit code 127'}")
     if proc.returncode < 0:
         raise MediaError(f"ffmpeg {sandbox.signal_reason(proc.returncode)} (resource limit)")
-    if proc.returncode == _SIGNALLED_EXIT:
+    if proc.returncode == _SIGNALLED_EXIT:  # nobody here stopped it, so the signal it trapped was a limit's
         raise MediaError("ffmpeg stopped by a signal (resource limit)")
     if any(marker in stderr for marker in _ENOMEM_MARKERS):
         raise MediaError("ffmpeg ran out of memory (resource limit)")
@@ -248,10 +258,15 @@ def build_derivatives(src: Path, probe: ProbeResult, workdir: Path, profiles: Se
     # config lists profiles as strings; the enum also rejects a typo before any work starts. The proxy goes
     # first: HLS is then cut from it instead of being encoded a second time.
     wanted = dict.fromkeys(DerivativeProfile(p) for p in profiles)
+    interrupted: str | None = None
     for profile in sorted(wanted, key=lambda p: p is not DerivativeProfile.PROXY_MP4):
         out_dir = Path(workdir) / profile.value
         if profile is DerivativeProfile.WAVEFORM and not has_audio(probe):
             results[profile] = DerivativeResult(profile, "SKIPPED", error="no audio stream")
+            continue
+        if interrupted is not None:  # the engine is stopping: starting the next encode would be refused too
+            results[profile] = DerivativeResult(profile, "FAILED", error=f"not built: {interrupted}", retryable=True,
+                                                interrupted=True)
             continue
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -261,7 +276,10 @@ def build_derivatives(src: Path, probe: ProbeResult, workdir: Path, profiles: Se
             # a full or unwritable work disk is ours to fix, so it is worth another attempt
             retryable = exc.retryable if isinstance(exc, MediaError) else isinstance(exc, OSError)
             message = exc.message if isinstance(exc, MediaError) else _os_message(exc)
-            results[profile] = DerivativeResult(profile, "FAILED", error=message, retryable=retryable)
+            results[profile] = DerivativeResult(profile, "FAILED", error=message, retryable=retryable,
+                                                interrupted=isinstance(exc, MediaInterrupted))
+            if isinstance(exc, MediaInterrupted):
+                interrupted = exc.message
     return results
 
 

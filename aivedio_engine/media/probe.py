@@ -16,7 +16,6 @@ import json
 import math
 import os
 import re
-import subprocess
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -49,6 +48,10 @@ class ProbeError(Exception):
 
 class ProbeUnavailable(Exception):
     """ffprobe itself is missing or broken: our fault, the upload must not be rejected for it."""
+
+
+class ProbeInterrupted(ProbeUnavailable):
+    """The probe was stopped (this process shutting down, SIGINT/SIGTERM/SIGHUP): retry it, never reject for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,17 +116,22 @@ def ffprobe_argv(path: Path, family: str, limits: MediaLimits, ffprobe: str = "f
 
 
 def run_ffprobe(path: Path, family: str, limits: MediaLimits, ffprobe: str = "ffprobe") -> dict[str, Any]:
-    """ffprobe's JSON for a local file. ProbeError when the content is refused or unreadable."""
+    """ffprobe's JSON for a local file. ProbeError when the content is refused or unreadable; ProbeInterrupted
+    when the probe was stopped for a reason that says nothing about the file (shutdown, SIGINT/SIGTERM/SIGHUP)."""
     argv = (sandbox.prefix(math.ceil(limits.timeout_s), limits.memory_limit_bytes)
             + ffprobe_argv(path, family, limits, ffprobe))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
     try:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=limits.timeout_s,
-                              env=env, check=False)
+        proc = sandbox.run(argv, timeout_s=limits.timeout_s, env=env)
     except FileNotFoundError as exc:
         raise ProbeUnavailable(f"ffprobe not runnable: {exc.filename}") from None
-    except subprocess.TimeoutExpired:
-        raise ProbeError(f"probe timed out after {limits.timeout_s:g}s") from None
+    except sandbox.Interrupted:
+        raise ProbeInterrupted("probe not started: the engine is stopping") from None
+    # who ended it first, the exit status second: ffprobe exits 255 on SIGINT/SIGTERM as on SIGXCPU
+    if proc.ending is sandbox.Ending.TIMEOUT:
+        raise ProbeError(f"probe timed out after {limits.timeout_s:g}s")
+    if proc.ending is sandbox.Ending.INTERRUPTED:
+        raise ProbeInterrupted(f"probe {proc.reason}")
     if proc.returncode == 127:  # the loader or prlimit could not start ffprobe at all
         raise ProbeUnavailable(_first_line(proc.stderr, path) or "ffprobe could not be started")
     if proc.returncode != 0:

@@ -1,10 +1,15 @@
 """The `local` provider (DESIGN §8): renders a real clip with ffmpeg in this process and serves it over loopback
 HTTP, so embedded mode exercises the same submit → poll → fetch path as a hosted vendor.
 
-Jobs live in memory (a restart forgets them; `find` then says NotFound and the engine may resubmit, which
-costs nothing here). Renders run on a thread pool sized by `max_concurrency`; each is an argv from
-`media.render` run under prlimit with a wall-clock timeout, in a per-job work directory that is always removed.
-Only a finished render is renamed into the served directory, so a partial file is never downloadable.
+Jobs live in memory. A restart forgets them, not what they left on disk: a job id this instance does not know
+is answered from the data dir when it can be — its output in the served directory means the render finished
+before the restart (SUCCEEDED, with a URL signed by this instance); a tombstone means it was stopped, not
+failed (ABORTED: not billed, so the engine submits again). A render is stopped rather than failed when the
+provider is closed before it ends (a Ctrl-C'd `aivedio generate`, a stopping `aivedio serve`) or when its
+ffmpeg is interrupted (SIGINT/SIGTERM/SIGHUP, `media.sandbox.stopping`). Any other unknown id is NotFound.
+Renders run on a thread pool sized by `max_concurrency`; each is an argv from `media.render` run through
+`media.sandbox` (prlimit, its own session, a wall-clock timeout), in a per-job work directory that is always
+removed. Only a finished render is renamed into the served directory, so a partial file is never downloadable.
 
 Output URLs carry an expiry and an HMAC over (job id, expiry) keyed per instance: an expired or edited URL
 gets 403, like a vendor CDN, which lets the engine's refresh-on-403 path run for real.
@@ -51,11 +56,15 @@ from aivedio_engine.providers.base import (
     TooLate,
     Unsupported,
 )
+from aivedio_engine.testing.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 
+_JOB_ID = re.compile(r"loc_[0-9a-f]{32}")
 _OUTPUT_PATH = re.compile(r"/outputs/(loc_[0-9a-f]{32})\.mp4")
-_FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED})
+_FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.ABORTED})
+#: where an ABORTED job leaves its id, so that an instance started later can still answer for it
+_TOMBSTONES = ".aborted"
 _DEFAULT_MODELS = {"local-v1": ModelSettings(max_duration_s=10, resolutions=["360p", "720p"],
                                              price_per_second={"360p": Decimal("0.5"), "720p": Decimal("1")})}
 _REJECT = ErrorClass.PROVIDER_REJECTED
@@ -74,8 +83,7 @@ class _Job:
     error_code: str | None = None
     error_message: str | None = None
     size_bytes: int | None = None
-    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    timed_out: bool = False
+    process: sandbox.Child | None = field(default=None, repr=False)
 
 
 def file_reference(url: str) -> Path | None:
@@ -115,6 +123,8 @@ class LocalProvider:
         self.root = Path(data_dir).resolve() / "local-provider"
         self._work = self.root / ".work"
         self._work.mkdir(parents=True, exist_ok=True)
+        self._tombstones = self.root / _TOMBSTONES
+        self._tombstones.mkdir(exist_ok=True)
         _remove_stale(self.root, self._work, render_timeout_s + 60, retention_s)
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
@@ -152,7 +162,9 @@ class LocalProvider:
     def query(self, job_id: str) -> Observation | NotFound | QueryFailed:
         with self._lock:
             job = self._jobs.get(job_id)
-            return NotFound() if job is None else self._observe(job)
+            if job is not None:
+                return self._observe(job)
+        return self._from_disk(job_id)
 
     def find(self, request_key: str) -> Observation | NotFound | Unsupported | QueryFailed:
         with self._lock:
@@ -186,8 +198,8 @@ class LocalProvider:
                 return
             self._closed = True
             running = [j for j in self._jobs.values() if j.status not in _FINISHED]
-            for job in running:
-                self._finish(job, JobStatus.FAILED, "provider_closed", "the local provider was shut down")
+            for job in running:  # stopped, not failed: nothing was delivered nor billed, the engine may resubmit
+                self._finish(job, JobStatus.ABORTED, "provider_closed", "the local provider was shut down")
             procs = [j.process for j in running if j.process is not None]
         for proc in procs:
             _stop(proc)
@@ -270,11 +282,40 @@ class LocalProvider:
             request_key=job.request_key, raw={"status": job.status.value, "progress": job.progress},
         )
 
+    def _from_disk(self, job_id: str) -> Observation | NotFound:
+        """A job this instance does not know, as far as the data dir tells (see the module docstring)."""
+        if not _JOB_ID.fullmatch(job_id):
+            return NotFound()
+        try:
+            stat = (self.root / f"{job_id}.mp4").stat()
+        except OSError:
+            stat = None
+        if stat is not None:  # renamed into place only once complete: the render finished before the restart
+            expires = int(self._clock.now().timestamp()) + self._ttl_s
+            out = Output(url=self.output_url(job_id, expires), content_type="video/mp4",
+                         expires_at=datetime.fromtimestamp(expires, UTC), size_bytes=stat.st_size)
+            return Observation(job_id=job_id, status=JobStatus.SUCCEEDED, progress=100, outputs=(out,),
+                               provider_updated_at=datetime.fromtimestamp(stat.st_mtime, UTC),
+                               raw={"status": JobStatus.SUCCEEDED.value, "recovered": True})
+        try:
+            code, _, message = (self._tombstones / job_id).read_text("utf-8").partition("\n")
+            at = datetime.fromtimestamp((self._tombstones / job_id).stat().st_mtime, UTC)
+        except OSError:
+            return NotFound()
+        return Observation(job_id=job_id, status=JobStatus.ABORTED, provider_updated_at=at,
+                           error_code=code or "aborted", error_message=message or None,
+                           raw={"status": JobStatus.ABORTED.value, "recovered": True})
+
     def _finish(self, job: _Job, status: JobStatus, code: str | None = None, message: str | None = None) -> None:
         job.status, job.error_code, job.error_message = status, code, message
         if status is JobStatus.SUCCEEDED:
             job.progress = 100
         job.updated_at = self._clock.now()
+        if status is JobStatus.ABORTED:  # the engine may only ask after a restart: answer it then too
+            try:
+                (self._tombstones / job.job_id).write_text(f"{code or 'aborted'}\n{message or ''}", "utf-8")
+            except OSError:
+                log.warning("local provider: cannot record aborted job %s", job.job_id)
 
     def _run(self, job: _Job) -> None:
         with self._lock:
@@ -304,35 +345,45 @@ class LocalProvider:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
         with open(work / "stderr.log", "wb") as errors:  # a file, not a pipe: a chatty ffmpeg cannot block
             try:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
-                                        env=env, cwd=work, start_new_session=True)
+                child = sandbox.spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+                                      env=env, cwd=work)
+            except sandbox.Interrupted:  # this process is stopping its children: not a verdict on the request
+                with self._lock:
+                    if job.status is JobStatus.RUNNING:
+                        self._finish(job, JobStatus.ABORTED, "render_interrupted", "the render was not started: "
+                                     "the engine is stopping")
+                return
             except OSError as exc:
                 with self._lock:
                     if job.status is JobStatus.RUNNING:
                         self._finish(job, JobStatus.FAILED, "ffmpeg_unavailable", str(exc)[:200])
                 return
-            with self._lock:
-                job.process = proc
-                if job.status is not JobStatus.RUNNING:  # canceled or closed between Popen and here
-                    proc.kill()
-            watchdog = threading.Timer(self._timeout_s, self._expire, (job, proc))
-            watchdog.daemon = True
-            watchdog.start()
-            try:
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    if (percent := render.progress_percent(line, job.spec.duration_s)) is not None:
-                        with self._lock:
-                            job.progress = max(job.progress, percent)
-                code = proc.wait()
-            finally:
-                watchdog.cancel()
+            with child:
+                with self._lock:
+                    job.process = child
+                    if job.status is not JobStatus.RUNNING:  # canceled or closed between spawn and here
+                        child.interrupt()
+                watchdog = threading.Timer(self._timeout_s, child.expire)  # recorded as ours before the kill
+                watchdog.daemon = True
+                watchdog.start()
+                try:
+                    assert child.proc.stdout is not None
+                    for line in child.proc.stdout:
+                        if (percent := render.progress_percent(line, job.spec.duration_s)) is not None:
+                            with self._lock:
+                                job.progress = max(job.progress, percent)
+                    code = child.wait()
+                finally:
+                    watchdog.cancel()
+        ending = child.ending(code)
         with self._lock:
             job.process = None
             if job.status is not JobStatus.RUNNING:
                 return
-            if job.timed_out:
+            if ending is sandbox.Ending.TIMEOUT:
                 self._finish(job, JobStatus.FAILED, "render_timeout", f"render exceeded {self._timeout_s:g} s")
+            elif ending is sandbox.Ending.INTERRUPTED:  # stopped, not failed: nothing to bill, submit again
+                self._finish(job, JobStatus.ABORTED, "render_interrupted", f"the render was {child.describe(code)}")
             elif code != 0:
                 reason = render.error_summary((work / "stderr.log").read_bytes(), (work, job.image))
                 self._finish(job, JobStatus.FAILED, "render_failed", reason or f"ffmpeg exited with {code}")
@@ -341,13 +392,6 @@ class LocalProvider:
                 os.replace(partial, final)
                 job.size_bytes = final.stat().st_size
                 self._finish(job, JobStatus.SUCCEEDED)
-
-    def _expire(self, job: _Job, proc: subprocess.Popen[bytes]) -> None:
-        with self._lock:
-            if job.process is not proc:
-                return
-            job.timed_out = True
-        proc.kill()
 
     def _font_for(self, prompt: str) -> Path | None:
         if self._font is not None and render.needs_cjk(prompt):
@@ -394,6 +438,7 @@ class _OutputHandler(BaseHTTPRequestHandler):
     sys_version = ""
 
     def do_GET(self) -> None:  # stdlib naming
+        failpoint("local.serve_output")  # tests hold a download here (a slow CDN) to stop the engine mid-fetch
         status, path = self.server.provider._authorize(self.path)
         try:
             handle = open(path, "rb") if path is not None else None  # noqa: SIM115 (closed below)
@@ -417,10 +462,10 @@ class _OutputHandler(BaseHTTPRequestHandler):
         pass  # request lines carry signed query strings, which must never reach logs
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(child: sandbox.Child) -> None:
     # SIGKILL, not SIGTERM: on TERM ffmpeg finalises the file (faststart rewrites it), work we then discard
-    proc.kill()
-    proc.wait()
+    child.interrupt()
+    child.proc.wait()
 
 
 def _remove_stale(root: Path, work: Path, work_age_s: float, output_age_s: float) -> None:
@@ -429,6 +474,6 @@ def _remove_stale(root: Path, work: Path, work_age_s: float, output_age_s: float
     for entry in work.iterdir():
         if now - entry.stat().st_mtime > work_age_s:
             shutil.rmtree(entry, ignore_errors=True)
-    for entry in root.glob("loc_*.mp4"):
+    for entry in [*root.glob("loc_*.mp4"), *(root / _TOMBSTONES).glob("loc_*")]:
         if now - entry.stat().st_mtime > output_age_s:
             entry.unlink(missing_ok=True)

@@ -7,6 +7,8 @@ records the probe facts and every derivative's own status, and decides: every re
 moderation hook → SUCCEEDED with the credit settlement and notification in the same transaction (or
 MANUAL_REVIEW with a review item); a gate rejection → FAILED_FINAL; a failure that may pass on another run →
 retry within the `media` budget, past which a human decides (seed §4.9.5: media failures never regenerate).
+An interrupted run (the engine stopping, SIGINT/SIGTERM/SIGHUP on a child: `media.sandbox` tells who ended it)
+is such a retry, due at once: nothing was wrong with the output or with us, so there is nothing to back off from.
 """
 
 from __future__ import annotations
@@ -38,7 +40,14 @@ from aivedio_engine.domain.status import (
 )
 from aivedio_engine.domain.transitions import TaskEvent
 from aivedio_engine.media import derive
-from aivedio_engine.media.probe import MediaLimits, ProbeError, ProbeResult, ProbeUnavailable, probe_file
+from aivedio_engine.media.probe import (
+    MediaLimits,
+    ProbeError,
+    ProbeInterrupted,
+    ProbeResult,
+    ProbeUnavailable,
+    probe_file,
+)
 from aivedio_engine.services import billing
 from aivedio_engine.services.consume import Envelope, consume_once
 from aivedio_engine.storage import keys
@@ -77,6 +86,7 @@ class Derived:
     sha256: str | None = None
     error: str | None = None
     retryable: bool = False
+    interrupted: bool = False
 
 
 @dataclass
@@ -86,6 +96,8 @@ class Outcome:
     rejected: str | None = None
     #: our side failed (ffprobe missing, store hiccup): another run may pass
     unavailable: str | None = None
+    #: the run was stopped, not failed (shutdown, SIGINT/SIGTERM/SIGHUP): retried at once, within the budget
+    interrupted: bool = False
     derived: dict[DerivativeProfile, Derived] = field(default_factory=dict)
 
 
@@ -140,6 +152,8 @@ class MediaService:
                     return Outcome(rejected="stored output does not match the checksum recorded at fetch")
             try:
                 probe = probe_file(src, "video", limits)
+            except ProbeInterrupted as exc:
+                return Outcome(unavailable=str(exc), interrupted=True)
             except ProbeUnavailable as exc:
                 return Outcome(unavailable=str(exc))
             except ProbeError as exc:
@@ -155,7 +169,7 @@ class MediaService:
         if res.status != "READY" or res.main is None:
             return Derived(res.profile, res.status,
                            keys.derivative_key(task.tenant_id, raw.id, res.profile, pv, "failed"),
-                           error=res.error, retryable=res.retryable)
+                           error=res.error, retryable=res.retryable, interrupted=res.interrupted)
         main = None
         for path in res.files:
             key = keys.derivative_key(task.tenant_id, raw.id, res.profile, pv, path.name)
@@ -189,7 +203,9 @@ class MediaService:
                 f"{p.value}: {outcome.derived[p].error if p in outcome.derived else 'not built'}" for p in missing)
             final = not outcome.unavailable and not any(outcome.derived[p].retryable
                                                         for p in missing if p in outcome.derived)
-            return self._retry_or_escalate(conn, envelope, task, raw, reasons, final, now)
+            interrupted = outcome.interrupted or any(outcome.derived[p].interrupted
+                                                     for p in missing if p in outcome.derived)
+            return self._retry_or_escalate(conn, envelope, task, raw, reasons, final, now, interrupted=interrupted)
         assert outcome.probe is not None
         hold = self._moderation.hold_reason(task, outcome.probe)
         if hold:
@@ -218,7 +234,7 @@ class MediaService:
             created_at=now, **values))
 
     def _retry_or_escalate(self, conn: Connection, envelope: Envelope, task: Any, raw: Any, reason: str,
-                           final: bool, now: datetime) -> str:
+                           final: bool, now: datetime, *, interrupted: bool = False) -> str:
         p = envelope.payload
         tried = int(p.get("try", 1))
         first = _ts(p.get("first_failure_at")) or now
@@ -229,8 +245,11 @@ class MediaService:
                                     self._settings.retry.budget(Step.MEDIA), now, self._rng)
             verdict, why, retry_at = decision.verdict, decision.reason, decision.retry_at
         if verdict is Verdict.RETRY:
+            if interrupted:  # a stop, not a fault: no backoff, the next engine to run picks it up at once
+                retry_at, why = now, f"interrupted: {reason}"[:200]
             conn.execute(generation_tasks.update().where(generation_tasks.c.id == task.id).values(
-                last_error_class=ErrorClass.MEDIA_WORKER_CRASHED.value, last_error_code="media_retry",
+                last_error_class=ErrorClass.MEDIA_WORKER_CRASHED.value,
+                last_error_code="media_interrupted" if interrupted else "media_retry",
                 updated_at=now))
             outbox.add(conn, EventType.MEDIA_PROCESS_REQUESTED, aggregate_type="task", aggregate_id=task.id,
                        aggregate_version=int(task.version), tenant_id=task.tenant_id, trace_id=task.trace_id,

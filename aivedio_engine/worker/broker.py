@@ -19,6 +19,7 @@ from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, Retries, Shutdow
 
 from aivedio_engine.config import ConfigError, Settings
 from aivedio_engine.worker.dead_letters import DeadLetters
+from aivedio_engine.worker.undelivered import Undelivered
 
 if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext
@@ -84,5 +85,7 @@ def setup_broker(settings: Settings, ctx: AppContext | None = None) -> dramatiq.
         raise ConfigError(f"invalid setting broker.kind: {kind!r} is not supported yet (use stub or redis)")
     context = ctx
     broker.add_middleware(DeadLetters(lambda: context.engine, context.clock.now))
+    if kind == "stub":  # its queues die with the process: `Runtime.shutdown` hands what was left to the outbox
+        broker.add_middleware(Undelivered())
     dramatiq.set_broker(broker)
     return broker

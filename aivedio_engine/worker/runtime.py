@@ -2,7 +2,8 @@
 
 One process may hold any set of roles; in embedded mode (StubBroker) the relay and the worker must share a
 process, because the in-memory broker is the only path between them. Shutdown order matters: relays stop first
-(no new messages), then the Dramatiq worker finishes the messages it holds and requeues its prefetched ones, then
+(no new messages), then the Dramatiq worker finishes the messages it holds and requeues its prefetched ones (the
+in-memory broker cannot: the outbox rows of what it still held go back to PENDING, `worker.undelivered`), then
 the API stops. A second signal falls through to the default handler, i.e. kills the process.
 """
 
@@ -19,6 +20,7 @@ import dramatiq
 
 from aivedio_engine.db import wakeup
 from aivedio_engine.db.wakeup import Waiter
+from aivedio_engine.worker import undelivered
 from aivedio_engine.worker.actors import declare_actors
 from aivedio_engine.worker.broker import setup_broker
 from aivedio_engine.worker.relay import Relay
@@ -109,9 +111,24 @@ class Runtime:
             self.worker.stop(timeout=WORKER_SHUTDOWN_TIMEOUT_MS)
         if self.broker is not None:
             self.broker.close()
+            self.hand_back_undelivered()
         for t in self._threads:
             t.join(_JOIN_TIMEOUT_S)
         log.info("aivedio stopped")
+
+    def hand_back_undelivered(self) -> int:
+        """In-memory broker: outbox rows of the messages it never finished → PENDING (see worker.undelivered).
+        Part of `shutdown`; on its own when shutdown was cut short (a second Ctrl-C)."""
+        if self.broker is None:
+            return 0
+        try:
+            handed = undelivered.hand_back(self.ctx.engine, self.broker, self.ctx.clock.now())
+        except Exception:
+            log.exception("could not hand undelivered messages back to the outbox")
+            return 0
+        if handed:
+            log.info("%d undelivered message(s) handed back to the outbox", handed)
+        return handed
 
     def _spawn(self, name: str, target: Any, *args: Any) -> None:
         def guarded() -> None:

@@ -1,0 +1,83 @@
+"""In-memory broker only: hand the messages a stopping process still held back to the outbox.
+
+The StubBroker's queues live in this process. Its consumer cannot requeue (Dramatiq's stub `requeue` is a
+no-op), so whatever it had not finished when the worker stopped — messages still queued, prefetched, waiting
+out a retry delay, or held by an actor that outlived the stop timeout — would vanish with the process while
+their outbox rows say PUBLISHED, and only the sweeper's stuck-task windows (minutes) would notice. `Undelivered`
+counts each message id in (enqueued) and out (acked or nacked: done, or dead-lettered and recorded); at
+shutdown `hand_back` turns the rows of those still open back to PENDING, so the next run publishes them at once.
+Consumers dedupe by event id, so a message that did finish its effect but not its ack is harmless to resend.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import Counter
+from datetime import datetime
+from typing import Any
+
+import dramatiq
+import sqlalchemy as sa
+from sqlalchemy import Engine
+
+from aivedio_engine.db.tables import outbox_events
+from aivedio_engine.domain.status import OutboxStatus
+
+
+class Undelivered(dramatiq.Middleware):
+    """Message ids this process's broker was given and has not finished (enqueued minus acked/nacked).
+
+    Counts, not a set: a retry re-enqueues the same id (to the delay queue, then back) before the failed
+    delivery is acked, and every hop is one enqueue and one ack."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: Counter[str] = Counter()
+
+    def after_enqueue(self, broker: dramatiq.Broker, message: Any, delay: Any) -> None:
+        with self._lock:
+            self._open[message.message_id] += 1
+
+    def after_ack(self, broker: dramatiq.Broker, message: Any) -> None:
+        self._done(message.message_id)
+
+    def after_nack(self, broker: dramatiq.Broker, message: Any) -> None:
+        self._done(message.message_id)
+
+    def _done(self, message_id: str) -> None:
+        with self._lock:
+            self._open[message_id] -= 1
+            if self._open[message_id] <= 0:
+                del self._open[message_id]
+
+    def open_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._open)
+
+
+def of(broker: dramatiq.Broker) -> Undelivered | None:
+    return next((m for m in broker.middleware if isinstance(m, Undelivered)), None)
+
+
+def hand_back(engine: Engine, broker: dramatiq.Broker, now: datetime) -> int:
+    """Outbox rows of the messages `broker` never finished → PENDING, due now. Returns how many rows changed.
+
+    Call once the worker and relay have stopped (nothing may consume or publish meanwhile)."""
+    tracker = of(broker)
+    if tracker is None:
+        return 0
+    ids = []
+    for message_id in tracker.open_ids():
+        try:
+            ids.append(uuid.UUID(message_id))
+        except ValueError:
+            continue  # not an outbox event (enqueued directly, e.g. by a test)
+    if not ids:
+        return 0
+    o = outbox_events.c
+    with engine.begin() as conn:
+        changed = conn.execute(sa.update(outbox_events)
+                               .where(o.id.in_(ids), o.status == OutboxStatus.PUBLISHED.value)
+                               .values(status=OutboxStatus.PENDING.value, available_at=now, published_at=None))
+    return int(changed.rowcount or 0)
