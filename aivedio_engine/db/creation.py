@@ -3,8 +3,8 @@
 The task, its four creation state events, the RESERVE ledger row, the `generation.queued` outbox row and the
 balance decrement commit together or not at all (seed 000 §4.9.2 "事务 1"). On PostgreSQL they are one
 data-modifying CTE, prepared once per connection and sent in one pipeline with BEGIN and the lock timeout:
-two round trips per create (that batch, then COMMIT) instead of twelve, and no SQLAlchemy statement built per
-call (research/performance_profile.md: 29 % of the API's CPU was statement construction).
+two round trips per create (that batch, then COMMIT) instead of seventeen, and no SQLAlchemy statement built
+per call (research/performance_profile.md: 29 % of the API's CPU was statement construction).
 
 Idempotency is the unique (tenant, key) index: `ON CONFLICT DO NOTHING` waits for a concurrent twin's
 transaction and then yields no row, so the caller replays the committed task; a twin that is still running
@@ -28,7 +28,7 @@ from sqlalchemy import Connection, Engine
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import ledger, outbox, tasks, wakeup
-from aivedio_engine.db.session import read_conn, write_tx
+from aivedio_engine.db.session import pg_transaction, read_conn, write_tx
 from aivedio_engine.db.tables import generation_tasks
 from aivedio_engine.domain.events import ROUTES, EventType
 from aivedio_engine.domain.status import EventSource, StateEventOutcome
@@ -156,13 +156,13 @@ def _create_pg(engine: Engine, new: NewTask) -> Any:
         with engine.connect() as sa_conn:
             raw: psycopg.Connection[Any] = sa_conn.connection.driver_connection  # type: ignore[assignment]
             try:
-                row = _run_pg(raw, params, new.tenant_id)
+                with pg_transaction(sa_conn):
+                    row = _run_pg(raw, params, new.tenant_id)
             except psycopg.OperationalError:
                 if attempt == 2 or not raw.broken:
                     raise
                 # a pooled connection the server dropped (restart, failover): nothing was committed on it, or
                 # the commit's fate is unknown — either way the retry either creates or finds the task by key
-                sa_conn.invalidate()
                 continue
         wakeup.committed(engine, (wakeup.OUTBOX,))
         return row
@@ -170,30 +170,27 @@ def _create_pg(engine: Engine, new: NewTask) -> Any:
 
 
 def _run_pg(raw: Any, params: dict[str, Any], tenant_id: uuid.UUID) -> Any:
+    """BEGIN, the lock timeout and the CTE in one round trip; COMMIT in a second."""
     import psycopg
 
     try:
         with raw.pipeline():
+            raw.execute("BEGIN")
             raw.execute(_LOCK_TIMEOUT_SQL, prepare=True)
             cur = raw.execute(_CREATE_SQL, params, prepare=True)
-            values = cur.fetchone()
-        if values is None:
-            raw.rollback()
-            raise KeyTaken
-        *task, reserved = values
-        if not reserved:
-            raw.rollback()
-            balance = raw.execute(_BALANCE_SQL, {"tenant_id": tenant_id}).fetchone()
-            raw.rollback()
-            raise Unaffordable(Decimal(balance[0] if balance else 0))
-        raw.commit()
+        values = cur.fetchone()  # after the block: inside it, the fetch would wait for a Flush of its own
     except psycopg.errors.LockNotAvailable:
         raw.rollback()
         raise KeyInFlight from None
-    except BaseException:
-        if not raw.broken:
-            raw.rollback()
-        raise
+    if values is None:
+        raw.execute("COMMIT")  # nothing was written; a COMMIT keeps the prepared statements, a ROLLBACK would not
+        raise KeyTaken
+    *task, reserved = values
+    if not reserved:
+        balance = raw.execute(_BALANCE_SQL, {"tenant_id": tenant_id}).fetchone()
+        raw.rollback()
+        raise Unaffordable(Decimal(balance[0] if balance else 0))
+    raw.execute("COMMIT")
     return _Row(dict(zip(_COLUMNS, task, strict=True)))
 
 

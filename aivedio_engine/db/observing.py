@@ -3,8 +3,8 @@
 A new observation needs four facts before anything can be decided: whether this delivery is the first (the
 inbox row), the attempt (locked), its task (locked, after the attempt — the order submit's tx B uses), and
 whether the observation was already recorded. Sent one by one they were four round trips; here they go as one
-psycopg pipeline of prepared statements with the transaction's BEGIN, on the caller's connection and inside its
-transaction. SQLite (embedded mode) has no such cost: the reducer reads through SQLAlchemy there.
+psycopg pipeline of prepared statements with the transaction's BEGIN (`db.session.pg_transaction`). SQLite
+(embedded mode) has no such cost: the reducer reads through SQLAlchemy there.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-
-from sqlalchemy import Connection
 
 from aivedio_engine.db.tables import generation_tasks, task_attempts
 
@@ -40,26 +38,26 @@ class Claimed:
     seen: bool  # the observation is in the task's history already
 
 
-def claim(conn: Connection, *, group: str, event_id: uuid.UUID, aggregate_id: uuid.UUID | None, now: datetime,
+def claim(raw: Any, *, group: str, event_id: uuid.UUID, aggregate_id: uuid.UUID | None, now: datetime,
           provider: str, job_id: str, source: str, dedup_key: str) -> Claimed:
+    """BEGIN and the four reads, one round trip."""
     from psycopg.rows import namedtuple_row
 
-    raw = conn.connection.driver_connection
     params = {"group": group, "event_id": event_id, "aggregate_id": aggregate_id, "now": now,
               "provider": provider, "job_id": job_id, "source": source, "dedup_key": dedup_key}
-    with raw.pipeline():  # type: ignore[union-attr]
-        cursors = [raw.cursor(row_factory=namedtuple_row) for _ in range(4)]  # type: ignore[union-attr]
+    with raw.pipeline():
+        raw.execute("BEGIN")
+        cursors = [raw.cursor(row_factory=namedtuple_row) for _ in range(4)]
         for cur, sql in zip(cursors, (_INBOX, _ATTEMPT, _TASK, _SEEN), strict=True):
             cur.execute(sql, params, prepare=True)
-        inbox, attempt, task, seen = (cur.fetchone() for cur in cursors)
+    # fetched after the block: inside it, each fetch would wait for a Flush of its own
+    inbox, attempt, task, seen = (cur.fetchone() for cur in cursors)
     return Claimed(fresh=inbox is not None, attempt=attempt, task=task, seen=seen is not None)
 
 
-def record_digest_and_commit(conn: Connection, *, group: str, event_id: uuid.UUID, digest: str | None) -> None:
-    """The inbox row's digest and the COMMIT in one round trip (the caller's transaction then has nothing left)."""
-    raw = conn.connection.driver_connection
-    with raw.pipeline():  # type: ignore[union-attr]
+def commit(raw: Any, *, group: str, event_id: uuid.UUID, digest: str | None) -> None:
+    """The inbox row's digest (if any) and COMMIT, one round trip."""
+    with raw.pipeline():
         if digest:
-            raw.execute(_DIGEST, {"digest": digest[:128], "group": group, "event_id": event_id},  # type: ignore[union-attr]
-                        prepare=True)
-        raw.commit()  # type: ignore[union-attr]
+            raw.execute(_DIGEST, {"digest": digest[:128], "group": group, "event_id": event_id}, prepare=True)
+        raw.execute("COMMIT")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import Connection, Engine
 
@@ -27,3 +28,30 @@ def read_conn(engine: Engine) -> Iterator[Connection]:
     also throw away the connection's prepared statements."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         yield conn
+
+
+@contextmanager
+def pg_transaction(conn: Connection) -> Iterator[Any]:
+    """Run the caller's transaction with BEGIN and COMMIT sent as statements inside pipelines, so neither costs a
+    round trip of its own (psycopg in transaction mode sends BEGIN and syncs before the first statement).
+
+    The driver connection is in autocommit while the caller works; SQLAlchemy statements run on it inside the
+    server-side transaction. On any error the transaction is rolled back; the connection leaves in its normal
+    mode either way."""
+    from psycopg.pq import TransactionStatus
+
+    raw: Any = conn.connection.driver_connection
+    raw.autocommit = True
+    try:
+        yield raw
+    except BaseException:
+        if not raw.broken:
+            raw.rollback()  # psycopg's own: it also forgets the prepared statements the abort lost
+        raise
+    finally:
+        if not raw.broken and raw.info.transaction_status == TransactionStatus.IDLE:
+            raw.autocommit = False
+        else:
+            conn.invalidate()
+
+

@@ -46,6 +46,11 @@ def committed(engine: Engine, channels: Iterable[str]) -> None:
         waker(channels)
 
 
+def flush_noted(engine: Engine, conn: Connection) -> None:
+    """After a commit made on the driver connection (SQLAlchemy saw no commit): wake what the statements noted."""
+    committed(engine, conn.info.pop(_PENDING, set()))
+
+
 def install_commit_hooks(engine: Engine, wake: Callable[[set[str]], None]) -> None:
     """Call `wake(channels)` after each commit that notified them.
 

@@ -16,7 +16,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
 
-from aivedio_engine.db import alerts, attempts, observing, outbox, tasks
+from aivedio_engine.db import alerts, attempts, observing, outbox, tasks, wakeup
+from aivedio_engine.db.session import pg_transaction
 from aivedio_engine.db.tables import generation_tasks, task_attempts, task_state_events
 from aivedio_engine.domain.events import EventType, fetch_route
 from aivedio_engine.domain.status import (
@@ -267,28 +268,30 @@ def attempt_of(engine: Engine, obs: dict[str, Any]) -> Any:
 
 
 def _reduce_pg(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s: float) -> Reduced:
-    """`consume_once` + `reduce` with the reads in one round trip and the inbox digest sent with the COMMIT:
-    6 round trips for a new RUNNING observation, 2 for a duplicate delivery (research/performance_profile.md
-    counted 22 and 13 at the actor)."""
+    """`consume_once` + `reduce` in as few round trips as the protocol allows: BEGIN with the four reads, the
+    writes, then the inbox digest with COMMIT — 6 for a new RUNNING observation, 2 for a duplicate delivery
+    (research/performance_profile.md counted 22 and 13 at the actor)."""
     obs = envelope.payload
-    with engine.connect() as conn, conn.begin():
-        got = observing.claim(conn, group=CONSUMER_GROUP, event_id=envelope.event_id,
-                              aggregate_id=envelope.aggregate_id, now=now, provider=obs["provider"],
-                              job_id=obs["job_id"], source=obs["source"], dedup_key=obs["dedup_key"])
-        if not got.fresh:
-            failpoint("consume.duplicate")
-            conn.rollback()
-            return Reduced(DUPLICATE)
-        lease = None
-        if got.attempt is None:  # an orphan, or bound by request key: the general path
-            after: dict[str, Any] = {}
-            digest = reduce(conn, obs, now, urgent_fetch_s, after)
-            lease = after.get("lease")
-        else:
-            moved: dict[str, AttemptStatus] = {}
-            digest = _reduce(conn, got.attempt, got.task, obs, now, urgent_fetch_s, moved, seen=got.seen)
-            if moved.get("to", AttemptStatus(got.attempt.submit_state)) in ATTEMPT_TERMINAL:
-                lease = lease_of(got.attempt, got.task.tenant_id)
-        failpoint("consume.before_commit")
-        observing.record_digest_and_commit(conn, group=CONSUMER_GROUP, event_id=envelope.event_id, digest=digest)
+    with engine.connect() as conn:
+        with pg_transaction(conn) as raw:
+            got = observing.claim(raw, group=CONSUMER_GROUP, event_id=envelope.event_id,
+                                  aggregate_id=envelope.aggregate_id, now=now, provider=obs["provider"],
+                                  job_id=obs["job_id"], source=obs["source"], dedup_key=obs["dedup_key"])
+            if not got.fresh:
+                failpoint("consume.duplicate")
+                observing.commit(raw, group=CONSUMER_GROUP, event_id=envelope.event_id, digest=None)  # wrote nothing
+                return Reduced(DUPLICATE)
+            lease = None
+            if got.attempt is None:  # an orphan, or bound by request key: the general path
+                after: dict[str, Any] = {}
+                digest = reduce(conn, obs, now, urgent_fetch_s, after)
+                lease = after.get("lease")
+            else:
+                moved: dict[str, AttemptStatus] = {}
+                digest = _reduce(conn, got.attempt, got.task, obs, now, urgent_fetch_s, moved, seen=got.seen)
+                if moved.get("to", AttemptStatus(got.attempt.submit_state)) in ATTEMPT_TERMINAL:
+                    lease = lease_of(got.attempt, got.task.tenant_id)
+            failpoint("consume.before_commit")
+            observing.commit(raw, group=CONSUMER_GROUP, event_id=envelope.event_id, digest=digest)
+        wakeup.flush_noted(engine, conn)
     return Reduced(PROCESSED, lease)
