@@ -411,9 +411,9 @@ def pgbench_safe(sql: str, allowed: set[str]) -> str:
                     out.append(":")
                     i += 1
                 continue
-            m = re.match(r"[A-Za-z_][A-Za-z0-9_]*", sql[i + 1:])
-            if m and m.group(0) not in allowed:
-                raise BenchError(f"SQL has ':{m.group(0)}' outside a string literal; pgbench would read it as a "
+            var = re.match(r"[A-Za-z_][A-Za-z0-9_]*", sql[i + 1:])
+            if var and var.group(0) not in allowed:
+                raise BenchError(f"SQL has ':{var.group(0)}' outside a string literal; pgbench would read it as a "
                                  f"variable: {sql[max(0, i - 60):i + 40]!r}")
         out.append(c)
         i += 1
@@ -542,14 +542,18 @@ class _Renderer:
     def array(self, a: Sequence[Any], b: Sequence[Any], la: str, lb: str, sa: _Side, sb: _Side, where: str) -> str:
         """A list parameter that differs between the captures: ARRAY[...] of its elements, each rendered like a
         parameter of its own (so a fresh id in an array is the same variable as elsewhere), with the array cast
-        psycopg's literal had (e.g. '{…}'::uuid[] → ARRAY[…]::uuid[]); the statement's own cast still applies."""
+        psycopg's literal had (e.g. '{…}'::uuid[] → ARRAY[…]::uuid[]; int2[]/int4[] widened to int8[], since the
+        values now follow :idx); the statement's own cast still applies."""
         if len(a) != len(b) or not a:
             self.warnings.append(f"{where}: array of {len(a)} vs {len(b)} elements in the second capture; replayed as "
                                  f"captured: {la[:100]}")
             return la
         elems = [self.value(x, y, sa, sb, f"{where}[{k}]") for k, (x, y) in enumerate(zip(a, b, strict=True))]
         m = _ARRAY_CAST.search(la)
-        return "ARRAY[" + ", ".join(elems) + "]" + (m.group(1) if m else "")
+        cast = m.group(1) if m else ""
+        if re.fullmatch(r"::int[24](\[\])+", cast):  # psycopg picks the smallest type for the captured values
+            cast = "::int8" + cast[len("::int2"):]
+        return "ARRAY[" + ", ".join(elems) + "]" + cast
 
     def templated(self, la: str, lb: str, sa: _Side, sb: _Side, where: str) -> str | None:
         """A string literal whose differences between the captures are ids, entity strings or timestamps:
