@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from bench.common import BenchError
+from bench.common import BenchError, script_round_trips
 from bench.own_sql import (
     FLIGHT_SEP,
     PIPELINE_SYNC,
@@ -117,6 +117,7 @@ def test_a_pipelined_cte_is_one_pipeline_between_begin_and_commit(create_script:
     assert lines[3].startswith("WITH task AS (") and lines[-3].endswith("FROM task;")
     assert create_script.statements == 2 and create_script.transactions == 1
     assert create_script.round_trips == 3 and create_script.tx_round_trips == [3]  # BEGIN, the pipeline, COMMIT
+    assert script_round_trips(create_script.text) == 3  # what the reports count for any script agrees
     assert create_script.shape == [["SELECT set_config lock_timeout + WITH (INSERT tasks ON CONFLICT, UPDATE tenants, "
                                     "INSERT events, INSERT outbox) SELECT task"]]
     assert create_script.warnings == []
