@@ -934,8 +934,9 @@ def round_trip_summary(info: dict[str, Any]) -> dict[str, Any]:
     each script (one per command)."""
     out: dict[str, Any] = {}
     for k, v in (info.get("round_trips") or {}).items():
-        out[k] = {"round_trips": v["round_trips_per_op"], "checkouts": v["checkouts_per_op"],
-                  "parse_messages": v["parse_messages_per_op"], "sequence": v["sequence"]}
+        out[k] = {"round_trips": v["round_trips_per_op"], "ready_for_query": v.get("ready_for_query_per_op"),
+                  "checkouts": v["checkouts_per_op"], "parse_messages": v["parse_messages_per_op"],
+                  "sequence": v["sequence"]}
     if info.get("product_transaction_round_trips"):
         out["product create transaction (BEGIN … COMMIT, on the wire)"] = {
             "round_trips": info["product_transaction_round_trips"][-1]}
@@ -1013,11 +1014,12 @@ def render(doc: dict[str, Any]) -> str:
 
     rt = doc.get("round_trips")
     if rt:
-        out += ["", "Round trips per operation (counted: libpq protocol trace at the API, one per ReadyForQuery, "
-                    "on warm connections; pgbench: one per command of the script):",
-                table(["operation", "round trips", "checkouts", "Parse msgs", "what they are"],
-                      [[k, fmt(v.get("round_trips")), fmt(v.get("checkouts")), fmt(v.get("parse_messages")),
-                        ", ".join(v.get("sequence") or [])] for k, v in rt.items()])]
+        out += ["", "Round trips per operation (counted: libpq protocol trace at the API, one per wait for the "
+                    "server — a Sync, a Flush or a simple query answered; ReadyForQuery messages beside — on warm "
+                    "connections; pgbench: one per command of the script, a pipeline once):",
+                table(["operation", "round trips", "ReadyForQuery", "checkouts", "Parse msgs", "what they are"],
+                      [[k, fmt(v.get("round_trips")), fmt(v.get("ready_for_query")), fmt(v.get("checkouts")),
+                        fmt(v.get("parse_messages")), ", ".join(v.get("sequence") or [])] for k, v in rt.items()])]
 
     own = doc.get("own_transaction") or {}
     for t, sc in (own.get("scripts") or {}).items():

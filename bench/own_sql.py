@@ -3,9 +3,15 @@
 The second baseline of `api_create` and `reducer` (BENCHMARKS.md, "Two baselines") is pgbench running the
 product's own transaction as one prepared script. Nothing here is a hand-copied version of today's SQL: the
 benchmark drives the real code path (a POST through the app, the Dramatiq actor function) against a scratch
-database, records every statement and its parameters with a SQLAlchemy `before_cursor_execute` listener, keeps
-the transactions that COMMIT, and renders them as a pgbench script. New or removed statements, ON CONFLICT,
-CTEs, executemany batches: whatever the product sends is what is replayed.
+database, records every statement and its parameters at the driver (psycopg's `Cursor.execute` / `executemany`,
+`Connection.commit` / `rollback` / `pipeline`, patched for the capture's duration: SQLAlchemy's statements and
+those the product sends straight through the psycopg connection alike, each once), keeps the transactions that
+COMMIT, and renders them as a pgbench script. New or removed statements, ON CONFLICT, data-modifying CTEs,
+executemany batches and psycopg pipelines (both as `\\startpipeline … \\endpipeline`, one round trip): whatever
+the product sends is what is replayed.
+
+Parameters are rendered as psycopg would send them (`sql.Literal`: Jsonb as '…'::jsonb, lists as '{…}'::type[]);
+a list whose elements vary becomes ARRAY[…]::type[] of its elements, each rendered like a parameter of its own.
 
 Per-transaction unique values. The same operation is captured at least twice, on two different entity
 indexes (say task 1 and task 2), and every parameter is compared between the two captures:
@@ -27,17 +33,20 @@ every client walks its own range, so no two transactions of a run (or of two run
 a key. `:tsn = :ts + :n` is the time prefix of generated ids (run start in ms, plus the client's counter), so
 ids stay roughly time-ordered like the product's UUIDv7 and inserts stay at the right edge of the index.
 
-`render_script` and `pgbench_safe` are pure; `Capture` and `WireCounter` need a database.
+`render_script`, `pgbench_safe`, `trace_waits` and `sql_label` are pure; `Recorder` and `WireCounter` need a
+database.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import subprocess
 import threading
 import time
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -55,13 +64,14 @@ class Stmt:
     sql: str
     params: Any  # a dict or a sequence; for executemany a list of them
     many: bool
+    pipeline: int | None = None  # the psycopg pipeline batch it was sent in (same number = same batch)
 
 
 @dataclass
 class Tx:
     began_at: datetime
     stmts: list[Stmt] = field(default_factory=list)
-    end: str = "open"  # commit | rollback | open
+    end: str = "open"  # commit | rollback | failed | autocommit | unknown | open
 
 
 @dataclass
@@ -78,53 +88,170 @@ class Operation:
         return [t for t in self.txs if t.end == "commit" and t.stmts]
 
     def signature(self) -> tuple[Any, ...]:
-        return tuple(tuple((s.sql, s.many, len(s.params) if s.many else 1) for s in t.stmts)
+        return tuple(tuple((s.sql, s.many, len(s.params) if s.many else 1, batch)
+                           for s, batch in zip(t.stmts, _batches(t.stmts), strict=True))
                      for t in self.committed())
 
 
+def _batches(stmts: Sequence[Stmt]) -> list[int | None]:
+    """Pipeline batch numbers renumbered 0, 1, ... in order of appearance (None: not in a pipeline)."""
+    seen: dict[int, int] = {}
+    return [None if s.pipeline is None else seen.setdefault(s.pipeline, len(seen)) for s in stmts]
+
+
+@dataclass
+class _ConnState:
+    tx: Tx | None = None
+    depth: int = 0  # psycopg pipeline nesting
+    batch: int | None = None
+
+
+def _query_text(query: Any, conn: Any) -> str:
+    if isinstance(query, str):
+        return query
+    if isinstance(query, (bytes, bytearray, memoryview)):
+        return bytes(query).decode()
+    if hasattr(query, "as_string"):  # psycopg.sql.Composable
+        return str(query.as_string(conn))
+    return str(query)
+
+
 class Recorder:
-    """SQLAlchemy listeners on one engine: every statement with its parameters, grouped into transactions,
-    grouped into operations (`with recorder.operation(i, label): ...`). Outside an operation nothing is kept."""
+    """Every statement one engine's connections send, with its parameters, grouped into transactions, grouped
+    into operations (`with recorder.operation(i, label): ...`). Outside an operation nothing is kept.
+
+    Hooked at the driver, below SQLAlchemy: `psycopg.Cursor.execute` / `executemany` (which SQLAlchemy calls,
+    and `Connection.execute` too), `Connection.commit` / `rollback` (SQLAlchemy's COMMIT and direct ones alike),
+    `Connection.pipeline` and `Pipeline.sync` (batches). So SQL the product sends straight through the psycopg
+    connection (`sa_conn.connection.driver_connection`) is recorded as well as SQLAlchemy's, each statement once
+    (a thread-local guard keeps a call psycopg makes inside another from counting twice). The patches are in
+    place only inside `operation()`; only connections the engine's pool handed out (its checkout event) count.
+
+    Transactions follow psycopg: a statement on a connection outside autocommit with no transaction open starts
+    one (psycopg sends BEGIN before it), commit() / rollback() end it; a statement in autocommit is its own
+    "autocommit" transaction (not replayed). A transaction that ended unseen (the server side is idle again
+    when the next statement comes) is marked "unknown" and not replayed either."""
 
     def __init__(self, engine: Any) -> None:
         import sqlalchemy as sa
 
-        self._lock = threading.Lock()
-        self._open: dict[int, Tx] = {}
+        self._lock = threading.RLock()
+        self._conns: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._state: dict[int, _ConnState] = {}
         self._cur: Operation | None = None
+        self._batch_no = 0
+        self._guard = threading.local()
+        self._saved: list[tuple[type, str, Any]] = []
         self.ops: list[Operation] = []
-        sa.event.listen(engine, "before_cursor_execute", self._exec)
-        sa.event.listen(engine, "begin", self._begin)
-        sa.event.listen(engine, "commit", lambda conn: self._end(conn, "commit"))
-        sa.event.listen(engine, "rollback", lambda conn: self._end(conn, "rollback"))
         sa.event.listen(engine, "checkout", self._checkout)
 
-    def _begin(self, conn: Any) -> None:
-        with self._lock:
-            if self._cur is not None:
-                tx = Tx(datetime.now(UTC))
-                self._open[id(conn)] = tx
-                self._cur.txs.append(tx)
+    # --- psycopg patches, for the duration of an operation
+    def _install(self) -> None:
+        import psycopg
 
-    def _exec(self, conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        rec = self
+
+        def guarded(call: Callable[[], Any]) -> Any:
+            rec._guard.depth = getattr(rec._guard, "depth", 0) + 1
+            try:
+                return call()
+            finally:
+                rec._guard.depth -= 1
+
+        orig_exec, orig_many = psycopg.Cursor.__dict__["execute"], psycopg.Cursor.__dict__["executemany"]
+        orig_commit, orig_rollback = psycopg.Connection.__dict__["commit"], psycopg.Connection.__dict__["rollback"]
+        orig_pipeline, orig_sync = psycopg.Connection.__dict__["pipeline"], psycopg.Pipeline.__dict__["sync"]
+
+        def execute(cur: Any, query: Any, params: Any = None, *args: Any, **kw: Any) -> Any:
+            rec._stmt(cur.connection, query, params, False)
+            return guarded(lambda: orig_exec(cur, query, params, *args, **kw))
+
+        def executemany(cur: Any, query: Any, params_seq: Any, *args: Any, **kw: Any) -> Any:
+            rows = list(params_seq)
+            rec._stmt(cur.connection, query, rows, True)
+            return guarded(lambda: orig_many(cur, query, rows, *args, **kw))
+
+        def ender(orig: Any, how: str) -> Any:
+            def end(conn: Any) -> Any:
+                try:
+                    res = guarded(lambda: orig(conn))
+                except BaseException:
+                    rec._end(conn, "failed")
+                    raise
+                rec._end(conn, how)
+                return res
+            return end
+
+        @contextlib.contextmanager
+        def pipeline(conn: Any) -> Any:
+            rec._pipe(conn, +1)
+            try:
+                with orig_pipeline(conn) as p:
+                    yield p
+            finally:
+                rec._pipe(conn, -1)
+
+        def sync(p: Any) -> Any:
+            rec._pipe(p._conn, 0)
+            return orig_sync(p)
+
+        for cls, name, fn in ((psycopg.Cursor, "execute", execute), (psycopg.Cursor, "executemany", executemany),
+                              (psycopg.Connection, "commit", ender(orig_commit, "commit")),
+                              (psycopg.Connection, "rollback", ender(orig_rollback, "rollback")),
+                              (psycopg.Connection, "pipeline", pipeline), (psycopg.Pipeline, "sync", sync)):
+            self._saved.append((cls, name, cls.__dict__[name]))
+            setattr(cls, name, fn)
+
+    def _uninstall(self) -> None:
+        while self._saved:
+            cls, name, fn = self._saved.pop()
+            setattr(cls, name, fn)
+
+    # --- what the patches report
+    def _mine(self, conn: Any) -> bool:
+        return self._cur is not None and conn in self._conns and not getattr(self._guard, "depth", 0)
+
+    def _stmt(self, conn: Any, query: Any, params: Any, many: bool) -> None:
         with self._lock:
-            if self._cur is None:
+            if not self._mine(conn):
                 return
-            tx = self._open.get(id(conn))
-            if tx is None:  # a statement outside a SQLAlchemy transaction (autocommit): its own "transaction"
-                tx = Tx(datetime.now(UTC), end="autocommit")
-                self._cur.txs.append(tx)
-            params = list(parameters) if executemany else parameters
-            tx.stmts.append(Stmt(statement, params, executemany))
+            st = self._state.setdefault(id(conn), _ConnState())
+            stmt = Stmt(_query_text(query, conn), params, many, st.batch if st.depth else None)
+            if conn.autocommit:
+                self._cur.txs.append(Tx(datetime.now(UTC), [stmt], end="autocommit"))  # type: ignore[union-attr]
+                return
+            if st.tx is not None and not st.depth:
+                from psycopg import pq
+
+                if conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:  # ended without commit()/rollback()
+                    st.tx.end, st.tx = "unknown", None
+            if st.tx is None:
+                st.tx = Tx(datetime.now(UTC))
+                self._cur.txs.append(st.tx)  # type: ignore[union-attr]
+            st.tx.stmts.append(stmt)
 
     def _end(self, conn: Any, how: str) -> None:
         with self._lock:
-            tx = self._open.pop(id(conn), None)
-            if tx is not None:
-                tx.end = how
+            if not self._mine(conn):
+                return
+            st = self._state.get(id(conn))
+            if st is not None and st.tx is not None:
+                st.tx.end, st.tx = how, None
 
-    def _checkout(self, *_: Any) -> None:
+    def _pipe(self, conn: Any, step: int) -> None:
+        """step +1: entering a pipeline, -1: leaving it, 0: Pipeline.sync() (the next statements are a new batch)."""
         with self._lock:
+            if not self._mine(conn):
+                return
+            st = self._state.setdefault(id(conn), _ConnState())
+            if step > 0 and st.depth == 0 or step == 0:
+                self._batch_no += 1
+                st.batch = self._batch_no
+            st.depth = max(0, st.depth + step)
+
+    def _checkout(self, dbapi_conn: Any, *_: Any) -> None:
+        with self._lock:
+            self._conns.add(dbapi_conn)
             if self._cur is not None:
                 self._cur.checkouts += 1
 
@@ -139,12 +266,15 @@ class _OpScope:
     def __enter__(self) -> Operation:
         with self.rec._lock:
             self.rec._cur = self.op
+            self.rec._state.clear()
+            self.rec._install()
         return self.op
 
     def __exit__(self, *exc: Any) -> None:
         with self.rec._lock:
+            self.rec._uninstall()
             self.rec._cur = None
-            self.rec._open.clear()
+            self.rec._state.clear()
         self.rec.ops.append(self.op)
 
 
@@ -221,7 +351,9 @@ _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _HEX32 = r"(?<![0-9a-fA-F])[0-9a-f]{32}(?![0-9a-fA-F])"
 _TS = r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?(?:[+-]\d{2}:\d{2}|Z)?"
 _LITERAL = re.compile(r"^\s*(E?)'((?:[^']|'')*)'((?:::[\w ]+(?:\[\])?)?)\s*$", re.S)
-_PLACEHOLDER = re.compile(r"%\(([^)]+)\)s|%%|%s")
+#: psycopg placeholders: %(name)s / %s, and their binary (b) and text (t) variants; %% is a literal %
+_PLACEHOLDER = re.compile(r"%\(([^)]+)\)[sbt]|%%|%[sbt]")
+_ARRAY_CAST = re.compile(r"(::[\w ]+(?:\[\])+)$")
 
 
 def q(text: str) -> str:
@@ -279,9 +411,9 @@ def pgbench_safe(sql: str, allowed: set[str]) -> str:
                     out.append(":")
                     i += 1
                 continue
-            m = re.match(r"[A-Za-z_][A-Za-z0-9_]*", sql[i + 1:])
-            if m and m.group(0) not in allowed:
-                raise BenchError(f"SQL has ':{m.group(0)}' outside a string literal; pgbench would read it as a "
+            var = re.match(r"[A-Za-z_][A-Za-z0-9_]*", sql[i + 1:])
+            if var and var.group(0) not in allowed:
+                raise BenchError(f"SQL has ':{var.group(0)}' outside a string literal; pgbench would read it as a "
                                  f"variable: {sql[max(0, i - 60):i + 40]!r}")
         out.append(c)
         i += 1
@@ -383,6 +515,8 @@ class _Renderer:
             return la if a == b else f"({self.fresh_hex(a, b, where)})::uuid"
         if la == lb:
             return la
+        if isinstance(a, (list, tuple)):
+            return self.array(a, b, la, lb, sa, sb, where)
         if isinstance(a, datetime):
             return self.ts_expr(a, sa)
         raw_a, raw_b = _raw_bytes(a), _raw_bytes(b)
@@ -404,6 +538,22 @@ class _Renderer:
                                  f"timestamps; replayed as captured: {la[:100]}")
             return la
         return expr
+
+    def array(self, a: Sequence[Any], b: Sequence[Any], la: str, lb: str, sa: _Side, sb: _Side, where: str) -> str:
+        """A list parameter that differs between the captures: ARRAY[...] of its elements, each rendered like a
+        parameter of its own (so a fresh id in an array is the same variable as elsewhere), with the array cast
+        psycopg's literal had (e.g. '{…}'::uuid[] → ARRAY[…]::uuid[]; int2[]/int4[] widened to int8[], since the
+        values now follow :idx); the statement's own cast still applies."""
+        if len(a) != len(b) or not a:
+            self.warnings.append(f"{where}: array of {len(a)} vs {len(b)} elements in the second capture; replayed as "
+                                 f"captured: {la[:100]}")
+            return la
+        elems = [self.value(x, y, sa, sb, f"{where}[{k}]") for k, (x, y) in enumerate(zip(a, b, strict=True))]
+        m = _ARRAY_CAST.search(la)
+        cast = m.group(1) if m else ""
+        if re.fullmatch(r"::int[24](\[\])+", cast):  # psycopg picks the smallest type for the captured values
+            cast = "::int8" + cast[len("::int2"):]
+        return "ARRAY[" + ", ".join(elems) + "]" + cast
 
     def templated(self, la: str, lb: str, sa: _Side, sb: _Side, where: str) -> str | None:
         """A string literal whose differences between the captures are ids, entity strings or timestamps:
@@ -512,11 +662,32 @@ def _substitute(sql: str, exprs: dict[str, str], positional: list[str]) -> str:
     def rep(m: re.Match[str]) -> str:
         if m.group(0) == "%%":
             return "%"
-        if m.group(1) is not None:
-            return exprs[m.group(1)]
-        return next(it)
+        expr = exprs[m.group(1)] if m.group(1) is not None else next(it)
+        return f"({expr})" if expr.startswith("-") else expr  # -%(x)s with x = -5 would be --5, a comment
 
     return _PLACEHOLDER.sub(rep, sql)
+
+
+def _render_stmt(r: _Renderer, sa_: Stmt, sb_: Stmt, side_a: _Side, side_b: _Side, where: str) -> list[str]:
+    """One captured statement (both captures) as pgbench SQL lines, one per row of an executemany."""
+    rows_a = sa_.params if sa_.many else [sa_.params]
+    rows_b = sb_.params if sb_.many else [sb_.params]
+    if len(rows_a) != len(rows_b):
+        raise BenchError(f"render: {where}: {len(rows_a)} vs {len(rows_b)} rows in the two captures")
+    out = []
+    for row, (pa, pb) in enumerate(zip(rows_a, rows_b, strict=True)):
+        if pa is None:  # no parameters: psycopg sends the text as it is (a % is not a placeholder then)
+            out.append(sa_.sql.strip().rstrip(";") + ";")
+            continue
+        la, lb = _leaves(pa), _leaves(pb)
+        if [k_ for k_, _ in la] != [k_ for k_, _ in lb]:
+            raise BenchError(f"render: {where}: parameter names differ between the captures")
+        exprs = {}
+        for (name, va), (_, vb) in zip(la, lb, strict=True):
+            exprs[name] = r.value(va, vb, side_a, side_b, f"{where} row {row} {name}")
+        positional = [exprs[str(i)] for i in range(len(la))] if not isinstance(pa, dict) else []
+        out.append(_substitute(sa_.sql, exprs, positional).strip().rstrip(";") + ";")
+    return out
 
 
 @dataclass
@@ -530,7 +701,7 @@ class Script:
     optional: dict[int, float]
     variables: dict[str, int]
     warnings: list[str]
-    shape: list[list[str]]  # per transaction: a label per statement
+    shape: list[list[str]]  # per transaction: a label per round trip (a pipeline's statements joined by +)
     tx_round_trips: list[int] = field(default_factory=list)  # per transaction, BEGIN and COMMIT included
 
     def as_dict(self) -> dict[str, Any]:
@@ -562,27 +733,30 @@ def render_script(a: Operation, b: Operation, literal: Callable[[Any], str], ent
         body.append("BEGIN;")
         round_trips += 2
         labels = []
-        for s, (sa_, sb_) in enumerate(zip(xa.stmts, xb.stmts, strict=False)):
-            side_a, side_b = _Side(a.index, xa.began_at), _Side(b.index, xb.began_at)
-            rows_a = sa_.params if sa_.many else [sa_.params]
-            rows_b = sb_.params if sb_.many else [sb_.params]
-            rendered = []
-            for row, (pa, pb) in enumerate(zip(rows_a, rows_b, strict=False)):
-                la, lb = _leaves(pa), _leaves(pb)
-                if [k_ for k_, _ in la] != [k_ for k_, _ in lb]:
-                    raise BenchError(f"render: tx {k} statement {s}: parameter names differ between the captures")
-                exprs = {}
-                for (name, va), (_, vb) in zip(la, lb, strict=False):
-                    exprs[name] = r.value(va, vb, side_a, side_b, f"tx {k} stmt {s} row {row} {name}")
-                positional = [exprs[str(i)] for i in range(len(la))] if not isinstance(pa, dict) else []
-                rendered.append(_substitute(sa_.sql, exprs, positional).strip().rstrip(";") + ";")
-            labels.append(sql_label(sa_.sql) + (f" ×{len(rendered)}" if sa_.many else ""))
-            statements += len(rendered)
+        side_a, side_b = _Side(a.index, xa.began_at), _Side(b.index, xb.began_at)
+        pairs = list(zip(xa.stmts, xb.stmts, strict=True))
+        batches = _batches(xa.stmts)
+        s = 0
+        while s < len(pairs):  # one round trip: a statement, an executemany, or a pipeline batch
+            e = s + 1
+            while batches[s] is not None and e < len(pairs) and batches[e] == batches[s]:
+                e += 1
+            group: list[str] = []
+            group_labels = []
+            for j in range(s, e):
+                sa_, sb_ = pairs[j]
+                rows = _render_stmt(r, sa_, sb_, side_a, side_b, f"tx {k} stmt {j}")
+                group += rows
+                group_labels.append(sql_label(sa_.sql) + (f" ×{len(rows)}" if sa_.many else ""))
+            labels.append(" + ".join(group_labels))
+            statements += len(group)
             round_trips += 1
-            if len(rendered) > 1:  # psycopg sends an executemany as one pipeline: one round trip
-                body += ["\\startpipeline", *rendered, "\\endpipeline"]
+            # a psycopg pipeline, or an executemany (psycopg sends it as one pipeline): one round trip
+            if batches[s] is not None or len(group) > 1:
+                body += ["\\startpipeline", *group, "\\endpipeline"]
             else:
-                body += rendered
+                body += group
+            s = e
         body.append("COMMIT;")
         if k in optional:
             body.append("\\endif")
@@ -612,41 +786,76 @@ _FRONT = re.compile(r"^F\t\d+\t(\w+)\t?(.*)$", re.S)
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
-def parse_trace(lines: Sequence[str], prepared: dict[str, str]) -> list[str]:
-    """libpq protocol trace → one label (the SQL, or BEGIN/COMMIT) per client round trip, i.e. per
-    ReadyForQuery the backend sent. `prepared` maps statement names to their SQL across calls."""
+#: a client round trip that sent several statements (a pipeline): their SQL joined by this, for `sql_label`
+FLIGHT_SEP = "\x1e"
+#: a round trip that sent no statement: the Sync that ends a psycopg pipeline whose results were already fetched
+PIPELINE_SYNC = "(pipeline sync)"
+#: frontend messages after which the client waits for the backend
+_WAIT_AFTER = frozenset({"Sync", "Flush", "Query"})
+
+
+def trace_waits(lines: Sequence[str], prepared: dict[str, str]) -> list[list[str]]:
+    """libpq protocol trace → the client's round trips: one per time it stopped to wait for the backend, i.e.
+    per run of backend messages that answers a Sync, a Flush or a simple Query; for each, the statements (SQL
+    text, one per Execute or Query) it sent since the previous one. `prepared` maps statement names to their
+    SQL across calls.
+
+    A Sync is answered by a ReadyForQuery, but in a psycopg pipeline a fetch before the end of the pipeline
+    sends a Flush and waits for the results without one, and the Sync at the end is another wait: counting
+    ReadyForQuery alone would miss the first. Backend messages read while the client is still sending (an
+    executemany reading early results) are not a wait."""
     records: list[str] = []
     for line in lines:  # a query text with newlines continues on the next lines of the trace
         if line.startswith(("F\t", "B\t")) or not records:
             records.append(line)
         else:
             records[-1] += "\n" + line
-    cycles: list[str] = []
-    label: str | None = None
+    waits: list[list[str]] = []
+    flight: list[str] = []
+    current: str | None = None  # the statement the next Execute runs (extended protocol)
+    last_front: str | None = None  # the frontend message sent last, None once the backend answered
     for line in records:
-        if _RFQ.match(line):
-            cycles.append(label or "?")
-            label = None
+        if line.startswith("B\t"):
+            if last_front in _WAIT_AFTER:
+                waits.append(flight)
+                flight = []
+            last_front = None
             continue
         m = _FRONT.match(line)
         if not m:
             continue
         kind, rest = m.groups()
+        last_front = kind
         quoted = _QUOTED.findall(rest)
-        if kind == "Query" and label is None:
-            label = quoted[0] if quoted else rest
+        if kind == "Query":
+            flight.append(quoted[0] if quoted else rest)
         elif kind == "Parse" and len(quoted) >= 2:
             if quoted[0]:
                 prepared[quoted[0]] = quoted[1]
-            if label is None:
-                label = quoted[1]
-        elif kind == "Bind" and len(quoted) >= 2 and label is None:
-            label = prepared.get(quoted[1], f"prepared {quoted[1]}")
-    return cycles
+            current = quoted[1]
+        elif kind == "Bind" and len(quoted) >= 2 and quoted[1]:
+            current = prepared.get(quoted[1], f"prepared {quoted[1]}")
+        elif kind == "Execute":
+            flight.append(current or "?")
+    return waits
+
+
+def parse_trace(lines: Sequence[str], prepared: dict[str, str]) -> list[str]:
+    """libpq protocol trace → one label per client round trip (`trace_waits`): the SQL it sent (several joined
+    by FLIGHT_SEP, which `sql_label` splits), or PIPELINE_SYNC if it sent none."""
+    return [FLIGHT_SEP.join(f) if f else PIPELINE_SYNC for f in trace_waits(lines, prepared)]
+
+
+def ready_for_query(lines: Sequence[str]) -> int:
+    """ReadyForQuery messages in a trace: one per Sync or simple query (the count before pipelines)."""
+    return sum(1 for ln in lines if _RFQ.match(ln))
 
 
 def sql_label(sql: str) -> str:
-    """'INSERT INTO inbox_dedup (...) ...' → 'INSERT inbox_dedup'; keeps FOR UPDATE / ON CONFLICT visible."""
+    """'INSERT INTO inbox_dedup (...) ...' → 'INSERT inbox_dedup'; keeps FOR UPDATE / ON CONFLICT visible. Several
+    statements of one round trip (joined by FLIGHT_SEP) → their labels joined by ' + '."""
+    if FLIGHT_SEP in sql:
+        return " + ".join(sql_label(part) for part in sql.split(FLIGHT_SEP))
     s = " ".join(sql.split())
     if s in ("", ";"):
         return "pre-ping (empty query)"
@@ -655,11 +864,18 @@ def sql_label(sql: str) -> str:
         return head or "?"
     if "pg_notify" in s:
         return "SELECT pg_notify"
+    if head == "SELECT" and (m := re.match(r"SELECT (?:pg_catalog\.)?set_config\('([\w.]+)'", s, re.I)):
+        return f"SELECT set_config {m.group(1)}"
     if head == "WITH":
+        split = _split_with(s)
+        if split is not None:
+            ctes, main = split
+            writes = [sql_label(c) for c in ctes if c.split(" ", 1)[0].upper() in ("INSERT", "UPDATE", "DELETE")]
+            return (f"WITH ({', '.join(writes)}) " if writes else "WITH … ") + sql_label(main)
         m = re.search(r"\)\s*(INSERT INTO|UPDATE|DELETE FROM|SELECT .*? FROM)\s+(\w+)", s, re.I)
         return f"WITH … {m.group(1).split()[0].upper()} {m.group(2)}" if m else s[:40]
     m = {"INSERT": re.search(r"INSERT INTO (\w+)", s, re.I), "UPDATE": re.search(r"UPDATE (\w+)", s, re.I),
-         "DELETE": re.search(r"DELETE FROM (\w+)", s, re.I), "SELECT": re.search(r" FROM (\w+)", s, re.I)}.get(head)
+         "DELETE": re.search(r"DELETE FROM (\w+)", s, re.I), "SELECT": _top_level_from(s)}.get(head)
     label = f"{head} {m.group(1)}" if m else s[:40]
     if head == "SELECT" and re.search(r"FOR UPDATE", s, re.I):
         label += " FOR UPDATE"
@@ -668,15 +884,70 @@ def sql_label(sql: str) -> str:
     return label
 
 
+def _top_level_from(s: str) -> re.Match[str] | None:
+    """The FROM of the statement itself, not of a subquery in its select list (else the first FROM)."""
+    depth, quote = 0, ""
+    level = []
+    for c in s:
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        level.append(depth == 0 and not quote)
+    for m in re.finditer(r" FROM (\w+)", s, re.I):
+        if level[m.start()]:
+            return m
+    return re.search(r" FROM (\w+)", s, re.I)
+
+
+def _split_with(s: str) -> tuple[list[str], str] | None:
+    """'WITH a AS (...), b AS (...) main' → (['...', '...'], 'main'), or None if it does not parse."""
+    m = re.match(r"WITH\s+(?:RECURSIVE\s+)?", s, re.I)
+    if not m:
+        return None
+    i, ctes = m.end(), []
+    while True:
+        m = re.compile(r'(?:\w+|"[^"]*")\s*(?:\([^()]*\)\s*)?AS\s+(?:NOT\s+)?(?:MATERIALIZED\s+)?\(', re.I).match(s, i)
+        if not m:
+            return None
+        depth, j, start = 1, m.end(), m.end()
+        while j < len(s) and depth:
+            c = s[j]
+            if c in "'\"":  # a literal or a quoted name: skip it ('' and "" stay inside)
+                k = s.find(c, j + 1)
+                while k != -1 and k + 1 < len(s) and s[k + 1] == c:
+                    k = s.find(c, k + 2)
+                if k == -1:
+                    return None
+                j = k
+            elif c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+            j += 1
+        if depth:
+            return None
+        ctes.append(s[start:j - 1].strip())
+        rest = re.compile(r"\s*,\s*").match(s, j)
+        if rest is None:
+            return ctes, s[j:].strip()
+        i = rest.end()
+
+
 class WireCounter:
-    """Counts what one engine sends: round trips (one per ReadyForQuery in libpq's protocol trace, i.e. per
-    Sync or simple query), Parse messages, pool checkouts. Attach before the engine opens a connection (or
-    dispose it after attaching): only connections opened afterwards are traced."""
+    """Counts what one engine sends: round trips (one per wait for the backend in libpq's protocol trace, see
+    `trace_waits`; ReadyForQuery messages beside), Parse messages, pool checkouts. Attach before the engine
+    opens a connection (or dispose it after attaching): only connections opened afterwards are traced."""
 
     def __init__(self, engine: Any, workdir: Path) -> None:
         import sqlalchemy as sa
 
         self.pgconns: list[Any] = []
+        self._dbapi: weakref.WeakSet[Any] = weakref.WeakSet()
         self.workdir = workdir
         self._files: list[tuple[Any, Any]] = []
         self._file: Any = None
@@ -689,6 +960,7 @@ class WireCounter:
     def _connect(self, dbapi_conn: Any, _rec: Any) -> None:
         pgc = dbapi_conn.pgconn
         self.pgconns.append(pgc)
+        self._dbapi.add(dbapi_conn)
         if self._file is not None:
             self._trace(pgc)
 
@@ -702,8 +974,25 @@ class WireCounter:
         pgc.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
         self._files.append((pgc, self._file))
 
-    def one(self, call: Callable[[], Any]) -> tuple[list[str], int, int]:
-        """Run `call` traced: (a label per round trip, Parse messages, checkouts)."""
+    def _known_prepared(self) -> None:
+        """Statements psycopg prepared before the trace started (a Bind names them, the Parse is not in the
+        trace): their SQL from each connection's prepared-statement cache, for names that mean the same SQL on
+        every connection that has them."""
+        seen: dict[str, set[str]] = {}
+        for conn in list(self._dbapi):
+            try:
+                names = dict(conn._prepared._names)  # psycopg's PrepareManager: (query, types) -> name
+            except Exception:  # noqa: BLE001 - a psycopg without it: labels stay "prepared <name>"
+                return
+            for (query, _types), name in names.items():
+                seen.setdefault(name.decode(), set()).add(bytes(query).decode(errors="replace"))
+        for name, queries in seen.items():
+            if len(queries) == 1:
+                self.prepared[name] = queries.pop()
+
+    def one(self, call: Callable[[], Any]) -> tuple[list[str], int, int, int]:
+        """Run `call` traced: (a label per round trip, Parse messages, checkouts, ReadyForQuery messages)."""
+        self._known_prepared()
         self._n += 1
         path = self.workdir / f"wire-{id(self)}-{self._n}.txt"
         self._file = path.open("w")
@@ -724,16 +1013,18 @@ class WireCounter:
         lines = path.read_text(errors="replace").splitlines()
         path.unlink(missing_ok=True)
         parses = sum(1 for ln in lines if re.match(r"^F\t\d+\tParse\b", ln))
-        return [sql_label(c) for c in parse_trace(lines, self.prepared)], parses, self._checkouts
+        return ([sql_label(c) for c in parse_trace(lines, self.prepared)], parses, self._checkouts,
+                ready_for_query(lines))
 
     def measure(self, calls: Sequence[Callable[[], Any]]) -> dict[str, Any]:
         """Per operation over `calls`: round trips, Parse messages, checkouts, each statement kind, and the
         sequence of the first one."""
         labels: Counter[str] = Counter()
-        rts = parses = checkouts = 0
+        rts = parses = checkouts = rfqs = 0
         first: list[str] = []
         for k, call in enumerate(calls):
-            seq, p, c = self.one(call)
+            seq, p, c, rfq = self.one(call)
+            rfqs += rfq
             if k == 0:
                 first = seq
             labels.update(seq)
@@ -742,6 +1033,7 @@ class WireCounter:
             checkouts += c
         n = max(1, len(calls))
         return {"operations": len(calls), "round_trips_per_op": round(rts / n, 2),
+                "ready_for_query_per_op": round(rfqs / n, 2),
                 "parse_messages_per_op": round(parses / n, 2), "checkouts_per_op": round(checkouts / n, 2),
                 "statements": {k: round(v / n, 2) for k, v in labels.most_common()}, "sequence": first}
 
@@ -775,17 +1067,22 @@ def settled_writes(pg: Postgres, db: str, changed_from: dict[str, tuple[int, int
 
 
 def committed_segments(sequence: Sequence[str]) -> list[list[str]]:
-    """The BEGIN … COMMIT stretches of a round-trip sequence (what one transaction costs on the wire)."""
-    out, cur = [], None
+    """The BEGIN … COMMIT stretches of a round-trip sequence (what one transaction costs on the wire). A round
+    trip's label may name several pipelined statements ('BEGIN + SELECT tenants'): it counts as the start if
+    its first is BEGIN, as the end if its last is COMMIT or ROLLBACK."""
+    out: list[list[str]] = []
+    cur: list[str] | None = None
     for label in sequence:
-        if label == "BEGIN":
-            cur = [label]
-        elif cur is not None:
-            cur.append(label)
-            if label in ("COMMIT", "ROLLBACK"):
-                if label == "COMMIT":
-                    out.append(cur)
-                cur = None
+        parts = label.split(" + ")
+        if parts[0] == "BEGIN":
+            cur = []
+        if cur is None:
+            continue
+        cur.append(label)
+        if parts[-1] in ("COMMIT", "ROLLBACK"):
+            if parts[-1] == "COMMIT":
+                out.append(cur)
+            cur = None
     return out
 
 

@@ -1438,8 +1438,9 @@ def render(doc: dict[str, Any]) -> str:
                     table(["path", "events/s", "Python process", "PG backends", "redis"], rows)]
     rt = doc.get("round_trips")
     if rt:
-        out += ["", "Round trips per event (counted: libpq protocol trace, one per ReadyForQuery, 1 thread, after a "
-                    "warm-up on the same path; pgbench: one per command of the script):",
+        out += ["", "Round trips per event (counted: libpq protocol trace, one per wait for the server — a Sync, a "
+                    "Flush or a simple query answered —, 1 thread, after a warm-up on the same path; pgbench: one per "
+                    "command of the script, a pipeline once):",
                 table(["path", "PG round trips", "checkouts", "Parse msgs", "Redis cmds", "what they are"],
                       [[k, fmt(v.get("round_trips")), fmt(v.get("checkouts")), fmt(v.get("parse_messages")),
                         fmt(v.get("redis_commands")), ", ".join(v.get("sequence") or [])] for k, v in rt.items()])]
