@@ -11,7 +11,9 @@ from aivedio_cli import (
     config_cmd,
     db_cmd,
     generate_cmd,
+    generations_cmd,
     ledger_cmd,
+    models_cmd,
     reconcile_cmd,
     replay_cmd,
     review_cmd,
@@ -39,6 +41,8 @@ app.add_typer(tenants_cmd.tenants_app, name="tenants")
 app.add_typer(tenants_cmd.keys_app, name="keys")
 app.command("generate")(generate_cmd.generate)
 app.add_typer(generate_cmd.batch_app, name="batch")
+app.add_typer(generations_cmd.app, name="generations")
+app.add_typer(models_cmd.app, name="models")
 app.command("states")(states_cmd.states)
 app.command("serve")(serve_cmd.serve)
 app.command("sim-provider")(sim_cmd.sim_provider)

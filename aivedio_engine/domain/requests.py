@@ -50,11 +50,17 @@ class Catalog:
     def find(self, model: str, provider: str | None) -> ModelSpec:
         matches = [m for m in self.models if m.model == model and (provider is None or m.provider == provider)]
         if not matches:
-            if provider is not None and any(m.model == model for m in self.models):
-                raise InvalidRequest("provider", f"provider {provider!r} does not offer model {model!r}")
-            raise InvalidRequest("model", f"unknown model {model!r}")
+            offering = sorted({m.provider for m in self.models if m.model == model})
+            if provider is not None and offering:
+                raise InvalidRequest("provider", f"provider {provider!r} does not offer model {model!r} "
+                                                 f"(offered by: {', '.join(offering)})")
+            raise InvalidRequest("model", f"unknown model {model!r} (known: {self.known_models()})")
         preferred = [m for m in matches if m.provider == self.default_provider]
         return (preferred or matches)[0]
+
+    def known_models(self) -> str:
+        """The models that can be requested, for an error message: "a, b" or "none configured"."""
+        return ", ".join(sorted({m.model for m in self.models})) or "none configured"
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from aivedio_engine.config import Settings
-from aivedio_engine.domain.requests import Catalog, ModelSpec
+from aivedio_engine.domain.requests import ASPECT_RATIOS, Catalog, ModelSpec
 
 
 def build_catalog(settings: Settings) -> Catalog:
@@ -25,3 +25,19 @@ def build_catalog(settings: Settings) -> Catalog:
         default_provider=settings.default_provider,
         default_deadline_s=settings.limits.default_deadline_s,
     )
+
+
+def describe_models(catalog: Catalog) -> list[dict[str, object]]:
+    """Each model a client may request, with its limits and prices (`GET /v1/models`, `aivedio models list`)."""
+    return [
+        {
+            "provider": m.provider,
+            "model": m.model,
+            "max_duration_s": m.max_duration_s,
+            "default_duration_s": m.default_duration_s,
+            "resolutions": list(m.resolutions),
+            "aspect_ratios": list(ASPECT_RATIOS),
+            "price_per_second": {r: str(p) for r, p in m.price_per_second.items()},
+        }
+        for m in catalog.models
+    ]

@@ -202,7 +202,8 @@ class GenerationService:
             try:
                 stmt = stmt.where(_t.status == TaskStatus(status).value)
             except ValueError:
-                raise InvalidInput(f"unknown status {status!r}", field="status") from None
+                raise InvalidInput(f"unknown status {status!r} (known: {', '.join(s.value for s in TaskStatus)})",
+                                   field="status") from None
         if cursor is not None:
             stmt = stmt.where(_t.id < cursor)
         stmt = stmt.order_by(_t.id.desc()).limit(limit + 1)

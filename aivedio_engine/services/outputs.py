@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 import sqlalchemy as sa
@@ -31,6 +33,8 @@ PLAYLIST_PATH = "/v1/playback/{asset_id}/index.m3u8"
 MAX_PLAYLIST_BYTES = 1024 * 1024
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _MAP_URI = re.compile(r'URI="([^"]*)"')
+#: the name `original()` files the raw output under, beside the derivative profiles
+ORIGINAL = "original"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,8 @@ class OutputFile:
     size_bytes: int | None
     width: int | None
     height: int | None
+    #: hex SHA-256 recorded on the asset row when the object was stored (None if none was recorded)
+    sha256: str | None = None
 
 
 class OutputService:
@@ -53,20 +59,37 @@ class OutputService:
     def files(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> dict[str, OutputFile]:
         """READY derivatives of the task's output under the current pipeline version, by profile."""
         a, t = assets.c, generation_tasks.c
-        stmt = (sa.select(a.id, a.profile, a.object_key, a.size_bytes, a.width, a.height)
+        stmt = (sa.select(a.id, a.profile, a.object_key, a.size_bytes, a.width, a.height, a.checksum_algorithm,
+                          a.checksum_value)
                 .join(generation_tasks, t.output_asset_id == a.parent_asset_id)
                 .where(t.id == task_id, t.tenant_id == tenant_id, a.tenant_id == tenant_id,
                        a.status == AssetStatus.READY.value,
                        a.pipeline_version == self._settings.media.pipeline_version))
         with self._engine.connect() as conn:
             rows = conn.execute(stmt).all()
-        return {r.profile: OutputFile(r.id, r.profile, r.object_key, r.size_bytes, r.width, r.height) for r in rows}
+        return {r.profile: OutputFile(r.id, r.profile, r.object_key, r.size_bytes, r.width, r.height, _sha256(r))
+                for r in rows}
 
-    def urls(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> dict[str, str]:
-        """Signed, expiring playback URLs (`storage.playback_url_ttl_s`); paths starting with / are on our API."""
+    def original(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> OutputFile | None:
+        """The raw provider output the derivatives were made from, for this machine's own user (embedded mode:
+        `aivedio generations download`). Never handed out over the API: clients get transcoded derivatives only."""
+        a, t = assets.c, generation_tasks.c
+        stmt = (sa.select(a.id, a.object_key, a.size_bytes, a.width, a.height, a.checksum_algorithm,
+                          a.checksum_value)
+                .join(generation_tasks, t.output_asset_id == a.id)
+                .where(t.id == task_id, t.tenant_id == tenant_id, a.tenant_id == tenant_id))
+        with self._engine.connect() as conn:
+            r = conn.execute(stmt).first()
+        return None if r is None else OutputFile(r.id, ORIGINAL, r.object_key, r.size_bytes, r.width, r.height,
+                                                 _sha256(r))
+
+    def urls(self, tenant_id: uuid.UUID, task_id: uuid.UUID,
+             files: dict[str, OutputFile] | None = None) -> dict[str, str]:
+        """Signed, expiring playback URLs (`storage.playback_url_ttl_s`); paths starting with / are on our API.
+        `files` is what `files()` returned, when the caller already read it."""
         ttl = self._settings.storage.playback_url_ttl_s
         urls = {}
-        for profile, f in self.files(tenant_id, task_id).items():
+        for profile, f in (self.files(tenant_id, task_id) if files is None else files).items():
             if profile == DerivativeProfile.HLS.value:
                 expires = self._signer.expires_in(ttl)
                 path = PLAYLIST_PATH.format(asset_id=f.asset_id)
@@ -99,18 +122,11 @@ class OutputService:
         folder = key.rsplit("/", 1)[0] + "/"
 
         def signed(name: str) -> str:
-            if not _SAFE_NAME.fullmatch(name):  # our playlists name files in their own folder, nothing else
+            if not safe_segment_name(name):  # our playlists name files in their own folder, nothing else
                 raise NotFound("playlist not found")
             return self._store.signed_get_url(folder + name, ttl)
 
-        lines = []
-        for line in text.decode("utf-8").splitlines():
-            if line.startswith("#EXT-X-MAP:"):
-                line = _MAP_URI.sub(lambda m: f'URI="{signed(m.group(1))}"', line)
-            elif line and not line.startswith("#"):
-                line = signed(line.strip())
-            lines.append(line)
-        return "\n".join(lines) + "\n"
+        return rewrite_playlist(text.decode("utf-8"), signed)
 
     def local_paths(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> dict[str, Path]:
         """Files on this machine (fs store only: embedded mode)."""
@@ -118,3 +134,26 @@ class OutputService:
         if self._store.kind != "fs" or root is None:
             raise ValueError("local paths exist only with the fs object store")
         return {p: Path(root) / f.key for p, f in self.files(tenant_id, task_id).items()}
+
+
+def rewrite_playlist(text: str, uri: Callable[[str], str]) -> str:
+    """`text` with every file it names (the init segment in `#EXT-X-MAP`, each media segment) replaced by
+    `uri(name)`. Serving signs the names; a client downloading a playlist maps the signed URLs back to names
+    (which gives back the stored playlist, byte for byte, when it was written in this normal form)."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("#EXT-X-MAP:"):
+            line = _MAP_URI.sub(lambda m: f'URI="{uri(m.group(1))}"', line)
+        elif line and not line.startswith("#"):
+            line = uri(line.strip())
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def safe_segment_name(name: str) -> bool:
+    """A file name a playlist of ours may use: a plain name in the playlist's own folder."""
+    return bool(_SAFE_NAME.fullmatch(name))
+
+
+def _sha256(row: Any) -> str | None:
+    return str(row.checksum_value) if row.checksum_algorithm == "sha256" and row.checksum_value else None

@@ -4,6 +4,7 @@ or outliving a signature is a 403."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from pathlib import Path
 
@@ -40,6 +41,11 @@ def test_signed_outputs_of_a_succeeded_generation_play(tmp_path: Path) -> None:
 
             proxy = httpx.get(outputs["proxy_mp4"])
             assert proxy.status_code == 200 and proxy.content[4:8] == b"ftyp"
+            # each output comes with its asset row's size and checksum, so a client can check what it downloaded
+            described = doc["output_assets"]
+            assert described.keys() == outputs.keys()
+            assert described["proxy_mp4"]["sha256"] == hashlib.sha256(proxy.content).hexdigest()
+            assert described["proxy_mp4"]["size_bytes"] == len(proxy.content)
             assert proxy.headers["x-content-type-options"] == "nosniff"
             assert 1.5 < ffprobe_duration(outputs["hls"], network=True) < 3
 

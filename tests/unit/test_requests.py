@@ -85,6 +85,15 @@ def test_invalid_parameters_name_the_field(change: dict, field: str) -> None:
     assert info.value.field == field
 
 
+def test_an_unknown_model_or_provider_is_told_what_is_valid() -> None:
+    with pytest.raises(InvalidRequest, match=r"^model: unknown model 'x' \(known: local-v1, sim-v1\)$"):
+        CATALOG.find("x", None)
+    with pytest.raises(InvalidRequest,
+                       match=r"^provider: provider 'acme' does not offer model 'sim-v1' \(offered by: sim\)$"):
+        CATALOG.find("sim-v1", "acme")
+    assert Catalog((), "local", 60).known_models() == "none configured"
+
+
 def test_cost_is_price_per_second_times_duration() -> None:
     spec = CATALOG.find("local-v1", None)
     assert estimate_cost(normalize({**BASE, "duration_s": 4, "resolution": "720p"}, CATALOG), spec) == Decimal("4")

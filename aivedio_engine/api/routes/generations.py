@@ -34,6 +34,12 @@ class GenerationRequest(BaseModel):
     deadline_s: int | None = None
 
 
+class OutputAsset(BaseModel):
+    id: uuid.UUID
+    size_bytes: int | None
+    sha256: str | None
+
+
 class Generation(BaseModel):
     id: uuid.UUID
     status: str
@@ -55,6 +61,10 @@ class Generation(BaseModel):
     links: dict[str, str]
     #: signed, expiring playback URLs of the READY derivatives (proxy_mp4, hls, thumbnail, waveform)
     outputs: dict[str, str] = Field(default_factory=dict)
+    #: the asset row behind each of `outputs` (same keys): its id, size and SHA-256, so a download can be checked
+    #: (for `hls` these describe the stored playlist, i.e. the served one with each signed URL put back to its
+    #: file name)
+    output_assets: dict[str, OutputAsset] = Field(default_factory=dict)
 
 
 class GenerationPage(BaseModel):
@@ -62,7 +72,8 @@ class GenerationPage(BaseModel):
     next_cursor: str | None
 
 
-def render(task: TaskView, outputs: dict[str, str] | None = None) -> Generation:
+def render(task: TaskView, outputs: dict[str, str] | None = None,
+           output_assets: dict[str, OutputAsset] | None = None) -> Generation:
     base = f"/v1/generations/{task.id}"
     return Generation(
         id=task.id, status=task.status, version=task.version, progress=task.progress, model=task.model,
@@ -72,6 +83,7 @@ def render(task: TaskView, outputs: dict[str, str] | None = None) -> Generation:
         deadline_at=_iso(task.deadline_at), created_at=_iso(task.created_at) or "",
         updated_at=_iso(task.updated_at) or "", finished_at=_iso(task.finished_at),
         links={"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel"}, outputs=outputs or {},
+        output_assets=output_assets or {},
     )
 
 
@@ -105,8 +117,12 @@ def get_generation(task_id: uuid.UUID, request: Request, ctx: Ctx, principal: Au
         return render(task)
     base = (ctx.settings.api.public_base_url or str(request.base_url)).rstrip("/")
     # links served by this API (fs objects, HLS playlists) come as paths: make them absolute for players
-    urls = {p: base + u if u.startswith("/") else u for p, u in ctx.outputs.urls(principal.tenant_id, task_id).items()}
-    return render(task, urls)
+    files = ctx.outputs.files(principal.tenant_id, task_id)
+    signed = ctx.outputs.urls(principal.tenant_id, task_id, files)
+    urls = {p: base + u if u.startswith("/") else u for p, u in signed.items()}
+    described = {p: OutputAsset(id=f.asset_id, size_bytes=f.size_bytes, sha256=f.sha256)
+                 for p, f in files.items() if p in urls}
+    return render(task, urls, described)
 
 
 @router.get("", response_model=GenerationPage)
