@@ -104,6 +104,7 @@ class _ConnState:
     tx: Tx | None = None
     depth: int = 0  # psycopg pipeline nesting
     batch: int | None = None
+    explicit: bool = False  # a transaction opened by a BEGIN statement in autocommit
 
 
 def _query_text(query: Any, conn: Any) -> str:
@@ -218,6 +219,19 @@ class Recorder:
             st = self._state.setdefault(id(conn), _ConnState())
             stmt = Stmt(_query_text(query, conn), params, many, st.batch if st.depth else None)
             if conn.autocommit:
+                # the product's hot paths run in autocommit and send BEGIN / COMMIT as statements in pipelines
+                word = stmt.sql.strip().rstrip(";").upper()
+                if word == "BEGIN":
+                    st.tx = Tx(datetime.now(UTC))
+                    self._cur.txs.append(st.tx)  # type: ignore[union-attr]
+                    st.explicit = True
+                    return
+                if st.explicit and st.tx is not None:
+                    if word in ("COMMIT", "ROLLBACK"):
+                        st.tx.end, st.tx, st.explicit = word.lower(), None, False
+                    else:
+                        st.tx.stmts.append(stmt)
+                    return
                 self._cur.txs.append(Tx(datetime.now(UTC), [stmt], end="autocommit"))  # type: ignore[union-attr]
                 return
             if st.tx is not None and not st.depth:

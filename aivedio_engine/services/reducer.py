@@ -244,6 +244,8 @@ class Reduced:
     outcome: Outcome
     #: the slot of an attempt this event left terminal, to free now that the transaction has committed
     finished_lease: Lease | None = None
+    #: False for a duplicate whose attempt was not read: the caller checks the slot from the rows itself
+    slot_checked: bool = False
 
 
 def reduce_event(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s: float = 900) -> Outcome:
@@ -257,7 +259,7 @@ def reduce_observation(engine: Engine, envelope: Envelope, now: datetime, urgent
     after: dict[str, Any] = {}
     outcome = consume_once(engine, CONSUMER_GROUP, envelope.event_id, envelope.aggregate_id,
                            lambda conn: reduce(conn, envelope.payload, now, urgent_fetch_s, after), now)
-    return Reduced(outcome, after.get("lease") if outcome == PROCESSED else None)
+    return Reduced(outcome, after.get("lease") if outcome == PROCESSED else None, slot_checked=outcome == PROCESSED)
 
 
 def attempt_of(engine: Engine, obs: dict[str, Any]) -> Any:
@@ -280,7 +282,10 @@ def _reduce_pg(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s
             if not got.fresh:
                 failpoint("consume.duplicate")
                 observing.commit(raw, group=CONSUMER_GROUP, event_id=envelope.event_id, digest=None)  # wrote nothing
-                return Reduced(DUPLICATE)
+                # the first delivery may have committed and died before freeing the slot: free it from these rows
+                finished = got.attempt is not None and AttemptStatus(got.attempt.submit_state) in ATTEMPT_TERMINAL
+                return Reduced(DUPLICATE, lease_of(got.attempt, got.task.tenant_id) if finished else None,
+                               slot_checked=True)
             lease = None
             if got.attempt is None:  # an orphan, or bound by request key: the general path
                 after: dict[str, Any] = {}
@@ -294,4 +299,4 @@ def _reduce_pg(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s
             failpoint("consume.before_commit")
             observing.commit(raw, group=CONSUMER_GROUP, event_id=envelope.event_id, digest=digest)
         wakeup.flush_noted(engine, conn)
-    return Reduced(PROCESSED, lease)
+    return Reduced(PROCESSED, lease, slot_checked=True)

@@ -28,7 +28,7 @@ from aivedio_engine.domain.events import ALTERNATE_ROUTES, ROUTES, EventType
 from aivedio_engine.observability.logging import task_context
 from aivedio_engine.observability.metrics import measure_actor
 from aivedio_engine.services import intake, notifications, reducer
-from aivedio_engine.services.consume import DUPLICATE, Envelope, InvalidEnvelope
+from aivedio_engine.services.consume import Envelope, InvalidEnvelope
 from aivedio_engine.services.dispatch import release_if_finished, release_lease
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def reduce_provider_status(ctx: AppContext, envelope: Envelope) -> None:
     done = reducer.reduce_observation(ctx.engine, envelope, ctx.clock.now(), ctx.settings.fetch.urgent_within_s)
     if done.finished_lease is not None:
         release_lease(ctx.engine, ctx.slots, done.finished_lease)
-    elif done.outcome == DUPLICATE:
+    elif not done.slot_checked:
         # the first delivery may have committed and died before freeing the slot: check from the rows
         attempt_id = reducer.attempt_of(ctx.engine, envelope.payload)
         if attempt_id is not None:
