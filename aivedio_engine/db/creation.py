@@ -2,14 +2,17 @@
 
 The task, its four creation state events, the RESERVE ledger row, the `generation.queued` outbox row and the
 balance decrement commit together or not at all (seed 000 §4.9.2 "事务 1"). On PostgreSQL they are one
-data-modifying CTE, prepared once per connection and sent in one pipeline with BEGIN and the lock timeout:
-two round trips per create (that batch, then COMMIT) instead of seventeen, and no SQLAlchemy statement built
-per call (research/performance_profile.md: 29 % of the API's CPU was statement construction).
+data-modifying CTE, prepared once per connection and sent in one pipeline with BEGIN, the lock timeout and
+COMMIT: one round trip per create instead of seventeen, and no SQLAlchemy statement built per call
+(research/performance_profile.md: 29 % of the API's CPU was statement construction).
 
 Idempotency is the unique (tenant, key) index: `ON CONFLICT DO NOTHING` waits for a concurrent twin's
 transaction and then yields no row, so the caller replays the committed task; a twin that is still running
 after `IN_FLIGHT_WAIT_MS` is a lock timeout → "still in flight". The balance is taken by the CTE's UPDATE only
-when the balance covers the cost; a created task without it is rolled back (insufficient credits).
+when the balance covers the cost; otherwise the statement raises (`aivedio_insufficient_credits()`, migration
+0011), so the COMMIT sent with it does nothing. With the COMMIT in the same batch the tenant's balance row is
+locked only while the server commits — never across a round trip to a busy API process, which made one tenant's
+creates queue behind each other.
 
 SQLite (embedded mode) runs the same rows through SQLAlchemy Core under BEGIN IMMEDIATE, which serializes
 writers, so the same contract holds there.
@@ -106,8 +109,12 @@ WITH task AS (
         %(queued_target)s, %(now)s, %(tenant_id)s, %(trace)s, %(now)s
     FROM task
 )
-SELECT {", ".join(f"task.{c}" for c in _COLUMNS)}, (SELECT count(*) FROM balance) AS reserved FROM task
+SELECT {", ".join(f"task.{c}" for c in _COLUMNS)},
+    CASE WHEN NOT EXISTS (SELECT FROM balance) THEN aivedio_insufficient_credits() END AS refused
+FROM task
 """
+#: the SQLSTATE of aivedio_insufficient_credits() (migration 0011)
+_REFUSED = "AV402"
 _LOCK_TIMEOUT_SQL = f"SELECT set_config('lock_timeout', '{IN_FLIGHT_WAIT_MS}ms', true)"
 _BALANCE_SQL = "SELECT credit_balance FROM tenants WHERE id = %(tenant_id)s"
 
@@ -170,7 +177,8 @@ def _create_pg(engine: Engine, new: NewTask) -> Any:
 
 
 def _run_pg(raw: Any, params: dict[str, Any], tenant_id: uuid.UUID) -> Any:
-    """BEGIN, the lock timeout and the CTE in one round trip; COMMIT in a second."""
+    """BEGIN, the lock timeout, the CTE and COMMIT: one round trip. An unaffordable reservation or a twin still in
+    flight aborts the statement, and the COMMIT queued behind it then does nothing."""
     import psycopg
 
     try:
@@ -178,20 +186,20 @@ def _run_pg(raw: Any, params: dict[str, Any], tenant_id: uuid.UUID) -> Any:
             raw.execute("BEGIN")
             raw.execute(_LOCK_TIMEOUT_SQL, prepare=True)
             cur = raw.execute(_CREATE_SQL, params, prepare=True)
-        values = cur.fetchone()  # after the block: inside it, the fetch would wait for a Flush of its own
+            raw.execute("COMMIT")
     except psycopg.errors.LockNotAvailable:
         raw.rollback()
         raise KeyInFlight from None
-    if values is None:
-        raw.execute("COMMIT")  # nothing was written; a COMMIT keeps the prepared statements, a ROLLBACK would not
-        raise KeyTaken
-    *task, reserved = values
-    if not reserved:
-        balance = raw.execute(_BALANCE_SQL, {"tenant_id": tenant_id}).fetchone()
+    except psycopg.DatabaseError as exc:
+        if exc.sqlstate != _REFUSED:
+            raise
         raw.rollback()
-        raise Unaffordable(Decimal(balance[0] if balance else 0))
-    raw.execute("COMMIT")
-    return _Row(dict(zip(_COLUMNS, task, strict=True)))
+        balance = raw.execute(_BALANCE_SQL, {"tenant_id": tenant_id}).fetchone()
+        raise Unaffordable(Decimal(balance[0] if balance else 0)) from None
+    values = cur.fetchone()
+    if values is None:  # the key was taken; nothing was written
+        raise KeyTaken
+    return _Row(dict(zip(_COLUMNS, values[:-1], strict=True)))
 
 
 def _create_core(engine: Engine, new: NewTask) -> Any:
