@@ -39,26 +39,44 @@ def add(
 ) -> uuid.UUID:
     """Insert one PENDING outbox row; returns its id, which becomes the broker message id. `route` picks one of
     the event type's alternate routes (e.g. the urgent fetch queue); the default is `ROUTES[event_type]`."""
-    event_id = new_id()
-    conn.execute(
-        outbox_events.insert().values(
-            id=event_id,
-            aggregate_type=aggregate_type,
-            aggregate_id=aggregate_id,
-            aggregate_version=aggregate_version,
-            event_type=event_type.value,
-            payload=payload,
-            status=OutboxStatus.PENDING.value,
-            target=(route or ROUTES[event_type]).actor,
-            available_at=available_at or now,
-            tenant_id=tenant_id,
-            trace_id=trace_id,
-            causation_id=causation_id,
-            created_at=now,
-        )
-    )
+    values = row(event_type, aggregate_type=aggregate_type, aggregate_id=aggregate_id,
+                 aggregate_version=aggregate_version, payload=payload, now=now, available_at=available_at,
+                 tenant_id=tenant_id, trace_id=trace_id, causation_id=causation_id, route=route)
+    conn.execute(outbox_events.insert().values(**values))
     wakeups.notify(conn, NOTIFY_CHANNEL)
-    return event_id
+    return values["id"]  # type: ignore[no-any-return]
+
+
+def row(
+    event_type: EventType,
+    *,
+    aggregate_type: str,
+    aggregate_id: uuid.UUID,
+    aggregate_version: int,
+    payload: dict[str, Any],
+    now: datetime,
+    available_at: datetime | None = None,
+    tenant_id: uuid.UUID | None = None,
+    trace_id: str | None = None,
+    causation_id: uuid.UUID | None = None,
+    route: Route | None = None,
+) -> dict[str, Any]:
+    """The column values of one PENDING outbox row (for writers that insert it inside a larger statement)."""
+    return dict(
+        id=new_id(),
+        aggregate_type=aggregate_type,
+        aggregate_id=aggregate_id,
+        aggregate_version=aggregate_version,
+        event_type=event_type.value,
+        payload=payload,
+        status=OutboxStatus.PENDING.value,
+        target=(route or ROUTES[event_type]).actor,
+        available_at=available_at or now,
+        tenant_id=tenant_id,
+        trace_id=trace_id,
+        causation_id=causation_id,
+        created_at=now,
+    )
 
 
 def oldest_due(conn: Connection, now: datetime) -> datetime | None:

@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
-from aivedio_engine.db import outbox
-from aivedio_engine.db.tables import generation_tasks, task_state_events
+from aivedio_engine.db import outbox, wakeup
+from aivedio_engine.db.tables import generation_tasks, outbox_events, task_state_events
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.status import EventSource, StateEventOutcome, TaskStatus
 from aivedio_engine.domain.transitions import Decision, Effect, TaskEvent, TaskSnapshot, Trigger, decide
@@ -96,6 +96,14 @@ def apply(
         values.setdefault("finished_at", now)
     if decision.cancel_outcome is not None:
         values.setdefault("cancel_outcome", decision.cancel_outcome.value)
+    event = event_row(
+        task_id=task_id, source=source, source_event_id=source_event_id, event_type=decision.event.value,
+        from_status=decision.from_status.value, to_status=decision.to_status.value, task_version=decision.version,
+        outcome=StateEventOutcome.APPLIED, now=now, payload=payload,
+    )
+    if conn.dialect.name == "postgresql":
+        _apply_one_statement(conn, task_id, decision, values, event, now)
+        return
     row = conn.execute(
         generation_tasks.update().where(_t.id == task_id, _t.version == decision.version - 1).values(**values)
         .returning(_t.tenant_id, _t.trace_id)
@@ -108,11 +116,36 @@ def apply(
                    aggregate_version=decision.version, tenant_id=row.tenant_id, trace_id=row.trace_id, now=now,
                    payload={"task_id": str(task_id), "version": decision.version,
                             "status": decision.to_status.value, "progress": decision.progress})
-    record_event(
-        conn, task_id=task_id, source=source, source_event_id=source_event_id, event_type=decision.event.value,
-        from_status=decision.from_status.value, to_status=decision.to_status.value, task_version=decision.version,
-        outcome=StateEventOutcome.APPLIED, now=now, payload=payload,
-    )
+    conn.execute(task_state_events.insert().values(**event))
+
+
+def _apply_one_statement(conn: Connection, task_id: uuid.UUID, decision: Decision, values: dict[str, Any],
+                         event: dict[str, Any], now: datetime) -> None:
+    """PostgreSQL: the CAS update, its state event and its `task.status.changed` row as one statement (data-
+    modifying CTEs), so a transition costs one round trip instead of three. The inserts select from the UPDATE's
+    RETURNING: when the CAS misses, nothing is inserted and the caller gets VersionConflict."""
+    moved = (generation_tasks.update().where(_t.id == task_id, _t.version == decision.version - 1).values(**values)
+             .returning(_t.id, _t.tenant_id, _t.trace_id).cte("moved"))
+    ctes = [_insert_from(task_state_events, event, moved, "history")]
+    if Effect.NOTIFY in decision.effects:
+        notice = outbox.row(EventType.TASK_STATUS_CHANGED, aggregate_type="task", aggregate_id=task_id,
+                            aggregate_version=decision.version, now=now,
+                            payload={"task_id": str(task_id), "version": decision.version,
+                                     "status": decision.to_status.value, "progress": decision.progress})
+        ctes.append(_insert_from(outbox_events, notice, moved, "notice",
+                                 {"tenant_id": moved.c.tenant_id, "trace_id": moved.c.trace_id}))
+    if conn.execute(sa.select(moved.c.id).add_cte(*ctes)).first() is None:
+        raise VersionConflict(f"task {task_id} is no longer at version {decision.version - 1}")
+    if Effect.NOTIFY in decision.effects:
+        wakeup.notify(conn, wakeup.OUTBOX)
+
+
+def _insert_from(table: sa.Table, values: dict[str, Any], moved: Any, name: str,
+                 from_moved: dict[str, Any] | None = None) -> Any:
+    taken = from_moved or {}
+    columns = [c for c in values if c not in taken] + list(taken)
+    exprs = [sa.literal(values[c], type_=table.c[c].type) for c in values if c not in taken] + list(taken.values())
+    return table.insert().from_select(columns, sa.select(*exprs).select_from(moved)).cte(name)
 
 
 def decide_and_apply(conn: Connection, task: Any, event: TaskEvent, now: datetime, *, source: EventSource,
