@@ -30,24 +30,46 @@ def serve(
     ),
     host: str | None = typer.Option(None, "--host", help="API listen address (default: api.host)."),
     port: int | None = typer.Option(None, "--port", help="API listen port (default: api.port)."),
+    queues: str | None = typer.Option(
+        None, "--queues", metavar="QUEUES",
+        help="Worker role: consume only these queues (comma list, e.g. state,fetch; default all).",
+    ),
+    processes: int = typer.Option(
+        1, "--processes", min=1, max=64,
+        help="Worker processes: this one plus N-1 children running the worker role (distributed broker only).",
+    ),
 ) -> None:
     """Run aivedio's process roles until SIGTERM or Ctrl-C, then shut down cleanly."""
     from aivedio_engine.bootstrap import build_context
+    from aivedio_engine.worker import processes as worker_processes
     from aivedio_engine.worker import runtime
 
     try:
         roles = runtime.parse_roles(role)
+        queue_set = runtime.parse_queues(queues)
     except ValueError as exc:
         fail(str(exc), ExitCode.USAGE)
-    settings = state(ctx).settings()
+    cli = state(ctx)
+    settings = cli.settings()
+    if processes > 1 and ("worker" not in roles or settings.broker.kind == "stub"):
+        fail("--processes needs the worker role and a distributed broker (broker.kind = redis): the in-process "
+             "broker cannot share messages between processes", ExitCode.USAGE)
     _configure_logging(settings)
     app_ctx = build_context(settings)
+    children = None
     try:
         _prepare_database(app_ctx.engine, settings)
         if roles & {"api", "sweeper"}:
             _prepare_storage(app_ctx)
-        code = runtime.run(app_ctx, roles, threading.Event(), api_host=host, api_port=port)
+        if processes > 1:
+            children = worker_processes.WorkerChildren(
+                worker_processes.child_argv(cli.config_path, cli.set_items, queues), processes - 1)
+            children.start()
+        code = runtime.run(app_ctx, roles, threading.Event(), api_host=host, api_port=port, queues=queue_set,
+                           on_tick=children.watch if children is not None else None)
     finally:
+        if children is not None and children.stop():
+            code = 1
         app_ctx.close()
     if code:
         raise typer.Exit(code)

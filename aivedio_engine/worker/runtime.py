@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ import dramatiq
 
 from aivedio_engine.db import wakeup
 from aivedio_engine.db.wakeup import Waiter
+from aivedio_engine.domain.events import Queue
 from aivedio_engine.worker import undelivered
 from aivedio_engine.worker.actors import declare_actors
 from aivedio_engine.worker.broker import setup_broker
@@ -57,9 +58,12 @@ class Runtime:
     """The started components of one process; `start()` then `shutdown()`. Tests drive it directly."""
 
     def __init__(self, ctx: AppContext, roles: Iterable[str], stop: threading.Event,
-                 *, api_host: str | None = None, api_port: int | None = None) -> None:
+                 *, api_host: str | None = None, api_port: int | None = None,
+                 queues: Iterable[str] | None = None) -> None:
         self.ctx = ctx
         self.roles = set(roles)
+        #: the worker role consumes only these queues (None: all), so a process can be given one kind of work
+        self.queues = set(queues) if queues else None
         self.stop = stop
         self.api_host = api_host or ctx.settings.api.host
         self.api_port = api_port or ctx.settings.api.port
@@ -84,6 +88,7 @@ class Runtime:
             self.broker.emit_after("process_boot")
             self.worker = dramatiq.Worker(
                 self.broker,
+                queues=self.queues,
                 worker_threads=settings.broker.worker_threads,
                 worker_timeout=settings.broker.consumer_idle_timeout_ms,
             )
@@ -175,10 +180,25 @@ class Runtime:
         serve_api(self.ctx, self.api_host, self.api_port, self.stop)
 
 
+def parse_queues(text: str | None) -> set[str] | None:
+    """`"state,fetch"` → {"state", "fetch"}; None or "" means every queue. Raises ValueError naming the valid ones."""
+    if not text:
+        return None
+    parts = {p.strip() for p in text.split(",") if p.strip()}
+    known = [q.value for q in Queue]
+    unknown = parts - set(known)
+    if unknown or not parts:
+        raise ValueError(f"--queues: unknown queue {', '.join(sorted(unknown)) or '(none)'} "
+                         f"(known: {', '.join(known)})")
+    return parts
+
+
 def run(ctx: AppContext, roles: Iterable[str], stop: threading.Event,
-        *, api_host: str | None = None, api_port: int | None = None) -> int:
-    """Run `roles` until `stop` is set or SIGTERM/SIGINT arrives; returns a process exit code (0 clean)."""
-    runtime = Runtime(ctx, roles, stop, api_host=api_host, api_port=api_port)
+        *, api_host: str | None = None, api_port: int | None = None, queues: Iterable[str] | None = None,
+        on_tick: Callable[[], None] | None = None) -> int:
+    """Run `roles` until `stop` is set or SIGTERM/SIGINT arrives; returns a process exit code (0 clean).
+    `on_tick` runs on the main thread between signal checks (the worker supervisor watches its children)."""
+    runtime = Runtime(ctx, roles, stop, api_host=api_host, api_port=api_port, queues=queues)
     received: list[int] = []
     restore = _install_signal_handlers(received)
     try:
@@ -186,6 +206,8 @@ def run(ctx: AppContext, roles: Iterable[str], stop: threading.Event,
         # The handler only appends to a list: calling Event.set() from a signal handler can deadlock if the
         # signal lands while this thread holds the event's internal lock.
         while not stop.wait(_SIGNAL_CHECK_S):
+            if on_tick is not None:
+                on_tick()
             if received:
                 log.info("signal %s received; shutting down", signal.Signals(received[0]).name)
                 stop.set()
