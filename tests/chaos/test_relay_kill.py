@@ -16,13 +16,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from aivedio_engine.config import load_settings
 from aivedio_engine.db import migrate
@@ -41,13 +39,13 @@ from tests.chaos.support import (
     outbox_statuses,
     wait_until,
 )
+from tests.support.redis import REDIS_URL, private_prefix
 
 #: the whole run is bounded; on timeout the fixtures still kill every subprocess and clean Redis
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
 
 N = 5_000
 KILL_AT = 137
-REDIS_URL = os.environ.get("AIVEDIO_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 class Proc:
@@ -64,18 +62,7 @@ class Proc:
 
 @pytest.fixture
 def redis_prefix() -> Iterator[str]:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.ping()
-    except redis.ConnectionError as exc:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(f"Redis unreachable at {REDIS_URL}: {exc}")
-    prefix = f"aivedio-chaos-{uuid.uuid4().hex[:10]}:"
-    yield prefix
-    for key in client.scan_iter(match=f"{prefix}*", count=1000):
-        client.delete(key)
-    client.close()
+    yield from private_prefix("chaos")
 
 
 @pytest.fixture

@@ -8,12 +8,10 @@ import signal
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from dramatiq.brokers.stub import StubBroker
 from typer.testing import CliRunner
 
@@ -33,8 +31,7 @@ from tests.chaos.support import (
     install_effect_counter,
     wait_until,
 )
-
-REDIS_URL = os.environ.get("AIVEDIO_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+from tests.support.redis import REDIS_URL, private_prefix
 
 
 def test_parse_queues_names_the_valid_ones() -> None:
@@ -72,18 +69,7 @@ def test_child_argv_forwards_the_configuration() -> None:
 
 @pytest.fixture
 def redis_prefix() -> Iterator[str]:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.ping()
-    except redis.ConnectionError as exc:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(f"Redis unreachable at {REDIS_URL}: {exc}")
-    prefix = f"aivedio-procs-{uuid.uuid4().hex[:10]}:"
-    yield prefix
-    for key in client.scan_iter(match=f"{prefix}*", count=1000):
-        client.delete(key)
-    client.close()
+    yield from private_prefix("procs")
 
 
 def _children(pid: int) -> set[int]:
