@@ -20,11 +20,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 from psycopg import sql
 
-from aivedio_engine.config import load_settings
 from aivedio_engine.db import migrate
-from aivedio_engine.db.engine import make_engine
 
 PG_ADMIN_DSN = os.environ.get("AIVEDIO_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 TEMPLATE_PREFIX = "aivedio_tmpl_"
@@ -102,10 +101,12 @@ def _ensure_template(name: str, *, drop_others: bool) -> None:
                 return
             building = name + "_building"
             admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(building)))
+            # a bare engine, not make_engine(load_settings()): this runs before the first test's _scrub_env, so
+            # settings would come from the developer's AIVEDIO_* variables and ./aivedio.toml
             url = _dsn_of(building).replace("postgresql://", "postgresql+psycopg://", 1)
-            engine = make_engine(load_settings(overrides={"database": {"url": url}}))
+            engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
             try:
-                migrate.upgrade(engine)
+                migrate.upgrade(engine, migrate.DEFAULT_MIGRATIONS_DIR)
             finally:
                 engine.dispose()
             _compact_catalogs(_dsn_of(building))
