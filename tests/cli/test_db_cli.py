@@ -27,40 +27,40 @@ def _one_error_line(stderr: str) -> str:
 
 
 @pytest.mark.postgres
-def test_upgrade_then_status(pg_url: str) -> None:
-    first = _db(pg_url, "upgrade")
+def test_upgrade_then_status(pg_empty_url: str) -> None:
+    first = _db(pg_empty_url, "upgrade")
     assert first.exit_code == 0, first.output
     assert [line.removeprefix("applied ") for line in first.stdout.splitlines()] == ALL
 
-    again = _db(pg_url, "upgrade", "--json")
+    again = _db(pg_empty_url, "upgrade", "--json")
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["applied"] == []
 
-    status = _db(pg_url, "status", "--json")
+    status = _db(pg_empty_url, "status", "--json")
     assert status.exit_code == 0, status.output
     rows = json.loads(status.stdout)
     assert [(r["name"], r["state"]) for r in rows] == [(n, "applied") for n in ALL]
     assert all(set(r) == {"name", "state", "sha256", "applied_at"} and r["applied_at"] for r in rows)
 
-    table = _db(pg_url, "status")
+    table = _db(pg_empty_url, "status")
     assert table.exit_code == 0 and ALL[0] in table.stdout
 
 
 @pytest.mark.postgres
 def test_checksum_mismatch_is_exit_1_with_one_line(
-    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_empty_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     copy = Path(shutil.copytree(migrate.DEFAULT_MIGRATIONS_DIR, tmp_path / "migrations"))
     monkeypatch.setenv(migrate.MIGRATIONS_DIR_ENV, str(copy))
-    assert _db(pg_url, "upgrade").exit_code == 0
+    assert _db(pg_empty_url, "upgrade").exit_code == 0
     edited = copy / ALL[0]
     edited.write_text(edited.read_text() + "-- edited\n")
 
-    upgrade = _db(pg_url, "upgrade")
+    upgrade = _db(pg_empty_url, "upgrade")
     assert upgrade.exit_code == 1
     assert ALL[0] in _one_error_line(upgrade.stderr)
 
-    status = _db(pg_url, "status", "--json")
+    status = _db(pg_empty_url, "status", "--json")
     assert status.exit_code == 1
     assert {r["name"]: r["state"] for r in json.loads(status.stdout)}[ALL[0]] == "checksum_mismatch"
     assert ALL[0] in _one_error_line(status.stderr)

@@ -23,8 +23,9 @@ ALL = [m.name for m in migrate.discover()]
 
 
 @pytest.fixture
-def engine(pg_url: str) -> Iterator[sa.Engine]:
-    eng = make_engine(load_settings(overrides={"database": {"url": pg_url}}))
+def engine(pg_empty_url: str) -> Iterator[sa.Engine]:
+    """A database nothing was applied to yet."""
+    eng = make_engine(load_settings(overrides={"database": {"url": pg_empty_url}}))
     yield eng
     eng.dispose()
 
@@ -82,13 +83,13 @@ def test_status_is_read_only_and_all_pending_on_empty_database(engine: sa.Engine
 
 
 @pytest.mark.postgres
-def test_upgrade_applies_everything_once_and_releases_the_lock(engine: sa.Engine, pg_dsn: str) -> None:
+def test_upgrade_applies_everything_once_and_releases_the_lock(engine: sa.Engine, pg_empty_dsn: str) -> None:
     assert migrate.upgrade(engine) == ALL
     assert migrate.upgrade(engine) == []
     states = migrate.status(engine)
     assert [(s.name, s.state) for s in states] == [(n, migrate.APPLIED) for n in ALL]
     assert all(s.applied_at is not None and s.applied_at.tzinfo is not None for s in states)
-    with psycopg.connect(pg_dsn, autocommit=True) as other:
+    with psycopg.connect(pg_empty_dsn, autocommit=True) as other:
         assert other.execute("SELECT pg_try_advisory_lock(%s)", (migrate.ADVISORY_LOCK_KEY,)).fetchone() == (True,)
 
 
@@ -142,7 +143,7 @@ def _advisory_waiters(admin: psycopg.Connection) -> int:
 
 
 @pytest.mark.postgres
-def test_concurrent_upgrades_apply_each_file_exactly_once(engine: sa.Engine, pg_dsn: str) -> None:
+def test_concurrent_upgrades_apply_each_file_exactly_once(engine: sa.Engine, pg_empty_dsn: str) -> None:
     """Both runners are parked on the advisory lock before either starts, so they really overlap."""
     results: dict[int, list[str]] = {}
     errors: list[BaseException] = []
@@ -153,7 +154,7 @@ def test_concurrent_upgrades_apply_each_file_exactly_once(engine: sa.Engine, pg_
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
 
-    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+    with psycopg.connect(pg_empty_dsn, autocommit=True) as admin:
         admin.execute("SELECT pg_advisory_lock(%s)", (migrate.ADVISORY_LOCK_KEY,))
         threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
         for t in threads:
@@ -173,8 +174,8 @@ def test_concurrent_upgrades_apply_each_file_exactly_once(engine: sa.Engine, pg_
 
 
 @pytest.mark.postgres
-def test_lock_wait_is_bounded(engine: sa.Engine, pg_dsn: str) -> None:
-    with psycopg.connect(pg_dsn, autocommit=True) as admin:
+def test_lock_wait_is_bounded(engine: sa.Engine, pg_empty_dsn: str) -> None:
+    with psycopg.connect(pg_empty_dsn, autocommit=True) as admin:
         admin.execute("SELECT pg_advisory_lock(%s)", (migrate.ADVISORY_LOCK_KEY,))
         with pytest.raises(migrate.MigrationError, match="migration lock"):
             migrate.upgrade(engine, lock_timeout_s=0.2)

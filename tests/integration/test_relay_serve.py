@@ -53,8 +53,8 @@ def test_serve_rejects_an_unknown_role_as_a_usage_error() -> None:
 
 
 @pytest.mark.postgres
-def test_serve_refuses_a_postgres_schema_that_is_not_migrated(pg_url: str) -> None:
-    result = CliRunner().invoke(app, ["--set", f"database.url={pg_url}", "--set", "mode=distributed",
+def test_serve_refuses_a_postgres_schema_that_is_not_migrated(pg_empty_url: str) -> None:
+    result = CliRunner().invoke(app, ["--set", f"database.url={pg_empty_url}", "--set", "mode=distributed",
                                       "serve", "--role", "relay"])
     assert result.exit_code == 1
     assert "aivedio db upgrade" in result.output
