@@ -53,9 +53,15 @@ def _digest(command: str, ids: Sequence[str]) -> str:
 
 def write_plan(path: Path, command: str, ids: Sequence[str], filters: dict[str, Any]) -> None:
     ids = [str(i) for i in ids]
-    doc = {"version": PLAN_VERSION, "command": command, "created_at": datetime.now(UTC).isoformat(),
-           "filters": {k: (str(v) if v is not None else None) for k, v in filters.items()},
-           "count": len(ids), "ids": ids, "digest": _digest(command, ids)}
+    doc = {
+        "version": PLAN_VERSION,
+        "command": command,
+        "created_at": datetime.now(UTC).isoformat(),
+        "filters": {k: (str(v) if v is not None else None) for k, v in filters.items()},
+        "count": len(ids),
+        "ids": ids,
+        "digest": _digest(command, ids),
+    }
     try:
         path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     except OSError as exc:

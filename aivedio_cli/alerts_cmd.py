@@ -38,26 +38,42 @@ def list_alerts(
     for a in rows:
         subject = f"  {a.subject_type}:{a.subject_id}" if a.subject_id else ""
         by = f"  (acknowledged by {a.acknowledged_by})" if a.acknowledged_by else ""
-        console.print(f"{a.id}  {a.status}  {a.severity}  {a.rule}{subject}  raised "
-                      f"{a.raised_at.isoformat(timespec='seconds')}  {a.message}{by}", highlight=False)
+        console.print(
+            f"{a.id}  {a.status}  {a.severity}  {a.rule}{subject}  raised "
+            f"{a.raised_at.isoformat(timespec='seconds')}  {a.message}{by}",
+            highlight=False,
+        )
 
 
 @app.command("ack")
-def acknowledge(ctx: typer.Context, ids: list[str] = IDS, reason: str | None = REASON, yes: bool = YES,
-                dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
+def acknowledge(
+    ctx: typer.Context,
+    ids: list[str] = IDS,
+    reason: str | None = REASON,
+    yes: bool = YES,
+    dry_run: bool = DRY_RUN,
+    as_json: bool = JSON,
+) -> None:
     """Acknowledge: someone is on it. The alert stays unresolved; repeats of its condition do not re-open it."""
     _change(ctx, "ack", ids, reason, yes, dry_run, as_json)
 
 
 @app.command("resolve")
-def resolve(ctx: typer.Context, ids: list[str] = IDS, reason: str | None = REASON, yes: bool = YES,
-            dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
+def resolve(
+    ctx: typer.Context,
+    ids: list[str] = IDS,
+    reason: str | None = REASON,
+    yes: bool = YES,
+    dry_run: bool = DRY_RUN,
+    as_json: bool = JSON,
+) -> None:
     """Resolve: the condition is handled. If it still holds, the engine raises a new alert."""
     _change(ctx, "resolve", ids, reason, yes, dry_run, as_json)
 
 
-def _change(ctx: typer.Context, verb: str, ids: list[str], reason: str | None, yes: bool, dry_run: bool,
-            as_json: bool) -> None:
+def _change(
+    ctx: typer.Context, verb: str, ids: list[str], reason: str | None, yes: bool, dry_run: bool, as_json: bool
+) -> None:
     alert_ids = [parse_id(i, "valid alert") for i in ids]
     op = operation(f"alerts {verb}", reason, dry_run, ids=[str(i) for i in alert_ids])
     if not dry_run:
@@ -66,15 +82,23 @@ def _change(ctx: typer.Context, verb: str, ids: list[str], reason: str | None, y
         service = AlertOps(app_ctx.engine, app_ctx.clock)
         change = (service.acknowledge if verb == "ack" else service.resolve)(alert_ids, op)
     if as_json:
-        emit_json({"dry_run": change.dry_run, "changed": [str(i) for i in change.changed],
-                   "skipped": [{"id": str(i), "why": why} for i, why in change.skipped],
-                   "refused": [{"id": str(i), "why": why} for i, why in change.refused]})
+        emit_json(
+            {
+                "dry_run": change.dry_run,
+                "changed": [str(i) for i in change.changed],
+                "skipped": [{"id": str(i), "why": why} for i, why in change.skipped],
+                "refused": [{"id": str(i), "why": why} for i, why in change.refused],
+            }
+        )
     else:
         done = {"ack": "acknowledged", "resolve": "resolved"}[verb]
         console = out()
-        console.print(f"{'dry run: would have ' if dry_run else ''}{done} {len(change.changed)} alert(s)"
-                      + (f", skipped {len(change.skipped)}" if change.skipped else "")
-                      + (f", refused {len(change.refused)}" if change.refused else ""), highlight=False)
+        console.print(
+            f"{'dry run: would have ' if dry_run else ''}{done} {len(change.changed)} alert(s)"
+            + (f", skipped {len(change.skipped)}" if change.skipped else "")
+            + (f", refused {len(change.refused)}" if change.refused else ""),
+            highlight=False,
+        )
         for i, why in [*change.skipped, *change.refused]:
             console.print(f"  {i}: {why}", highlight=False)
     code = _exit_code(change)

@@ -21,8 +21,11 @@ from aivedio_engine.services.invariants import DEFAULT_GRACE_S, AuditReport, Inv
 def audit(
     ctx: typer.Context,
     grace: float = typer.Option(
-        DEFAULT_GRACE_S, "--grace", help="Seconds a live system may lag (in-flight work, sweeper interval) before a "
-                                         "time-based check counts a row as stuck."),
+        DEFAULT_GRACE_S,
+        "--grace",
+        help="Seconds a live system may lag (in-flight work, sweeper interval) before a "
+        "time-based check counts a row as stuck.",
+    ),
     limit: int = typer.Option(20, "--limit", min=1, help="Offending rows shown per check (all are counted)."),
     checks: list[str] = typer.Option([], "--check", help="Run only this check id (repeatable), e.g. --check I4.2."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -41,8 +44,16 @@ def audit(
 def _as_json(report: AuditReport) -> dict[str, Any]:
     return {
         "ok": report.ok,
-        "checks": [{"id": r.id, "description": r.description, "status": "ok" if r.ok else "violated",
-                    "violations": r.violations, "rows": r.rows} for r in report.results],
+        "checks": [
+            {
+                "id": r.id,
+                "description": r.description,
+                "status": "ok" if r.ok else "violated",
+                "violations": r.violations,
+                "rows": r.rows,
+            }
+            for r in report.results
+        ],
         "skipped": [{"id": s.id, "description": s.description, "why": s.why} for s in report.skipped],
     }
 

@@ -104,7 +104,8 @@ def live(
         fail(f"--target-utilization must be in (0, 1], got {target_utilization}", ExitCode.USAGE)
     with service_context(ctx) as app_ctx:
         report = CapacityLiveService(app_ctx.engine, app_ctx.clock, app_ctx.settings).report(
-            window_s, target_utilization=target_utilization)
+            window_s, target_utilization=target_utilization
+        )
     if as_json:
         emit_json(_live_json(report))
     else:
@@ -112,20 +113,39 @@ def live(
 
 
 def _saturation_json(s: Saturation) -> dict[str, object]:
-    return {"slots": s.slots, "in_flight": s.in_flight, "arrival_rate": s.arrival_rate, "avg_duration": s.avg_duration,
-            "utilization": s.utilization, "headroom_slots": s.headroom_slots, "headroom_rate": s.headroom_rate,
-            "queue_growth_per_min": s.queue_growth_per_min, "time_to_saturation_s": s.time_to_saturation_s}
+    return {
+        "slots": s.slots,
+        "in_flight": s.in_flight,
+        "arrival_rate": s.arrival_rate,
+        "avg_duration": s.avg_duration,
+        "utilization": s.utilization,
+        "headroom_slots": s.headroom_slots,
+        "headroom_rate": s.headroom_rate,
+        "queue_growth_per_min": s.queue_growth_per_min,
+        "time_to_saturation_s": s.time_to_saturation_s,
+    }
 
 
 def _live_json(r: LiveReport) -> dict[str, object]:
     m = r.measured
     return {
         "window_s": m.window_s,
-        "measured": {"arrivals": m.arrivals, "arrival_rate": m.arrival_rate, "provider_seconds": m.provider_seconds,
-                     "provider_samples": m.provider_samples, "finished": m.finished, "succeeded": m.succeeded,
-                     "success_rate": m.success_rate, "output_bytes": m.output_bytes, "outputs": m.outputs,
-                     "media_seconds": m.media_seconds, "media_samples": m.media_samples,
-                     "transitions_per_task": m.transitions_per_task, "in_flight": m.in_flight, "backlog": m.backlog},
+        "measured": {
+            "arrivals": m.arrivals,
+            "arrival_rate": m.arrival_rate,
+            "provider_seconds": m.provider_seconds,
+            "provider_samples": m.provider_samples,
+            "finished": m.finished,
+            "succeeded": m.succeeded,
+            "success_rate": m.success_rate,
+            "output_bytes": m.output_bytes,
+            "outputs": m.outputs,
+            "media_seconds": m.media_seconds,
+            "media_samples": m.media_samples,
+            "transitions_per_task": m.transitions_per_task,
+            "in_flight": m.in_flight,
+            "backlog": m.backlog,
+        },
         "assumed": list(r.assumed),
         "figures": None if r.estimate is None else r.estimate.figures(),
         "why_no_estimate": r.why_no_estimate,
@@ -151,20 +171,36 @@ def _print_live(r: LiveReport, window: str) -> None:
     measured.add_row("arrival rate λ", f"{_opt(m.arrival_rate)} tasks/s", str(m.arrivals))
     measured.add_row("provider time W (submit → success)", _opt(m.provider_seconds, " s"), str(m.provider_samples))
     measured.add_row("success rate", _opt(m.success_rate), str(m.finished))
-    measured.add_row("raw output size", _opt(None if m.output_bytes is None else m.output_bytes / 1e6, " MB"),
-                     str(m.outputs))
+    measured.add_row(
+        "raw output size", _opt(None if m.output_bytes is None else m.output_bytes / 1e6, " MB"), str(m.outputs)
+    )
     measured.add_row("media time (POST_PROCESSING → next)", _opt(m.media_seconds, " s"), str(m.media_samples))
     measured.add_row("transitions per finished task", _opt(m.transitions_per_task), str(m.finished))
     measured.add_row("slots in use now", str(m.in_flight), "")
     measured.add_row("waiting for a slot now", str(m.backlog), "")
     console.print(measured)
-    slots = Table("pool", "slots", "in flight", "headroom", "utilization", "spare rate", "queue growth",
-                  "time to saturation", title="Provider slots")
+    slots = Table(
+        "pool",
+        "slots",
+        "in flight",
+        "headroom",
+        "utilization",
+        "spare rate",
+        "queue growth",
+        "time to saturation",
+        title="Provider slots",
+    )
     for name, s in [*r.providers.items(), ("platform (all)", r.platform)]:
-        slots.add_row(name, _opt(s.slots), str(s.in_flight), _opt(s.headroom_slots),
-                      _opt(None if s.utilization is None else s.utilization * 100, "%"),
-                      _opt(s.headroom_rate, " tasks/s"), f"{fmt(s.queue_growth_per_min)} tasks/min",
-                      _time_to_saturation(s))
+        slots.add_row(
+            name,
+            _opt(s.slots),
+            str(s.in_flight),
+            _opt(s.headroom_slots),
+            _opt(None if s.utilization is None else s.utilization * 100, "%"),
+            _opt(s.headroom_rate, " tasks/s"),
+            f"{fmt(s.queue_growth_per_min)} tasks/min",
+            _time_to_saturation(s),
+        )
     console.print(slots)
     for line in pressure_warnings(r):
         console.print(f"[bold yellow]warning:[/] {line}", highlight=False)
@@ -180,8 +216,9 @@ def _print_live(r: LiveReport, window: str) -> None:
         table.add_row(name, fmt(value), UNITS[name], how)
     console.print(table)
     if r.assumed:
-        console.print(f"assumed (not measured in the window, model defaults used): {', '.join(r.assumed)}",
-                      highlight=False)
+        console.print(
+            f"assumed (not measured in the window, model defaults used): {', '.join(r.assumed)}", highlight=False
+        )
     warning = overload_warning(r.estimate, r.inputs)
     if warning:
         console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)

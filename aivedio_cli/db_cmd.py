@@ -48,18 +48,23 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
     settings = state(ctx).settings()
     states = _with_engine(settings, migrate.status)
     if as_json:
-        emit_json([
-            {"name": s.name, "state": s.state, "sha256": s.sha256,
-             "applied_at": s.applied_at.isoformat() if s.applied_at else None}
-            for s in states
-        ])
+        emit_json(
+            [
+                {
+                    "name": s.name,
+                    "state": s.state,
+                    "sha256": s.sha256,
+                    "applied_at": s.applied_at.isoformat() if s.applied_at else None,
+                }
+                for s in states
+            ]
+        )
     else:
         table = Table(title=f"migrations — {_where(settings)}")
         for col in ("name", "state", "applied at (UTC)", "sha256"):
             table.add_column(col, no_wrap=True)
         for s in states:
-            table.add_row(s.name, f"[{_STATE_STYLE.get(s.state, '')}]{s.state}[/]",
-                          _utc(s.applied_at), s.sha256[:10])
+            table.add_row(s.name, f"[{_STATE_STYLE.get(s.state, '')}]{s.state}[/]", _utc(s.applied_at), s.sha256[:10])
         out().print(table)
     bad = [s.name for s in states if s.state == migrate.CHECKSUM_MISMATCH]
     if bad:

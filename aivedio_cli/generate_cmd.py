@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 
 batch_app = typer.Typer(help="Run many generations from a JSONL file.", no_args_is_help=True)
 
-_API_URL = typer.Option(None, "--api-url", envvar="AIVEDIO_API_URL",
-                        help="Talk to a running server instead of running the engine here.")
+_API_URL = typer.Option(
+    None, "--api-url", envvar="AIVEDIO_API_URL", help="Talk to a running server instead of running the engine here."
+)
 _API_KEY = typer.Option(None, "--api-key", envvar="AIVEDIO_API_KEY", help="API key for --api-url.")
 
 
@@ -117,8 +118,11 @@ def generate(
     from aivedio_engine.client import ClientError
     from aivedio_engine.jobs import JobSpec, StopFlag, submit
 
-    options = {k: v for k, v in {"model": model, "provider": provider, "duration_s": duration,
-                                 "resolution": resolution}.items() if v is not None}
+    options = {
+        k: v
+        for k, v in {"model": model, "provider": provider, "duration_s": duration, "resolution": resolution}.items()
+        if v is not None
+    }
     spec = JobSpec(prompt, tuple(image), tuple(video), options, key or f"cli:{uuid.uuid4()}")
     err = _err()
     stop = StopFlag()
@@ -148,14 +152,28 @@ def generate(
         if not told:
             _interrupted_line(_generate_interrupted_text(snap))
         if as_json:
-            emit_json({"id": snap and snap.id, "status": snap.status if snap else "NOT_SUBMITTED",
-                       "version": snap and snap.version, "error": snap and snap.error,
-                       "outputs": snap.outputs if snap else {}, "interrupted": True})
+            emit_json(
+                {
+                    "id": snap and snap.id,
+                    "status": snap.status if snap else "NOT_SUBMITTED",
+                    "version": snap and snap.version,
+                    "error": snap and snap.error,
+                    "outputs": snap.outputs if snap else {},
+                    "interrupted": True,
+                }
+            )
         raise typer.Exit(int(ExitCode.INTERRUPTED))
     assert snap is not None
     if as_json:
-        emit_json({"id": snap.id, "status": snap.status, "version": snap.version, "error": snap.error,
-                   "outputs": snap.outputs})
+        emit_json(
+            {
+                "id": snap.id,
+                "status": snap.status,
+                "version": snap.version,
+                "error": snap.error,
+                "outputs": snap.outputs,
+            }
+        )
     else:
         _print_result(snap, err)
     if wait and snap.status != "SUCCEEDED":
@@ -168,12 +186,19 @@ def _generate_interrupted_text(snap: Snapshot | None) -> str:
     return f"the task continues; follow it with `aivedio generations wait {snap.id}`"
 
 
-def _follow_with_progress(client: GenerationClient, snap: Snapshot, err: Console, timeout: float,
-                          stop: StopFlag) -> Snapshot:
+def _follow_with_progress(
+    client: GenerationClient, snap: Snapshot, err: Console, timeout: float, stop: StopFlag
+) -> Snapshot:
     from aivedio_engine.jobs import follow
 
-    with Progress(TextColumn("[bold]{task.fields[status]:<16}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn(), console=err, transient=False) as progress:
+    with Progress(
+        TextColumn("[bold]{task.fields[status]:<16}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    ) as progress:
         bar = progress.add_task("generate", total=100, status=snap.status)
         seen: list[str] = []
 
@@ -200,7 +225,7 @@ def _print_result(snap: Snapshot, err: Console) -> None:
 @batch_app.command("run")
 def batch_run(
     ctx: typer.Context,
-    file: Path = typer.Argument(..., help="JSONL: one {\"prompt\": ..., \"images\": [...], ...} per line."),
+    file: Path = typer.Argument(..., help='JSONL: one {"prompt": ..., "images": [...], ...} per line.'),
     concurrency: int = typer.Option(4, "--concurrency", min=1, max=256, help="Generations in flight at once."),
     out: Path | None = typer.Option(None, "--out", help="Write one JSON result per line here."),
     timeout: float = typer.Option(1800, "--timeout", min=1, help="Seconds to wait for each generation."),
@@ -225,8 +250,14 @@ def batch_run(
     sink = open(out, "w", encoding="utf-8") if out else None  # noqa: SIM115 - closed below
     try:
         with _ctrl_c_stops(stop), _client(ctx, api_url, api_key) as client:
-            with Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.fields[failed]}"), TimeElapsedColumn(), console=err) as progress:
+            with Progress(
+                TextColumn("batch"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[failed]}"),
+                TimeElapsedColumn(),
+                console=err,
+            ) as progress:
                 bar = progress.add_task("batch", total=len(specs), failed="")
                 failed = [0]
 
@@ -238,8 +269,9 @@ def batch_run(
                             sink.write(json.dumps(result.as_dict(), sort_keys=True) + "\n")
                             sink.flush()
 
-                results = run_batch(client, specs, concurrency=concurrency, timeout_s=timeout, on_result=done,
-                                    stop=stop)
+                results = run_batch(
+                    client, specs, concurrency=concurrency, timeout_s=timeout, on_result=done, stop=stop
+                )
             if any(r.interrupted for r in results):  # say so now: the engine's shutdown may take a moment
                 _interrupted_line(_batch_interrupted_text(results, file))
                 told = True
@@ -258,8 +290,10 @@ def batch_run(
     if as_json:
         emit_json(summary)
     else:
-        err.print(f"{summary['succeeded']} succeeded, {summary['failed']} failed, "
-                  f"{summary['resumed']} resumed of {summary['total']}")
+        err.print(
+            f"{summary['succeeded']} succeeded, {summary['failed']} failed, "
+            f"{summary['resumed']} resumed of {summary['total']}"
+        )
         for r in results:
             if not r.ok:
                 err.print(f"  line {r.spec.line}: {r.as_dict()['status']} {r.error or ''}".rstrip())
@@ -272,12 +306,18 @@ def _batch_interrupted_text(results: list[BatchResult], file: Path) -> str:
     if results and not submitted:
         return f"nothing more was submitted; run `aivedio batch run {file}` again to submit the rest"
     count = f"the {submitted} unfinished task(s)" if results else "the submitted tasks"
-    return (f"{count} continue; run `aivedio batch run {file}` again to follow them and submit the rest "
-            "(nothing is submitted twice)")
+    return (
+        f"{count} continue; run `aivedio batch run {file}` again to follow them and submit the rest "
+        "(nothing is submitted twice)"
+    )
 
 
 def _summary(results: list[Any]) -> dict[str, Any]:
-    return {"total": len(results), "succeeded": sum(r.ok for r in results),
-            "failed": sum(not r.ok and not r.interrupted for r in results),
-            "interrupted": sum(r.interrupted for r in results), "resumed": sum(r.resumed for r in results),
-            "results": [r.as_dict() for r in results]}
+    return {
+        "total": len(results),
+        "succeeded": sum(r.ok for r in results),
+        "failed": sum(not r.ok and not r.interrupted for r in results),
+        "interrupted": sum(r.interrupted for r in results),
+        "resumed": sum(r.resumed for r in results),
+        "results": [r.as_dict() for r in results],
+    }

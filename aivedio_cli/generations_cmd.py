@@ -31,17 +31,26 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Your generations: get, wait for, list, download, cancel.", no_args_is_help=True)
 
-API_URL = typer.Option(None, "--api-url", envvar="AIVEDIO_API_URL",
-                       help="Talk to a running server instead of using the engine's data dir here.")
+API_URL = typer.Option(
+    None,
+    "--api-url",
+    envvar="AIVEDIO_API_URL",
+    help="Talk to a running server instead of using the engine's data dir here.",
+)
 API_KEY = typer.Option(None, "--api-key", envvar="AIVEDIO_API_KEY", help="API key for --api-url.")
 JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 #: Ctrl-C, as shells report it (128 + SIGINT)
 INTERRUPTED = 130
 
 #: problem slug → exit code (the same mapping as service errors in `_render.exit_code_for`)
-_KIND_EXIT = {"not-found": ExitCode.NOT_FOUND, "invalid-request": ExitCode.USAGE, "bad-request": ExitCode.USAGE,
-              "conflict": ExitCode.REFUSED, "illegal-state": ExitCode.REFUSED,
-              "insufficient-credits": ExitCode.REFUSED}
+_KIND_EXIT = {
+    "not-found": ExitCode.NOT_FOUND,
+    "invalid-request": ExitCode.USAGE,
+    "bad-request": ExitCode.USAGE,
+    "conflict": ExitCode.REFUSED,
+    "illegal-state": ExitCode.REFUSED,
+    "insufficient-credits": ExitCode.REFUSED,
+}
 
 
 def _err() -> Console:
@@ -53,8 +62,9 @@ def client_failed(exc: ClientError) -> NoReturn:
 
 
 @contextmanager
-def task_client(ctx: typer.Context, api_url: str | None, api_key: str | None, *,
-                host_engine: bool = False) -> Iterator[TaskClient]:
+def task_client(
+    ctx: typer.Context, api_url: str | None, api_key: str | None, *, host_engine: bool = False
+) -> Iterator[TaskClient]:
     """A client of the server at `api_url`, else of the engine's data dir; `host_engine` also runs the embedded
     engine's background roles for the duration of the block (what `generate --wait` does)."""
     from aivedio_engine.client import ClientError, EmbeddedClient, RemoteClient
@@ -96,16 +106,33 @@ def task_client(ctx: typer.Context, api_url: str | None, api_key: str | None, *,
 
 def snapshot_doc(snap: Snapshot) -> dict[str, Any]:
     """The JSON of one task: `generate --json`'s keys plus what a listing needs."""
-    return {"id": snap.id, "status": snap.status, "version": snap.version, "progress": snap.progress,
-            "error": snap.error, "outputs": snap.outputs, "model": snap.model, "provider": snap.provider,
-            "cancel_outcome": snap.cancel_outcome, "created_at": snap.created_at, "updated_at": snap.updated_at,
-            "finished_at": snap.finished_at}
+    return {
+        "id": snap.id,
+        "status": snap.status,
+        "version": snap.version,
+        "progress": snap.progress,
+        "error": snap.error,
+        "outputs": snap.outputs,
+        "model": snap.model,
+        "provider": snap.provider,
+        "cancel_outcome": snap.cancel_outcome,
+        "created_at": snap.created_at,
+        "updated_at": snap.updated_at,
+        "finished_at": snap.finished_at,
+    }
 
 
 def _print_task(snap: Snapshot) -> None:
-    rows = [("id", snap.id), ("status", snap.status), ("version", str(snap.version)),
-            ("progress", f"{snap.progress}%"), ("model", f"{snap.model or '-'} ({snap.provider or 'not chosen yet'})"),
-            ("error", snap.error or "-"), ("created", snap.created_at or "-"), ("updated", snap.updated_at or "-")]
+    rows = [
+        ("id", snap.id),
+        ("status", snap.status),
+        ("version", str(snap.version)),
+        ("progress", f"{snap.progress}%"),
+        ("model", f"{snap.model or '-'} ({snap.provider or 'not chosen yet'})"),
+        ("error", snap.error or "-"),
+        ("created", snap.created_at or "-"),
+        ("updated", snap.updated_at or "-"),
+    ]
     if snap.finished_at:
         rows.append(("finished", snap.finished_at))
     if snap.cancel_outcome:
@@ -159,16 +186,21 @@ def wait(
             with task_client(ctx, api_url, api_key, host_engine=True) as client:
                 snap = follow_with_progress(client, client.get(tid), err, timeout)
         except KeyboardInterrupt:
-            print(f"interrupted — the task continues; follow it with `aivedio generations wait {tid}`",
-                  file=sys.stderr, flush=True)
+            print(
+                f"interrupted — the task continues; follow it with `aivedio generations wait {tid}`",
+                file=sys.stderr,
+                flush=True,
+            )
             raise typer.Exit(INTERRUPTED) from None
     if as_json:
         emit_json(snapshot_doc(snap))
     else:
         _print_result(snap, err)
     if not snap.finished:
-        fail(f"timed out after {timeout:g}s: generation {tid} is still {snap.status}; it continues — "
-             f"run `aivedio generations wait {tid}` again")
+        fail(
+            f"timed out after {timeout:g}s: generation {tid} is still {snap.status}; it continues — "
+            f"run `aivedio generations wait {tid}` again"
+        )
     if snap.status != "SUCCEEDED":
         raise typer.Exit(int(ExitCode.FAILED))
 
@@ -177,8 +209,14 @@ def follow_with_progress(client: TaskClient, snap: Snapshot, err: Console, timeo
     """The display of `generate --wait`: one line per state change, a progress bar, the time elapsed."""
     from aivedio_engine.jobs import follow
 
-    with Progress(TextColumn("[bold]{task.fields[status]:<16}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn(), console=err, transient=False) as progress:
+    with Progress(
+        TextColumn("[bold]{task.fields[status]:<16}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    ) as progress:
         bar = progress.add_task("wait", total=100, status=snap.status)
         seen: list[str] = []
 
@@ -281,13 +319,20 @@ def download(
     else:
         err = Console(file=sys.stderr, soft_wrap=True, highlight=False)
         for f in result.files:
-            verdict = (f"[red]{f.problem}[/red] (not kept)" if f.problem else
-                       "sha256 ok" if f.verified else f"sha256 {f.sha256[:12]}… (no record to check)")
+            verdict = (
+                f"[red]{f.problem}[/red] (not kept)"
+                if f.problem
+                else "sha256 ok"
+                if f.verified
+                else f"sha256 {f.sha256[:12]}… (no record to check)"
+            )
             err.print(f"{f.profile:<10} {f.size_bytes:>10}  {f.path}  {verdict}")
         for note in result.notes:
             err.print(note)
     if result.bad:
-        fail(f"{len(result.bad)} file(s) differ from their recorded checksum and were not kept: "
-             + "; ".join(f"{f.path.name}: {f.problem}" for f in result.bad))
+        fail(
+            f"{len(result.bad)} file(s) differ from their recorded checksum and were not kept: "
+            + "; ".join(f"{f.path.name}: {f.problem}" for f in result.bad)
+        )
     if not as_json:
         typer.echo(str(folder))

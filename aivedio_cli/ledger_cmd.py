@@ -20,8 +20,9 @@ from aivedio_engine.services.errors import Conflict, InsufficientCredits
 if TYPE_CHECKING:
     from aivedio_engine.services.ledger_ops import AdjustResult, ReconcileReport
 
-app = typer.Typer(help="The credit ledger: balances, entries, adjustments, invoice reconciliation.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="The credit ledger: balances, entries, adjustments, invoice reconciliation.", no_args_is_help=True
+)
 
 TENANT = typer.Option(..., "--tenant", help="Tenant id or name.")
 JSON = typer.Option(False, "--json", help="JSON on stdout.")
@@ -76,15 +77,25 @@ def balance(ctx: typer.Context, tenant: str = TENANT, as_json: bool = JSON) -> N
     """The tenant's balance, the ledger sum it must equal, and the credits held by open tasks."""
     with service_context(ctx) as app_ctx:
         b = _service(app_ctx).balance(tenant)
-    data = {"tenant_id": str(b.tenant_id), "tenant": b.tenant, "credit_balance": str(b.credit_balance),
-            "ledger_sum": str(b.ledger_sum), "consistent": b.consistent, "reserved": str(b.reserved),
-            "entries": b.entries, "by_type": {k: str(v) for k, v in sorted(b.by_type.items())}}
+    data = {
+        "tenant_id": str(b.tenant_id),
+        "tenant": b.tenant,
+        "credit_balance": str(b.credit_balance),
+        "ledger_sum": str(b.ledger_sum),
+        "consistent": b.consistent,
+        "reserved": str(b.reserved),
+        "entries": b.entries,
+        "by_type": {k: str(v) for k, v in sorted(b.by_type.items())},
+    }
     if as_json:
         emit_json(data)
     else:
         console = out()
-        console.print(f"[bold]{b.tenant}[/] {b.tenant_id}: {_money(b.credit_balance)} credits "
-                      f"({_money(b.reserved)} held by open tasks, {b.entries} ledger entries)", highlight=False)
+        console.print(
+            f"[bold]{b.tenant}[/] {b.tenant_id}: {_money(b.credit_balance)} credits "
+            f"({_money(b.reserved)} held by open tasks, {b.entries} ledger entries)",
+            highlight=False,
+        )
         for entry_type, total in sorted(b.by_type.items()):
             console.print(f"  {entry_type:<10} {_money(total):>14}", highlight=False)
         if not b.consistent:
@@ -109,8 +120,14 @@ def entries(
         return
     table = _table("created_at", "type", "amount", "task_id", "business_key", "by")
     for r in rows:
-        table.add_row(_time(r["created_at"]), r["entry_type"], _money(r["amount"]),
-                      str(r["task_id"] or ""), r["business_key"], r["created_by"])
+        table.add_row(
+            _time(r["created_at"]),
+            r["entry_type"],
+            _money(r["amount"]),
+            str(r["task_id"] or ""),
+            r["business_key"],
+            r["created_by"],
+        )
     out().print(table)
 
 
@@ -120,10 +137,15 @@ def adjust(
     tenant: str = TENANT,
     amount: str = typer.Option(..., "--amount", help="Credits to add (+N) or take (-N)."),
     business_key: str = typer.Option(
-        ..., "--business-key",
-        help="Your reference for this correction (e.g. a ticket id). Booking the same key again is a no-op."),
+        ...,
+        "--business-key",
+        help="Your reference for this correction (e.g. a ticket id). Booking the same key again is a no-op.",
+    ),
     task: str | None = typer.Option(None, "--task", help="The task this correction is about."),
-    dry_run: bool = DRY_RUN, yes: bool = YES, reason: str | None = REASON, as_json: bool = JSON,
+    dry_run: bool = DRY_RUN,
+    yes: bool = YES,
+    reason: str | None = REASON,
+    as_json: bool = JSON,
 ) -> None:
     """Book one append-only ADJUSTMENT. A negative one that would take the balance below zero is refused (exit 4)."""
     try:
@@ -131,8 +153,7 @@ def adjust(
     except InvalidOperation:
         fail(f"--amount must be a number, got {amount!r}", ExitCode.USAGE)
     task_id = _uuid(task, "task")
-    op = operation("ledger adjust", reason, dry_run, tenant=tenant, amount=amount, business_key=business_key,
-                   task=task)
+    op = operation("ledger adjust", reason, dry_run, tenant=tenant, amount=amount, business_key=business_key, task=task)
     with service_context(ctx) as app_ctx:
         service = _service(app_ctx)
         if not dry_run:
@@ -146,11 +167,21 @@ def adjust(
                 confirm(f"book {value:+} credits for {quote.tenant}?", yes)
         result = service.adjust(tenant, value, business_key, op, task_id)
     if as_json:
-        emit_json({"tenant_id": str(result.tenant_id), "tenant": result.tenant, "amount": str(result.amount),
-                   "business_key": result.business_key, "outcome": result.outcome, "dry_run": result.dry_run,
-                   "booked": result.outcome == "booked", "duplicate": result.outcome == "duplicate",
-                   "balance_before": str(result.balance_before), "balance_after": str(result.balance_after),
-                   "entry_id": str(result.entry_id) if result.entry_id else None})
+        emit_json(
+            {
+                "tenant_id": str(result.tenant_id),
+                "tenant": result.tenant,
+                "amount": str(result.amount),
+                "business_key": result.business_key,
+                "outcome": result.outcome,
+                "dry_run": result.dry_run,
+                "booked": result.outcome == "booked",
+                "duplicate": result.outcome == "duplicate",
+                "balance_before": str(result.balance_before),
+                "balance_after": str(result.balance_after),
+                "entry_id": str(result.entry_id) if result.entry_id else None,
+            }
+        )
     else:
         _show_adjust(result, preview=False)
 
@@ -174,7 +205,10 @@ def reconcile(
     invoice: Path = typer.Option(..., "--invoice", help="The provider's invoice as CSV (columns below)."),
     provider: str | None = typer.Option(None, "--provider", help="Only lines of this provider."),
     apply: bool = typer.Option(False, "--apply", help="Book an ADJUSTMENT (0 credits) per duplicate and orphan."),
-    dry_run: bool = DRY_RUN, yes: bool = YES, reason: str | None = REASON, as_json: bool = JSON,
+    dry_run: bool = DRY_RUN,
+    yes: bool = YES,
+    reason: str | None = REASON,
+    as_json: bool = JSON,
 ) -> None:
     """Check a provider invoice against our attempts: duplicates, orphans, missing charges.
 
@@ -218,8 +252,14 @@ def reconcile(
         fail("--dry-run, --yes and --reason go with --apply (without it nothing is booked)", ExitCode.USAGE)
     op = None
     if apply:
-        op = operation("ledger reconcile", reason, dry_run, invoice=str(invoice), provider=provider,
-                       invoice_sha256=hashlib.sha256(raw).hexdigest())
+        op = operation(
+            "ledger reconcile",
+            reason,
+            dry_run,
+            invoice=str(invoice),
+            provider=provider,
+            invoice_sha256=hashlib.sha256(raw).hexdigest(),
+        )
     with service_context(ctx) as app_ctx:
         lines = parse_invoice(text)
         service = _service(app_ctx)
@@ -251,14 +291,24 @@ def _exit_partial(report: ReconcileReport) -> None:
 def _report_json(report: ReconcileReport, invoice: Path) -> dict[str, Any]:
     apply = None
     if report.applied:
-        apply = {"dry_run": report.dry_run, "entry_ids": report.booked_entry_ids,
-                 **{state: [f.business_key or f"line {f.line.line_no}" for f in report.findings if f.booking == state]
-                    for state in ("booked", "already_booked", "would_book", "not_bookable")}}
+        apply = {
+            "dry_run": report.dry_run,
+            "entry_ids": report.booked_entry_ids,
+            **{
+                state: [f.business_key or f"line {f.line.line_no}" for f in report.findings if f.booking == state]
+                for state in ("booked", "already_booked", "would_book", "not_bookable")
+            },
+        }
     return {
         "schema": "aivedio.ledger.reconcile.v1",
-        "invoice": {"path": str(invoice), "lines": report.lines, "considered": report.considered,
-                    "providers": report.providers, "billed": {k: str(v) for k, v in report.billed.items()},
-                    "period": [p.isoformat() for p in report.period] if report.period else None},
+        "invoice": {
+            "path": str(invoice),
+            "lines": report.lines,
+            "considered": report.considered,
+            "providers": report.providers,
+            "billed": {k: str(v) for k, v in report.billed.items()},
+            "period": [p.isoformat() for p in report.period] if report.period else None,
+        },
         "duplicates": [f.to_json() for f in report.of("duplicate_line", "duplicate_job")],
         "orphans": [f.to_json() for f in report.of("orphan")],
         "missing": _plain(report.missing),
@@ -269,28 +319,45 @@ def _report_json(report: ReconcileReport, invoice: Path) -> dict[str, Any]:
 def _show_report(report: ReconcileReport) -> None:
     console = out()
     billed = ", ".join(f"{_money(v)} {k}".strip() for k, v in report.billed.items()) or "nothing"
-    console.print(f"{report.considered} of {report.lines} invoice line(s) checked ({', '.join(report.providers)}); "
-                  f"billed {billed}", highlight=False)
+    console.print(
+        f"{report.considered} of {report.lines} invoice line(s) checked ({', '.join(report.providers)}); "
+        f"billed {billed}",
+        highlight=False,
+    )
     findings = report.of("duplicate_line", "duplicate_job", "orphan")
     if findings:
         table = _table("line", "kind", "job_id", "amount", "task_id", "booking", "note")
         for f in findings:
-            table.add_row(str(f.line.line_no), f.kind, f.line.job_id,
-                          f"{_money(f.line.amount)} {f.line.currency or ''}",
-                          str(f.attempt.task_id) if f.attempt else "-", f.booking or "", f.note)
+            table.add_row(
+                str(f.line.line_no),
+                f.kind,
+                f.line.job_id,
+                f"{_money(f.line.amount)} {f.line.currency or ''}",
+                str(f.attempt.task_id) if f.attempt else "-",
+                f.booking or "",
+                f.note,
+            )
         console.print(table)
-    console.print(f"duplicates: {len(report.of('duplicate_line', 'duplicate_job'))}, orphans: "
-                  f"{len(report.of('orphan'))}, not attributable: {len(report.not_bookable)}, "
-                  f"missing charges: {len(report.missing)}", highlight=False)
+    console.print(
+        f"duplicates: {len(report.of('duplicate_line', 'duplicate_job'))}, orphans: "
+        f"{len(report.of('orphan'))}, not attributable: {len(report.not_bookable)}, "
+        f"missing charges: {len(report.missing)}",
+        highlight=False,
+    )
     for m in report.missing[:20]:
-        console.print(f"  missing: {m['provider']} job {m['job_id']} (task {m['task_id']}, {m['submit_state']})",
-                      highlight=False)
+        console.print(
+            f"  missing: {m['provider']} job {m['job_id']} (task {m['task_id']}, {m['submit_state']})", highlight=False
+        )
 
 
 def _show_applied(report: ReconcileReport) -> None:
-    counts = {s: sum(1 for f in report.findings if f.booking == s)
-              for s in ("booked", "would_book", "already_booked", "not_bookable")}
+    counts = {
+        s: sum(1 for f in report.findings if f.booking == s)
+        for s in ("booked", "would_book", "already_booked", "not_bookable")
+    }
     prefix = "dry run: would book" if report.dry_run else "booked"
     booked = counts["would_book"] if report.dry_run else counts["booked"]
-    out().print(f"{prefix}: {booked}, already booked: {counts['already_booked']}, "
-                f"not attributable: {counts['not_bookable']}", highlight=False)
+    out().print(
+        f"{prefix}: {booked}, already booked: {counts['already_booked']}, not attributable: {counts['not_bookable']}",
+        highlight=False,
+    )

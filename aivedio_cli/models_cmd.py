@@ -60,9 +60,14 @@ def list_models(
         table.add_column(column)
     for m in models:
         prices = ", ".join(f"{r}: {p}" for r, p in dict(m.get("price_per_second") or {}).items())
-        table.add_row(str(m["provider"]), str(m["model"]),
-                      f"{m.get('default_duration_s')} (max {m.get('max_duration_s')})",
-                      ", ".join(m.get("resolutions") or []), ", ".join(m.get("aspect_ratios") or []), prices)
+        table.add_row(
+            str(m["provider"]),
+            str(m["model"]),
+            f"{m.get('default_duration_s')} (max {m.get('max_duration_s')})",
+            ", ".join(m.get("resolutions") or []),
+            ", ".join(m.get("aspect_ratios") or []),
+            prices,
+        )
     console = Console(file=sys.stdout, soft_wrap=True)
     (console if console.is_terminal else Console(file=sys.stdout, width=200)).print(table)
     if not models:

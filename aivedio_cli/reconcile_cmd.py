@@ -32,7 +32,8 @@ def reconcile(
     task: str | None = typer.Option(None, "--task", metavar="ID", help="Only this task."),
     provider: str | None = typer.Option(None, "--provider", help="Only ambiguous submits to this provider."),
     older_than: str | None = typer.Option(
-        None, "--older-than", metavar="D", help="Only submits sent at least D ago (10m, 2h, 1d)."),
+        None, "--older-than", metavar="D", help="Only submits sent at least D ago (10m, 2h, 1d)."
+    ),
     limit: int = typer.Option(100, "--limit", min=1, max=10_000, help="At most this many tasks, oldest send first."),
     dry_run: bool = DRY_RUN,
     yes: bool = YES,
@@ -50,8 +51,10 @@ def reconcile(
     if plan is not None and plan_out is not None:
         fail("--plan and --plan-out cannot be combined", ExitCode.USAGE)
     if plan is not None and (task or provider or older_than):
-        fail("--plan applies exactly the saved set: do not combine it with --task, --provider or --older-than",
-             ExitCode.USAGE)
+        fail(
+            "--plan applies exactly the saved set: do not combine it with --task, --provider or --older-than",
+            ExitCode.USAGE,
+        )
     task_id = parse_id(task, "task") if task else None
     age = duration_opt(older_than, "--older-than")
     preview_only = dry_run or plan_out is not None
@@ -85,24 +88,40 @@ def _plan_ids(path: Path) -> list[uuid.UUID]:
 
 def _render_preview(found: list[Candidate], as_json: bool, plan_out: Path | None) -> None:
     if as_json:
-        emit_json({"schema": SCHEMA, "dry_run": True, "count": len(found), "tasks": jsonable(found),
-                   "plan": str(plan_out) if plan_out else None})
+        emit_json(
+            {
+                "schema": SCHEMA,
+                "dry_run": True,
+                "count": len(found),
+                "tasks": jsonable(found),
+                "plan": str(plan_out) if plan_out else None,
+            }
+        )
         return
     console = out()
     if not found:
         console.print("nothing to reconcile: no task has an ambiguous submit matching these filters")
         return
     _preview_table(found, console, sample=None)
-    console.print(f"dry run: {len(found)} task(s) would be looked up; nothing changed"
-                  + (f"; plan saved to {plan_out}" if plan_out else ""), highlight=False)
+    console.print(
+        f"dry run: {len(found)} task(s) would be looked up; nothing changed"
+        + (f"; plan saved to {plan_out}" if plan_out else ""),
+        highlight=False,
+    )
 
 
 def _preview_table(found: list[Candidate], console: Console, sample: int | None = SAMPLE) -> None:
     shown = found if sample is None else found[:sample]
     table = id_table("task_id", "provider", "status", "sent_at", "lookups", "parked")
     for c in shown:
-        table.add_row(str(c.task_id), c.provider, c.task_status, c.sent_at.strftime("%Y-%m-%d %H:%M:%S"),
-                      str(c.lookup_count), "yes" if c.parked else "")
+        table.add_row(
+            str(c.task_id),
+            c.provider,
+            c.task_status,
+            c.sent_at.strftime("%Y-%m-%d %H:%M:%S"),
+            str(c.lookup_count),
+            "yes" if c.parked else "",
+        )
     wide(console).print(table)
     if len(found) > len(shown):
         console.print(f"... and {len(found) - len(shown)} more ({len(found)} in all)")
@@ -112,8 +131,15 @@ def _render_outcomes(outcomes: list[Outcome], as_json: bool) -> None:
     counts = Counter(o.result for o in outcomes)
     summary = {r: counts.get(r, 0) for r in RESULTS}
     if as_json:
-        emit_json({"schema": SCHEMA, "dry_run": False, "count": len(outcomes), "summary": summary,
-                   "tasks": jsonable(outcomes)})
+        emit_json(
+            {
+                "schema": SCHEMA,
+                "dry_run": False,
+                "count": len(outcomes),
+                "summary": summary,
+                "tasks": jsonable(outcomes),
+            }
+        )
         return
     console = out()
     if not outcomes:

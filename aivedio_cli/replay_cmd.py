@@ -28,19 +28,33 @@ app = typer.Typer(help="Replay dead letters, orphan provider events and DEAD out
 
 ACTOR = typer.Option(None, "--actor", help="Only messages for this actor (e.g. on_generation_queued).")
 ERROR_CLASS = typer.Option(
-    None, "--error-class",
-    help="Only rows whose error matches: an exception class or any part of the error text, case-insensitive.")
+    None,
+    "--error-class",
+    help="Only rows whose error matches: an exception class or any part of the error text, case-insensitive.",
+)
 SINCE = typer.Option(None, "--since", help="Only rows since then: a duration (30m, 2h, 7d) or an ISO-8601 time.")
-LIMIT = typer.Option(100, "--limit", min=1, max=10_000,
-                     help="Act on at most N rows, oldest first (the match count shown is still exact).")
+LIMIT = typer.Option(
+    100,
+    "--limit",
+    min=1,
+    max=10_000,
+    help="Act on at most N rows, oldest first (the match count shown is still exact).",
+)
 JSON = typer.Option(False, "--json", help="One JSON document on stdout (schema aivedio.replay.v1).")
 
 
 @app.command("dlq")
 def dlq(
-    ctx: typer.Context, actor: str | None = ACTOR, error_class: str | None = ERROR_CLASS,
-    since: str | None = SINCE, limit: int = LIMIT, dry_run: bool = DRY_RUN, yes: bool = YES,
-    reason: str | None = REASON, plan_out: Path | None = PLAN_OUT, plan: Path | None = PLAN,
+    ctx: typer.Context,
+    actor: str | None = ACTOR,
+    error_class: str | None = ERROR_CLASS,
+    since: str | None = SINCE,
+    limit: int = LIMIT,
+    dry_run: bool = DRY_RUN,
+    yes: bool = YES,
+    reason: str | None = REASON,
+    plan_out: Path | None = PLAN_OUT,
+    plan: Path | None = PLAN,
     as_json: bool = JSON,
 ) -> None:
     """Re-publish dead letters (not yet replayed) through the outbox under their original event ids.
@@ -49,44 +63,93 @@ def dlq(
 
     Each letter is marked replayed; if it dies again, it is listed here again.
     """
-    _run(ctx, "dlq", {"actor": actor, "error_class": error_class, "since": since, "limit": limit},
-         dry_run=dry_run, yes=yes, reason=reason, plan_out=plan_out, plan=plan, as_json=as_json)
+    _run(
+        ctx,
+        "dlq",
+        {"actor": actor, "error_class": error_class, "since": since, "limit": limit},
+        dry_run=dry_run,
+        yes=yes,
+        reason=reason,
+        plan_out=plan_out,
+        plan=plan,
+        as_json=as_json,
+    )
 
 
 @app.command("orphans")
 def orphans(
     ctx: typer.Context,
     provider: str | None = typer.Option(None, "--provider", help="Only events from this provider."),
-    since: str | None = SINCE, limit: int = LIMIT, dry_run: bool = DRY_RUN, yes: bool = YES,
-    reason: str | None = REASON, plan_out: Path | None = PLAN_OUT, plan: Path | None = PLAN,
+    since: str | None = SINCE,
+    limit: int = LIMIT,
+    dry_run: bool = DRY_RUN,
+    yes: bool = YES,
+    reason: str | None = REASON,
+    plan_out: Path | None = PLAN_OUT,
+    plan: Path | None = PLAN,
     as_json: bool = JSON,
 ) -> None:
     """Attach orphan provider events to the attempt that owns their job id now, and hand them to the reducer.
 
     Reports which were rematched and which still match no attempt (a job nobody here created).
     """
-    _run(ctx, "orphans", {"provider": provider, "since": since, "limit": limit},
-         dry_run=dry_run, yes=yes, reason=reason, plan_out=plan_out, plan=plan, as_json=as_json)
+    _run(
+        ctx,
+        "orphans",
+        {"provider": provider, "since": since, "limit": limit},
+        dry_run=dry_run,
+        yes=yes,
+        reason=reason,
+        plan_out=plan_out,
+        plan=plan,
+        as_json=as_json,
+    )
 
 
 @app.command("outbox")
 def outbox(
-    ctx: typer.Context, actor: str | None = ACTOR, error_class: str | None = ERROR_CLASS,
-    since: str | None = SINCE, limit: int = LIMIT, dry_run: bool = DRY_RUN, yes: bool = YES,
-    reason: str | None = REASON, plan_out: Path | None = PLAN_OUT, plan: Path | None = PLAN,
+    ctx: typer.Context,
+    actor: str | None = ACTOR,
+    error_class: str | None = ERROR_CLASS,
+    since: str | None = SINCE,
+    limit: int = LIMIT,
+    dry_run: bool = DRY_RUN,
+    yes: bool = YES,
+    reason: str | None = REASON,
+    plan_out: Path | None = PLAN_OUT,
+    plan: Path | None = PLAN,
     as_json: bool = JSON,
 ) -> None:
     """Put DEAD outbox rows (the relay could not enqueue them) back to PENDING with their attempts reset."""
-    _run(ctx, "outbox", {"actor": actor, "error_class": error_class, "since": since, "limit": limit},
-         dry_run=dry_run, yes=yes, reason=reason, plan_out=plan_out, plan=plan, as_json=as_json)
+    _run(
+        ctx,
+        "outbox",
+        {"actor": actor, "error_class": error_class, "since": since, "limit": limit},
+        dry_run=dry_run,
+        yes=yes,
+        reason=reason,
+        plan_out=plan_out,
+        plan=plan,
+        as_json=as_json,
+    )
 
 
 _NOUN = {"dlq": "dead letter(s)", "orphans": "orphan provider event(s)", "outbox": "DEAD outbox row(s)"}
 _VERB = {"dlq": "replay", "orphans": "rematch", "outbox": "re-publish"}
 
 
-def _run(ctx: typer.Context, kind: str, filters: dict[str, Any], *, dry_run: bool, yes: bool,
-         reason: str | None, plan_out: Path | None, plan: Path | None, as_json: bool) -> None:
+def _run(
+    ctx: typer.Context,
+    kind: str,
+    filters: dict[str, Any],
+    *,
+    dry_run: bool,
+    yes: bool,
+    reason: str | None,
+    plan_out: Path | None,
+    plan: Path | None,
+    as_json: bool,
+) -> None:
     from aivedio_engine.services.replay import ReplayFilter, ReplayService, parse_since
 
     command = f"replay {kind}"
@@ -114,9 +177,18 @@ def _run(ctx: typer.Context, kind: str, filters: dict[str, Any], *, dry_run: boo
             confirm(f"{_VERB[kind]} {len(ids)} {_NOUN[kind]}?", yes)
         result = service.replay(kind, ids, op)  # type: ignore[arg-type]
     if as_json:
-        emit_json({"schema": SCHEMA, "kind": kind, "filters": {"plan": str(plan)} if plan else flt.as_args(),
-                   "total": preview.total, "selected": len(ids), "items": preview.items,
-                   "plan_out": str(plan_out) if plan_out else None, "result": result.to_json()})
+        emit_json(
+            {
+                "schema": SCHEMA,
+                "kind": kind,
+                "filters": {"plan": str(plan)} if plan else flt.as_args(),
+                "total": preview.total,
+                "selected": len(ids),
+                "items": preview.items,
+                "plan_out": str(plan_out) if plan_out else None,
+                "result": result.to_json(),
+            }
+        )
     else:
         _show_result(result, plan_out)
     if result.failed and not result.dry_run:
@@ -132,9 +204,11 @@ def _show_preview(preview: Preview, limited: bool) -> None:
     console.print(head + " (times in UTC)" if preview.items else head, highlight=False)
     if not preview.items:
         return
-    columns = {"dlq": ("id", "actor", "error", "seen_count", "last_seen_at"),
-               "orphans": ("id", "provider", "job_id", "status", "received_at"),
-               "outbox": ("id", "event_type", "target", "publish_attempts", "last_error")}[preview.kind]
+    columns = {
+        "dlq": ("id", "actor", "error", "seen_count", "last_seen_at"),
+        "orphans": ("id", "provider", "job_id", "status", "received_at"),
+        "outbox": ("id", "event_type", "target", "publish_attempts", "last_error"),
+    }[preview.kind]
     table = Table()
     for column in columns:
         # an id cut short by "…" is useless to copy: long values fold; short words stay whole
@@ -160,8 +234,11 @@ def _show_result(result: ReplayResult, plan_out: Path | None) -> None:
     console = out()
     verb = _VERB[result.kind]
     if plan_out is not None:
-        console.print(f"plan saved to {plan_out}: {len(result.done) + len(result.failed) + len(result.still_orphan)}"
-                      f" row(s); apply it with --plan {plan_out}", highlight=False)
+        console.print(
+            f"plan saved to {plan_out}: {len(result.done) + len(result.failed) + len(result.still_orphan)}"
+            f" row(s); apply it with --plan {plan_out}",
+            highlight=False,
+        )
     done = len(result.done)
     line = f"dry run: would {verb} {done}" if result.dry_run else f"{DONE_KEY[result.kind]}: {done}"
     if result.kind == "orphans":

@@ -59,8 +59,9 @@ def claim(
     """Claim an item so no other reviewer decides it; claiming your own item again extends the claim."""
     ref = parse_id(item, "review item or task")
     reviewer = as_ or current_operator()
-    op = Operation(command="review claim", reason=None, dry_run=dry_run,
-                   args={"item": item, "reviewer": reviewer, "ttl_s": ttl})
+    op = Operation(
+        command="review claim", reason=None, dry_run=dry_run, args={"item": item, "reviewer": reviewer, "ttl_s": ttl}
+    )
     with service_context(ctx) as app_ctx:
         view = ReviewService(app_ctx.engine, app_ctx.clock).claim(ref, reviewer, op, ttl)
     if as_json:
@@ -68,26 +69,47 @@ def claim(
         return
     until = view.claimed_until.isoformat(timespec="seconds") if view.claimed_until else "?"
     prefix = "dry run: would claim" if dry_run else "claimed"
-    out().print(f"{prefix} review item {view.id} (task {view.task_id}) for {reviewer} until {until}",
-                highlight=False)
+    out().print(f"{prefix} review item {view.id} (task {view.task_id}) for {reviewer} until {until}", highlight=False)
 
 
 @app.command("approve")
-def approve(ctx: typer.Context, item: str = ITEM, reason: str | None = REASON, as_: str | None = AS,
-            yes: bool = YES, dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
+def approve(
+    ctx: typer.Context,
+    item: str = ITEM,
+    reason: str | None = REASON,
+    as_: str | None = AS,
+    yes: bool = YES,
+    dry_run: bool = DRY_RUN,
+    as_json: bool = JSON,
+) -> None:
     """Approve the held output: the task SUCCEEDS and its credits are settled."""
     _decide(ctx, "approve", item, reason, as_, yes, dry_run, as_json)
 
 
 @app.command("reject")
-def reject(ctx: typer.Context, item: str = ITEM, reason: str | None = REASON, as_: str | None = AS,
-           yes: bool = YES, dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
+def reject(
+    ctx: typer.Context,
+    item: str = ITEM,
+    reason: str | None = REASON,
+    as_: str | None = AS,
+    yes: bool = YES,
+    dry_run: bool = DRY_RUN,
+    as_json: bool = JSON,
+) -> None:
     """Reject the held output: the task FAILS (FAILED_FINAL); the provider's cost is still settled."""
     _decide(ctx, "reject", item, reason, as_, yes, dry_run, as_json)
 
 
-def _decide(ctx: typer.Context, verb: str, item: str, reason: str | None, as_: str | None, yes: bool,
-            dry_run: bool, as_json: bool) -> None:
+def _decide(
+    ctx: typer.Context,
+    verb: str,
+    item: str,
+    reason: str | None,
+    as_: str | None,
+    yes: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
     ref = parse_id(item, "review item or task")
     reviewer = as_ or current_operator()
     op = operation(f"review {verb}", reason, dry_run, item=item, reviewer=reviewer)
@@ -101,10 +123,16 @@ def _decide(ctx: typer.Context, verb: str, item: str, reason: str | None, as_: s
         return
     settled = "nothing was reserved" if result.settled is None else f"settled at {result.settled} credits"
     prefix = f"dry run: would {verb}" if dry_run else {"approve": "approved", "reject": "rejected"}[verb]
-    out().print(f"{prefix} review item {result.item.id}: task {result.item.task_id} → {result.task_status},"
-                f" {settled}", highlight=False)
+    out().print(
+        f"{prefix} review item {result.item.id}: task {result.item.task_id} → {result.task_status}, {settled}",
+        highlight=False,
+    )
 
 
 def _decided_json(result: Decided) -> dict[str, Any]:
-    return {"dry_run": result.dry_run, "item": result.item.to_dict(), "task_status": result.task_status,
-            "settled": None if result.settled is None else str(result.settled)}
+    return {
+        "dry_run": result.dry_run,
+        "item": result.item.to_dict(),
+        "task_status": result.task_status,
+        "settled": None if result.settled is None else str(result.settled),
+    }

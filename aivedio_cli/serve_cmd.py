@@ -25,17 +25,24 @@ if TYPE_CHECKING:
 def serve(
     ctx: typer.Context,
     role: str = typer.Option(
-        "all", "--role", metavar="ROLES",
+        "all",
+        "--role",
+        metavar="ROLES",
         help="Comma list of api, relay, worker, scheduler, sweeper, or all (one process runs everything).",
     ),
     host: str | None = typer.Option(None, "--host", help="API listen address (default: api.host)."),
     port: int | None = typer.Option(None, "--port", help="API listen port (default: api.port)."),
     queues: str | None = typer.Option(
-        None, "--queues", metavar="QUEUES",
+        None,
+        "--queues",
+        metavar="QUEUES",
         help="Worker role: consume only these queues (comma list, e.g. state,fetch; default all).",
     ),
     processes: int = typer.Option(
-        1, "--processes", min=1, max=64,
+        1,
+        "--processes",
+        min=1,
+        max=64,
         help="Worker processes: this one plus N-1 children running the worker role (distributed broker only).",
     ),
 ) -> None:
@@ -52,8 +59,11 @@ def serve(
     cli = state(ctx)
     settings = cli.settings()
     if processes > 1 and ("worker" not in roles or settings.broker.kind == "stub"):
-        fail("--processes needs the worker role and a distributed broker (broker.kind = redis): the in-process "
-             "broker cannot share messages between processes", ExitCode.USAGE)
+        fail(
+            "--processes needs the worker role and a distributed broker (broker.kind = redis): the in-process "
+            "broker cannot share messages between processes",
+            ExitCode.USAGE,
+        )
     _configure_logging(settings)
     app_ctx = build_context(settings)
     children = None
@@ -63,10 +73,18 @@ def serve(
             _prepare_storage(app_ctx)
         if processes > 1:
             children = worker_processes.WorkerChildren(
-                worker_processes.child_argv(cli.config_path, cli.set_items, queues), processes - 1)
+                worker_processes.child_argv(cli.config_path, cli.set_items, queues), processes - 1
+            )
             children.start()
-        code = runtime.run(app_ctx, roles, threading.Event(), api_host=host, api_port=port, queues=queue_set,
-                           on_tick=children.watch if children is not None else None)
+        code = runtime.run(
+            app_ctx,
+            roles,
+            threading.Event(),
+            api_host=host,
+            api_port=port,
+            queues=queue_set,
+            on_tick=children.watch if children is not None else None,
+        )
     finally:
         if children is not None and children.stop():
             code = 1
@@ -98,7 +116,8 @@ def _prepare_storage(app_ctx: AppContext) -> None:
         ensure()
     except Exception as exc:  # noqa: BLE001 - see docstring
         logging.getLogger("aivedio.serve").warning(
-            "could not set the bucket rule that aborts abandoned multipart uploads: %s", type(exc).__name__)
+            "could not set the bucket rule that aborts abandoned multipart uploads: %s", type(exc).__name__
+        )
 
 
 def _configure_logging(settings: Settings) -> None:

@@ -16,21 +16,30 @@ def sim_provider(
     host: str = typer.Option("127.0.0.1", "--host", help="Listen address (loopback by default)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the fault dice: same seed and spec, same fault sequence."),
     faults: str = typer.Option(
-        "", "--faults", metavar="SPEC",
+        "",
+        "--faults",
+        metavar="SPEC",
         help="Seeded faults, e.g. 'ambiguous=0.2,5xx=0.1,429=0.05,latency=50ms..200ms,dup_cb=0.3,url_expire=1s'.",
     ),
     webhook_url: str | None = typer.Option(
-        None, "--webhook-url", help="Send signed status callbacks here (a job's own callback_url wins)."),
+        None, "--webhook-url", help="Send signed status callbacks here (a job's own callback_url wins)."
+    ),
     webhook_secret: list[str] = typer.Option(
-        [], "--webhook-secret", metavar="whsec_...",
-        help="Standard Webhooks secret; repeat to send one signature per secret (key rotation)."),
+        [],
+        "--webhook-secret",
+        metavar="whsec_...",
+        help="Standard Webhooks secret; repeat to send one signature per secret (key rotation).",
+    ),
     no_lookup: bool = typer.Option(
-        False, "--no-lookup", help="No lookup by request key (501) and no Idempotency-Key dedupe."),
+        False, "--no-lookup", help="No lookup by request key (501) and no Idempotency-Key dedupe."
+    ),
     listing: bool = typer.Option(
-        False, "--list", help="Serve GET /v1/jobs?created_after=&created_before= (list-and-match reconciliation)."),
+        False, "--list", help="Serve GET /v1/jobs?created_after=&created_before= (list-and-match reconciliation)."
+    ),
     job_seconds: float = typer.Option(2.0, "--job-seconds", min=0.01, help="Time from submit to success."),
     max_concurrency: int | None = typer.Option(
-        None, "--max-concurrency", min=1, help="Jobs running at once; the rest wait THROTTLED."),
+        None, "--max-concurrency", min=1, help="Jobs running at once; the rest wait THROTTLED."
+    ),
     output_url_ttl: float = typer.Option(3600.0, "--output-url-ttl", min=1, help="Output URL lifetime, seconds."),
 ) -> None:
     """Run a simulated video-generation vendor with seeded faults and ground truth at /_sim/truth."""
@@ -48,13 +57,24 @@ def sim_provider(
     from aivedio_engine.providers.sim.server import RealClock, SimConfig, SimState
 
     state = SimState(
-        SimConfig(seed=seed, faults=fault_spec, job_seconds=job_seconds, lookup=not no_lookup, listing=listing,
-                  max_concurrency=max_concurrency, webhook_url=webhook_url,
-                  webhook_secrets=tuple(webhook_secret), output_url_ttl_s=output_url_ttl),
+        SimConfig(
+            seed=seed,
+            faults=fault_spec,
+            job_seconds=job_seconds,
+            lookup=not no_lookup,
+            listing=listing,
+            max_concurrency=max_concurrency,
+            webhook_url=webhook_url,
+            webhook_secrets=tuple(webhook_secret),
+            output_url_ttl_s=output_url_ttl,
+        ),
         RealClock(),
     )
-    typer.echo(f"sim-provider on http://{host}:{port} seed={seed} faults={fault_spec.to_spec() or 'none'} "
-               f"lookup={'off' if no_lookup else 'on'} job_seconds={job_seconds:g}", err=True)
+    typer.echo(
+        f"sim-provider on http://{host}:{port} seed={seed} faults={fault_spec.to_spec() or 'none'} "
+        f"lookup={'off' if no_lookup else 'on'} job_seconds={job_seconds:g}",
+        err=True,
+    )
     try:
         serve(state, host, port)
     except OSError as exc:

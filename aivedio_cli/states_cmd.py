@@ -41,8 +41,10 @@ def states(
     elif fmt is Format.DOT:
         typer.echo(to_dot(m))
     else:
-        table = Table(title=f"{m.name} state machine — {len(edges)} edges; terminal: "
-                      + ", ".join(s.value for s in m.states if s in m.terminal))
+        table = Table(
+            title=f"{m.name} state machine — {len(edges)} edges; terminal: "
+            + ", ".join(s.value for s in m.states if s in m.terminal)
+        )
         for col in ("from", "event", "to", "condition / effect"):
             table.add_column(col)
         for e in edges:

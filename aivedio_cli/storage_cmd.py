@@ -27,10 +27,18 @@ app = typer.Typer(help="The object store: orphan objects.", no_args_is_help=True
 def scan(
     ctx: typer.Context,
     grace: str | None = typer.Option(
-        None, "--grace", metavar="D", help="Objects younger than this are never orphans, since their row may not "
-                                           "be committed yet (default: sweeper.storage_scan_grace_s; e.g. 30m, 1h)."),
-    limit: int = typer.Option(50, "--limit", min=0, help="Orphan keys printed in the table (--json prints all "
-                                                          "the scan kept; the counts are always exact)."),
+        None,
+        "--grace",
+        metavar="D",
+        help="Objects younger than this are never orphans, since their row may not "
+        "be committed yet (default: sweeper.storage_scan_grace_s; e.g. 30m, 1h).",
+    ),
+    limit: int = typer.Option(
+        50,
+        "--limit",
+        min=0,
+        help="Orphan keys printed in the table (--json prints all the scan kept; the counts are always exact).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output (the stable contract)."),
 ) -> None:
     """List the whole object store now and report the objects no database row references; record the scan."""
@@ -48,12 +56,22 @@ def scan(
 
 def _as_json(r: ScanResult, store: str) -> dict[str, Any]:
     return {
-        "scan_id": str(r.id), "store": store, "ok": r.ok, "error": r.error,
-        "started_at": r.started_at.isoformat(), "finished_at": r.finished_at.isoformat(), "grace_s": r.grace_s,
-        "objects": r.objects, "bytes": r.bytes, "orphans": r.orphans, "orphan_bytes": r.orphan_bytes,
+        "scan_id": str(r.id),
+        "store": store,
+        "ok": r.ok,
+        "error": r.error,
+        "started_at": r.started_at.isoformat(),
+        "finished_at": r.finished_at.isoformat(),
+        "grace_s": r.grace_s,
+        "objects": r.objects,
+        "bytes": r.bytes,
+        "orphans": r.orphans,
+        "orphan_bytes": r.orphan_bytes,
         "truncated": r.truncated,
-        "orphan_objects": [{"key": o.key, "size_bytes": o.size_bytes, "modified_at": o.modified_at.isoformat()}
-                           for o in r.orphan_objects],
+        "orphan_objects": [
+            {"key": o.key, "size_bytes": o.size_bytes, "modified_at": o.modified_at.isoformat()}
+            for o in r.orphan_objects
+        ],
     }
 
 
@@ -69,8 +87,11 @@ def _print(r: ScanResult, store: str, limit: int) -> None:
         print_table(table)
         if r.orphans > limit:
             console.print(f"... and {r.orphans - limit} more (see --json)", highlight=False)
-    console.print(f"{store}: {r.objects} objects ({_size(r.bytes)}); {r.orphans} orphans ({_size(r.orphan_bytes)}) "
-                  f"older than {r.grace_s:g} s — recorded as scan {r.id}", highlight=False)
+    console.print(
+        f"{store}: {r.objects} objects ({_size(r.bytes)}); {r.orphans} orphans ({_size(r.orphan_bytes)}) "
+        f"older than {r.grace_s:g} s — recorded as scan {r.id}",
+        highlight=False,
+    )
 
 
 def _size(n: int) -> str:

@@ -22,8 +22,7 @@ from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.services.errors import InvalidInput
 from aivedio_engine.services.task_ops import TaskOps, jsonable, parse_duration
 
-app = typer.Typer(help="Generation tasks: list, show a timeline, follow state changes, cancel.",
-                  no_args_is_help=True)
+app = typer.Typer(help="Generation tasks: list, show a timeline, follow state changes, cancel.", no_args_is_help=True)
 
 PIPED_WIDTH = 250
 JSON = typer.Option(False, "--json", help="Machine-readable output (the stable contract).")
@@ -68,8 +67,11 @@ def list_tasks(
     tenant: str | None = typer.Option(None, "--tenant", help="Tenant id or name."),
     provider: str | None = typer.Option(None, "--provider", help="Only tasks sent to this provider."),
     older_than: str | None = typer.Option(
-        None, "--older-than", metavar="D",
-        help="Only tasks not updated for at least D (10m, 2h, 1d): compares updated_at, so it finds stuck tasks."),
+        None,
+        "--older-than",
+        metavar="D",
+        help="Only tasks not updated for at least D (10m, 2h, 1d): compares updated_at, so it finds stuck tasks.",
+    ),
     limit: int = typer.Option(50, "--limit", min=1, max=10_000, help="At most this many, most recently updated first."),
     as_json: bool = JSON,
 ) -> None:
@@ -83,8 +85,15 @@ def list_tasks(
     table = id_table("task_id", "status", "tenant", "provider/model", "try", "updated_at", "note")
     for r in rows:
         note = r.parked_reason and f"parked: {r.parked_reason}" or r.last_error_class or ""
-        table.add_row(str(r.task_id), r.status, r.tenant, f"{r.provider or '-'}/{r.model}", str(r.attempts),
-                      r.updated_at.strftime("%Y-%m-%d %H:%M:%S"), note[:60])
+        table.add_row(
+            str(r.task_id),
+            r.status,
+            r.tenant,
+            f"{r.provider or '-'}/{r.model}",
+            str(r.attempts),
+            r.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
+            note[:60],
+        )
     print_table(table)
     print(f"{len(rows)} task(s)", file=sys.stderr)
 
@@ -100,14 +109,15 @@ def show(ctx: typer.Context, task_id: str = typer.Argument(..., help="Task id.")
     with service_context(ctx) as app_ctx:
         timeline = ops(app_ctx).timeline(tid)
     if as_json:
-        emit_json({"schema": "aivedio.task.v1", "task": jsonable(timeline.task),
-                   "timeline": jsonable(timeline.items)})
+        emit_json({"schema": "aivedio.task.v1", "task": jsonable(timeline.task), "timeline": jsonable(timeline.items)})
         return
     t = timeline.task
     console = out()
-    console.print(f"[bold]{t['task_id']}[/]  {t['status']} v{t['version']}  tenant {t['tenant_id']}  "
-                  f"{t['selected_provider'] or '-'}/{t['requested_model']}  attempts {t['current_attempt_no']}",
-                  highlight=False)
+    console.print(
+        f"[bold]{t['task_id']}[/]  {t['status']} v{t['version']}  tenant {t['tenant_id']}  "
+        f"{t['selected_provider'] or '-'}/{t['requested_model']}  attempts {t['current_attempt_no']}",
+        highlight=False,
+    )
     for key in ("parked_reason", "last_error_class", "cancel_outcome", "review_state"):
         if t[key]:
             console.print(f"  {key}: {t[key]}", highlight=False)
@@ -123,8 +133,9 @@ def _summary(i: dict[str, Any]) -> str:
         move = f"{i['from_status'] or '∅'} → {i['to_status']}" if i["to_status"] else "(no change)"
         return f"{move}  {i['event_type']}  [{i['source']}, {i['outcome']}]"
     if k == "attempt":
-        return (f"#{i['attempt_no']} {i['provider']} {i['submit_state']} job={i['provider_job_id'] or '-'}"
-                + ("  resubmitted after unknown" if i["resubmitted_after_unknown"] else ""))
+        return f"#{i['attempt_no']} {i['provider']} {i['submit_state']} job={i['provider_job_id'] or '-'}" + (
+            "  resubmitted after unknown" if i["resubmitted_after_unknown"] else ""
+        )
     if k == "provider_event":
         match = "orphan" if i["orphan"] else "matched" if i["matched"] else "unmatched"
         return f"{i['source']} {i['status'] or '?'} job={i['provider_job_id'] or '-'} ({match})"
@@ -147,7 +158,8 @@ def tail(
     ctx: typer.Context,
     status: str | None = typer.Option(None, "--status", help="Only events that move a task into this status."),
     after: str | None = typer.Option(
-        None, "--after", metavar="CURSOR", help="Start after this cursor (printed with each event), not at the end."),
+        None, "--after", metavar="CURSOR", help="Start after this cursor (printed with each event), not at the end."
+    ),
     last: int = typer.Option(10, "--last", min=0, help="Without --after: start with the newest N events."),
     interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between database polls."),
     once: bool = typer.Option(False, "--once", help="Print what is new, then exit (scripts and tests)."),
@@ -205,8 +217,12 @@ def cancel(
     if as_json:
         emit_json(jsonable(result))
         return
-    said = {"canceled": "canceled", "cancel_requested": "cancel requested (the provider is asked to stop the job)",
-            "already": f"already {result.to_status}; nothing changed",
-            "would_cancel": "dry run: would cancel now", "would_request_cancel": "dry run: would request a cancel"}
+    said = {
+        "canceled": "canceled",
+        "cancel_requested": "cancel requested (the provider is asked to stop the job)",
+        "already": f"already {result.to_status}; nothing changed",
+        "would_cancel": "dry run: would cancel now",
+        "would_request_cancel": "dry run: would request a cancel",
+    }
     released = f"; {result.released} credits released" if result.released else ""
     out().print(f"{tid}: {result.from_status} → {result.to_status}: {said[result.outcome]}{released}", highlight=False)

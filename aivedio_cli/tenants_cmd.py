@@ -24,9 +24,11 @@ def create_tenant(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Unique tenant name."),
     credits: str | None = typer.Option(
-        None, "--credits", help="Initial credits (default: limits.tenant_default_credits)."),
+        None, "--credits", help="Initial credits (default: limits.tenant_default_credits)."
+    ),
     max_upload_bytes: int | None = typer.Option(
-        None, "--max-upload-bytes", min=1, help="This tenant's upload size cap (default: api.max_upload_bytes)."),
+        None, "--max-upload-bytes", min=1, help="This tenant's upload size cap (default: api.max_upload_bytes)."
+    ),
     as_json: bool = typer.Option(False, "--json"),
     dry_run: bool = DRY_RUN,
     yes: bool = YES,
@@ -39,13 +41,23 @@ def create_tenant(
             amount = Decimal(credits)
         except InvalidOperation:
             fail(f"--credits must be a number, got {credits!r}", ExitCode.USAGE)
-    op = Operation("tenants create", reason, dry_run=dry_run,
-                   args={"name": name, "credits": credits, "max_upload_bytes": max_upload_bytes})
+    op = Operation(
+        "tenants create",
+        reason,
+        dry_run=dry_run,
+        args={"name": name, "credits": credits, "max_upload_bytes": max_upload_bytes},
+    )
     with service_context(ctx) as app:
         tenant = app.tenants.create(name, amount, op=op, max_upload_bytes=max_upload_bytes)
     if as_json:
-        emit_json({"tenant_id": None if dry_run else str(tenant.id), "name": tenant.name,
-                   "credit_balance": str(tenant.credit_balance), "dry_run": dry_run})
+        emit_json(
+            {
+                "tenant_id": None if dry_run else str(tenant.id),
+                "name": tenant.name,
+                "credit_balance": str(tenant.credit_balance),
+                "dry_run": dry_run,
+            }
+        )
     elif dry_run:
         out().print(f"dry run: would create tenant [bold]{tenant.name}[/] with {tenant.credit_balance} credits")
     else:
@@ -58,8 +70,18 @@ def list_tenants(ctx: typer.Context, as_json: bool = typer.Option(False, "--json
     with service_context(ctx) as app:
         rows = app.tenants.list()
     if as_json:
-        emit_json([{"tenant_id": str(t.id), "name": t.name, "status": t.status,
-                    "credit_balance": str(t.credit_balance), "active_keys": t.active_keys} for t in rows])
+        emit_json(
+            [
+                {
+                    "tenant_id": str(t.id),
+                    "name": t.name,
+                    "status": t.status,
+                    "credit_balance": str(t.credit_balance),
+                    "active_keys": t.active_keys,
+                }
+                for t in rows
+            ]
+        )
         return
     table = Table("tenant_id", "name", "status", "credits", "keys")
     for t in rows:

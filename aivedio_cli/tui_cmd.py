@@ -18,8 +18,9 @@ from aivedio_cli._services import service_context
 def tui(
     ctx: typer.Context,
     readonly: bool = typer.Option(False, "--readonly", help="Refuse every change: browse and inspect only."),
-    refresh: float = typer.Option(2.0, "--refresh", min=0.5, max=3600, metavar="SECONDS",
-                                  help="How often the overview re-reads the live figures."),
+    refresh: float = typer.Option(
+        2.0, "--refresh", min=0.5, max=3600, metavar="SECONDS", help="How often the overview re-reads the live figures."
+    ),
 ) -> None:
     """Interactive dashboard: overview, tasks + timeline, review queue, SUBMIT_UNKNOWN, DLQ/orphans, ledger
     (+ adjust), capacity, audit checks, alerts (acknowledge/resolve, Space marks several).
@@ -28,8 +29,10 @@ def tui(
     change asks for confirmation and a reason (stored in the audit log); --readonly refuses them all.
     """
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        fail("aivedio tui needs an interactive terminal (use the other commands, e.g. `tasks list --json`, "
-             "in scripts)", ExitCode.USAGE)
+        fail(
+            "aivedio tui needs an interactive terminal (use the other commands, e.g. `tasks list --json`, in scripts)",
+            ExitCode.USAGE,
+        )
     try:
         import tui.app as launcher  # lazy on purpose: only this command loads Textual
     except ImportError as exc:  # textual is a dependency, but a trimmed install may lack it

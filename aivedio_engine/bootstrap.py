@@ -67,8 +67,9 @@ class AppContext:
 
         engine = make_engine(self.settings)
         if not self.settings.is_postgres:
-            wakeup.install_commit_hooks(engine, wakeup.wake_events({wakeup.OUTBOX: self.outbox_wakeup,
-                                                                    wakeup.DISPATCH: self.dispatch_wakeup}))
+            wakeup.install_commit_hooks(
+                engine, wakeup.wake_events({wakeup.OUTBOX: self.outbox_wakeup, wakeup.DISPATCH: self.dispatch_wakeup})
+            )
         return engine
 
     @shared_property
@@ -123,10 +124,17 @@ class AppContext:
         from aivedio_engine.services.references import ReferenceResolver
         from aivedio_engine.services.submit import SubmitService
 
-        references = ReferenceResolver(self.storage, self.settings.storage.reference_url_ttl_s,
-                                       Path(self.settings.data_dir) / "reference-cache")
-        return SubmitService(self.engine, self.clock, self.settings, self.providers,
-                             callback_base=self.settings.api.public_base_url or None, references=references)
+        references = ReferenceResolver(
+            self.storage, self.settings.storage.reference_url_ttl_s, Path(self.settings.data_dir) / "reference-cache"
+        )
+        return SubmitService(
+            self.engine,
+            self.clock,
+            self.settings,
+            self.providers,
+            callback_base=self.settings.api.public_base_url or None,
+            references=references,
+        )
 
     @shared_property
     def sync(self) -> ProviderSync:
@@ -145,19 +153,30 @@ class AppContext:
         from aivedio_engine.slots.reconcile import reconcile_slots
 
         report = reconcile_slots(self.engine, self.slots, ttl_s=self.settings.limits.slot_lease_ttl_s)
-        return {"in_flight": report.in_flight, "kept": report.kept, "dropped": report.dropped,
-                "added": len(report.added)}
+        return {
+            "in_flight": report.in_flight,
+            "kept": report.kept,
+            "dropped": report.dropped,
+            "added": len(report.added),
+        }
 
     @shared_property
     def sweeper(self) -> Sweeper:
         from aivedio_engine.observability.alert_rules import AlertEvaluator
         from aivedio_engine.services.sweeper import Sweeper
 
-        return Sweeper(self.engine, self.clock, self.settings, self.sync, self.rebuild_slots,
-                       upload_expirer=lambda: self.assets.expire_abandoned_uploads(
-                           older_than_s=self.settings.sweeper.abandoned_upload_s),
-                       alert_evaluator=AlertEvaluator(self.engine, self.clock, self.settings),
-                       storage_scan=lambda: self.storage_scanner.scan_if_due())
+        return Sweeper(
+            self.engine,
+            self.clock,
+            self.settings,
+            self.sync,
+            self.rebuild_slots,
+            upload_expirer=lambda: self.assets.expire_abandoned_uploads(
+                older_than_s=self.settings.sweeper.abandoned_upload_s
+            ),
+            alert_evaluator=AlertEvaluator(self.engine, self.clock, self.settings),
+            storage_scan=lambda: self.storage_scanner.scan_if_due(),
+        )
 
     @shared_property
     def storage_scanner(self) -> StorageScanner:

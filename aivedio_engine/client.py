@@ -166,13 +166,15 @@ class EmbeddedClient:
 
     def _upload(self, path: Path) -> str:
         assets = self._ctx.assets
-        view, target = assets.create_upload(self._principal, path.name, path.stat().st_size, content_type_of(path),
-                                            sha256_file(path))
+        view, target = assets.create_upload(
+            self._principal, path.name, path.stat().st_size, content_type_of(path), sha256_file(path)
+        )
         query = parse_qs(urlsplit(target.url).query)
         upload_id = urlsplit(target.url).path.rstrip("/").rsplit("/", 1)[-1]
         with open(path, "rb") as f:
-            assets.receive_upload(upload_id, int(query["expires"][0]), query["sig"][0], iter_file(f),
-                                  content_length=path.stat().st_size)
+            assets.receive_upload(
+                upload_id, int(query["expires"][0]), query["sig"][0], iter_file(f), content_length=path.stat().st_size
+            )
         done = assets.complete(self._principal, view.id)
         if done.status != "READY":
             raise ClientError(f"{path.name} was rejected: {done.error or done.status}")
@@ -192,8 +194,9 @@ class EmbeddedClient:
         cursor = None
         with _refusals():
             while len(found) < limit:
-                page, cursor = self._ctx.generations.list(self._principal.tenant_id, status=status,
-                                                          limit=min(PAGE, limit - len(found)), cursor=cursor)
+                page, cursor = self._ctx.generations.list(
+                    self._principal.tenant_id, status=status, limit=min(PAGE, limit - len(found)), cursor=cursor
+                )
                 found += [self._snapshot(t, with_outputs=False) for t in page]
                 if cursor is None:
                     break
@@ -201,8 +204,9 @@ class EmbeddedClient:
 
     def cancel(self, task_id: str) -> Snapshot:
         with _refusals():
-            return self._snapshot(self._ctx.generations.cancel(self._principal.tenant_id, _task_uuid(task_id),
-                                                               requested_by="cli"))
+            return self._snapshot(
+                self._ctx.generations.cancel(self._principal.tenant_id, _task_uuid(task_id), requested_by="cli")
+            )
 
     def models(self) -> list[dict[str, Any]]:
         from aivedio_engine.services.catalog import describe_models
@@ -213,8 +217,10 @@ class EmbeddedClient:
         tid, tenant = _task_uuid(task_id), self._principal.tenant_id
         files = list(self._ctx.outputs.files(tenant, tid).values())
         original = self._ctx.outputs.original(tenant, tid)
-        return [OutputObject(f.profile, f.key.rsplit("/", 1)[-1], f.key, f.sha256, f.size_bytes)
-                for f in (*files, *([original] if original else []))]
+        return [
+            OutputObject(f.profile, f.key.rsplit("/", 1)[-1], f.key, f.sha256, f.size_bytes)
+            for f in (*files, *([original] if original else []))
+        ]
 
     def playlist(self, obj: OutputObject) -> tuple[bytes, list[OutputObject]]:
         from aivedio_engine.services.outputs import MAX_PLAYLIST_BYTES, rewrite_playlist, safe_segment_name
@@ -246,19 +252,29 @@ class EmbeddedClient:
         """Every state change after `after_version`, from the stored history (none is missed between polls)."""
         from aivedio_engine.services import notifications
 
-        events = notifications.history(self._ctx.engine, self._principal.tenant_id, uuid.UUID(task_id),
-                                       after_version)
+        events = notifications.history(self._ctx.engine, self._principal.tenant_id, uuid.UUID(task_id), after_version)
         return [Snapshot(task_id, e["status"], int(e["version"]), int(e["progress"] or 0)) for e in events]
 
     def _snapshot(self, task: Any, *, with_outputs: bool = True) -> Snapshot:
         outputs: dict[str, str] = {}
         if with_outputs and task.status == TaskStatus.SUCCEEDED.value:
-            outputs = {p: str(path) for p, path in
-                       self._ctx.outputs.local_paths(self._principal.tenant_id, task.id).items()}
-        return Snapshot(str(task.id), task.status, task.version, task.progress,
-                        task.last_error_class and f"{task.last_error_class}", outputs, model=task.model,
-                        provider=task.provider, cancel_outcome=task.cancel_outcome, created_at=_iso(task.created_at),
-                        updated_at=_iso(task.updated_at), finished_at=_iso(task.finished_at))
+            outputs = {
+                p: str(path) for p, path in self._ctx.outputs.local_paths(self._principal.tenant_id, task.id).items()
+            }
+        return Snapshot(
+            str(task.id),
+            task.status,
+            task.version,
+            task.progress,
+            task.last_error_class and f"{task.last_error_class}",
+            outputs,
+            model=task.model,
+            provider=task.provider,
+            cancel_outcome=task.cancel_outcome,
+            created_at=_iso(task.created_at),
+            updated_at=_iso(task.updated_at),
+            finished_at=_iso(task.finished_at),
+        )
 
     def close(self) -> None:
         pass
@@ -269,8 +285,9 @@ class RemoteClient:
         from aivedio_engine.httpclient import HttpClient, Timeouts
 
         self._base = api_url.rstrip("/") + "/"
-        self._http = HttpClient(self._base, Timeouts(read=timeout_s, write=timeout_s),
-                                headers={"Authorization": f"Bearer {api_key}"})
+        self._http = HttpClient(
+            self._base, Timeouts(read=timeout_s, write=timeout_s), headers={"Authorization": f"Bearer {api_key}"}
+        )
         # upload targets carry their own credential: our API key must not travel to object storage
         self._bare = HttpClient(timeouts=Timeouts(read=timeout_s, write=timeout_s))
 
@@ -282,8 +299,9 @@ class RemoteClient:
         except TransportError as exc:
             raise ClientError(f"cannot reach {self._base}: {exc}") from None
         if response.status >= 400:
-            raise ClientError(_problem_line(response.status, response.body), _problem_kind(response.status,
-                                                                                           response.body))
+            raise ClientError(
+                _problem_line(response.status, response.body), _problem_kind(response.status, response.body)
+            )
         return response.json()
 
     def default_model(self) -> str:
@@ -299,15 +317,21 @@ class RemoteClient:
     def upload(self, path: Path) -> str:
         path = _readable(path)
         size = path.stat().st_size
-        created = self._call("POST", "v1/assets", json={
-            "filename": path.name, "size_bytes": size, "content_type": content_type_of(path),
-            "sha256": sha256_file(path)})
+        created = self._call(
+            "POST",
+            "v1/assets",
+            json={
+                "filename": path.name,
+                "size_bytes": size,
+                "content_type": content_type_of(path),
+                "sha256": sha256_file(path),
+            },
+        )
         target = created["upload"]
         url = urljoin(self._base, target["url"])
         with open(path, "rb") as f:
             if target["method"] == "PUT":
-                self._send("PUT", url, content=_chunks(f), headers={**target["headers"],
-                                                                    "Content-Length": str(size)})
+                self._send("PUT", url, content=_chunks(f), headers={**target["headers"], "Content-Length": str(size)})
             else:  # presigned POST: the policy fields first, then the file
                 self._send("POST", url, data=target["fields"], files={"file": (path.name, f)})
         done = self._call("POST", f"v1/assets/{created['id']}/complete")
@@ -326,8 +350,9 @@ class RemoteClient:
             raise ClientError(f"upload failed: HTTP {response.status}")
 
     def create(self, body: dict[str, Any], idempotency_key: str) -> Snapshot:
-        return self._snapshot(self._call("POST", "v1/generations", json=body,
-                                         headers={"Idempotency-Key": idempotency_key}))
+        return self._snapshot(
+            self._call("POST", "v1/generations", json=body, headers={"Idempotency-Key": idempotency_key})
+        )
 
     def get(self, task_id: str) -> Snapshot:
         return self._snapshot(self._get(task_id))
@@ -339,8 +364,11 @@ class RemoteClient:
         found: list[Snapshot] = []
         cursor: str | None = None
         while len(found) < limit:
-            params = {k: v for k, v in {"status": status, "limit": min(PAGE, limit - len(found)),
-                                        "cursor": cursor}.items() if v is not None}
+            params = {
+                k: v
+                for k, v in {"status": status, "limit": min(PAGE, limit - len(found)), "cursor": cursor}.items()
+                if v is not None
+            }
             page = self._call("GET", "v1/generations", params=params)
             found += [self._snapshot(d) for d in page["data"]]
             cursor = page.get("next_cursor")
@@ -361,8 +389,15 @@ class RemoteClient:
         found = []
         for profile, url in sorted((doc.get("outputs") or {}).items()):
             row = described.get(profile) or {}
-            found.append(OutputObject(profile, _url_name(urljoin(self._base, url)), urljoin(self._base, url),
-                                      row.get("sha256"), row.get("size_bytes")))
+            found.append(
+                OutputObject(
+                    profile,
+                    _url_name(urljoin(self._base, url)),
+                    urljoin(self._base, url),
+                    row.get("sha256"),
+                    row.get("size_bytes"),
+                )
+            )
         return found
 
     def playlist(self, obj: OutputObject) -> tuple[bytes, list[OutputObject]]:
@@ -398,10 +433,20 @@ class RemoteClient:
 
     def _snapshot(self, doc: dict[str, Any]) -> Snapshot:
         outputs = {p: urljoin(self._base, u) for p, u in (doc.get("outputs") or {}).items()}
-        return Snapshot(str(doc["id"]), doc["status"], int(doc["version"]), int(doc["progress"]),
-                        doc.get("error_class"), outputs, model=doc.get("model"), provider=doc.get("provider"),
-                        cancel_outcome=doc.get("cancel_outcome"), created_at=doc.get("created_at"),
-                        updated_at=doc.get("updated_at"), finished_at=doc.get("finished_at"))
+        return Snapshot(
+            str(doc["id"]),
+            doc["status"],
+            int(doc["version"]),
+            int(doc["progress"]),
+            doc.get("error_class"),
+            outputs,
+            model=doc.get("model"),
+            provider=doc.get("provider"),
+            cancel_outcome=doc.get("cancel_outcome"),
+            created_at=doc.get("created_at"),
+            updated_at=doc.get("updated_at"),
+            finished_at=doc.get("finished_at"),
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -416,8 +461,16 @@ def _chunks(f: IO[bytes]) -> Iterator[bytes]:
 #: at most this many tasks per list request (the API's own limit)
 PAGE = 200
 #: problem slugs by HTTP status, for an answer whose body says nothing better
-_STATUS_KINDS = {400: "bad-request", 401: "unauthorized", 402: "insufficient-credits", 403: "forbidden",
-                 404: "not-found", 409: "conflict", 422: "invalid-request", 503: "service-unavailable"}
+_STATUS_KINDS = {
+    400: "bad-request",
+    401: "unauthorized",
+    402: "insufficient-credits",
+    403: "forbidden",
+    404: "not-found",
+    409: "conflict",
+    422: "invalid-request",
+    503: "service-unavailable",
+}
 
 
 def _task_uuid(task_id: str) -> uuid.UUID:

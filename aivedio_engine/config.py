@@ -229,8 +229,11 @@ class FetchSettings(_Section):
 
 class MediaSettings(_Section):
     #: derivatives that must be READY before a task may succeed.
-    required_profiles: list[DerivativeProfile] = [DerivativeProfile.PROXY_MP4, DerivativeProfile.HLS,
-                                                  DerivativeProfile.THUMBNAIL]
+    required_profiles: list[DerivativeProfile] = [
+        DerivativeProfile.PROXY_MP4,
+        DerivativeProfile.HLS,
+        DerivativeProfile.THUMBNAIL,
+    ]
     optional_profiles: list[DerivativeProfile] = [DerivativeProfile.WAVEFORM]
     pipeline_version: int = Field(1, ge=1)
     max_pixels: int = Field(3840 * 2160, ge=1)
@@ -303,7 +306,7 @@ class AlertSettings(_Section):
     cost_min_per_hour: Decimal = Field(Decimal("100"), ge=0)
     cost_budget_per_hour: Decimal = Field(Decimal("0"), ge=0)
     #: fs object store / data dir: alert below this many free bytes or this free fraction.
-    min_free_bytes: int = Field(1024 ** 3, ge=0)
+    min_free_bytes: int = Field(1024**3, ge=0)
     min_free_ratio: float = Field(0.05, ge=0, lt=1)
 
 
@@ -313,8 +316,13 @@ def _default_providers() -> dict[str, ProviderSettings]:
             adapter="local",
             allow_http_origin=True,
             output_hosts=["127.0.0.1"],
-            models={"local-v1": ModelSettings(max_duration_s=10, resolutions=["360p", "720p"],
-                                              price_per_second={"360p": Decimal("0.5"), "720p": Decimal("1")})},
+            models={
+                "local-v1": ModelSettings(
+                    max_duration_s=10,
+                    resolutions=["360p", "720p"],
+                    price_per_second={"360p": Decimal("0.5"), "720p": Decimal("1")},
+                )
+            },
         )
     }
 

@@ -43,9 +43,15 @@ class DownloadedFile:
         return self.problem is None and self.expected_sha256 is not None
 
     def as_dict(self) -> dict[str, object]:
-        return {"profile": self.profile, "path": str(self.path), "size_bytes": self.size_bytes,
-                "sha256": self.sha256, "expected_sha256": self.expected_sha256, "verified": self.verified,
-                "problem": self.problem}
+        return {
+            "profile": self.profile,
+            "path": str(self.path),
+            "size_bytes": self.size_bytes,
+            "sha256": self.sha256,
+            "expected_sha256": self.expected_sha256,
+            "verified": self.verified,
+            "problem": self.problem,
+        }
 
 
 @dataclass
@@ -61,8 +67,13 @@ class Download:
         return [f for f in self.files if f.problem is not None]
 
     def as_dict(self) -> dict[str, object]:
-        return {"id": self.task_id, "out": str(self.out_dir), "ok": not self.bad,
-                "files": [f.as_dict() for f in self.files], "notes": list(self.notes)}
+        return {
+            "id": self.task_id,
+            "out": str(self.out_dir),
+            "ok": not self.bad,
+            "files": [f.as_dict() for f in self.files],
+            "notes": list(self.notes),
+        }
 
 
 def download(client: TaskClient, task_id: str, out_dir: Path) -> Download:
@@ -70,15 +81,19 @@ def download(client: TaskClient, task_id: str, out_dir: Path) -> Download:
     bytes differ from their record. Raises ClientError when the task has no outputs or a file cannot be read."""
     snap = client.get(task_id)
     if snap.status != "SUCCEEDED":
-        raise ClientError(f"generation {task_id} is {snap.status}: only a SUCCEEDED generation has outputs "
-                          "to download", "illegal-state")
+        raise ClientError(
+            f"generation {task_id} is {snap.status}: only a SUCCEEDED generation has outputs to download",
+            "illegal-state",
+        )
     objects = client.output_objects(task_id)
     if not objects:
         raise ClientError(f"generation {task_id} has no stored outputs", "not-found")
     result = Download(task_id, out_dir)
     if not any(o.profile == ORIGINAL for o in objects):
-        result.notes.append("original: not served over the API (clients get transcoded derivatives only); "
-                            "download it on the server, without --api-url")
+        result.notes.append(
+            "original: not served over the API (clients get transcoded derivatives only); "
+            "download it on the server, without --api-url"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     used: set[str] = set()
     for obj in sorted(objects, key=lambda o: o.profile):
@@ -112,12 +127,12 @@ def _hls(client: TaskClient, obj: OutputObject, out_dir: Path, result: Download)
     for part in parts:
         if not _plain(part.name) or part.name == playlist:
             raise ClientError(f"{obj.name}: the playlist names {part.name[:80]!r}, not a file beside it")
-        result.files.append(_write(obj.profile, client.read(part), folder / part.name, part.sha256,
-                                   part.size_bytes))
+        result.files.append(_write(obj.profile, client.read(part), folder / part.name, part.sha256, part.size_bytes))
 
 
-def _write(profile: str, chunks: Iterator[bytes], path: Path, expected: str | None,
-           expected_size: int | None) -> DownloadedFile:
+def _write(
+    profile: str, chunks: Iterator[bytes], path: Path, expected: str | None, expected_size: int | None
+) -> DownloadedFile:
     part = path.with_name(path.name + ".part")
     digest = hashlib.sha256()
     size = 0

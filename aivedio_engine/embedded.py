@@ -39,8 +39,9 @@ def prepare(ctx: AppContext) -> Principal:
     if ctx.settings.is_postgres:
         behind = [s.name for s in migrate.status(ctx.engine) if s.state != migrate.APPLIED]
         if behind:
-            raise SchemaOutdated(f"database schema is not up to date ({', '.join(behind)}): "
-                                 "run `aivedio db upgrade` first")
+            raise SchemaOutdated(
+                f"database schema is not up to date ({', '.join(behind)}): run `aivedio db upgrade` first"
+            )
     else:
         migrate.upgrade(ctx.engine)
     return ctx.tenants.local_principal()

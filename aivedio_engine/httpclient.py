@@ -59,8 +59,13 @@ class Timeouts:
 class HttpClient:
     """A small synchronous client: one connection pool, explicit timeouts, classified transport errors."""
 
-    def __init__(self, base_url: str = "", timeouts: Timeouts | None = None, headers: Mapping[str, str] | None = None,
-                 transport: Any = None) -> None:
+    def __init__(
+        self,
+        base_url: str = "",
+        timeouts: Timeouts | None = None,
+        headers: Mapping[str, str] | None = None,
+        transport: Any = None,
+    ) -> None:
         t = timeouts or Timeouts()
         self._client = httpx.Client(
             base_url=base_url,
@@ -70,17 +75,39 @@ class HttpClient:
             transport=transport,
         )
 
-    def request(self, method: str, url: str, *, json: Any = None, content: bytes | Iterable[bytes] | None = None,
-                headers: Mapping[str, str] | None = None, params: Mapping[str, Any] | None = None,
-                timeout: float | None = None, data: Mapping[str, str] | None = None,
-                files: Mapping[str, Any] | None = None) -> Response:
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        json: Any = None,
+        content: bytes | Iterable[bytes] | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        data: Mapping[str, str] | None = None,
+        files: Mapping[str, Any] | None = None,
+    ) -> Response:
         """`content` may be an iterable of chunks (streamed); `data` + `files` make a multipart form."""
         try:
-            r = self._client.request(method, url, json=json, content=content, data=data, files=files,
-                                     headers=dict(headers or {}), params=params,
-                                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol,
-                httpx.LocalProtocolError) as exc:
+            r = self._client.request(
+                method,
+                url,
+                json=json,
+                content=content,
+                data=data,
+                files=files,
+                headers=dict(headers or {}),
+                params=params,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except (
+            httpx.ConnectError,
+            httpx.ConnectTimeout,
+            httpx.PoolTimeout,
+            httpx.UnsupportedProtocol,
+            httpx.LocalProtocolError,
+        ) as exc:
             raise NotSent(_describe(exc)) from None
         except httpx.TransportError as exc:  # read/write timeouts, resets, remote protocol errors
             raise SentUnknown(_describe(exc)) from None
@@ -117,8 +144,9 @@ class PinnedFailure(Exception):
 
 
 class PinnedResponse:
-    def __init__(self, client: httpx.Client, response: httpx.Response,
-                 peer_ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> None:
+    def __init__(
+        self, client: httpx.Client, response: httpx.Response, peer_ip: ipaddress.IPv4Address | ipaddress.IPv6Address
+    ) -> None:
         self._client = client
         self._response = response
         self.status = response.status_code
@@ -145,9 +173,16 @@ class PinnedResponse:
             self._client.close()
 
 
-def open_pinned(url: str, peer_ip: ipaddress.IPv4Address | ipaddress.IPv6Address, *, headers: Mapping[str, str],
-                sni_hostname: str | None, connect_timeout_s: float, idle_timeout_s: float,
-                verify: bool | str = True) -> PinnedResponse:
+def open_pinned(
+    url: str,
+    peer_ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+    *,
+    headers: Mapping[str, str],
+    sni_hostname: str | None,
+    connect_timeout_s: float,
+    idle_timeout_s: float,
+    verify: bool | str = True,
+) -> PinnedResponse:
     """Send `GET url`, whose host is the literal `peer_ip`, and return once the response headers are in (the body
     is not read yet). `sni_hostname` is the name TLS checks the certificate for; `verify` may be a CA bundle path.
     """

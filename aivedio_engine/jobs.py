@@ -79,8 +79,15 @@ def submit(client: GenerationClient, spec: JobSpec) -> tuple[Snapshot, bool]:
     return client.create(body, spec.idempotency_key), False
 
 
-def follow(client: GenerationClient, snap: Snapshot, on_change: Callable[[Snapshot], None], *,
-           timeout_s: float, interval_s: float = 0.25, stop: Stop | None = None) -> Snapshot:
+def follow(
+    client: GenerationClient,
+    snap: Snapshot,
+    on_change: Callable[[Snapshot], None],
+    *,
+    timeout_s: float,
+    interval_s: float = 0.25,
+    stop: Stop | None = None,
+) -> Snapshot:
     """Report every change of status or progress until the task ends, `timeout_s` passes or `stop` is set.
 
     Polls `get` — the source of truth — at `interval_s`. A client that can read the stored history
@@ -133,7 +140,7 @@ def parse_batch(path: Path) -> list[JobSpec]:
 def _spec(doc: Any, path: Path, number: int, line: str) -> JobSpec:
     where = f"{path}:{number}"
     if not isinstance(doc, dict) or not isinstance(doc.get("prompt"), str) or not doc["prompt"].strip():
-        raise ClientError(f"{where}: each line needs a non-empty \"prompt\"")
+        raise ClientError(f'{where}: each line needs a non-empty "prompt"')
     unknown = set(doc) - {"prompt", "images", "videos", "key", *REQUEST_FIELDS}
     if unknown:
         raise ClientError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -141,15 +148,21 @@ def _spec(doc: Any, path: Path, number: int, line: str) -> JobSpec:
     for name in ("images", "videos"):
         value = doc.get(name, [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ClientError(f"{where}: \"{name}\" must be a list of file paths")
+            raise ClientError(f'{where}: "{name}" must be a list of file paths')
         files[name] = tuple((path.parent / v) if not Path(v).is_absolute() else Path(v) for v in value)
     key = doc.get("key")
     if key is not None and (not isinstance(key, str) or not key.strip()):
-        raise ClientError(f"{where}: \"key\" must be a non-empty string")
+        raise ClientError(f'{where}: "key" must be a non-empty string')
     # the default key is the line's content and position: editing a line makes it a new request
     default = "batch:" + hashlib.sha256(f"{path.name}:{number}:{line}".encode()).hexdigest()[:40]
-    return JobSpec(doc["prompt"], files["images"], files["videos"],
-                   {k: doc[k] for k in REQUEST_FIELDS if k in doc}, key or default, number)
+    return JobSpec(
+        doc["prompt"],
+        files["images"],
+        files["videos"],
+        {k: doc[k] for k in REQUEST_FIELDS if k in doc},
+        key or default,
+        number,
+    )
 
 
 @dataclass(frozen=True)
@@ -167,14 +180,27 @@ class BatchResult:
 
     def as_dict(self) -> dict[str, Any]:
         snap = self.snapshot
-        return {"line": self.spec.line, "key": self.spec.idempotency_key, "id": snap and snap.id,
-                "status": snap.status if snap else "NOT_SUBMITTED", "resumed": self.resumed,
-                "outputs": snap.outputs if snap else {}, "error": self.error or (snap and snap.error)}
+        return {
+            "line": self.spec.line,
+            "key": self.spec.idempotency_key,
+            "id": snap and snap.id,
+            "status": snap.status if snap else "NOT_SUBMITTED",
+            "resumed": self.resumed,
+            "outputs": snap.outputs if snap else {},
+            "error": self.error or (snap and snap.error),
+        }
 
 
-def run_batch(client: GenerationClient, specs: Iterable[JobSpec], *, concurrency: int, timeout_s: float,
-              on_result: Callable[[BatchResult], None], stop: Stop | None = None,
-              interval_s: float = 0.5) -> list[BatchResult]:
+def run_batch(
+    client: GenerationClient,
+    specs: Iterable[JobSpec],
+    *,
+    concurrency: int,
+    timeout_s: float,
+    on_result: Callable[[BatchResult], None],
+    stop: Stop | None = None,
+    interval_s: float = 0.5,
+) -> list[BatchResult]:
     """Submit and follow every job with `concurrency` at a time; `on_result` is called as each one ends.
 
     Once `stop` is set nothing more is submitted and following ends: those results are `interrupted` (and not
@@ -188,8 +214,9 @@ def run_batch(client: GenerationClient, specs: Iterable[JobSpec], *, concurrency
             snap = follow(client, snap, lambda _: None, timeout_s=timeout_s, interval_s=interval_s, stop=stop)
             if not snap.finished and stop is not None and stop.is_set():
                 return BatchResult(spec, snap, resumed, "interrupted", interrupted=True)
-            result = BatchResult(spec, snap, resumed,
-                                 None if snap.finished else f"not finished after {timeout_s:g}s ({snap.status})")
+            result = BatchResult(
+                spec, snap, resumed, None if snap.finished else f"not finished after {timeout_s:g}s ({snap.status})"
+            )
         except ClientError as exc:
             result = BatchResult(spec, None, error=str(exc))
         on_result(result)

@@ -55,18 +55,22 @@ from bench import common
 from bench.common import BenchError, CpuSampler, Postgres, Repetition, fmt, fmt_spread, table
 
 NAME = "api_create"
-DESCRIPTION = ("POST /v1/generations 202/s ÷ pgbench TPS at c=16 of the minimal create_task.sql and of our own "
-               "create transaction (captured at run time), 1 and 16 tenants; round trips per POST")
+DESCRIPTION = (
+    "POST /v1/generations 202/s ÷ pgbench TPS at c=16 of the minimal create_task.sql and of our own "
+    "create transaction (captured at run time), 1 and 16 tenants; round trips per POST"
+)
 TARGET_RATIO, FLOOR_RATIO, TARGET_OVERHEAD_MS = 0.50, 0.35, 1.0
 CLIENTS = 16
 INITIAL_CREDITS = Decimal(10) ** 9
 # ~200 B of JSON, as in performance_anchors C.1
-BODY = json.dumps({
-    "prompt": "a red fox running through fresh snow at dusk, cinematic, 35mm film, shallow depth of field, "
-              "golden hour light, slow tracking shot from the side",
-    "model": "local-v1",
-    "duration_s": 2,
-})
+BODY = json.dumps(
+    {
+        "prompt": "a red fox running through fresh snow at dusk, cinematic, 35mm film, shallow depth of field, "
+        "golden hour light, slow tracking shot from the side",
+        "model": "local-v1",
+        "duration_s": 2,
+    }
+)
 
 # One Idempotency-Key per request (nonce-thread-counter), or one key for all requests in "replay" mode. The key
 # is also sent as X-Request-Id, which the API echoes, so a response can be matched to its request: what is left
@@ -143,30 +147,62 @@ end
 
 # ------------------------------------------------------------------------------------------------ options
 #: what --quick changes (options given on the command line win): one repetition of short points, no secondaries
-QUICK = {"reps": 1, "duration": 5, "c1_duration": 3, "warmup": 2, "no_replay": True, "profile": 0,
-         "roundtrip_posts": 10}
+QUICK = {
+    "reps": 1,
+    "duration": 5,
+    "c1_duration": 3,
+    "warmup": 2,
+    "no_replay": True,
+    "profile": 0,
+    "roundtrip_posts": 10,
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--c1-duration", type=int, default=None,
-                   help="seconds of each c=1 latency point (default: duration/2, at least 5)")
+    p.add_argument(
+        "--c1-duration",
+        type=int,
+        default=None,
+        help="seconds of each c=1 latency point (default: duration/2, at least 5)",
+    )
     p.add_argument("--warmup", type=int, default=3, help="seconds of API load before each measured API point")
     p.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (default 2, one per core)")
     p.add_argument("--pool-size", type=int, default=20, help="database.pool_size of each API worker")
-    p.add_argument("--server", choices=("bench", "uvicorn-cli"), default="bench",
-                   help="bench: uvicorn's supervisor with a TCP_NODELAY-capable listener (default); uvicorn-cli: "
-                        "stock `uvicorn --workers N`, which adds ~40 ms per keep-alive request (uvicorn#3149)")
-    p.add_argument("--secondary-duration", type=int, default=10,
-                   help="seconds of each point of the secondary measurement (idempotent replay)")
-    p.add_argument("--tenants", type=int, default=16,
-                   help="tenants of the multi-tenant chain (keys spread over them; 0 or 1 skips it)")
+    p.add_argument(
+        "--server",
+        choices=("bench", "uvicorn-cli"),
+        default="bench",
+        help="bench: uvicorn's supervisor with a TCP_NODELAY-capable listener (default); uvicorn-cli: "
+        "stock `uvicorn --workers N`, which adds ~40 ms per keep-alive request (uvicorn#3149)",
+    )
+    p.add_argument(
+        "--secondary-duration",
+        type=int,
+        default=10,
+        help="seconds of each point of the secondary measurement (idempotent replay)",
+    )
+    p.add_argument(
+        "--tenants",
+        type=int,
+        default=16,
+        help="tenants of the multi-tenant chain (keys spread over them; 0 or 1 skips it)",
+    )
     p.add_argument("--no-replay", action="store_true", help="skip the idempotent replay measurement")
     p.add_argument("--profile", type=int, default=5, help="seconds of py-spy profile under load (0 skips it)")
-    p.add_argument("--roundtrip-posts", type=int, default=20,
-                   help="POSTs (new keys, then the same keys replayed) in the round-trip count (0 skips it)")
+    p.add_argument(
+        "--roundtrip-posts",
+        type=int,
+        default=20,
+        help="POSTs (new keys, then the same keys replayed) in the round-trip count (0 skips it)",
+    )
     common.add_output_args(p, "one repetition, 5 s points (c=1: 3 s), no replay point or profile: ~2 min")
-    p.add_argument("--wait-quiet", type=int, default=0, metavar="S",
-                   help="before each repetition, wait up to S seconds for the box to be < 25 %% busy (shared box)")
+    p.add_argument(
+        "--wait-quiet",
+        type=int,
+        default=0,
+        metavar="S",
+        help="before each repetition, wait up to S seconds for the box to be < 25 %% busy (shared box)",
+    )
     p.add_argument("--pg-host", default=os.environ.get("PGHOST", "127.0.0.1"))
     p.add_argument("--pg-port", type=int, default=int(os.environ.get("PGPORT", "5432")))
     p.add_argument("--pg-user", default=os.environ.get("PGUSER", "postgres"))
@@ -244,8 +280,16 @@ class Tally:
 class Api:
     """The API under test: uvicorn with the app factory, N worker processes, plus the wrk client."""
 
-    def __init__(self, db_url: str, db_name: str, keys: list[str], workers: int, pool_size: int,
-                 workdir: Path, server: str = "bench") -> None:
+    def __init__(
+        self,
+        db_url: str,
+        db_name: str,
+        keys: list[str],
+        workers: int,
+        pool_size: int,
+        workdir: Path,
+        server: str = "bench",
+    ) -> None:
         self.keys, self.workdir, self.db_name = keys, workdir, db_name
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -253,11 +297,29 @@ class Api:
         self.script.write_text(WRK_SCRIPT)
         self.log_path = workdir / "api_server.log"
         self.tally = Tally()
-        env = {**os.environ, "BENCH_API_DATABASE_URL": db_url, "BENCH_API_POOL_SIZE": str(pool_size),
-               "BENCH_API_DATA_DIR": str(workdir / "data")}
+        env = {
+            **os.environ,
+            "BENCH_API_DATABASE_URL": db_url,
+            "BENCH_API_POOL_SIZE": str(pool_size),
+            "BENCH_API_DATA_DIR": str(workdir / "data"),
+        }
         if server == "uvicorn-cli":  # stock CLI: its --workers listener loses TCP_NODELAY (see bench/api_server.py)
-            cmd = [sys.executable, "-m", "uvicorn", "--factory", "bench.api_server:app", "--host", "127.0.0.1",
-                   "--port", str(self.port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--factory",
+                "bench.api_server:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(workers),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ]
         else:
             cmd = [sys.executable, "-m", "bench.api_server", "--port", str(self.port), "--workers", str(workers)]
         self._log = self.log_path.open("wb")
@@ -290,23 +352,50 @@ class Api:
         except OSError:
             return ""
 
-    def wrk(self, clients: int, duration_s: int, mode: str = "unique", keys: list[str] | None = None,
-            nonce: str | None = None, sample_cpu: bool = False) -> WrkResult:
+    def wrk(
+        self,
+        clients: int,
+        duration_s: int,
+        mode: str = "unique",
+        keys: list[str] | None = None,
+        nonce: str | None = None,
+        sample_cpu: bool = False,
+    ) -> WrkResult:
         """One wrk run; every answer goes into the tally. With sample_cpu, the cores used by the API workers,
         their PostgreSQL backends, wrk and everything else are sampled over the middle of the run."""
         if self.proc.poll() is not None:
             raise BenchError(f"the API server died ({self.proc.returncode}):\n{self.log_tail()}")
         nonce = nonce or f"b{secrets.token_hex(6)}"
         threads = min(clients, 2)
-        cmd = [common.need_tool("wrk"), "-t", str(threads), "-c", str(clients), "-d", f"{duration_s}s",
-               "--timeout", "10s", "-s", str(self.script), self.url, "--", mode, nonce,
-               ",".join(keys or self.keys), BODY]
+        cmd = [
+            common.need_tool("wrk"),
+            "-t",
+            str(threads),
+            "-c",
+            str(clients),
+            "-d",
+            f"{duration_s}s",
+            "--timeout",
+            "10s",
+            "-s",
+            str(self.script),
+            self.url,
+            "--",
+            mode,
+            nonce,
+            ",".join(keys or self.keys),
+            BODY,
+        ]
         sampler = None
         if sample_cpu:
             workers = set(self.worker_pids)
-            sampler = CpuSampler({"api": lambda pid, comm, cmd_: pid in workers,
-                                  "wrk": lambda pid, comm, cmd_: comm == "wrk",
-                                  **common.postgres_groups([self.db_name])})
+            sampler = CpuSampler(
+                {
+                    "api": lambda pid, comm, cmd_: pid in workers,
+                    "wrk": lambda pid, comm, cmd_: comm == "wrk",
+                    **common.postgres_groups([self.db_name]),
+                }
+            )
         proc, cpu = common.sampled_run(cmd, duration_s, sampler)
         out, err = proc.stdout, proc.stderr
         if proc.returncode != 0:
@@ -314,11 +403,22 @@ class Api:
         line = next((ln for ln in out.splitlines() if ln.startswith("BENCHJSON ")), None)
         if line is None:
             raise BenchError(f"no result line from wrk:\n{out[-1500:]}\n{err[-500:]}")
-        d = json.loads(line[len("BENCHJSON "):])
-        res = WrkResult(mode=mode, clients=clients, duration_s=d["duration_us"] / 1e6, requests=d["requests"],
-                        created=d["created"], replayed=d["replayed"], other=d["other"], statuses=d["statuses"],
-                        pending=d["pending"], errors=d["errors"], latency_us=d["latency_us"],
-                        first_error=d["first_error"], cpu=cpu)
+        d = json.loads(line[len("BENCHJSON ") :])
+        res = WrkResult(
+            mode=mode,
+            clients=clients,
+            duration_s=d["duration_us"] / 1e6,
+            requests=d["requests"],
+            created=d["created"],
+            replayed=d["replayed"],
+            other=d["other"],
+            statuses=d["statuses"],
+            pending=d["pending"],
+            errors=d["errors"],
+            latency_us=d["latency_us"],
+            first_error=d["first_error"],
+            cpu=cpu,
+        )
         self.tally.add(res, nonce if mode == "replay" else None)
         return res
 
@@ -398,9 +498,31 @@ def profile_workers(api: Api, seconds: int, workdir: Path) -> dict[str, Any]:
     spies = []
     for pid in api.worker_pids:
         raw = workdir / f"pyspy-{pid}.txt"
-        spies.append((raw, subprocess.Popen(
-            [pyspy, "record", "--gil", "-r", "200", "-d", str(seconds), "-f", "raw", "-o", str(raw),
-             "-p", str(pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        spies.append(
+            (
+                raw,
+                subprocess.Popen(
+                    [
+                        pyspy,
+                        "record",
+                        "--gil",
+                        "-r",
+                        "200",
+                        "-d",
+                        str(seconds),
+                        "-f",
+                        "raw",
+                        "-o",
+                        str(raw),
+                        "-p",
+                        str(pid),
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                ),
+            )
+        )
     errors = []
     for raw, sp in spies:
         _, err = sp.communicate(timeout=seconds + 60)
@@ -452,12 +574,39 @@ BLOCKING_LEAVES = {
 
 def _blocking(name: str, path: str) -> bool:
     return any(name == n and path.endswith(p) for n, p in BLOCKING_LEAVES)
-_WRAPPERS = ("Thread._bootstrap", "Thread.run", "WorkerThread.run", "Context.run", "_run_sync_endpoint",
-             "run_sync_in_worker_thread", "BaseEventLoop._run_once", "BaseEventLoop.run_forever", "Handle._run",
-             "run (", "spawn_main", "_main", "Process._bootstrap", "Process.run", "<module>", "_bootstrap",
-             "subprocess_started", "Server.run", "Server.serve", "Server._serve", "Server.main_loop",
-             "Runner.run", "asyncio_run", "run_until_complete", "BaseEventLoop.run_until_complete",
-             "BaseProcess._bootstrap", "BaseProcess.run", "Process.target", "run (asyncio/runners.py)")
+
+
+_WRAPPERS = (
+    "Thread._bootstrap",
+    "Thread.run",
+    "WorkerThread.run",
+    "Context.run",
+    "_run_sync_endpoint",
+    "run_sync_in_worker_thread",
+    "BaseEventLoop._run_once",
+    "BaseEventLoop.run_forever",
+    "Handle._run",
+    "run (",
+    "spawn_main",
+    "_main",
+    "Process._bootstrap",
+    "Process.run",
+    "<module>",
+    "_bootstrap",
+    "subprocess_started",
+    "Server.run",
+    "Server.serve",
+    "Server._serve",
+    "Server.main_loop",
+    "Runner.run",
+    "asyncio_run",
+    "run_until_complete",
+    "BaseEventLoop.run_until_complete",
+    "BaseProcess._bootstrap",
+    "BaseProcess.run",
+    "Process.target",
+    "run (asyncio/runners.py)",
+)
 
 
 def summarize_profile(stacks: Counter[str], top: int = 10) -> dict[str, Any]:
@@ -485,7 +634,8 @@ def summarize_profile(stacks: Counter[str], top: int = 10) -> dict[str, Any]:
                 inclusive[key] += n
     pct = lambda n, of: round(100.0 * n / of, 1) if of else 0.0  # noqa: E731
     return {
-        "samples": total, "cpu_samples": cpu_total,
+        "samples": total,
+        "cpu_samples": cpu_total,
         "blocking_leaves_dropped": sorted(f"{n} ({p})" for n, p in BLOCKING_LEAVES),
         "top_self_all": [{"frame": k, "pct": pct(n, total)} for k, n in self_all.most_common(top)],
         "top_self": [{"frame": k, "pct": pct(n, cpu_total)} for k, n in self_cpu.most_common(top)],
@@ -498,7 +648,8 @@ def correctness_gate(pg: Postgres, db: str, tenant_ids: list[Any], tally: Tally)
     import psycopg
 
     with psycopg.connect(pg.url(db, driver="postgresql"), autocommit=True) as conn:
-        row = conn.execute("""
+        row = conn.execute(
+            """
             WITH t AS (SELECT id, status, version FROM generation_tasks WHERE tenant_id = ANY(%(t)s)),
                  r AS (SELECT task_id, count(*) AS n FROM credit_ledger
                         WHERE tenant_id = ANY(%(t)s) AND entry_type = 'RESERVE' GROUP BY task_id),
@@ -514,27 +665,45 @@ def correctness_gate(pg: Postgres, db: str, tenant_ids: list[Any], tally: Tally)
                    (SELECT count(*) FROM r WHERE task_id NOT IN (SELECT id FROM t))
                      + (SELECT count(*) FROM q WHERE aggregate_id NOT IN (SELECT id FROM t)),
                    (SELECT count(*) FROM t WHERE status <> 'QUEUED' OR version <> 3)
-        """, {"t": tenant_ids}).fetchone()
+        """,
+            {"t": tenant_ids},
+        ).fetchone()
         tasks, reserves, queued, bad_reserve, bad_queued, bad_events, orphans, bad_status = row
-        pending_committed = conn.execute(
-            "SELECT count(*) FROM generation_tasks WHERE tenant_id = ANY(%s) AND client_idempotency_key = ANY(%s)",
-            (tenant_ids, tally.pending_unique)).fetchone()[0] if tally.pending_unique else 0
-        replay_tasks = conn.execute(
-            "SELECT count(*) FROM generation_tasks WHERE tenant_id = ANY(%s) AND client_idempotency_key = ANY(%s)",
-            (tenant_ids, tally.replay_keys)).fetchone()[0] if tally.replay_keys else 0
-        balances = conn.execute("""
+        pending_committed = (
+            conn.execute(
+                "SELECT count(*) FROM generation_tasks WHERE tenant_id = ANY(%s) AND client_idempotency_key = ANY(%s)",
+                (tenant_ids, tally.pending_unique),
+            ).fetchone()[0]
+            if tally.pending_unique
+            else 0
+        )
+        replay_tasks = (
+            conn.execute(
+                "SELECT count(*) FROM generation_tasks WHERE tenant_id = ANY(%s) AND client_idempotency_key = ANY(%s)",
+                (tenant_ids, tally.replay_keys),
+            ).fetchone()[0]
+            if tally.replay_keys
+            else 0
+        )
+        balances = conn.execute(
+            """
             SELECT t.id, t.credit_balance, (SELECT coalesce(sum(amount), 0) FROM credit_ledger l
                                              WHERE l.tenant_id = t.id),
                    (SELECT coalesce(sum(estimated_cost), 0) FROM generation_tasks g WHERE g.tenant_id = t.id)
-              FROM tenants t WHERE t.id = ANY(%s)""", (tenant_ids,)).fetchall()
+              FROM tenants t WHERE t.id = ANY(%s)""",
+            (tenant_ids,),
+        ).fetchall()
     balance_ok = all(bal == led == INITIAL_CREDITS - cost for _, bal, led, cost in balances)
     expected = tally.created + pending_committed
     checks = {
         "tasks == 202 created + committed in-flight": tasks == expected,
         "RESERVE ledger rows == tasks": reserves == tasks,
         "generation.queued outbox rows == tasks": queued == tasks,
-        "each task: 1 RESERVE, 1 queued outbox row, 4 state events, QUEUED v3":
-            bad_reserve == bad_queued == bad_events == bad_status == 0,
+        "each task: 1 RESERVE, 1 queued outbox row, 4 state events, QUEUED v3": bad_reserve
+        == bad_queued
+        == bad_events
+        == bad_status
+        == 0,
         "no orphan ledger/outbox rows": orphans == 0,
         "balance == ledger sum == initial - estimates": balance_ok,
         "one task per replayed key": replay_tasks == len(tally.replay_keys),
@@ -542,14 +711,25 @@ def correctness_gate(pg: Postgres, db: str, tenant_ids: list[Any], tally: Tally)
         "no socket error or timeout": not tally.socket_errors,
     }
     return {
-        "ok": all(checks.values()), "checks": checks, "tasks": tasks, "reserve_rows": reserves,
-        "queued_outbox_rows": queued, "responses_202_created": tally.created,
-        "responses_202_replayed": tally.replayed, "in_flight_at_stop": len(tally.pending_unique),
-        "in_flight_committed": pending_committed, "replay_keys": len(tally.replay_keys),
-        "non_202": dict(tally.non_202), "socket_errors": dict(tally.socket_errors),
-        "first_errors": tally.first_errors[:3], "wrk_runs": tally.runs,
-        "tasks_bad_reserve": bad_reserve, "tasks_bad_outbox": bad_queued, "tasks_bad_events": bad_events,
-        "tasks_bad_status": bad_status, "orphans": orphans,
+        "ok": all(checks.values()),
+        "checks": checks,
+        "tasks": tasks,
+        "reserve_rows": reserves,
+        "queued_outbox_rows": queued,
+        "responses_202_created": tally.created,
+        "responses_202_replayed": tally.replayed,
+        "in_flight_at_stop": len(tally.pending_unique),
+        "in_flight_committed": pending_committed,
+        "replay_keys": len(tally.replay_keys),
+        "non_202": dict(tally.non_202),
+        "socket_errors": dict(tally.socket_errors),
+        "first_errors": tally.first_errors[:3],
+        "wrk_runs": tally.runs,
+        "tasks_bad_reserve": bad_reserve,
+        "tasks_bad_outbox": bad_queued,
+        "tasks_bad_events": bad_events,
+        "tasks_bad_status": bad_status,
+        "orphans": orphans,
     }
 
 
@@ -591,8 +771,9 @@ class OwnCreate:
     def run(self, pg: Postgres, tenants: int, clients: int, duration: int, sample_cpu: bool) -> dict[str, Any]:
         defines = {"base": self.next_base, "stride": OWN_STRIDE, "n": 0, "ts": int(time.time() * 1000)}
         self.next_base += RUN_SPAN
-        res = common.run_pgbench(pg, self.db, self.scripts[tenants], clients, duration, sample_cpu=sample_cpu,
-                                 defines=defines)
+        res = common.run_pgbench(
+            pg, self.db, self.scripts[tenants], clients, duration, sample_cpu=sample_cpu, defines=defines
+        )
         return {**res.as_dict(), "tenants": tenants}
 
 
@@ -628,14 +809,24 @@ def prepare_own(pg: Postgres, db: str, n_tenants: int, pool_size: int, workdir: 
         ctx.engine.dispose()  # from here on every connection is traced
 
         with TestClient(create_app(ctx)) as client:
+
             def post(i: int, replay: bool = False) -> None:
                 key = f"{OWN_KEY_PREFIX}{i}{OWN_KEY_SUFFIX}"
-                r = client.post("/v1/generations", content=BODY, headers={
-                    "Authorization": f"Bearer {keys[i % n_tenants]}", "Idempotency-Key": key, "X-Request-Id": key,
-                    "Content-Type": "application/json"})
+                r = client.post(
+                    "/v1/generations",
+                    content=BODY,
+                    headers={
+                        "Authorization": f"Bearer {keys[i % n_tenants]}",
+                        "Idempotency-Key": key,
+                        "X-Request-Id": key,
+                        "Content-Type": "application/json",
+                    },
+                )
                 if r.status_code != 202 or bool(r.headers.get("idempotent-replayed")) != replay:
-                    raise BenchError(f"own-transaction capture: POST answered {r.status_code} "
-                                     f"(replayed={r.headers.get('idempotent-replayed')}): {r.text[:300]}")
+                    raise BenchError(
+                        f"own-transaction capture: POST answered {r.status_code} "
+                        f"(replayed={r.headers.get('idempotent-replayed')}): {r.text[:300]}"
+                    )
 
             post(0)
             post(1)
@@ -650,16 +841,23 @@ def prepare_own(pg: Postgres, db: str, n_tenants: int, pool_size: int, workdir: 
             if rt_posts:
                 for i in range(100, 112):  # psycopg prepares a statement on its 6th execution
                     post(i)
-                rt = {"POST /v1/generations, new key": wire.measure(
-                          [lambda i=i: post(i) for i in range(200, 200 + rt_posts)]),
-                      "POST /v1/generations, same key replayed": wire.measure(
-                          [lambda i=i: post(i, replay=True) for i in range(200, 200 + rt_posts)])}
+                rt = {
+                    "POST /v1/generations, new key": wire.measure(
+                        [lambda i=i: post(i) for i in range(200, 200 + rt_posts)]
+                    ),
+                    "POST /v1/generations, same key replayed": wire.measure(
+                        [lambda i=i: post(i, replay=True) for i in range(200, 200 + rt_posts)]
+                    ),
+                }
                 info["round_trips"] = rt
         ops = own_sql.choose_structure(rec.ops, "create")
-        info["capture"] = {"operations": len(rec.ops), "same_shape": len(ops),
-                           "shapes_seen": len({o.signature() for o in rec.ops}),
-                           "path": "POST /v1/generations (TestClient → create_app → GenerationService.create)",
-                           "product_writes_per_op (ins, upd, del)": product}
+        info["capture"] = {
+            "operations": len(rec.ops),
+            "same_shape": len(ops),
+            "shapes_seen": len({o.signature() for o in rec.ops}),
+            "path": "POST /v1/generations (TestClient → create_app → GenerationService.create)",
+            "product_writes_per_op (ins, upd, del)": product,
+        }
     finally:
         ctx.close()
 
@@ -669,25 +867,36 @@ def prepare_own(pg: Postgres, db: str, n_tenants: int, pool_size: int, workdir: 
     git = common.git_info()
     try:
         for t in sorted({1, n_tenants}):
-            entities = [own_sql.choice_entity("tenant", tenant_ids, n_tenants, t),
-                        own_sql.text_entity("idempotency key", OWN_KEY_PREFIX, OWN_KEY_SUFFIX)]
-            title = (f"aivedio api_create: our own create transaction, captured {common.utc_now()} at commit "
-                     f"{(git.get('commit') or '?')[:10]}{' (dirty tree)' if git.get('dirty') else ''}\n"
-                     f"from POST /v1/generations (GenerationService.create); keys spread over {t} tenant(s)")
+            entities = [
+                own_sql.choice_entity("tenant", tenant_ids, n_tenants, t),
+                own_sql.text_entity("idempotency key", OWN_KEY_PREFIX, OWN_KEY_SUFFIX),
+            ]
+            title = (
+                f"aivedio api_create: our own create transaction, captured {common.utc_now()} at commit "
+                f"{(git.get('commit') or '?')[:10]}{' (dirty tree)' if git.get('dirty') else ''}\n"
+                f"from POST /v1/generations (GenerationService.create); keys spread over {t} tenant(s)"
+            )
             script = own_sql.render_script(ops[0], ops[1], literal, entities, title=title)
             path = workdir / f"own-create-t{t}.sql"
             path.write_text(script.text)
             before = own_sql.settled_writes(pg, db)
             clients, per_client = 2, 5
-            own_sql.run_script_n(pg, db, path, per_client, clients,
-                                 {"base": 10**6 * (t + 1), "stride": 1000, "n": 0, "ts": int(time.time() * 1000)})
+            own_sql.run_script_n(
+                pg,
+                db,
+                path,
+                per_client,
+                clients,
+                {"base": 10**6 * (t + 1), "stride": 1000, "n": 0, "ts": int(time.time() * 1000)},
+            )
             replay = own_sql.writes_per_op(before, own_sql.settled_writes(pg, db, before), clients * per_client)
             scripts[t] = path
             info["scripts"][str(t)] = {**script.as_dict(), "verify": own_sql.compare_writes(product, replay)}
     finally:
         literal.close()
-    seg = own_sql.committed_segments((info.get("round_trips") or {}).get("POST /v1/generations, new key", {})
-                                     .get("sequence", []))
+    seg = own_sql.committed_segments(
+        (info.get("round_trips") or {}).get("POST /v1/generations, new key", {}).get("sequence", [])
+    )
     info["product_transaction_round_trips"] = [len(x) for x in seg]
     return OwnCreate(db, scripts, info)
 
@@ -707,21 +916,34 @@ def run(args: argparse.Namespace) -> int:
     n_tenants = max(1, args.tenants)
     tenant_sets = [1] + ([n_tenants] if n_tenants > 1 else [])
     doc: dict[str, Any] = {
-        "benchmark": NAME, "date": started, "machine": common.machine_info(), "git": common.git_info(),
-        "config": {"reps": args.reps, "duration_s": duration, "c1_duration_s": c1_duration, "quick": args.quick,
-                   "quick_changed": quick, "warmup_s": args.warmup, "wait_quiet_s": args.wait_quiet,
-                   "workers": args.workers, "server": args.server, "pool_size": args.pool_size,
-                   "clients": CLIENTS, "tenants": tenant_sets,
-                   "load_generator": "wrk (Lua: unique Idempotency-Key per request)",
-                   "synchronous_commit": sync_commit, "body_bytes": len(BODY),
-                   "baseline_minimal": "pgbench -n -M prepared -T D -c 16 -j 2 -f bench/sql/create_task.sql "
-                                       "(+ -c 1 -j 1)",
-                   "baseline_own": "pgbench -n -M prepared -T D -c 16 -j 2 -D base=.. -D stride=.. -D n=0 -D ts=.. "
-                                   "-f <own script captured at run time> (own scratch aivedio database)",
-                   "chain": "per repetition: [minimal, own 1 tenant, + c=1 of both] → API 1 tenant → [minimal, own "
-                            "1 tenant, own N tenants, + c=1] → API N tenants → [minimal, own N tenants]",
-                   "discard_rule": f"max(A,B)/min(A,B) - 1 > {common.MAX_BASELINE_DIVERGENCE}, for each baseline "
-                                   f"pair on its own"},
+        "benchmark": NAME,
+        "date": started,
+        "machine": common.machine_info(),
+        "git": common.git_info(),
+        "config": {
+            "reps": args.reps,
+            "duration_s": duration,
+            "c1_duration_s": c1_duration,
+            "quick": args.quick,
+            "quick_changed": quick,
+            "warmup_s": args.warmup,
+            "wait_quiet_s": args.wait_quiet,
+            "workers": args.workers,
+            "server": args.server,
+            "pool_size": args.pool_size,
+            "clients": CLIENTS,
+            "tenants": tenant_sets,
+            "load_generator": "wrk (Lua: unique Idempotency-Key per request)",
+            "synchronous_commit": sync_commit,
+            "body_bytes": len(BODY),
+            "baseline_minimal": "pgbench -n -M prepared -T D -c 16 -j 2 -f bench/sql/create_task.sql (+ -c 1 -j 1)",
+            "baseline_own": "pgbench -n -M prepared -T D -c 16 -j 2 -D base=.. -D stride=.. -D n=0 -D ts=.. "
+            "-f <own script captured at run time> (own scratch aivedio database)",
+            "chain": "per repetition: [minimal, own 1 tenant, + c=1 of both] → API 1 tenant → [minimal, own "
+            "1 tenant, own N tenants, + c=1] → API N tenants → [minimal, own N tenants]",
+            "discard_rule": f"max(A,B)/min(A,B) - 1 > {common.MAX_BASELINE_DIVERGENCE}, for each baseline "
+            f"pair on its own",
+        },
         "targets": {"ratio": TARGET_RATIO, "floor": FLOOR_RATIO, "c1_overhead_ms": TARGET_OVERHEAD_MS},
     }
     if sync_commit != "on":
@@ -731,8 +953,10 @@ def run(args: argparse.Namespace) -> int:
     reps: dict[str, list[Repetition]] = {}
     code = 0
     real_stdout = sys.stdout
-    _log(f"databases {sys_db} (aivedio, the API), {pgb_db} (minimal baseline), {own_db} (own transaction); "
-         f"workdir {workdir}")
+    _log(
+        f"databases {sys_db} (aivedio, the API), {pgb_db} (minimal baseline), {own_db} (own transaction); "
+        f"workdir {workdir}"
+    )
     try:
         with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
             for db in (pgb_db, sys_db, own_db):
@@ -743,9 +967,11 @@ def run(args: argparse.Namespace) -> int:
             own = prepare_own(pg, own_db, n_tenants, args.pool_size, workdir, args.roundtrip_posts)
             doc["own_transaction"] = own.info
             for t, sc in own.info["scripts"].items():
-                _log(f"own script, {t} tenant(s): {sc['statements']} statements, {sc['round_trips']} round trips; "
-                     f"replays the product's writes: {'yes' if sc['verify']['ok'] else 'NO'}"
-                     + (f"; {len(sc['warnings'])} warning(s)" if sc["warnings"] else ""))
+                _log(
+                    f"own script, {t} tenant(s): {sc['statements']} statements, {sc['round_trips']} round trips; "
+                    f"replays the product's writes: {'yes' if sc['verify']['ok'] else 'NO'}"
+                    + (f"; {len(sc['warnings'])} warning(s)" if sc["warnings"] else "")
+                )
             api = Api(pg.url(sys_db), sys_db, keys[:1], args.workers, args.pool_size, workdir, args.server)
             api.wait_ready()
             _log(f"API up on {api.url}: {len(api.worker_pids)} workers {api.worker_pids}")
@@ -753,8 +979,9 @@ def run(args: argparse.Namespace) -> int:
 
             for i in range(1, args.reps + 1):
                 quiet = common.wait_for_quiet(args.wait_quiet) if args.wait_quiet else {}
-                rep_doc, rep = repetition(i, pg, pgb_db, own, api, keys, tenant_sets, duration, c1_duration,
-                                          args.warmup)
+                rep_doc, rep = repetition(
+                    i, pg, pgb_db, own, api, keys, tenant_sets, duration, c1_duration, args.warmup
+                )
                 rep_doc["quiet_before"] = quiet
                 rep_docs.append(rep_doc)
                 for k, r in rep.items():
@@ -773,8 +1000,9 @@ def run(args: argparse.Namespace) -> int:
             api.stop()
             gate = correctness_gate(pg, sys_db, tenant_ids, api.tally)
             for t, sc in own.info["scripts"].items():
-                gate["checks"][f"own script ({t} tenant(s)) writes the rows the product writes, per table"] = \
-                    sc["verify"]["ok"]
+                gate["checks"][f"own script ({t} tenant(s)) writes the rows the product writes, per table"] = sc[
+                    "verify"
+                ]["ok"]
             gate["ok"] = all(gate["checks"].values())
             doc.update(summary_doc(reps, rep_docs, tenant_sets), repetitions=rep_docs, secondary=secondary, gate=gate)
             doc["round_trips"] = round_trip_summary(own.info)
@@ -811,18 +1039,33 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def repetition(i: int, pg: Postgres, pgb_db: str, own: OwnCreate, api: Api, keys: list[str], tenant_sets: list[int],
-               duration: int, c1_duration: int, warmup: int) -> tuple[dict[str, Any], dict[str, Repetition]]:
+def repetition(
+    i: int,
+    pg: Postgres,
+    pgb_db: str,
+    own: OwnCreate,
+    api: Api,
+    keys: list[str],
+    tenant_sets: list[int],
+    duration: int,
+    c1_duration: int,
+    warmup: int,
+) -> tuple[dict[str, Any], dict[str, Repetition]]:
     """One chain: baselines, API with 1 tenant, baselines, API with N tenants, baselines. Each API point is
     divided by the mean of the two blocks around it, the minimal and the own baseline each on their own."""
     multi = tenant_sets[-1] if len(tenant_sets) > 1 else None
     d, d1 = duration, c1_duration
     blocks: list[dict[str, Any]] = []
     _log(f"rep {i}: baselines 0 (minimal, own 1 tenant; c=16 and c=1)")
-    blocks.append(baseline_block(pg, pgb_db, own, [("minimal", CLIENTS, d), ("own_t1", CLIENTS, d),
-                                                   ("minimal", 1, d1), ("own_t1", 1, d1)]))
-    _log(f"rep {i}: API, 1 tenant (minimal {blocks[0]['minimal_c16']['tps']:.0f} TPS, own "
-         f"{blocks[0]['own_t1_c16']['tps']:.0f} TPS)")
+    blocks.append(
+        baseline_block(
+            pg, pgb_db, own, [("minimal", CLIENTS, d), ("own_t1", CLIENTS, d), ("minimal", 1, d1), ("own_t1", 1, d1)]
+        )
+    )
+    _log(
+        f"rep {i}: API, 1 tenant (minimal {blocks[0]['minimal_c16']['tps']:.0f} TPS, own "
+        f"{blocks[0]['own_t1_c16']['tps']:.0f} TPS)"
+    )
     apis: dict[str, Any] = {"t1": system_block(api, pg, keys[:1], d, d1, warmup)}
     points = [("minimal", CLIENTS, d), ("own_t1", CLIENTS, d)]
     if multi:
@@ -842,22 +1085,24 @@ def repetition(i: int, pg: Postgres, pgb_db: str, own: OwnCreate, api: Api, keys
         reps[f"minimal_t{t}"] = Repetition(i, a["minimal_c16"]["tps"], rate, b["minimal_c16"]["tps"], raw=raw)
         reps[f"own_t{t}"] = Repetition(i, a[f"own_t{t}_c16"]["tps"], rate, b[f"own_t{t}_c16"]["tps"], raw=raw)
         m, o = reps[f"minimal_t{t}"], reps[f"own_t{t}"]
-        _log(f"rep {i}, {t} tenant(s): API ÷ minimal {m.ratio:.3f} (baselines differ {100 * m.divergence:.1f} %"
-             f"{'' if m.kept else ', DISCARDED'}), API ÷ own {o.ratio:.3f} (differ {100 * o.divergence:.1f} %"
-             f"{'' if o.kept else ', DISCARDED'}), own ÷ minimal {schema_cost(m, o):.3f}")
+        _log(
+            f"rep {i}, {t} tenant(s): API ÷ minimal {m.ratio:.3f} (baselines differ {100 * m.divergence:.1f} %"
+            f"{'' if m.kept else ', DISCARDED'}), API ÷ own {o.ratio:.3f} (differ {100 * o.divergence:.1f} %"
+            f"{'' if o.kept else ', DISCARDED'}), own ÷ minimal {schema_cost(m, o):.3f}"
+        )
     c1 = {}
     if "c1" in apis["t1"]:
         p50 = apis["t1"]["c1"]["latency_us"]["p50"] / 1000
         for name in ("minimal", "own_t1"):
             lat = (blocks[0][f"{name}_c1"]["latency_avg_ms"] + blocks[1][f"{name}_c1"]["latency_avg_ms"]) / 2
             c1[name] = {"pgbench_latency_ms_mean": lat, "api_p50_ms": p50, "overhead_ms": p50 - lat}
-    rep_doc = {"index": i, "blocks": blocks, "api": apis, "c1": c1,
-               "ratios": {k: r.as_dict() for k, r in reps.items()}}
+    rep_doc = {"index": i, "blocks": blocks, "api": apis, "c1": c1, "ratios": {k: r.as_dict() for k, r in reps.items()}}
     return rep_doc, reps
 
 
-def system_block(api: Api, pg: Postgres, keys: list[str], duration: int, c1_duration: int,
-                 warmup: int) -> dict[str, Any]:
+def system_block(
+    api: Api, pg: Postgres, keys: list[str], duration: int, c1_duration: int, warmup: int
+) -> dict[str, Any]:
     if warmup:
         api.wrk(CLIENTS, warmup, keys=keys)
     pg.checkpoint()
@@ -881,13 +1126,20 @@ def replay_point(api: Api, pg: Postgres, db: str, duration: int, warmup: int) ->
     w = api.wrk(CLIENTS, duration, mode="replay", nonce=key, sample_cpu=True)
     b = common.run_pgbench(pg, db, MINIMAL_SCRIPT, CLIENTS, duration, sample_cpu=True)
     rep = Repetition(0, a.tps, w.replayed_per_s, b.tps)
-    return {"baseline_a": a.as_dict(), "system": w.as_dict(), "baseline_b": b.as_dict(),
-            "replayed_per_s": w.replayed_per_s, "ratio": rep.ratio, "baseline_divergence": rep.divergence,
-            "kept": rep.kept}
+    return {
+        "baseline_a": a.as_dict(),
+        "system": w.as_dict(),
+        "baseline_b": b.as_dict(),
+        "replayed_per_s": w.replayed_per_s,
+        "ratio": rep.ratio,
+        "baseline_divergence": rep.divergence,
+        "kept": rep.kept,
+    }
 
 
-def summary_doc(reps: dict[str, list[Repetition]], rep_docs: list[dict[str, Any]],
-                tenant_sets: list[int]) -> dict[str, Any]:
+def summary_doc(
+    reps: dict[str, list[Repetition]], rep_docs: list[dict[str, Any]], tenant_sets: list[int]
+) -> dict[str, Any]:
     def sp(values: list[float]) -> dict[str, Any] | None:
         x = common.summarize(values)
         return x.as_dict() if x else None
@@ -897,7 +1149,9 @@ def summary_doc(reps: dict[str, list[Repetition]], rep_docs: list[dict[str, Any]
         mins, owns = reps.get(f"minimal_t{t}", []), reps.get(f"own_t{t}", [])
         pairs = list(zip(mins, owns, strict=False))
         d = {
-            "tenants": t, "total": len(mins), "kept_minimal": len(common.kept(mins)),
+            "tenants": t,
+            "total": len(mins),
+            "kept_minimal": len(common.kept(mins)),
             "kept_own": len(common.kept(owns)),
             "kept_both": sum(1 for m, o in pairs if m.kept and o.kept),
             "ratio_vs_minimal": sp([m.ratio for m in mins if m.kept]),
@@ -916,17 +1170,26 @@ def summary_doc(reps: dict[str, list[Repetition]], rep_docs: list[dict[str, Any]
             km = [m.kept for m in mins]
             ko = [o.kept for o in owns]
             d["api_p50_ms_c1"] = sp([c["minimal"]["api_p50_ms"] for c, k in zip(c1s, keep, strict=False) if k])
-            d["minimal_latency_ms_c1_mean"] = sp([c["minimal"]["pgbench_latency_ms_mean"]
-                                                  for c, k in zip(c1s, km, strict=False) if k])
-            d["own_latency_ms_c1_mean"] = sp([c["own_t1"]["pgbench_latency_ms_mean"]
-                                              for c, k in zip(c1s, ko, strict=False) if k])
-            d["c1_overhead_vs_minimal_ms"] = sp([c["minimal"]["overhead_ms"]
-                                                 for c, k in zip(c1s, km, strict=False) if k])
+            d["minimal_latency_ms_c1_mean"] = sp(
+                [c["minimal"]["pgbench_latency_ms_mean"] for c, k in zip(c1s, km, strict=False) if k]
+            )
+            d["own_latency_ms_c1_mean"] = sp(
+                [c["own_t1"]["pgbench_latency_ms_mean"] for c, k in zip(c1s, ko, strict=False) if k]
+            )
+            d["c1_overhead_vs_minimal_ms"] = sp(
+                [c["minimal"]["overhead_ms"] for c, k in zip(c1s, km, strict=False) if k]
+            )
             d["c1_overhead_vs_own_ms"] = sp([c["own_t1"]["overhead_ms"] for c, k in zip(c1s, ko, strict=False) if k])
         out[f"tenants_{t}"] = d
     one = out.get("tenants_1", {})
-    return {"summary": {"headline": "tenants_1", "ratio": one.get("ratio_vs_minimal"),
-                        "c1_overhead_ms": one.get("c1_overhead_vs_minimal_ms"), **out}}
+    return {
+        "summary": {
+            "headline": "tenants_1",
+            "ratio": one.get("ratio_vs_minimal"),
+            "c1_overhead_ms": one.get("c1_overhead_vs_minimal_ms"),
+            **out,
+        }
+    }
 
 
 def round_trip_summary(info: dict[str, Any]) -> dict[str, Any]:
@@ -934,28 +1197,36 @@ def round_trip_summary(info: dict[str, Any]) -> dict[str, Any]:
     each script (one per command)."""
     out: dict[str, Any] = {}
     for k, v in (info.get("round_trips") or {}).items():
-        out[k] = {"round_trips": v["round_trips_per_op"], "ready_for_query": v.get("ready_for_query_per_op"),
-                  "checkouts": v["checkouts_per_op"], "parse_messages": v["parse_messages_per_op"],
-                  "sequence": v["sequence"]}
+        out[k] = {
+            "round_trips": v["round_trips_per_op"],
+            "ready_for_query": v.get("ready_for_query_per_op"),
+            "checkouts": v["checkouts_per_op"],
+            "parse_messages": v["parse_messages_per_op"],
+            "sequence": v["sequence"],
+        }
     if info.get("product_transaction_round_trips"):
         out["product create transaction (BEGIN … COMMIT, on the wire)"] = {
-            "round_trips": info["product_transaction_round_trips"][-1]}
+            "round_trips": info["product_transaction_round_trips"][-1]
+        }
     for t, sc in (info.get("scripts") or {}).items():
         out[f"own script, {t} tenant(s) (pgbench)"] = {"round_trips": sc["round_trips"]}
         break
     out["minimal script create_task.sql (pgbench)"] = {
-        "round_trips": common.script_round_trips(MINIMAL_SCRIPT.read_text())}
+        "round_trips": common.script_round_trips(MINIMAL_SCRIPT.read_text())
+    }
     return out
 
 
 # ------------------------------------------------------------------------------------------------ output
 def render(doc: dict[str, Any]) -> str:
     m, g, cfg = doc["machine"], doc["git"], doc["config"]
-    head = (f"api_create — {doc['date']} — {m.get('nproc')} CPU {m.get('cpu', '')}, {m.get('memory_gib')} GiB — "
-            f"commit {(g.get('commit') or '?')[:10]}{' (dirty tree)' if g.get('dirty') else ''} — "
-            f"synchronous_commit={cfg['synchronous_commit']}, load generator wrk, "
-            f"{cfg['workers']} uvicorn workers, {cfg['reps']} × {cfg['duration_s']} s "
-            f"(c=1: {cfg['c1_duration_s']} s){' — QUICK' if cfg.get('quick') else ''}")
+    head = (
+        f"api_create — {doc['date']} — {m.get('nproc')} CPU {m.get('cpu', '')}, {m.get('memory_gib')} GiB — "
+        f"commit {(g.get('commit') or '?')[:10]}{' (dirty tree)' if g.get('dirty') else ''} — "
+        f"synchronous_commit={cfg['synchronous_commit']}, load generator wrk, "
+        f"{cfg['workers']} uvicorn workers, {cfg['reps']} × {cfg['duration_s']} s "
+        f"(c=1: {cfg['c1_duration_s']} s){' — QUICK' if cfg.get('quick') else ''}"
+    )
     sm = doc.get("summary")
     if not sm:
         return "\n".join([head, "", f"no result: {doc.get('error', '?')}"])
@@ -968,27 +1239,39 @@ def render(doc: dict[str, Any]) -> str:
         t = sm[key]
         label = f"{t['tenants']} tenant{'s' if t['tenants'] > 1 else ''}"
         for name, metric, target, digits, kept in (
-                ("ratio: API 202/s ÷ minimal pgbench TPS", "ratio_vs_minimal",
-                 f"≥ {TARGET_RATIO} (floor {FLOOR_RATIO})" if t["tenants"] == 1 else "", 3, t["kept_minimal"]),
-                ("schema cost: own TPS ÷ minimal TPS", "schema_cost", "", 3, t["kept_both"]),
-                ("client-path cost: API 202/s ÷ own TPS", "client_path_cost", "", 3, t["kept_own"]),
-                ("API 202/s (unique keys)", "api_created_per_s_c16", "", 2, None),
-                ("minimal pgbench TPS, mean(A, B)", "minimal_tps_c16_mean", "", 2, t["kept_minimal"]),
-                ("own pgbench TPS, mean(A, B)", "own_tps_c16_mean", "", 2, t["kept_own"]),
-                ("API p50 ms", "api_p50_ms_c16", "", 2, None),
-                ("API p99 ms", "api_p99_ms_c16", "", 2, None),
-                ("API p50 ms, c=1", "api_p50_ms_c1", "", 2, None),
-                ("minimal pgbench avg latency ms, c=1", "minimal_latency_ms_c1_mean", "", 3, t["kept_minimal"]),
-                ("own pgbench avg latency ms, c=1", "own_latency_ms_c1_mean", "", 3, t["kept_own"]),
-                ("c=1 overhead ms (API p50 − minimal)", "c1_overhead_vs_minimal_ms", f"≤ {TARGET_OVERHEAD_MS}", 2,
-                 t["kept_minimal"]),
-                ("c=1 overhead ms (API p50 − own)", "c1_overhead_vs_own_ms", "", 2, t["kept_own"])):
+            (
+                "ratio: API 202/s ÷ minimal pgbench TPS",
+                "ratio_vs_minimal",
+                f"≥ {TARGET_RATIO} (floor {FLOOR_RATIO})" if t["tenants"] == 1 else "",
+                3,
+                t["kept_minimal"],
+            ),
+            ("schema cost: own TPS ÷ minimal TPS", "schema_cost", "", 3, t["kept_both"]),
+            ("client-path cost: API 202/s ÷ own TPS", "client_path_cost", "", 3, t["kept_own"]),
+            ("API 202/s (unique keys)", "api_created_per_s_c16", "", 2, None),
+            ("minimal pgbench TPS, mean(A, B)", "minimal_tps_c16_mean", "", 2, t["kept_minimal"]),
+            ("own pgbench TPS, mean(A, B)", "own_tps_c16_mean", "", 2, t["kept_own"]),
+            ("API p50 ms", "api_p50_ms_c16", "", 2, None),
+            ("API p99 ms", "api_p99_ms_c16", "", 2, None),
+            ("API p50 ms, c=1", "api_p50_ms_c1", "", 2, None),
+            ("minimal pgbench avg latency ms, c=1", "minimal_latency_ms_c1_mean", "", 3, t["kept_minimal"]),
+            ("own pgbench avg latency ms, c=1", "own_latency_ms_c1_mean", "", 3, t["kept_own"]),
+            (
+                "c=1 overhead ms (API p50 − minimal)",
+                "c1_overhead_vs_minimal_ms",
+                f"≤ {TARGET_OVERHEAD_MS}",
+                2,
+                t["kept_minimal"],
+            ),
+            ("c=1 overhead ms (API p50 − own)", "c1_overhead_vs_own_ms", "", 2, t["kept_own"]),
+        ):
             if metric not in t:
                 continue
             med, spread = cell(t[metric], digits)
             n_kept = kept if kept is not None else (t[metric] or {}).get("n", 0)
-            rows.append([label, name + ("" if "c=1" in name else ", c=16"), med, spread, target,
-                         f"{n_kept}/{t['total']}"])
+            rows.append(
+                [label, name + ("" if "c=1" in name else ", c=16"), med, spread, target, f"{n_kept}/{t['total']}"]
+            )
     out = [head, "", table(["tenants", "metric", "median", "spread (min – max)", "target", "kept reps"], rows)]
 
     per = []
@@ -996,40 +1279,76 @@ def render(doc: dict[str, Any]) -> str:
         for key, x in r["ratios"].items():
             base, t = key.rsplit("_t", 1)
             div = x["baseline_divergence"]
-            per.append([r["index"], t, base, fmt(x["baseline_a"]), fmt(x["system"]), fmt(x["baseline_b"]),
-                        f"{100 * div:.1f} %" if div is not None else "—",
-                        fmt(x["ratio"], 3), "yes" if x["kept"] else "DISCARDED"])
+            per.append(
+                [
+                    r["index"],
+                    t,
+                    base,
+                    fmt(x["baseline_a"]),
+                    fmt(x["system"]),
+                    fmt(x["baseline_b"]),
+                    f"{100 * div:.1f} %" if div is not None else "—",
+                    fmt(x["ratio"], 3),
+                    "yes" if x["kept"] else "DISCARDED",
+                ]
+            )
     if per:
-        out += ["", "Per repetition (each API point against the baseline blocks before and after it; c=16):",
-                table(["rep", "tenants", "baseline", "before TPS", "API 202/s", "after TPS", "A/B differ", "ratio",
-                       "kept"], per)]
+        out += [
+            "",
+            "Per repetition (each API point against the baseline blocks before and after it; c=16):",
+            table(
+                ["rep", "tenants", "baseline", "before TPS", "API 202/s", "after TPS", "A/B differ", "ratio", "kept"],
+                per,
+            ),
+        ]
     c1rows = []
     for r in doc.get("repetitions", []):
         for name, c in (r.get("c1") or {}).items():
-            c1rows.append([r["index"], name, fmt(c["pgbench_latency_ms_mean"], 3), fmt(c["api_p50_ms"]),
-                           fmt(c["overhead_ms"])])
+            c1rows.append(
+                [r["index"], name, fmt(c["pgbench_latency_ms_mean"], 3), fmt(c["api_p50_ms"]), fmt(c["overhead_ms"])]
+            )
     if c1rows:
-        out += ["", "c=1 latency, 1 tenant:",
-                table(["rep", "baseline", "pgbench avg ms, mean(A, B)", "API p50 ms", "overhead ms"], c1rows)]
+        out += [
+            "",
+            "c=1 latency, 1 tenant:",
+            table(["rep", "baseline", "pgbench avg ms, mean(A, B)", "API p50 ms", "overhead ms"], c1rows),
+        ]
 
     rt = doc.get("round_trips")
     if rt:
-        out += ["", "Round trips per operation (counted: libpq protocol trace at the API, one per wait for the "
-                    "server — a Sync, a Flush or a simple query answered; ReadyForQuery messages beside — on warm "
-                    "connections; pgbench: one per command of the script, a pipeline once):",
-                table(["operation", "round trips", "ReadyForQuery", "checkouts", "Parse msgs", "what they are"],
-                      [[k, fmt(v.get("round_trips")), fmt(v.get("ready_for_query")), fmt(v.get("checkouts")),
-                        fmt(v.get("parse_messages")), ", ".join(v.get("sequence") or [])] for k, v in rt.items()])]
+        out += [
+            "",
+            "Round trips per operation (counted: libpq protocol trace at the API, one per wait for the "
+            "server — a Sync, a Flush or a simple query answered; ReadyForQuery messages beside — on warm "
+            "connections; pgbench: one per command of the script, a pipeline once):",
+            table(
+                ["operation", "round trips", "ReadyForQuery", "checkouts", "Parse msgs", "what they are"],
+                [
+                    [
+                        k,
+                        fmt(v.get("round_trips")),
+                        fmt(v.get("ready_for_query")),
+                        fmt(v.get("checkouts")),
+                        fmt(v.get("parse_messages")),
+                        ", ".join(v.get("sequence") or []),
+                    ]
+                    for k, v in rt.items()
+                ],
+            ),
+        ]
 
     own = doc.get("own_transaction") or {}
     for t, sc in (own.get("scripts") or {}).items():
         v = sc["verify"]
-        out += ["", f"Own transaction replayed by pgbench, {t} tenant(s) ({sc['statements']} statements, "
-                    f"{sc['round_trips']} round trips; {sc.get('file', 'script in the JSON')}): writes the rows the "
-                    f"product writes: {'yes' if v['ok'] else 'NO'} — per table (ins, upd, del) per create, product / "
-                    f"replay: " + "; ".join(f"{tb} {x['product']} / {x['replay']}"
-                                             for tb, x in v["per_table_ins_upd_del_per_op"].items()),
-                "  values: " + ", ".join(f"{k} ×{n}" for k, n in sc["how_values_vary"].items())]
+        out += [
+            "",
+            f"Own transaction replayed by pgbench, {t} tenant(s) ({sc['statements']} statements, "
+            f"{sc['round_trips']} round trips; {sc.get('file', 'script in the JSON')}): writes the rows the "
+            f"product writes: {'yes' if v['ok'] else 'NO'} — per table (ins, upd, del) per create, product / "
+            f"replay: "
+            + "; ".join(f"{tb} {x['product']} / {x['replay']}" for tb, x in v["per_table_ins_upd_del_per_op"].items()),
+            "  values: " + ", ".join(f"{k} ×{n}" for k, n in sc["how_values_vary"].items()),
+        ]
         out += [f"  warning: {w}" for w in sc["warnings"]]
     if own.get("scripts"):
         first = next(iter(own["scripts"].values()))
@@ -1038,56 +1357,83 @@ def render(doc: dict[str, Any]) -> str:
     sec = doc.get("secondary", {})
     p = sec.get("replay")
     if p:
-        out += ["", "Secondary (one repetition):",
-                table(["measurement", "rate", "minimal A c16", "minimal B c16", "ratio", "A/B differ"],
-                      [["idempotent replay 202/s (one key, 16 clients)", fmt(p["replayed_per_s"]),
-                        fmt(p["baseline_a"]["tps"]), fmt(p["baseline_b"]["tps"]), fmt(p["ratio"], 3),
-                        f"{100 * p['baseline_divergence']:.1f} %{'' if p['kept'] else ' (DISCARDED)'}"]])]
+        out += [
+            "",
+            "Secondary (one repetition):",
+            table(
+                ["measurement", "rate", "minimal A c16", "minimal B c16", "ratio", "A/B differ"],
+                [
+                    [
+                        "idempotent replay 202/s (one key, 16 clients)",
+                        fmt(p["replayed_per_s"]),
+                        fmt(p["baseline_a"]["tps"]),
+                        fmt(p["baseline_b"]["tps"]),
+                        fmt(p["ratio"], 3),
+                        f"{100 * p['baseline_divergence']:.1f} %{'' if p['kept'] else ' (DISCARDED)'}",
+                    ]
+                ],
+            ),
+        ]
 
     cpu_rows = []
     for r in doc.get("repetitions", []):
         for k, blk in enumerate(r["blocks"]):
             for name, point in blk.items():
                 if name.endswith("_c16"):
-                    cpu_rows.append(_cpu_row(f"rep {r['index']} block {k} {name[:-4]}", point.get("cpu"),
-                                             point["tps"]))
+                    cpu_rows.append(_cpu_row(f"rep {r['index']} block {k} {name[:-4]}", point.get("cpu"), point["tps"]))
             tkey = ["t1", *[x for x in r["api"] if x != "t1"]]
             if k < len(tkey) and tkey[k] in r["api"]:
                 api_p = r["api"][tkey[k]]["c16"]
-                cpu_rows.append(_cpu_row(f"rep {r['index']} API {tkey[k][1:]} tenant(s)", api_p.get("cpu"),
-                                         api_p["created_per_s"]))
+                cpu_rows.append(
+                    _cpu_row(f"rep {r['index']} API {tkey[k][1:]} tenant(s)", api_p.get("cpu"), api_p["created_per_s"])
+                )
     if p:
         cpu_rows.append(_cpu_row("replay API", p["system"].get("cpu"), p["system"]["replayed_per_s"]))
     cpu_rows = [r for r in cpu_rows if r]
     if cpu_rows:
-        out += ["", "Where the CPU goes at c=16 (cores used, sampled mid-run; CPU µs per transaction/request in "
-                    "brackets; 'other' is everything else on the box — other people's work on a shared machine):",
-                table(["point", "rate/s", "box busy", "other", "client", "API workers", "PG backends",
-                       "PG shared"], cpu_rows)]
+        out += [
+            "",
+            "Where the CPU goes at c=16 (cores used, sampled mid-run; CPU µs per transaction/request in "
+            "brackets; 'other' is everything else on the box — other people's work on a shared machine):",
+            table(
+                ["point", "rate/s", "box busy", "other", "client", "API workers", "PG backends", "PG shared"], cpu_rows
+            ),
+        ]
 
     prof = sec.get("profile")
     if prof and "top_self" in prof:
-        out += ["", f"py-spy --gil (Python CPU only), {prof['workers']} API workers, {prof['seconds']} s under the "
-                    f"c=16 creation load: {prof['samples']} samples ({prof['samples'] - prof['cpu_samples']} whose "
-                    f"leaf is a blocking wait dropped). Top 10 by own time:",
-                table(["#", "frame", "% of CPU samples"], [[i + 1, f["frame"], f["pct"]]
-                                                          for i, f in enumerate(prof["top_self"])]),
-                "", "top 10 by inclusive CPU time (thread and event-loop wrappers left out):",
-                table(["#", "frame", "% of CPU samples"], [[i + 1, f["frame"], f["pct"]]
-                                                          for i, f in enumerate(prof["top_inclusive"])]),
-                "", "own CPU time by package: " + ", ".join(f"{p_['package']} {p_['pct']} %"
-                                                            for p_ in prof["self_by_package"])]
+        out += [
+            "",
+            f"py-spy --gil (Python CPU only), {prof['workers']} API workers, {prof['seconds']} s under the "
+            f"c=16 creation load: {prof['samples']} samples ({prof['samples'] - prof['cpu_samples']} whose "
+            f"leaf is a blocking wait dropped). Top 10 by own time:",
+            table(
+                ["#", "frame", "% of CPU samples"],
+                [[i + 1, f["frame"], f["pct"]] for i, f in enumerate(prof["top_self"])],
+            ),
+            "",
+            "top 10 by inclusive CPU time (thread and event-loop wrappers left out):",
+            table(
+                ["#", "frame", "% of CPU samples"],
+                [[i + 1, f["frame"], f["pct"]] for i, f in enumerate(prof["top_inclusive"])],
+            ),
+            "",
+            "own CPU time by package: " + ", ".join(f"{p_['package']} {p_['pct']} %" for p_ in prof["self_by_package"]),
+        ]
     elif prof:
         out += ["", f"profile: {prof.get('skipped')}"]
 
     g = doc.get("gate")
     if g:
-        out += ["", f"Correctness gate: {'PASS' if g['ok'] else 'FAIL'} — tasks {g['tasks']:,}, RESERVE rows "
-                    f"{g['reserve_rows']:,}, generation.queued outbox rows {g['queued_outbox_rows']:,}; 202 created "
-                    f"{g['responses_202_created']:,} + in flight when wrk stopped and committed "
-                    f"{g['in_flight_committed']} (of {g['in_flight_at_stop']}); 202 replayed "
-                    f"{g['responses_202_replayed']:,}; non-202 {g['non_202'] or 0}; socket errors "
-                    f"{g['socket_errors'] or 0}"]
+        out += [
+            "",
+            f"Correctness gate: {'PASS' if g['ok'] else 'FAIL'} — tasks {g['tasks']:,}, RESERVE rows "
+            f"{g['reserve_rows']:,}, generation.queued outbox rows {g['queued_outbox_rows']:,}; 202 created "
+            f"{g['responses_202_created']:,} + in flight when wrk stopped and committed "
+            f"{g['in_flight_committed']} (of {g['in_flight_at_stop']}); 202 replayed "
+            f"{g['responses_202_replayed']:,}; non-202 {g['non_202'] or 0}; socket errors "
+            f"{g['socket_errors'] or 0}",
+        ]
         out += [f"  [{'x' if ok else ' '}] {name}" for name, ok in g["checks"].items()]
         if g["first_errors"]:
             out += [f"  first error body: {g['first_errors'][0]}"]
@@ -1105,8 +1451,16 @@ def _cpu_row(label: str, cpu: dict[str, float] | None, rate: float) -> list[str]
         cores = sum(vals)
         return f"{cores:.2f} ({cores * 1e6 / rate:.0f})" if rate else f"{cores:.2f}"
 
-    return [label, fmt(rate), f"{100 * cpu.get('box_busy_fraction', math.nan):.0f} %", f"{cpu['other_cores']:.2f}",
-            cell("wrk", "pgbench"), cell("api"), cell("postgres"), cell("pg_shared")]
+    return [
+        label,
+        fmt(rate),
+        f"{100 * cpu.get('box_busy_fraction', math.nan):.0f} %",
+        f"{cpu['other_cores']:.2f}",
+        cell("wrk", "pgbench"),
+        cell("api"),
+        cell("postgres"),
+        cell("pg_shared"),
+    ]
 
 
 def _log(msg: str) -> None:

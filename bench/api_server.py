@@ -37,8 +37,9 @@ def app() -> Any:
     from aivedio_engine.api.app import create_app
     from aivedio_engine.bootstrap import build_context
 
-    settings = bench_settings(os.environ[DATABASE_URL_ENV], int(os.environ.get(POOL_SIZE_ENV, "20")),
-                              os.environ.get(DATA_DIR_ENV) or None)
+    settings = bench_settings(
+        os.environ[DATABASE_URL_ENV], int(os.environ.get(POOL_SIZE_ENV, "20")), os.environ.get(DATA_DIR_ENV) or None
+    )
     return create_app(build_context(settings))
 
 
@@ -62,8 +63,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--workers", type=int, default=2)
     args = p.parse_args(argv)
-    config = Config("bench.api_server:app", factory=True, host=args.host, port=args.port, workers=args.workers,
-                    log_level="warning", access_log=False)
+    config = Config(
+        "bench.api_server:app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level="warning",
+        access_log=False,
+    )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))

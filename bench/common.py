@@ -103,9 +103,16 @@ class Repetition:
         return ratio(self.system, self.a, self.b)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "baseline_a": self.a, "system": self.system, "baseline_b": self.b,
-                "baseline_divergence": _finite(self.divergence), "ratio": _finite(self.ratio), "kept": self.kept,
-                "raw": self.raw}
+        return {
+            "index": self.index,
+            "baseline_a": self.a,
+            "system": self.system,
+            "baseline_b": self.b,
+            "baseline_divergence": _finite(self.divergence),
+            "ratio": _finite(self.ratio),
+            "kept": self.kept,
+            "raw": self.raw,
+        }
 
 
 def kept(reps: Sequence[Repetition]) -> list[Repetition]:
@@ -189,19 +196,32 @@ def parse_pgbench(output: str, clients: int, duration_s: int, cpu: dict[str, flo
     if not (tps and lat and tx):
         raise BenchError(f"cannot read pgbench output:\n{output[-1000:]}")
     failed = _FAILED.search(output)
-    return PgbenchResult(clients, duration_s, float(tps.group(1)), float(lat.group(1)), int(tx.group(1)),
-                         int(failed.group(1)) if failed else 0, cpu or {})
+    return PgbenchResult(
+        clients,
+        duration_s,
+        float(tps.group(1)),
+        float(lat.group(1)),
+        int(tx.group(1)),
+        int(failed.group(1)) if failed else 0,
+        cpu or {},
+    )
 
 
-def run_pgbench(pg: Postgres, db: str, script: Path, clients: int, duration_s: int,
-                sample_cpu: bool = False, defines: dict[str, Any] | None = None) -> PgbenchResult:
+def run_pgbench(
+    pg: Postgres,
+    db: str,
+    script: Path,
+    clients: int,
+    duration_s: int,
+    sample_cpu: bool = False,
+    defines: dict[str, Any] | None = None,
+) -> PgbenchResult:
     """`pgbench -n -M prepared -T D -c C -j (1 or 2) [-D k=v ...] -f script db`, after a CHECKPOINT
     (performance_anchors B.4). With sample_cpu, `cpu` holds the cores used by pgbench, its backends,
     PostgreSQL's shared processes and everything else, over the middle of the run."""
     pg.checkpoint()
     jobs = 1 if clients == 1 else 2
-    cmd = [need_tool("pgbench"), "-n", "-M", "prepared", "-T", str(duration_s), "-c", str(clients),
-           "-j", str(jobs)]
+    cmd = [need_tool("pgbench"), "-n", "-M", "prepared", "-T", str(duration_s), "-c", str(clients), "-j", str(jobs)]
     for k, v in (defines or {}).items():
         cmd += ["-D", f"{k}={v}"]
     cmd += ["-f", str(script), db]
@@ -219,7 +239,8 @@ def run_pgbench(pg: Postgres, db: str, script: Path, clients: int, duration_s: i
 
 def need_tool(name: str) -> str:
     path = shutil.which(name) or next(
-        (str(p) for p in sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True)), None)
+        (str(p) for p in sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True)), None
+    )
     if path is None:
         hint = " (apt-get install -y wrk)" if name == "wrk" else ""
         raise BenchError(f"{name} not found on PATH{hint}")
@@ -228,8 +249,12 @@ def need_tool(name: str) -> str:
 
 # --------------------------------------------------------------------------------------- machine / commit
 def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"nproc": os.cpu_count(), "platform": platform.platform(),
-                            "python": platform.python_version(), "hostname": platform.node()}
+    info: dict[str, Any] = {
+        "nproc": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "hostname": platform.node(),
+    }
     try:
         meminfo = Path("/proc/meminfo").read_text()
         kb = int(re.search(r"MemTotal:\s+(\d+) kB", meminfo).group(1))  # type: ignore[union-attr]
@@ -309,8 +334,11 @@ def write_json(path: Path, doc: dict[str, Any]) -> Path:
 def add_output_args(p: Any, quick_help: str) -> None:
     """--quick and --json, for the benchmarks that support them."""
     p.add_argument("--quick", action="store_true", help=quick_help)
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object (every ratio, baseline and count) on stdout; the table goes to stderr")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (every ratio, baseline and count) on stdout; the table goes to stderr",
+    )
 
 
 def apply_quick(args: Any, quick: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
@@ -474,8 +502,9 @@ def postgres_groups(dbs: Sequence[str]) -> dict[str, Matcher]:
     }
 
 
-def sampled_run(cmd: list[str], duration_s: float, sampler: CpuSampler | None, **popen: Any) -> tuple[
-        subprocess.CompletedProcess[str], dict[str, float]]:
+def sampled_run(
+    cmd: list[str], duration_s: float, sampler: CpuSampler | None, **popen: Any
+) -> tuple[subprocess.CompletedProcess[str], dict[str, float]]:
     """Run `cmd` (which runs for `duration_s`), sampling CPU from 1 s after the start to 1 s before the end."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
     cpu: dict[str, float] = {}
@@ -536,8 +565,13 @@ def redis_cleanup(redis_url: str, prefix: str) -> int:
 def add_infra_args(p: Any) -> None:
     """The options every benchmark that starts the system shares: the shared-box wait and where PostgreSQL and
     Redis are."""
-    p.add_argument("--wait-quiet", type=int, default=0, metavar="S",
-                   help="before each repetition, wait up to S seconds for the box to be < 25 %% busy (shared box)")
+    p.add_argument(
+        "--wait-quiet",
+        type=int,
+        default=0,
+        metavar="S",
+        help="before each repetition, wait up to S seconds for the box to be < 25 %% busy (shared box)",
+    )
     p.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--pg-host", default=os.environ.get("PGHOST", "127.0.0.1"))
     p.add_argument("--pg-port", type=int, default=int(os.environ.get("PGPORT", "5432")))

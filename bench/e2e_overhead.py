@@ -106,14 +106,15 @@ from bench import common
 from bench.common import BenchError, CpuSampler, Postgres, Repetition, fmt, table
 
 NAME = "e2e_overhead"
-DESCRIPTION = ("(terminal visible) − (202) − (sim provider delay), p50/p99 at 1 task/s and under load, ÷ the sum "
-               "of the physical steps' single-client latencies")
+DESCRIPTION = (
+    "(terminal visible) − (202) − (sim provider delay), p50/p99 at 1 task/s and under load, ÷ the sum "
+    "of the physical steps' single-client latencies"
+)
 TARGET_P50_X, TARGET_P99_X, FLOOR_P50_X, IDLE_P99_MS = 8.0, 30.0, 15.0, 150.0
 LOAD_RATE = 50.0
 INITIAL_CREDITS = Decimal(10) ** 9
 MODEL = "sim-v1"
-BODY = {"prompt": "a red fox running through fresh snow at dusk, cinematic, 35mm film", "model": MODEL,
-        "duration_s": 2}
+BODY = {"prompt": "a red fox running through fresh snow at dusk, cinematic, 35mm film", "model": MODEL, "duration_s": 2}
 TERMINAL = frozenset({"SUCCEEDED", "FAILED_FINAL", "CANCELED", "EXPIRED"})
 REQUIRED_OUTPUTS = ("hls", "proxy_mp4", "thumbnail")
 #: derivative objects per task expected in the bucket (proxy.mp4, index.m3u8, init.mp4, seg_000.m4s, thumbnail)
@@ -125,9 +126,11 @@ COMPLETION_SHARE = 0.85
 PROBE_FACTORS = (0.9, 0.7, 0.5, 0.35)
 REDIS_PAYLOAD = "x" * 300
 #: the anchor's Dramatiq-like enqueue (performance_anchors B.4): ZADD heartbeat, HSET message, RPUSH id
-DRAMATIQ_EVAL = ("redis.call('zadd',KEYS[1]..':__heartbeats__',ARGV[1],'w1') "
-                 "redis.call('hset',KEYS[1]..':default.msgs',ARGV[2],ARGV[3]) "
-                 "return redis.call('rpush',KEYS[1]..':default',ARGV[2])")
+DRAMATIQ_EVAL = (
+    "redis.call('zadd',KEYS[1]..':__heartbeats__',ARGV[1],'w1') "
+    "redis.call('hset',KEYS[1]..':default.msgs',ARGV[2],ARGV[3]) "
+    "return redis.call('rpush',KEYS[1]..':default',ARGV[2])"
+)
 
 PGBENCH_SCRIPTS = {
     # one durable commit of a one-row transaction (autocommit INSERT)
@@ -138,7 +141,8 @@ PGBENCH_SCRIPTS = {
         "SELECT array_agg(id) AS ids, count(*) AS n FROM (SELECT id, payload FROM outbox WHERE status = 'PENDING'\n"
         "  ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) s \\gset\n"
         "UPDATE outbox SET status = 'PUBLISHED', published_at = now() WHERE id = ANY (:ids::bigint[]);\n"
-        "COMMIT;\n"),
+        "COMMIT;\n"
+    ),
 }
 BASELINE_EXTRA_SQL = """
 CREATE TABLE commit_probe (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v integer NOT NULL,
@@ -169,10 +173,16 @@ def pipeline(derived_files: int = EXPECTED_DERIVED_FILES) -> tuple[Stage, ...]:
         Stage("submit", "relay claim + Redis hop; SubmitService tx A, POST /v1/jobs to the sim, tx B", 3, 1, 1, 0),
         Stage("callback", "sim's succeeded webhook POST; CallbackService tx", 1, 0, 1, 0),
         Stage("reduce", "relay claim + hop; reducer tx (→ OUTPUT_FETCHING)", 2, 1, 0, 0),
-        Stage("fetch", "relay claim + hop; GET output from the sim; S3 HEAD + PUT; tx (→ POST_PROCESSING)",
-              2, 1, 1, 2),
-        Stage("media", f"relay claim + hop; S3 GET; ffprobe/ffmpeg; {derived_files} derivative PUTs; tx "
-                       "(→ SUCCEEDED)", 2, 1, 0, 1 + derived_files, media=True),
+        Stage("fetch", "relay claim + hop; GET output from the sim; S3 HEAD + PUT; tx (→ POST_PROCESSING)", 2, 1, 1, 2),
+        Stage(
+            "media",
+            f"relay claim + hop; S3 GET; ffprobe/ffmpeg; {derived_files} derivative PUTs; tx (→ SUCCEEDED)",
+            2,
+            1,
+            0,
+            1 + derived_files,
+            media=True,
+        ),
         Stage("read", "client GET sees SUCCEEDED", 0, 0, 1, 0),
     )
 
@@ -183,8 +193,12 @@ STEP_KEYS = ("commit", "hop", "http", "s3")
 def step_counts(stages: Sequence[Stage], exclude_media: bool = False) -> dict[str, int]:
     """How many of each physical step the stages need."""
     use = [s for s in stages if not (exclude_media and s.media)]
-    return {"commit": sum(s.commits for s in use), "hop": sum(s.hops for s in use),
-            "http": sum(s.http for s in use), "s3": sum(s.s3 for s in use)}
+    return {
+        "commit": sum(s.commits for s in use),
+        "hop": sum(s.hops for s in use),
+        "http": sum(s.http for s in use),
+        "s3": sum(s.s3 for s in use),
+    }
 
 
 def count_baseline(latency_ms: dict[str, float], counts: dict[str, int]) -> float:
@@ -203,8 +217,12 @@ def count_baseline(latency_ms: dict[str, float], counts: dict[str, int]) -> floa
 def anchor_baseline(latency_ms: dict[str, float]) -> float:
     """performance_anchors C.4: create + single-row claim + 2 × transition + 2 × EVAL, all c=1 (ms)."""
     try:
-        return (latency_ms["create_task"] + latency_ms["claim_outbox_1"] + 2 * latency_ms["transition"]
-                + 2 * latency_ms["eval"])
+        return (
+            latency_ms["create_task"]
+            + latency_ms["claim_outbox_1"]
+            + 2 * latency_ms["transition"]
+            + 2 * latency_ms["eval"]
+        )
     except KeyError:
         return math.nan
 
@@ -226,15 +244,35 @@ def percentile(values: Sequence[float], q: float) -> float:
 def latency_summary(values: Sequence[float]) -> dict[str, float]:
     xs = [v for v in values if v is not None and math.isfinite(v)]
     if not xs:
-        return {"n": 0, "p50": math.nan, "p90": math.nan, "p99": math.nan, "max": math.nan, "mean": math.nan,
-                "min": math.nan}
-    return {"n": len(xs), "min": min(xs), "p50": percentile(xs, 50), "p90": percentile(xs, 90),
-            "p99": percentile(xs, 99), "max": max(xs), "mean": statistics.fmean(xs)}
+        return {
+            "n": 0,
+            "p50": math.nan,
+            "p90": math.nan,
+            "p99": math.nan,
+            "max": math.nan,
+            "mean": math.nan,
+            "min": math.nan,
+        }
+    return {
+        "n": len(xs),
+        "min": min(xs),
+        "p50": percentile(xs, 50),
+        "p90": percentile(xs, 90),
+        "p99": percentile(xs, 99),
+        "max": max(xs),
+        "mean": statistics.fmean(xs),
+    }
 
 
-def sustained(samples: Sequence[tuple[float, float]], total: int, *, offered: float | None = None,
-              completed: float | None = None, factor: float = TREND_FACTOR,
-              slack_ms: float = TREND_SLACK_MS) -> tuple[bool, dict[str, Any]]:
+def sustained(
+    samples: Sequence[tuple[float, float]],
+    total: int,
+    *,
+    offered: float | None = None,
+    completed: float | None = None,
+    factor: float = TREND_FACTOR,
+    slack_ms: float = TREND_SLACK_MS,
+) -> tuple[bool, dict[str, Any]]:
     """Did the point keep up? `samples` are (scheduled send offset s, overhead ms) of the finished tasks, `total`
     the tasks planned; `offered` and `completed` the planned rate and the measured completion rate (tasks/s).
     Not sustained when a task was not sent or did not finish, when tasks completed at less than
@@ -246,8 +284,9 @@ def sustained(samples: Sequence[tuple[float, float]], total: int, *, offered: fl
         info["reason"] = f"{total - len(done)} of {total} task(s) not sent or not finished"
         return False, info
     if offered and completed is not None and math.isfinite(completed) and completed < COMPLETION_SHARE * offered:
-        info["reason"] = (f"completed {completed:.2f}/s < {COMPLETION_SHARE:g} × the offered {offered:g}/s: "
-                          "a backlog built up")
+        info["reason"] = (
+            f"completed {completed:.2f}/s < {COMPLETION_SHARE:g} × the offered {offered:g}/s: a backlog built up"
+        )
         return False, info
     if len(done) < 8:
         info["reason"] = "too few tasks to see a trend"
@@ -258,8 +297,9 @@ def sustained(samples: Sequence[tuple[float, float]], total: int, *, offered: fl
     info.update(first_quarter_p50_ms=first, last_quarter_p50_ms=last)
     ok = last <= factor * first + slack_ms
     if not ok:
-        info["reason"] = (f"p50 grew from {first:.0f} ms (first quarter) to {last:.0f} ms (last quarter): "
-                          "a backlog built up")
+        info["reason"] = (
+            f"p50 grew from {first:.0f} ms (first quarter) to {last:.0f} ms (last quarter): a backlog built up"
+        )
     return ok, info
 
 
@@ -339,24 +379,36 @@ def _ts(text: str | None) -> float:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(duration=10)
     p.add_argument("--load-rate", type=float, default=LOAD_RATE, help="target load, tasks/s (default 50)")
-    p.add_argument("--rep-load-rate", type=float, default=None,
-                   help="load level of the repetitions (default: --load-rate if sustained, else the highest "
-                        "sustained rate found); setting it skips the load attempt and the search")
+    p.add_argument(
+        "--rep-load-rate",
+        type=float,
+        default=None,
+        help="load level of the repetitions (default: --load-rate if sustained, else the highest "
+        "sustained rate found); setting it skips the load attempt and the search",
+    )
     p.add_argument("--max-probes", type=int, default=3, help="rates tried when the load rate is not sustained")
     p.add_argument("--idle-rate", type=float, default=1.0, help="idle level, tasks/s (default 1)")
     p.add_argument("--idle-tasks", type=int, default=30, help="tasks of each idle point (default 30)")
     p.add_argument("--warmup-tasks", type=int, default=6, help="tasks sent at 2/s before anything is measured")
     p.add_argument("--job-seconds", type=float, default=0.2, help="the sim's job time: the known provider delay")
     p.add_argument("--baseline-seconds", type=int, default=3, help="seconds of each pgbench c=1 baseline run")
-    p.add_argument("--observe", choices=("sse", "get"), default="sse",
-                   help="how the client sees the terminal state: the SSE stream (default) or polling GET")
+    p.add_argument(
+        "--observe",
+        choices=("sse", "get"),
+        default="sse",
+        help="how the client sees the terminal state: the SSE stream (default) or polling GET",
+    )
     p.add_argument("--get-interval-ms", type=float, default=5.0, help="GET polling interval with --observe get")
     p.add_argument("--worker-threads", type=int, default=8, help="broker.worker_threads of the worker process")
     p.add_argument("--pool-size", type=int, default=20, help="database.pool_size of each aivedio process")
     p.add_argument("--point-timeout", type=int, default=600, help="seconds a point may take to finish")
-    p.add_argument("--max-backlog", type=int, default=100,
-                   help="stop sending a point's tasks once this many are in flight (0: never); the point then "
-                        "counts as not sustained (default 100)")
+    p.add_argument(
+        "--max-backlog",
+        type=int,
+        default=100,
+        help="stop sending a point's tasks once this many are in flight (0: never); the point then "
+        "counts as not sustained (default 100)",
+    )
     common.add_infra_args(p)
 
 
@@ -377,8 +429,9 @@ class Proc:
     def __init__(self, name: str, cmd: list[str], log: Path) -> None:
         self.name, self.cmd, self.log_path = name, cmd, log
         self._log = log.open("wb")
-        self.proc = subprocess.Popen(cmd, cwd=common.REPO, env=_clean_env(), stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=common.REPO, env=_clean_env(), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     @property
     def pid(self) -> int:
@@ -454,12 +507,25 @@ class System:
         self.config_path = self.workdir / "aivedio.toml"
         self.config_path.write_text(self._config(secret))
         self._prepare_db()
-        self.procs["api"] = Proc("aivedio serve api,scheduler,sweeper",
-                                 [sys.executable, "-m", "aivedio_cli", "--config", str(self.config_path), "serve",
-                                  "--role", "api,scheduler,sweeper"], self.workdir / "api.log")
-        self.procs["worker"] = Proc("aivedio serve relay,worker",
-                                    [sys.executable, "-m", "aivedio_cli", "--config", str(self.config_path),
-                                     "serve", "--role", "relay,worker"], self.workdir / "worker.log")
+        self.procs["api"] = Proc(
+            "aivedio serve api,scheduler,sweeper",
+            [
+                sys.executable,
+                "-m",
+                "aivedio_cli",
+                "--config",
+                str(self.config_path),
+                "serve",
+                "--role",
+                "api,scheduler,sweeper",
+            ],
+            self.workdir / "api.log",
+        )
+        self.procs["worker"] = Proc(
+            "aivedio serve relay,worker",
+            [sys.executable, "-m", "aivedio_cli", "--config", str(self.config_path), "serve", "--role", "relay,worker"],
+            self.workdir / "worker.log",
+        )
         _wait_http(self.api_url + "/readyz", self.procs["api"], what="the API")
         time.sleep(1.0)  # the worker declares its queues and the relay starts listening
         self.procs["worker"].check()
@@ -472,12 +538,27 @@ class System:
         moto = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
         if not Path(moto).exists():
             raise BenchError("moto_server not found (pip install 'moto[server]')")
-        self.procs["moto"] = Proc("moto_server", [moto, "-H", "127.0.0.1", "-p", str(s3_port)],
-                                  self.workdir / "moto.log")
-        self.procs["sim"] = Proc("aivedio sim-provider",
-                                 [sys.executable, "-m", "aivedio_cli", "sim-provider", "--port", str(sim_port),
-                                  "--job-seconds", f"{self.job_seconds:g}", "--webhook-secret", secret,
-                                  "--seed", "1"], self.workdir / "sim.log")
+        self.procs["moto"] = Proc(
+            "moto_server", [moto, "-H", "127.0.0.1", "-p", str(s3_port)], self.workdir / "moto.log"
+        )
+        self.procs["sim"] = Proc(
+            "aivedio sim-provider",
+            [
+                sys.executable,
+                "-m",
+                "aivedio_cli",
+                "sim-provider",
+                "--port",
+                str(sim_port),
+                "--job-seconds",
+                f"{self.job_seconds:g}",
+                "--webhook-secret",
+                secret,
+                "--seed",
+                "1",
+            ],
+            self.workdir / "sim.log",
+        )
         self.s3_url, self.sim_url = f"http://127.0.0.1:{s3_port}", f"http://127.0.0.1:{sim_port}"
         _wait_http(self.s3_url + "/", self.procs["moto"], what="moto_server")
         _wait_http(self.sim_url + "/_sim/truth", self.procs["sim"], what="the sim provider")
@@ -487,13 +568,18 @@ class System:
     def s3_client(self) -> Any:
         import boto3
 
-        return boto3.session.Session().client("s3", endpoint_url=self.s3_url, region_name="us-east-1",
-                                              aws_access_key_id="bench", aws_secret_access_key="bench")
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.s3_url,
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+        )
 
     def _config(self, secret: str) -> str:
         return f"""
 mode = "distributed"
-data_dir = "{self.workdir / 'data'}"
+data_dir = "{self.workdir / "data"}"
 default_provider = "sim"
 [database]
 url = "{self.db_url}"
@@ -588,15 +674,22 @@ def baseline_block(env: BaselineEnv) -> dict[str, Any]:
     medians of the HTTP and S3 samples (Python servers on a shared box: a median is not moved by a stall)."""
     lat: dict[str, float] = {}
     raw: dict[str, Any] = {}
-    sql = {"commit": env.workdir / "commit_1row.sql", "create_task": common.SQL_DIR / "create_task.sql",
-           "transition": common.SQL_DIR / "transition.sql", "claim_outbox_1": env.workdir / "claim_outbox_1.sql"}
+    sql = {
+        "commit": env.workdir / "commit_1row.sql",
+        "create_task": common.SQL_DIR / "create_task.sql",
+        "transition": common.SQL_DIR / "transition.sql",
+        "claim_outbox_1": env.workdir / "claim_outbox_1.sql",
+    }
     for key, script in sql.items():
         if key == "claim_outbox_1":
             pending = int(env.pg.scalar(env.pgb_db, "SELECT count(*) FROM outbox WHERE status = 'PENDING'"))
             if pending < 50_000:
-                env.pg.psql(env.pgb_db, "INSERT INTO outbox (aggregate_id, topic, payload) SELECT g, "
-                                        "'generation.submit', jsonb_build_object('task_id', g) "
-                                        "FROM generate_series(1, 100000) AS g")
+                env.pg.psql(
+                    env.pgb_db,
+                    "INSERT INTO outbox (aggregate_id, topic, payload) SELECT g, "
+                    "'generation.submit', jsonb_build_object('task_id', g) "
+                    "FROM generate_series(1, 100000) AS g",
+                )
         r = common.run_pgbench(env.pg, env.pgb_db, script, 1, env.seconds)
         lat[key] = r.latency_avg_ms
         raw[f"pgbench_{key}"] = r.as_dict()
@@ -604,8 +697,12 @@ def baseline_block(env: BaselineEnv) -> dict[str, Any]:
     hop_key = f"{env.key_prefix}baseline:hop"
     push = _redis_benchmark(env, ["LPUSH", hop_key, REDIS_PAYLOAD], 10_000)
     pop = _redis_benchmark(env, ["BRPOP", hop_key, "1"], 10_000)
-    ev = _redis_benchmark(env, ["EVAL", DRAMATIQ_EVAL, "1", f"{env.key_prefix}baseline:dramatiq", "1",
-                                "__rand_int__", REDIS_PAYLOAD], 10_000, rand=True)
+    ev = _redis_benchmark(
+        env,
+        ["EVAL", DRAMATIQ_EVAL, "1", f"{env.key_prefix}baseline:dramatiq", "1", "__rand_int__", REDIS_PAYLOAD],
+        10_000,
+        rand=True,
+    )
     lat["lpush"], lat["brpop"], lat["eval"] = push["avg_latency_ms"], pop["avg_latency_ms"], ev["avg_latency_ms"]
     lat["hop"] = lat["lpush"] + lat["brpop"]
     raw.update(redis_lpush=push, redis_brpop=pop, redis_eval=ev)
@@ -620,8 +717,18 @@ def baseline_block(env: BaselineEnv) -> dict[str, Any]:
 
 
 def _redis_benchmark(env: BaselineEnv, command: list[str], n: int, rand: bool = False) -> dict[str, float]:
-    cmd = [common.need_tool("redis-benchmark"), "-h", env.redis_host, "-p", str(env.redis_port), "-c", "1",
-           "-n", str(n), "--csv"]
+    cmd = [
+        common.need_tool("redis-benchmark"),
+        "-h",
+        env.redis_host,
+        "-p",
+        str(env.redis_port),
+        "-c",
+        "1",
+        "-n",
+        str(n),
+        "--csv",
+    ]
     if rand:
         cmd += ["-r", "1000000000"]
     res = subprocess.run(cmd + command, capture_output=True, text=True, timeout=120)
@@ -664,9 +771,11 @@ def _s3_latencies(s3: Any, bucket: str, n: int) -> list[float]:
 def baselines_of(block: dict[str, Any], derived_files: int) -> dict[str, float]:
     lat = block["latency_ms"]
     stages = pipeline(derived_files)
-    return {"count": count_baseline(lat, step_counts(stages)),
-            "count_ex_media": count_baseline(lat, step_counts(stages, exclude_media=True)),
-            "anchor": anchor_baseline(lat)}
+    return {
+        "count": count_baseline(lat, step_counts(stages)),
+        "count_ex_media": count_baseline(lat, step_counts(stages, exclude_media=True)),
+        "anchor": anchor_baseline(lat),
+    }
 
 
 # ------------------------------------------------------------------------------------------- the client
@@ -691,8 +800,9 @@ class TaskRun:
     unsent: bool = False
 
 
-async def _one(client: Any, headers: dict[str, str], run: TaskRun, observe: str, interval_s: float,
-               timeout_s: float) -> None:
+async def _one(
+    client: Any, headers: dict[str, str], run: TaskRun, observe: str, interval_s: float, timeout_s: float
+) -> None:
     try:
         run.t_send = time.time()
         r = await client.post("/v1/generations", json=BODY, headers={**headers, "Idempotency-Key": run.key})
@@ -716,8 +826,9 @@ async def _one(client: Any, headers: dict[str, str], run: TaskRun, observe: str,
 
 async def _follow_sse(client: Any, headers: dict[str, str], run: TaskRun, timeout_s: float) -> None:
     parser = SseParser()
-    async with client.stream("GET", f"/v1/generations/{run.task_id}/events", headers=headers,
-                             timeout=timeout_s) as resp:
+    async with client.stream(
+        "GET", f"/v1/generations/{run.task_id}/events", headers=headers, timeout=timeout_s
+    ) as resp:
         if resp.status_code != 200:
             run.error = f"SSE answered {resp.status_code}"
             return
@@ -733,8 +844,7 @@ async def _follow_sse(client: Any, headers: dict[str, str], run: TaskRun, timeou
     run.error = run.error or "the event stream ended without a terminal status"
 
 
-async def _poll_get(client: Any, headers: dict[str, str], run: TaskRun, interval_s: float,
-                    timeout_s: float) -> None:
+async def _poll_get(client: Any, headers: dict[str, str], run: TaskRun, interval_s: float, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         g = await client.get(f"/v1/generations/{run.task_id}", headers=headers)
@@ -748,8 +858,9 @@ async def _poll_get(client: Any, headers: dict[str, str], run: TaskRun, interval
     run.error = "no terminal status before the deadline"
 
 
-async def _drive(api_url: str, api_key: str, runs: list[TaskRun], observe: str, interval_s: float,
-                 timeout_s: float, max_backlog: int) -> dict[str, Any]:
+async def _drive(
+    api_url: str, api_key: str, runs: list[TaskRun], observe: str, interval_s: float, timeout_s: float, max_backlog: int
+) -> dict[str, Any]:
     """Send on schedule (open loop) until done, or until `max_backlog` tasks are in flight (then the rest is not
     sent: the point has shown it cannot keep up, and only makes the drain longer); wait for all to finish."""
     import httpx
@@ -773,7 +884,7 @@ async def _drive(api_url: str, api_key: str, runs: list[TaskRun], observe: str, 
                 await asyncio.sleep(delay)
             if max_backlog and in_flight >= max_backlog:
                 info["stopped_at_backlog"] = {"sent": run.index, "after_s": round(run.scheduled, 2)}
-                for rest in runs[run.index:]:
+                for rest in runs[run.index :]:
                     rest.unsent = True
                 break
             in_flight += 1
@@ -849,8 +960,9 @@ class _Window:
         return self.result
 
 
-def run_point(system: System, label: str, rate: float, n: int, cfg: argparse.Namespace,
-              sample_cpu: bool = True) -> dict[str, Any]:
+def run_point(
+    system: System, label: str, rate: float, n: int, cfg: argparse.Namespace, sample_cpu: bool = True
+) -> dict[str, Any]:
     """Send `n` tasks at `rate`/s (open loop), follow each to its terminal state; then measure."""
     system.check()
     tag = f"{label}-{secrets.token_hex(4)}"
@@ -860,8 +972,17 @@ def run_point(system: System, label: str, rate: float, n: int, cfg: argparse.Nam
     if window:
         window.start()
     t0 = time.time()
-    info = asyncio.run(_drive(system.api_url, system.api_key, runs, cfg.observe, cfg.get_interval_ms / 1000,
-                              cfg.point_timeout, cfg.max_backlog))
+    info = asyncio.run(
+        _drive(
+            system.api_url,
+            system.api_key,
+            runs,
+            cfg.observe,
+            cfg.get_interval_ms / 1000,
+            cfg.point_timeout,
+            cfg.max_backlog,
+        )
+    )
     elapsed = time.time() - t0
     cpu = window.join() if window else {}
     if info.get("stopped_at_backlog"):
@@ -880,19 +1001,22 @@ def _db_extras(system: System, task_ids: list[str]) -> dict[str, dict[str, Any]]
         return out
     with psycopg.connect(system.db_url.replace("+psycopg", ""), autocommit=True) as conn:
         for task_id, received in conn.execute(
-                "SELECT a.task_id::text, min(pe.received_at) FROM provider_events pe "
-                "JOIN task_attempts a ON a.id = pe.matched_attempt_id "
-                "WHERE a.task_id = ANY(%s::uuid[]) AND pe.observation->>'status' = 'succeeded' GROUP BY 1",
-                (task_ids,)):
+            "SELECT a.task_id::text, min(pe.received_at) FROM provider_events pe "
+            "JOIN task_attempts a ON a.id = pe.matched_attempt_id "
+            "WHERE a.task_id = ANY(%s::uuid[]) AND pe.observation->>'status' = 'succeeded' GROUP BY 1",
+            (task_ids,),
+        ):
             out[task_id]["callback_stored"] = received.timestamp()
         for task_id, key in conn.execute(
-                "SELECT task_id::text, provider_request_key FROM task_attempts WHERE task_id = ANY(%s::uuid[])",
-                (task_ids,)):
+            "SELECT task_id::text, provider_request_key FROM task_attempts WHERE task_id = ANY(%s::uuid[])", (task_ids,)
+        ):
             out[task_id]["request_key"] = key
         # the applied transitions' timestamps (what the SSE events carry as `at`; needed with --observe get)
         for task_id, status, at in conn.execute(
-                "SELECT task_id::text, to_status, min(created_at) FROM task_state_events "
-                "WHERE task_id = ANY(%s::uuid[]) AND outcome = 'applied' GROUP BY 1, 2", (task_ids,)):
+            "SELECT task_id::text, to_status, min(created_at) FROM task_state_events "
+            "WHERE task_id = ANY(%s::uuid[]) AND outcome = 'applied' GROUP BY 1, 2",
+            (task_ids,),
+        ):
             out[task_id].setdefault("state_at", {})[status] = at.timestamp()
     return out
 
@@ -938,13 +1062,24 @@ def task_metrics(run: TaskRun, extras: dict[str, Any], job_s: float, sim_created
     return out
 
 
-def analyse_point(system: System, label: str, rate: float, runs: list[TaskRun], elapsed: float,
-                  cpu: dict[str, float], job_s: float, info: dict[str, Any]) -> dict[str, Any]:
+def analyse_point(
+    system: System,
+    label: str,
+    rate: float,
+    runs: list[TaskRun],
+    elapsed: float,
+    cpu: dict[str, float],
+    job_s: float,
+    info: dict[str, Any],
+) -> dict[str, Any]:
     ok = [r for r in runs if r.terminal == "SUCCEEDED" and r.task_id]
     extras = _db_extras(system, [r.task_id for r in ok if r.task_id])
     truth = system.sim_truth()
-    created = {j["request_key"]: _ts(j["created_at"].replace("Z", "+00:00")) for j in truth.get("jobs", [])
-               if j.get("request_key")}
+    created = {
+        j["request_key"]: _ts(j["created_at"].replace("Z", "+00:00"))
+        for j in truth.get("jobs", [])
+        if j.get("request_key")
+    }
     per_task = []
     for r in ok:
         x = extras.get(r.task_id or "", {})
@@ -958,30 +1093,57 @@ def analyse_point(system: System, label: str, rate: float, runs: list[TaskRun], 
     sent = [r for r in runs if math.isfinite(r.t_send)]
     send_span = (max(r.t_send for r in sent) - min(r.t_send for r in sent)) if len(sent) > 1 else 0.0
     completed = completion_rate([r.t_terminal for r in ok])
-    ok_trend, trend = sustained([(r.scheduled, m["overhead_ms"]) for r, m in zip(ok, per_task, strict=True)], len(runs),
-                                offered=rate, completed=completed)
+    ok_trend, trend = sustained(
+        [(r.scheduled, m["overhead_ms"]) for r, m in zip(ok, per_task, strict=True)],
+        len(runs),
+        offered=rate,
+        completed=completed,
+    )
     stopped = info.get("stopped_at_backlog")
     if stopped:
-        trend["reason"] = (f"sending stopped after {stopped['sent']} of {len(runs)} tasks ({stopped['after_s']} s): "
-                           "the backlog reached --max-backlog")
+        trend["reason"] = (
+            f"sending stopped after {stopped['sent']} of {len(runs)} tasks ({stopped['after_s']} s): "
+            "the backlog reached --max-backlog"
+        )
     statuses: dict[str, int] = {}
     for r in runs:
         if not r.unsent:
             statuses[str(r.status_code)] = statuses.get(str(r.status_code), 0) + 1
     return {
-        "label": label, "offered_rate": rate, "tasks": len(runs), "sent": len(sent), "succeeded": len(ok),
+        "label": label,
+        "offered_rate": rate,
+        "tasks": len(runs),
+        "sent": len(sent),
+        "succeeded": len(ok),
         "stopped_at_backlog": stopped,
         "achieved_send_rate": (len(sent) - 1) / send_span if send_span > 0 else math.nan,
         "completion_rate": completed,
-        "elapsed_s": round(elapsed, 2), "sustained": ok_trend, "trend": trend, "summary": summary,
-        "post_statuses": statuses, "errors": [r.error for r in runs if r.error][:5],
-        "error_count": sum(1 for r in runs if r.error), "cpu": cpu,
+        "elapsed_s": round(elapsed, 2),
+        "sustained": ok_trend,
+        "trend": trend,
+        "summary": summary,
+        "post_statuses": statuses,
+        "errors": [r.error for r in runs if r.error][:5],
+        "error_count": sum(1 for r in runs if r.error),
+        "cpu": cpu,
         "get_polls": sum(r.get_polls for r in runs),
-        "client": [{"key": r.key, "task_id": r.task_id, "unsent": r.unsent, "scheduled": r.scheduled,
-                    "t_send": r.t_send,
-                    "t_202": r.t_202, "t_terminal": r.t_terminal, "terminal": r.terminal,
-                    "get_status": r.get_status, "outputs": r.outputs, "error": r.error,
-                    "events": {k: v[0] for k, v in r.events.items()}} for r in runs],
+        "client": [
+            {
+                "key": r.key,
+                "task_id": r.task_id,
+                "unsent": r.unsent,
+                "scheduled": r.scheduled,
+                "t_send": r.t_send,
+                "t_202": r.t_202,
+                "t_terminal": r.t_terminal,
+                "terminal": r.terminal,
+                "get_status": r.get_status,
+                "outputs": r.outputs,
+                "error": r.error,
+                "events": {k: v[0] for k, v in r.events.items()},
+            }
+            for r in runs
+        ],
     }
 
 
@@ -992,7 +1154,8 @@ def correctness_gate(system: System, points: list[dict[str, Any]]) -> dict[str, 
     client = [c for p in points for c in p["client"] if not c["unsent"]]
     created = [c for c in client if c["task_id"]]
     with psycopg.connect(system.db_url.replace("+psycopg", ""), autocommit=True) as conn:
-        row = conn.execute("""
+        row = conn.execute(
+            """
             WITH t AS (SELECT id, status, version, reserved_amount FROM generation_tasks WHERE tenant_id = %(t)s),
                  l AS (SELECT task_id, count(*) FILTER (WHERE entry_type = 'SETTLE') AS s,
                               count(*) FILTER (WHERE entry_type = 'RESERVE') AS r,
@@ -1012,7 +1175,9 @@ def correctness_gate(system: System, points: list[dict[str, Any]]) -> dict[str, 
                                           OR e.np <> e.n),
                    count(*) FILTER (WHERE coalesce(a.n, 0) <> 1)
               FROM t LEFT JOIN l ON l.task_id = t.id LEFT JOIN e ON e.task_id = t.id
-                     LEFT JOIN a ON a.task_id = t.id""", {"t": system.tenant_id}).fetchone()
+                     LEFT JOIN a ON a.task_id = t.id""",
+            {"t": system.tenant_id},
+        ).fetchone()
         tasks, not_ok, reserved, bad_settle, bad_reserve, other_ledger, bad_events, bad_attempts = row
         settles = conn.execute("SELECT count(*) FROM credit_ledger WHERE entry_type = 'SETTLE'").fetchone()[0]
         dead_letters = conn.execute("SELECT count(*) FROM dead_letters").fetchone()[0]
@@ -1025,26 +1190,47 @@ def correctness_gate(system: System, points: list[dict[str, Any]]) -> dict[str, 
     client_errors = [c["error"] for c in client if c["error"]]
     checks = {
         "every POST answered 202": len(created) == len(client) and all(c["t_202"] for c in created),
-        "client saw SUCCEEDED on the stream and on GET, with proxy_mp4, hls, thumbnail":
-            all(c["terminal"] == "SUCCEEDED" and c["get_status"] == "SUCCEEDED"
-                and set(REQUIRED_OUTPUTS) <= set(c["outputs"]) for c in client),
+        "client saw SUCCEEDED on the stream and on GET, with proxy_mp4, hls, thumbnail": all(
+            c["terminal"] == "SUCCEEDED"
+            and c["get_status"] == "SUCCEEDED"
+            and set(REQUIRED_OUTPUTS) <= set(c["outputs"])
+            for c in client
+        ),
         "tasks in the database == tasks created": tasks == len(created),
         "every task SUCCEEDED": not_ok == 0,
         "reserved_amount 0 on every task": reserved == 0,
-        "exactly one SETTLE and one RESERVE per task, no other ledger row":
-            bad_settle == bad_reserve == other_ledger == 0 and settles == tasks,
+        "exactly one SETTLE and one RESERVE per task, no other ledger row": bad_settle
+        == bad_reserve
+        == other_ledger
+        == 0
+        and settles == tasks,
         "no duplicate state transition (applied versions 0..v, no (from, to) twice)": bad_events == 0,
-        "one attempt per task, one sim job per task":
-            bad_attempts == 0 and len(keys) == tasks and all(n == 1 for n in keys),
+        "one attempt per task, one sim job per task": bad_attempts == 0
+        and len(keys) == tasks
+        and all(n == 1 for n in keys),
         "no dead letter, no DEAD outbox row": dead_letters == 0 and dead_outbox == 0,
     }
-    return {"ok": all(checks.values()), "checks": checks, "tasks": tasks, "client_tasks": len(client),
-            "settle_rows": settles, "applied_state_events": applied, "tasks_not_succeeded": not_ok,
-            "tasks_reserved_nonzero": reserved, "tasks_bad_ledger": bad_settle + bad_reserve + other_ledger,
-            "tasks_bad_events": bad_events, "tasks_bad_attempts": bad_attempts, "dead_letters": dead_letters,
-            "dead_outbox": dead_outbox, "sim_jobs": sum(keys), "sim_duplicate_jobs": truth.get("duplicate_jobs"),
-            "bucket_objects": objects, "derived_objects_per_task": derived_per_task,
-            "client_errors": client_errors[:5], "client_error_count": len(client_errors)}
+    return {
+        "ok": all(checks.values()),
+        "checks": checks,
+        "tasks": tasks,
+        "client_tasks": len(client),
+        "settle_rows": settles,
+        "applied_state_events": applied,
+        "tasks_not_succeeded": not_ok,
+        "tasks_reserved_nonzero": reserved,
+        "tasks_bad_ledger": bad_settle + bad_reserve + other_ledger,
+        "tasks_bad_events": bad_events,
+        "tasks_bad_attempts": bad_attempts,
+        "dead_letters": dead_letters,
+        "dead_outbox": dead_outbox,
+        "sim_jobs": sum(keys),
+        "sim_duplicate_jobs": truth.get("duplicate_jobs"),
+        "bucket_objects": objects,
+        "derived_objects_per_task": derived_per_task,
+        "client_errors": client_errors[:5],
+        "client_error_count": len(client_errors),
+    }
 
 
 def _bucket_objects(system: System) -> dict[str, int]:
@@ -1070,9 +1256,11 @@ def _log(msg: str) -> None:
 
 def _brief(p: dict[str, Any]) -> str:
     s = p["summary"]["overhead_ms"]
-    return (f"{p['label']}: {p['succeeded']}/{p['tasks']} (sent {p['sent']}) at {p['offered_rate']:g}/s, overhead p50 "
-            f"{s['p50']:.0f} ms p99 {s['p99']:.0f} ms, completions {p['completion_rate']:.1f}/s, "
-            f"{'sustained' if p['sustained'] else 'NOT sustained'} ({p['elapsed_s']:.0f} s)")
+    return (
+        f"{p['label']}: {p['succeeded']}/{p['tasks']} (sent {p['sent']}) at {p['offered_rate']:g}/s, overhead p50 "
+        f"{s['p50']:.0f} ms p99 {s['p99']:.0f} ms, completions {p['completion_rate']:.1f}/s, "
+        f"{'sustained' if p['sustained'] else 'NOT sustained'} ({p['elapsed_s']:.0f} s)"
+    )
 
 
 def find_load_level(system: System, args: argparse.Namespace, points: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1099,8 +1287,11 @@ def find_load_level(system: System, args: argparse.Namespace, points: list[dict[
         if p["sustained"]:
             found = rate
             break
-    search.update(reached=False, rate=found if found is not None else (rates[-1] if rates else 1.0),
-                  sustained_found=found is not None)
+    search.update(
+        reached=False,
+        rate=found if found is not None else (rates[-1] if rates else 1.0),
+        sustained_found=found is not None,
+    )
     return search
 
 
@@ -1127,24 +1318,52 @@ def run(args: argparse.Namespace) -> int:
         (workdir / name).write_text(text)
     key_prefix = f"bench-e2e-{tag}:"
     ru = urlparse(args.redis_url)
-    system = System(workdir=workdir, db=sys_db, db_url=pg.url(sys_db), redis_url=args.redis_url,
-                    key_prefix=key_prefix, job_seconds=args.job_seconds, worker_threads=args.worker_threads,
-                    pool_size=args.pool_size)
+    system = System(
+        workdir=workdir,
+        db=sys_db,
+        db_url=pg.url(sys_db),
+        redis_url=args.redis_url,
+        key_prefix=key_prefix,
+        job_seconds=args.job_seconds,
+        worker_threads=args.worker_threads,
+        pool_size=args.pool_size,
+    )
     doc: dict[str, Any] = {
-        "benchmark": NAME, "date": started, "machine": common.machine_info(), "git": common.git_info(),
-        "config": {"reps": args.reps, "load_seconds": args.duration, "load_rate": args.load_rate,
-                   "rep_load_rate": args.rep_load_rate, "idle_rate": args.idle_rate, "idle_tasks": args.idle_tasks,
-                   "warmup_tasks": args.warmup_tasks, "job_seconds": args.job_seconds,
-                   "baseline_seconds": args.baseline_seconds, "observe": args.observe,
-                   "get_interval_ms": args.get_interval_ms, "max_backlog": args.max_backlog,
-                   "worker_threads": args.worker_threads,
-                   "pool_size": args.pool_size, "synchronous_commit": sync_commit, "redis_key_prefix": key_prefix,
-                   "scheduler_interval_s": _scheduler_interval(), "consumer_idle_timeout_ms": 100,
-                   "admission_caps": 1024, "sim_faults": "none",
-                   "discard_rule": f"count-based baselines: max(A,B)/min(A,B) - 1 > {common.MAX_BASELINE_DIVERGENCE}",
-                   "step_counts": step_counts(pipeline()), "step_counts_ex_media": step_counts(pipeline(), True)},
-        "targets": {"load_p50_x": TARGET_P50_X, "load_p99_x": TARGET_P99_X, "floor_p50_x": FLOOR_P50_X,
-                    "idle_p99_ms": IDLE_P99_MS},
+        "benchmark": NAME,
+        "date": started,
+        "machine": common.machine_info(),
+        "git": common.git_info(),
+        "config": {
+            "reps": args.reps,
+            "load_seconds": args.duration,
+            "load_rate": args.load_rate,
+            "rep_load_rate": args.rep_load_rate,
+            "idle_rate": args.idle_rate,
+            "idle_tasks": args.idle_tasks,
+            "warmup_tasks": args.warmup_tasks,
+            "job_seconds": args.job_seconds,
+            "baseline_seconds": args.baseline_seconds,
+            "observe": args.observe,
+            "get_interval_ms": args.get_interval_ms,
+            "max_backlog": args.max_backlog,
+            "worker_threads": args.worker_threads,
+            "pool_size": args.pool_size,
+            "synchronous_commit": sync_commit,
+            "redis_key_prefix": key_prefix,
+            "scheduler_interval_s": _scheduler_interval(),
+            "consumer_idle_timeout_ms": 100,
+            "admission_caps": 1024,
+            "sim_faults": "none",
+            "discard_rule": f"count-based baselines: max(A,B)/min(A,B) - 1 > {common.MAX_BASELINE_DIVERGENCE}",
+            "step_counts": step_counts(pipeline()),
+            "step_counts_ex_media": step_counts(pipeline(), True),
+        },
+        "targets": {
+            "load_p50_x": TARGET_P50_X,
+            "load_p99_x": TARGET_P99_X,
+            "floor_p50_x": FLOOR_P50_X,
+            "idle_p99_ms": IDLE_P99_MS,
+        },
     }
     if sync_commit != "on":
         print(f"warning: synchronous_commit is {sync_commit!r}; the headline figure must be durable", file=sys.stderr)
@@ -1152,8 +1371,7 @@ def run(args: argparse.Namespace) -> int:
     reps: list[dict[str, Any]] = []
     code = 0
     created_dbs: list[str] = []
-    _log(f"databases {sys_db} (aivedio) and {pgb_db} (pgbench baselines); Redis prefix {key_prefix}; "
-         f"workdir {workdir}")
+    _log(f"databases {sys_db} (aivedio) and {pgb_db} (pgbench baselines); Redis prefix {key_prefix}; workdir {workdir}")
     try:
         pg.create_db(pgb_db)
         created_dbs.append(pgb_db)
@@ -1164,15 +1382,31 @@ def run(args: argparse.Namespace) -> int:
         created_dbs.append(sys_db)
         system.start()
         _log(f"system up: API {system.api_url}, sim {system.sim_url}, S3 {system.s3_url}")
-        env = BaselineEnv(pg, pgb_db, workdir, args.baseline_seconds, ru.hostname or "127.0.0.1", ru.port or 6379,
-                          key_prefix, "127.0.0.1", system.api_port, system.s3_client(), system.bucket)
+        env = BaselineEnv(
+            pg,
+            pgb_db,
+            workdir,
+            args.baseline_seconds,
+            ru.hostname or "127.0.0.1",
+            ru.port or 6379,
+            key_prefix,
+            "127.0.0.1",
+            system.api_port,
+            system.s3_client(),
+            system.bucket,
+        )
         if args.warmup_tasks:
             w = run_point(system, "warmup", 2.0, args.warmup_tasks, args, sample_cpu=False)
             points.append(w)
             _log(_brief(w))
         if args.rep_load_rate:
-            search = {"reached": args.rep_load_rate >= args.load_rate, "rate": args.rep_load_rate,
-                      "target_rate": args.load_rate, "skipped": True, "probes": []}
+            search = {
+                "reached": args.rep_load_rate >= args.load_rate,
+                "rate": args.rep_load_rate,
+                "target_rate": args.load_rate,
+                "skipped": True,
+                "probes": [],
+            }
         else:
             search = find_load_level(system, args, points)
         doc["load_search"] = search
@@ -1193,17 +1427,29 @@ def run(args: argparse.Namespace) -> int:
             _log(_brief(load))
             _log(f"rep {i}: baseline B")
             b = baseline_block(env)
-            reps.append({"index": i, "baseline_a": a, "baseline_b": b, "idle": _point_doc(idle),
-                         "load": _point_doc(load), "quiet_before": quiet})
+            reps.append(
+                {
+                    "index": i,
+                    "baseline_a": a,
+                    "baseline_b": b,
+                    "idle": _point_doc(idle),
+                    "load": _point_doc(load),
+                    "quiet_before": quiet,
+                }
+            )
         _log("correctness gate")
         gate = correctness_gate(system, points)
         derived = gate["derived_objects_per_task"]
         derived_files = round(derived) if math.isfinite(derived) and derived > 0 else EXPECTED_DERIVED_FILES
         summary, rep_objs = summarize_run(reps, derived_files, args.job_seconds)
-        doc.update(summary=summary, repetitions=[_rep_doc(r, o) for r, o in zip(reps, rep_objs, strict=True)],
-                   gate=gate, derived_files_used=derived_files,
-                   other_points=[_point_doc(p) for p in points if not p["label"].startswith("rep")],
-                   pipeline=[s.__dict__ for s in pipeline(derived_files)])
+        doc.update(
+            summary=summary,
+            repetitions=[_rep_doc(r, o) for r, o in zip(reps, rep_objs, strict=True)],
+            gate=gate,
+            derived_files_used=derived_files,
+            other_points=[_point_doc(p) for p in points if not p["label"].startswith("rep")],
+            pipeline=[s.__dict__ for s in pipeline(derived_files)],
+        )
         if not gate["ok"]:
             code = 1
         elif not any(o.kept for o in rep_objs):
@@ -1251,23 +1497,34 @@ FIGURES = (
 )
 
 
-def summarize_run(reps: list[dict[str, Any]], derived_files: int, job_s: float) -> tuple[dict[str, Any],
-                                                                                         list[Repetition]]:
+def summarize_run(
+    reps: list[dict[str, Any]], derived_files: int, job_s: float
+) -> tuple[dict[str, Any], list[Repetition]]:
     rep_objs: list[Repetition] = []
     for r in reps:
         ba, bb = baselines_of(r["baseline_a"], derived_files), baselines_of(r["baseline_b"], derived_files)
         r["baselines"] = {"a": ba, "b": bb}
-        obj = Repetition(r["index"], ba["count"], r["load"]["summary"]["overhead_ms"]["p50"], bb["count"],
-                         raw={"baselines": r["baselines"]})
+        obj = Repetition(
+            r["index"],
+            ba["count"],
+            r["load"]["summary"]["overhead_ms"]["p50"],
+            bb["count"],
+            raw={"baselines": r["baselines"]},
+        )
         rep_objs.append(obj)
     kept = [(r, o) for r, o in zip(reps, rep_objs, strict=True) if o.kept]
-    kept_anchor = [r for r in reps if common.baselines_agree(r["baselines"]["a"]["anchor"],
-                                                             r["baselines"]["b"]["anchor"])]
-    kept_ex = [r for r in reps if common.baselines_agree(r["baselines"]["a"]["count_ex_media"],
-                                                         r["baselines"]["b"]["count_ex_media"])]
+    kept_anchor = [
+        r for r in reps if common.baselines_agree(r["baselines"]["a"]["anchor"], r["baselines"]["b"]["anchor"])
+    ]
+    kept_ex = [
+        r
+        for r in reps
+        if common.baselines_agree(r["baselines"]["a"]["count_ex_media"], r["baselines"]["b"]["count_ex_media"])
+    ]
 
-    def spread(fn: Callable[[dict[str, Any]], float], among: Sequence[dict[str, Any]] | None = None
-               ) -> dict[str, Any] | None:
+    def spread(
+        fn: Callable[[dict[str, Any]], float], among: Sequence[dict[str, Any]] | None = None
+    ) -> dict[str, Any] | None:
         s = common.summarize(fn(r) for r in (among if among is not None else [r for r, _ in kept]))
         return s.as_dict() if s else None
 
@@ -1277,35 +1534,52 @@ def summarize_run(reps: list[dict[str, Any]], derived_files: int, job_s: float) 
     figures = []
     for point, metric, kind, label in FIGURES:
         for q in ("p50", "p99"):
-            figures.append({
-                "point": point, "metric": metric, "label": label, "q": q, "baseline": kind,
-                "ms": spread(lambda r, p=point, m=metric, q=q: r[p]["summary"][m][q]),
-                "ms_all": spread(lambda r, p=point, m=metric, q=q: r[p]["summary"][m][q], reps),
-                "ratio": spread(lambda r, p=point, m=metric, q=q, k=kind: r[p]["summary"][m][q] / base(r, k),
-                                kept_ex if kind == "count_ex_media" else None),
-                "ratio_all": spread(lambda r, p=point, m=metric, q=q, k=kind: r[p]["summary"][m][q] / base(r, k),
-                                    reps),
-                "ratio_anchor": spread(lambda r, p=point, m=metric, q=q: r[p]["summary"][m][q] / base(r, "anchor"),
-                                       kept_anchor),
-                "kept": len(kept_ex) if kind == "count_ex_media" else len(kept), "kept_anchor": len(kept_anchor),
-            })
+            figures.append(
+                {
+                    "point": point,
+                    "metric": metric,
+                    "label": label,
+                    "q": q,
+                    "baseline": kind,
+                    "ms": spread(lambda r, p=point, m=metric, q=q: r[p]["summary"][m][q]),
+                    "ms_all": spread(lambda r, p=point, m=metric, q=q: r[p]["summary"][m][q], reps),
+                    "ratio": spread(
+                        lambda r, p=point, m=metric, q=q, k=kind: r[p]["summary"][m][q] / base(r, k),
+                        kept_ex if kind == "count_ex_media" else None,
+                    ),
+                    "ratio_all": spread(
+                        lambda r, p=point, m=metric, q=q, k=kind: r[p]["summary"][m][q] / base(r, k), reps
+                    ),
+                    "ratio_anchor": spread(
+                        lambda r, p=point, m=metric, q=q: r[p]["summary"][m][q] / base(r, "anchor"), kept_anchor
+                    ),
+                    "kept": len(kept_ex) if kind == "count_ex_media" else len(kept),
+                    "kept_anchor": len(kept_anchor),
+                }
+            )
     steps = {}
-    for key in ("commit", "hop", "http", "s3", "lpush", "brpop", "create_task", "claim_outbox_1", "transition",
-                "eval"):
-        steps[key] = spread(lambda r, k=key: (r["baseline_a"]["latency_ms"][k]
-                                              + r["baseline_b"]["latency_ms"][k]) / 2, reps)
+    for key in ("commit", "hop", "http", "s3", "lpush", "brpop", "create_task", "claim_outbox_1", "transition", "eval"):
+        steps[key] = spread(
+            lambda r, k=key: (r["baseline_a"]["latency_ms"][k] + r["baseline_b"]["latency_ms"][k]) / 2, reps
+        )
     stages = {}
     for point in ("idle", "load"):
-        stages[point] = {k: {q: spread(lambda r, p=point, k=k, q=q: r[p]["summary"][k][q], reps)
-                             for q in ("p50", "p99")}
-                         for k in [s for s, _ in STAGE_LABELS] + ["sim_late_ms", "post_ms", "media_ms"]}
+        stages[point] = {
+            k: {q: spread(lambda r, p=point, k=k, q=q: r[p]["summary"][k][q], reps) for q in ("p50", "p99")}
+            for k in [s for s, _ in STAGE_LABELS] + ["sim_late_ms", "post_ms", "media_ms"]
+        }
     summary = {
-        "kept": len(kept), "kept_anchor": len(kept_anchor), "total": len(reps), "derived_files": derived_files,
+        "kept": len(kept),
+        "kept_anchor": len(kept_anchor),
+        "total": len(reps),
+        "derived_files": derived_files,
         "job_seconds": job_s,
         "baseline_count_ms": spread(lambda r: base(r, "count"), reps),
         "baseline_count_ex_media_ms": spread(lambda r: base(r, "count_ex_media"), reps),
         "baseline_anchor_ms": spread(lambda r: base(r, "anchor"), reps),
-        "steps_ms": steps, "figures": figures, "stages": stages,
+        "steps_ms": steps,
+        "figures": figures,
+        "stages": stages,
         "load_rate": reps[0]["load"]["offered_rate"] if reps else None,
         "load_sustained": [r["load"]["sustained"] for r in reps],
         "load_completion_rate": spread(lambda r: r["load"]["completion_rate"]),
@@ -1315,11 +1589,15 @@ def summarize_run(reps: list[dict[str, Any]], derived_files: int, job_s: float) 
 
 
 def _rep_doc(r: dict[str, Any], o: Repetition) -> dict[str, Any]:
-    return {**r, "headline_baseline_divergence": o.divergence if math.isfinite(o.divergence) else None,
-            "anchor_baseline_divergence": common.baseline_divergence(r["baselines"]["a"]["anchor"],
-                                                                     r["baselines"]["b"]["anchor"]),
-            "kept": o.kept, "kept_anchor": common.baselines_agree(r["baselines"]["a"]["anchor"],
-                                                                  r["baselines"]["b"]["anchor"])}
+    return {
+        **r,
+        "headline_baseline_divergence": o.divergence if math.isfinite(o.divergence) else None,
+        "anchor_baseline_divergence": common.baseline_divergence(
+            r["baselines"]["a"]["anchor"], r["baselines"]["b"]["anchor"]
+        ),
+        "kept": o.kept,
+        "kept_anchor": common.baselines_agree(r["baselines"]["a"]["anchor"], r["baselines"]["b"]["anchor"]),
+    }
 
 
 # -------------------------------------------------------------------------------------------- output
@@ -1352,11 +1630,13 @@ def _verdict(point: str, label: str, q: str, ms: dict[str, Any] | None, ratio: d
 
 def render(doc: dict[str, Any]) -> str:
     m, g, c = doc["machine"], doc["git"], doc["config"]
-    out = [f"e2e_overhead — {doc['date']} — {m.get('nproc')} CPU {m.get('cpu', '')}, {m.get('memory_gib')} GiB — "
-           f"commit {(g.get('commit') or '?')[:10]}{' (dirty tree)' if g.get('dirty') else ''} — "
-           f"synchronous_commit={c['synchronous_commit']}, observe={c['observe']}, sim job {c['job_seconds']:g} s "
-           f"(subtracted), scheduler tick {c['scheduler_interval_s']:g} s, {c['worker_threads']} worker threads, "
-           f"{c['reps']} reps"]
+    out = [
+        f"e2e_overhead — {doc['date']} — {m.get('nproc')} CPU {m.get('cpu', '')}, {m.get('memory_gib')} GiB — "
+        f"commit {(g.get('commit') or '?')[:10]}{' (dirty tree)' if g.get('dirty') else ''} — "
+        f"synchronous_commit={c['synchronous_commit']}, observe={c['observe']}, sim job {c['job_seconds']:g} s "
+        f"(subtracted), scheduler tick {c['scheduler_interval_s']:g} s, {c['worker_threads']} worker threads, "
+        f"{c['reps']} reps"
+    ]
     sm = doc.get("summary")
     search = doc.get("load_search") or {}
     if not sm:
@@ -1368,8 +1648,10 @@ def render(doc: dict[str, Any]) -> str:
     elif search.get("reached"):
         note = ""
     else:
-        note = (f" ({'highest sustained found' if search.get('sustained_found') else 'lowest probed, NOT sustained'};"
-                f" {search.get('target_rate', LOAD_RATE):g}/s NOT reached)")
+        note = (
+            f" ({'highest sustained found' if search.get('sustained_found') else 'lowest probed, NOT sustained'};"
+            f" {search.get('target_rate', LOAD_RATE):g}/s NOT reached)"
+        )
     load_label = f"load {rate:g}/s{note}" if rate else "load"
     rows = []
     for f in sm["figures"]:
@@ -1386,45 +1668,117 @@ def render(doc: dict[str, Any]) -> str:
         v_anchor = _verdict(f["point"], f["label"], f["q"], f["ms_all"], f["ratio_anchor"])
         if verdict and f["point"] == "load" and v_anchor:
             verdict = f"{verdict}; vs anchor: {v_anchor}"
-        rows.append([point, f["label"], f["q"], ms, msr, f"{ratio}×", ratior, f"{f['kept']}/{n}", f"{anchor}×",
-                     f"{f['kept_anchor']}/{n}", ms_all, f"{ratio_all}×", _target(f["point"], f["label"], f["q"]),
-                     verdict])
+        rows.append(
+            [
+                point,
+                f["label"],
+                f["q"],
+                ms,
+                msr,
+                f"{ratio}×",
+                ratior,
+                f"{f['kept']}/{n}",
+                f"{anchor}×",
+                f"{f['kept_anchor']}/{n}",
+                ms_all,
+                f"{ratio_all}×",
+                _target(f["point"], f["label"], f["q"]),
+                verdict,
+            ]
+        )
     bc, _ = _sp(sm["baseline_count_ms"], 2)
     bce, _ = _sp(sm["baseline_count_ex_media_ms"], 2)
     ba, bar = _sp(sm["baseline_anchor_ms"], 2)
-    out += ["", f"Overhead = terminal seen − 202 − {sm['job_seconds']:g} s, in ms: median over the kept reps of each "
-                f"rep's p50/p99. Ratio = ÷ the count-based baseline of the same rep, mean(A, B) (median {bc} ms; "
-                f"media-excluded figures ÷ {bce} ms); anchor ratio = ÷ the C.4 formula (median {ba} ms), kept on its "
-                "own A/B pair. 'all reps' = median over every repetition, discarded ones included.",
-            table(["point", "figure", "q", "ms", "ms spread", "ratio", "ratio spread", "kept", "anchor ratio",
-                   "kept", "ms, all reps", "ratio, all reps", "target", "verdict"], rows)]
+    out += [
+        "",
+        f"Overhead = terminal seen − 202 − {sm['job_seconds']:g} s, in ms: median over the kept reps of each "
+        f"rep's p50/p99. Ratio = ÷ the count-based baseline of the same rep, mean(A, B) (median {bc} ms; "
+        f"media-excluded figures ÷ {bce} ms); anchor ratio = ÷ the C.4 formula (median {ba} ms), kept on its "
+        "own A/B pair. 'all reps' = median over every repetition, discarded ones included.",
+        table(
+            [
+                "point",
+                "figure",
+                "q",
+                "ms",
+                "ms spread",
+                "ratio",
+                "ratio spread",
+                "kept",
+                "anchor ratio",
+                "kept",
+                "ms, all reps",
+                "ratio, all reps",
+                "target",
+                "verdict",
+            ],
+            rows,
+        ),
+    ]
 
     # load levels
     lv = []
     for p in ([search["attempt"]] if search.get("attempt") else []) + search.get("probes", []):
         s = p["summary"]["overhead_ms"]
-        lv.append([p["label"], fmt(p["offered_rate"]), fmt(p["achieved_send_rate"]), fmt(p["completion_rate"]),
-                   f"{p['succeeded']}/{p['sent']} of {p['tasks']}", fmt(s["p50"], 0), fmt(s["p99"], 0),
-                   fmt(s["max"], 0),
-                   "yes" if p["sustained"] else "NO: " + str(p["trend"].get("reason", "")), fmt(p["elapsed_s"], 0)])
+        lv.append(
+            [
+                p["label"],
+                fmt(p["offered_rate"]),
+                fmt(p["achieved_send_rate"]),
+                fmt(p["completion_rate"]),
+                f"{p['succeeded']}/{p['sent']} of {p['tasks']}",
+                fmt(s["p50"], 0),
+                fmt(s["p99"], 0),
+                fmt(s["max"], 0),
+                "yes" if p["sustained"] else "NO: " + str(p["trend"].get("reason", "")),
+                fmt(p["elapsed_s"], 0),
+            ]
+        )
     for r in doc.get("repetitions", []):
         for key in ("idle", "load"):
             p = r[key]
             s = p["summary"]["overhead_ms"]
-            lv.append([p["label"], fmt(p["offered_rate"]), fmt(p["achieved_send_rate"]), fmt(p["completion_rate"]),
-                       f"{p['succeeded']}/{p['sent']} of {p['tasks']}", fmt(s["p50"], 0), fmt(s["p99"], 0),
-                       fmt(s["max"], 0),
-                       "yes" if p["sustained"] else "NO: " + str(p["trend"].get("reason", "")),
-                       fmt(p["elapsed_s"], 0)])
+            lv.append(
+                [
+                    p["label"],
+                    fmt(p["offered_rate"]),
+                    fmt(p["achieved_send_rate"]),
+                    fmt(p["completion_rate"]),
+                    f"{p['succeeded']}/{p['sent']} of {p['tasks']}",
+                    fmt(s["p50"], 0),
+                    fmt(s["p99"], 0),
+                    fmt(s["max"], 0),
+                    "yes" if p["sustained"] else "NO: " + str(p["trend"].get("reason", "")),
+                    fmt(p["elapsed_s"], 0),
+                ]
+            )
     if lv:
         head = "Load levels (rates in tasks/s; completion rate = finishes/s between the 10th and 90th percentile):"
         if search.get("attempt") and not search.get("reached"):
-            head += (f" {search['target_rate']:g}/s was NOT sustained; saturated completion rate "
-                     f"{fmt(search.get('saturated_completion_rate'))}/s; highest sustained rate found: "
-                     f"{fmt(search['rate']) if search.get('sustained_found') else 'none'}.")
-        out += ["", head, table(["point", "offered /s", "sent /s", "completed /s", "succeeded/sent of planned",
-                                 "p50 ms", "p99 ms", "max ms",
-                                 "sustained", "seconds"], lv)]
+            head += (
+                f" {search['target_rate']:g}/s was NOT sustained; saturated completion rate "
+                f"{fmt(search.get('saturated_completion_rate'))}/s; highest sustained rate found: "
+                f"{fmt(search['rate']) if search.get('sustained_found') else 'none'}."
+            )
+        out += [
+            "",
+            head,
+            table(
+                [
+                    "point",
+                    "offered /s",
+                    "sent /s",
+                    "completed /s",
+                    "succeeded/sent of planned",
+                    "p50 ms",
+                    "p99 ms",
+                    "max ms",
+                    "sustained",
+                    "seconds",
+                ],
+                lv,
+            ),
+        ]
 
     # baselines
     counts, counts_ex = doc["config"]["step_counts"], doc["config"]["step_counts_ex_media"]
@@ -1432,39 +1786,49 @@ def render(doc: dict[str, Any]) -> str:
     counts_ex = {**counts_ex}
     st = sm["steps_ms"]
     brows = []
-    for key, label in (("commit", "durable commit, 1-row INSERT (pgbench c=1)"),
-                       ("hop", "Redis hop: LPUSH + BRPOP, 300 B (redis-benchmark c=1)"),
-                       ("http", "loopback HTTP: GET /healthz on the API, keep-alive"),
-                       ("s3", "S3 PUT 1 KiB to moto (boto3)")):
+    for key, label in (
+        ("commit", "durable commit, 1-row INSERT (pgbench c=1)"),
+        ("hop", "Redis hop: LPUSH + BRPOP, 300 B (redis-benchmark c=1)"),
+        ("http", "loopback HTTP: GET /healthz on the API, keep-alive"),
+        ("s3", "S3 PUT 1 KiB to moto (boto3)"),
+    ):
         med, sp = _sp(st.get(key), 3)
         contrib = st[key]["median"] * counts[key] if st.get(key) else math.nan
         brows.append([label, med, sp, counts[key], counts_ex[key], fmt(contrib, 2)])
-    brows.append(["count-based baseline (Σ count × latency)", bc, _sp(sm["baseline_count_ms"], 2)[1], "", "",
-                  bc])
-    for key, label, mult in (("create_task", "anchor: create_task.sql (pgbench c=1)", 1),
-                             ("claim_outbox_1", "anchor: claim_outbox_1.sql (pgbench c=1)", 1),
-                             ("transition", "anchor: transition.sql (pgbench c=1)", 2),
-                             ("eval", "anchor: Dramatiq-style EVAL (redis-benchmark c=1)", 2)):
+    brows.append(["count-based baseline (Σ count × latency)", bc, _sp(sm["baseline_count_ms"], 2)[1], "", "", bc])
+    for key, label, mult in (
+        ("create_task", "anchor: create_task.sql (pgbench c=1)", 1),
+        ("claim_outbox_1", "anchor: claim_outbox_1.sql (pgbench c=1)", 1),
+        ("transition", "anchor: transition.sql (pgbench c=1)", 2),
+        ("eval", "anchor: Dramatiq-style EVAL (redis-benchmark c=1)", 2),
+    ):
         med, sp = _sp(st.get(key), 3)
         brows.append([label, med, sp, mult, "", fmt(st[key]["median"] * mult, 2) if st.get(key) else "—"])
     brows.append(["C.4 anchor formula (≈ 2.3 ms in performance_anchors)", ba, bar, "", "", ba])
-    out += ["", f"Baseline steps (ms, mean(A, B), median over all reps); counts per task from the code, S3 count = "
-                f"HEAD + PUT raw + GET raw + {sm['derived_files']} derivative objects counted in the bucket:",
-            table(["step", "latency ms", "spread", "count", "count ex media", "contribution ms"], brows)]
+    out += [
+        "",
+        f"Baseline steps (ms, mean(A, B), median over all reps); counts per task from the code, S3 count = "
+        f"HEAD + PUT raw + GET raw + {sm['derived_files']} derivative objects counted in the bucket:",
+        table(["step", "latency ms", "spread", "count", "count ex media", "contribution ms"], brows),
+    ]
 
     # stages
     srows = []
-    for key, label in STAGE_LABELS + (("sim_late_ms", "of which the sim: webhook stored − (sim job created + "
-                                                      "job_seconds)"),
-                                      ("post_ms", "(before the interval) POST → 202")):
+    for key, label in STAGE_LABELS + (
+        ("sim_late_ms", "of which the sim: webhook stored − (sim job created + job_seconds)"),
+        ("post_ms", "(before the interval) POST → 202"),
+    ):
         cells = [label]
         for point in ("idle", "load"):
             for q in ("p50", "p99"):
                 cells.append(_sp(sm["stages"][point][key][q], 1)[0])
         srows.append(cells)
-    out += ["", "Where the time goes (ms; consecutive stages along the path from state-event timestamps, the "
-                "webhook's received_at and the client's clocks; they sum to the headline; median over all reps):",
-            table(["stage", "idle p50", "idle p99", "load p50", "load p99"], srows)]
+    out += [
+        "",
+        "Where the time goes (ms; consecutive stages along the path from state-event timestamps, the "
+        "webhook's received_at and the client's clocks; they sum to the headline; median over all reps):",
+        table(["stage", "idle p50", "idle p99", "load p50", "load p99"], srows),
+    ]
 
     # CPU
     crows = []
@@ -1477,38 +1841,102 @@ def render(doc: dict[str, Any]) -> str:
         def cell(name: str) -> str:
             v = cpu.get(f"{name}_cores")  # noqa: B023 - called within this iteration
             return "—" if v is None else f"{v:.2f} ({v * 1000 / rate_:.0f})"  # noqa: B023 - called within this iteration
-        crows.append([r["load"]["label"], f"{100 * cpu.get('box_busy_fraction', math.nan):.0f} %", cell("api"),
-                      cell("worker"), cell("media_children"), cell("postgres"), cell("pg_shared"), cell("redis"),
-                      cell("sim"), cell("moto"), cell("client"), cell("other")])
+
+        crows.append(
+            [
+                r["load"]["label"],
+                f"{100 * cpu.get('box_busy_fraction', math.nan):.0f} %",
+                cell("api"),
+                cell("worker"),
+                cell("media_children"),
+                cell("postgres"),
+                cell("pg_shared"),
+                cell("redis"),
+                cell("sim"),
+                cell("moto"),
+                cell("client"),
+                cell("other"),
+            ]
+        )
     if crows:
-        out += ["", "CPU during the load points' sending window (cores; CPU ms per task in brackets; media = the "
-                    "worker's ffprobe/ffmpeg children; other = everything else on the shared box):",
-                table(["point", "box busy", "API proc", "worker proc", "media", "PG backends", "PG shared", "redis",
-                       "sim", "moto", "client", "other"], crows)]
+        out += [
+            "",
+            "CPU during the load points' sending window (cores; CPU ms per task in brackets; media = the "
+            "worker's ffprobe/ffmpeg children; other = everything else on the shared box):",
+            table(
+                [
+                    "point",
+                    "box busy",
+                    "API proc",
+                    "worker proc",
+                    "media",
+                    "PG backends",
+                    "PG shared",
+                    "redis",
+                    "sim",
+                    "moto",
+                    "client",
+                    "other",
+                ],
+                crows,
+            ),
+        ]
 
     # per rep
     prow = []
     for r in doc.get("repetitions", []):
         ba_, bb_ = r["baselines"]["a"], r["baselines"]["b"]
-        prow.append([r["index"], fmt(ba_["count"], 2), fmt(bb_["count"], 2),
-                     f"{100 * r['headline_baseline_divergence']:.1f} %" if r["headline_baseline_divergence"] is not None
-                     else "—", fmt(ba_["anchor"], 3), fmt(bb_["anchor"], 3),
-                     f"{100 * r['anchor_baseline_divergence']:.1f} %",
-                     fmt(r["idle"]["summary"]["overhead_ms"]["p50"], 0),
-                     fmt(r["idle"]["summary"]["overhead_ms"]["p99"], 0),
-                     fmt(r["load"]["summary"]["overhead_ms"]["p50"], 0),
-                     fmt(r["load"]["summary"]["overhead_ms"]["p99"], 0),
-                     "yes" if r["kept"] else "DISCARDED", "yes" if r.get("kept_anchor") else "DISCARDED"])
-    out += ["", "Per repetition (baselines in ms; overheads in ms):",
-            table(["rep", "count A", "count B", "A/B differ", "anchor A", "anchor B", "anchor differ", "idle p50",
-                   "idle p99", "load p50", "load p99", "kept (count)", "kept (anchor)"], prow)]
+        prow.append(
+            [
+                r["index"],
+                fmt(ba_["count"], 2),
+                fmt(bb_["count"], 2),
+                f"{100 * r['headline_baseline_divergence']:.1f} %"
+                if r["headline_baseline_divergence"] is not None
+                else "—",
+                fmt(ba_["anchor"], 3),
+                fmt(bb_["anchor"], 3),
+                f"{100 * r['anchor_baseline_divergence']:.1f} %",
+                fmt(r["idle"]["summary"]["overhead_ms"]["p50"], 0),
+                fmt(r["idle"]["summary"]["overhead_ms"]["p99"], 0),
+                fmt(r["load"]["summary"]["overhead_ms"]["p50"], 0),
+                fmt(r["load"]["summary"]["overhead_ms"]["p99"], 0),
+                "yes" if r["kept"] else "DISCARDED",
+                "yes" if r.get("kept_anchor") else "DISCARDED",
+            ]
+        )
+    out += [
+        "",
+        "Per repetition (baselines in ms; overheads in ms):",
+        table(
+            [
+                "rep",
+                "count A",
+                "count B",
+                "A/B differ",
+                "anchor A",
+                "anchor B",
+                "anchor differ",
+                "idle p50",
+                "idle p99",
+                "load p50",
+                "load p99",
+                "kept (count)",
+                "kept (anchor)",
+            ],
+            prow,
+        ),
+    ]
 
     gt = doc.get("gate")
     if gt:
-        out += ["", f"Correctness gate: {'PASS' if gt['ok'] else 'FAIL'} — {gt['tasks']:,} tasks (client "
-                    f"{gt['client_tasks']:,}), SETTLE rows {gt['settle_rows']:,}, applied state events "
-                    f"{gt['applied_state_events']:,}, sim jobs {gt['sim_jobs']:,}, derivative objects per task "
-                    f"{fmt(gt['derived_objects_per_task'])}, client errors {gt['client_error_count']}"]
+        out += [
+            "",
+            f"Correctness gate: {'PASS' if gt['ok'] else 'FAIL'} — {gt['tasks']:,} tasks (client "
+            f"{gt['client_tasks']:,}), SETTLE rows {gt['settle_rows']:,}, applied state events "
+            f"{gt['applied_state_events']:,}, sim jobs {gt['sim_jobs']:,}, derivative objects per task "
+            f"{fmt(gt['derived_objects_per_task'])}, client errors {gt['client_error_count']}",
+        ]
         out += [f"  [{'x' if ok else ' '}] {name}" for name, ok in gt["checks"].items()]
         if gt["client_errors"]:
             out += [f"  first client errors: {gt['client_errors'][:3]}"]

@@ -88,9 +88,13 @@ class Operation:
         return [t for t in self.txs if t.end == "commit" and t.stmts]
 
     def signature(self) -> tuple[Any, ...]:
-        return tuple(tuple((s.sql, s.many, len(s.params) if s.many else 1, batch)
-                           for s, batch in zip(t.stmts, _batches(t.stmts), strict=True))
-                     for t in self.committed())
+        return tuple(
+            tuple(
+                (s.sql, s.many, len(s.params) if s.many else 1, batch)
+                for s, batch in zip(t.stmts, _batches(t.stmts), strict=True)
+            )
+            for t in self.committed()
+        )
 
 
 def _batches(stmts: Sequence[Stmt]) -> list[int | None]:
@@ -181,6 +185,7 @@ class Recorder:
                     raise
                 rec._end(conn, how)
                 return res
+
             return end
 
         @contextlib.contextmanager
@@ -196,10 +201,14 @@ class Recorder:
             rec._pipe(p._conn, 0)
             return orig_sync(p)
 
-        for cls, name, fn in ((psycopg.Cursor, "execute", execute), (psycopg.Cursor, "executemany", executemany),
-                              (psycopg.Connection, "commit", ender(orig_commit, "commit")),
-                              (psycopg.Connection, "rollback", ender(orig_rollback, "rollback")),
-                              (psycopg.Connection, "pipeline", pipeline), (psycopg.Pipeline, "sync", sync)):
+        for cls, name, fn in (
+            (psycopg.Cursor, "execute", execute),
+            (psycopg.Cursor, "executemany", executemany),
+            (psycopg.Connection, "commit", ender(orig_commit, "commit")),
+            (psycopg.Connection, "rollback", ender(orig_rollback, "rollback")),
+            (psycopg.Connection, "pipeline", pipeline),
+            (psycopg.Pipeline, "sync", sync),
+        ):
             self._saved.append((cls, name, cls.__dict__[name]))
             setattr(cls, name, fn)
 
@@ -302,8 +311,10 @@ def choose_structure(ops: Sequence[Operation], label: str, need: int = 2) -> lis
     counts = Counter(o.signature() for o in mine)
     sig, n = max(counts.items(), key=lambda kv: (kv[1], max(i for i, o in enumerate(mine) if o.signature() == kv[0])))
     if n < need:
-        raise BenchError(f"capture: {label}: no two operations sent the same transactions "
-                         f"({len(counts)} different shapes in {len(mine)} operations)")
+        raise BenchError(
+            f"capture: {label}: no two operations sent the same transactions "
+            f"({len(counts)} different shapes in {len(mine)} operations)"
+        )
     if not sig or not any(sig):
         raise BenchError(f"capture: {label}: the operation committed no statement")
     return [o for o in mine if o.signature() == sig]
@@ -335,10 +346,18 @@ def md5_uuid_entity(name: str, prefix: str) -> Entity:
 def text_entity(name: str, prefix: str, suffix: str = "", md5: bool = False) -> Entity:
     """prefix || i || suffix, or prefix || md5(tag || i) with md5=True (then `suffix` is the md5 tag)."""
     if md5:
-        return Entity(name, "text", lambda i: prefix + hashlib.md5(f"{suffix}{i}".encode()).hexdigest(),
-                      lambda ix: f"({q(prefix)} || md5({q(suffix)} || {ix}::text))")
-    return Entity(name, "text", lambda i: f"{prefix}{i}{suffix}",
-                  lambda ix: f"({q(prefix)} || {ix}::text" + (f" || {q(suffix)})" if suffix else ")"))
+        return Entity(
+            name,
+            "text",
+            lambda i: prefix + hashlib.md5(f"{suffix}{i}".encode()).hexdigest(),
+            lambda ix: f"({q(prefix)} || md5({q(suffix)} || {ix}::text))",
+        )
+    return Entity(
+        name,
+        "text",
+        lambda i: f"{prefix}{i}{suffix}",
+        lambda ix: f"({q(prefix)} || {ix}::text" + (f" || {q(suffix)})" if suffix else ")"),
+    )
 
 
 def int_entity(name: str, offset: int) -> Entity:
@@ -385,15 +404,18 @@ def pgbench_safe(sql: str, allowed: set[str]) -> str:
     while i < n:
         c = sql[i]
         if c == "'":
-            e = bool(out) and out[-1] in ("E", "e") and (len(out) < 2 or not (out[-2][-1:].isalnum()
-                                                                              or out[-2][-1:] == "_"))
+            e = (
+                bool(out)
+                and out[-1] in ("E", "e")
+                and (len(out) < 2 or not (out[-2][-1:].isalnum() or out[-2][-1:] == "_"))
+            )
             j, body = i + 1, []
             while True:
                 if j >= n:
-                    raise BenchError(f"unterminated string literal in SQL: {sql[i:i + 80]!r}")
+                    raise BenchError(f"unterminated string literal in SQL: {sql[i : i + 80]!r}")
                 ch = sql[j]
                 if e and ch == "\\":
-                    body.append(sql[j:j + 2])
+                    body.append(sql[j : j + 2])
                     j += 2
                     continue
                 if ch == "'":
@@ -407,7 +429,7 @@ def pgbench_safe(sql: str, allowed: set[str]) -> str:
             text = "".join(body)
             pieces, start = [], 0
             for m in re.finditer(r":(?=" + _VAR_AFTER_COLON.pattern + ")", text):
-                pieces.append(text[start:m.end()])
+                pieces.append(text[start : m.end()])
                 start = m.end()
             pieces.append(text[start:])
             if len(pieces) == 1:
@@ -425,10 +447,12 @@ def pgbench_safe(sql: str, allowed: set[str]) -> str:
                     out.append(":")
                     i += 1
                 continue
-            var = re.match(r"[A-Za-z_][A-Za-z0-9_]*", sql[i + 1:])
+            var = re.match(r"[A-Za-z_][A-Za-z0-9_]*", sql[i + 1 :])
             if var and var.group(0) not in allowed:
-                raise BenchError(f"SQL has ':{var.group(0)}' outside a string literal; pgbench would read it as a "
-                                 f"variable: {sql[max(0, i - 60):i + 40]!r}")
+                raise BenchError(
+                    f"SQL has ':{var.group(0)}' outside a string literal; pgbench would read it as a "
+                    f"variable: {sql[max(0, i - 60) : i + 40]!r}"
+                )
         out.append(c)
         i += 1
     return "".join(out)
@@ -474,7 +498,7 @@ class _Renderer:
                 self.kinds[f"entity {e.name}"] += 1
                 return e.sql(":idx")
         if a not in self.hashes:
-            small = all(-2**31 <= v < 2**31 for v in (a, b))
+            small = all(-(2**31) <= v < 2**31 for v in (a, b))
             self.hashes[a] = (f"h{len(self.hashes)}", small)
         name, small = self.hashes[a]
         self.kinds["per-transaction hash (int)"] += 1
@@ -548,8 +572,10 @@ class _Renderer:
             return la
         expr = self.templated(la, lb, sa, sb, where)
         if expr is None:
-            self.warnings.append(f"{where}: differs between the captures in a way not explained by ids, keys or "
-                                 f"timestamps; replayed as captured: {la[:100]}")
+            self.warnings.append(
+                f"{where}: differs between the captures in a way not explained by ids, keys or "
+                f"timestamps; replayed as captured: {la[:100]}"
+            )
             return la
         return expr
 
@@ -559,14 +585,16 @@ class _Renderer:
         psycopg's literal had (e.g. '{…}'::uuid[] → ARRAY[…]::uuid[]; int2[]/int4[] widened to int8[], since the
         values now follow :idx); the statement's own cast still applies."""
         if len(a) != len(b) or not a:
-            self.warnings.append(f"{where}: array of {len(a)} vs {len(b)} elements in the second capture; replayed as "
-                                 f"captured: {la[:100]}")
+            self.warnings.append(
+                f"{where}: array of {len(a)} vs {len(b)} elements in the second capture; replayed as "
+                f"captured: {la[:100]}"
+            )
             return la
         elems = [self.value(x, y, sa, sb, f"{where}[{k}]") for k, (x, y) in enumerate(zip(a, b, strict=True))]
         m = _ARRAY_CAST.search(la)
         cast = m.group(1) if m else ""
         if re.fullmatch(r"::int[24](\[\])+", cast):  # psycopg picks the smallest type for the captured values
-            cast = "::int8" + cast[len("::int2"):]
+            cast = "::int8" + cast[len("::int2") :]
         return "ARRAY[" + ", ".join(elems) + "]" + cast
 
     def templated(self, la: str, lb: str, sa: _Side, sb: _Side, where: str) -> str | None:
@@ -625,7 +653,7 @@ class _Renderer:
         pos = 0
         for m in re.finditer("|".join(alts), body):
             if m.start() > pos:
-                out.append(("lit", body[pos:m.start()]))
+                out.append(("lit", body[pos : m.start()]))
             kind = m.lastgroup or "lit"
             if kind.startswith("e") and kind[1:].isdigit():
                 kind = "e:" + texts[int(kind[1:])][1]
@@ -719,15 +747,28 @@ class Script:
     tx_round_trips: list[int] = field(default_factory=list)  # per transaction, BEGIN and COMMIT included
 
     def as_dict(self) -> dict[str, Any]:
-        return {"transactions": self.transactions, "statements": self.statements, "round_trips": self.round_trips,
-                "tx_round_trips": self.tx_round_trips,
-                "optional_transactions": {str(k): v for k, v in self.optional.items()},
-                "how_values_vary": self.variables, "warnings": self.warnings, "shape": self.shape,
-                "script": self.text}
+        return {
+            "transactions": self.transactions,
+            "statements": self.statements,
+            "round_trips": self.round_trips,
+            "tx_round_trips": self.tx_round_trips,
+            "optional_transactions": {str(k): v for k, v in self.optional.items()},
+            "how_values_vary": self.variables,
+            "warnings": self.warnings,
+            "shape": self.shape,
+            "script": self.text,
+        }
 
 
-def render_script(a: Operation, b: Operation, literal: Callable[[Any], str], entities: Sequence[Entity], *,
-                  title: str, optional: dict[int, float] | None = None) -> Script:
+def render_script(
+    a: Operation,
+    b: Operation,
+    literal: Callable[[Any], str],
+    entities: Sequence[Entity],
+    *,
+    title: str,
+    optional: dict[int, float] | None = None,
+) -> Script:
     """The committed transactions of `a` (checked against `b`, the same operation on another index) as one
     pgbench script. `optional` maps a transaction's position to the probability it runs in an execution (e.g.
     a re-delivery); `literal` renders a Python value as the driver would (psycopg's sql.Literal)."""
@@ -777,21 +818,44 @@ def render_script(a: Operation, b: Operation, literal: Callable[[Any], str], ent
         shape.append(labels)
         tx_rts.append(round_trips - before)
     head = [f"-- {line}" for line in title.splitlines()]
-    head += ["-- pgbench -n -M prepared -D base=B -D stride=S -D n=0 -D ts=<ms> ...  (each client walks its own range "
-             "of :idx)",
-             "\\set idx :base + :client_id * :stride + :n", "\\set tsn :ts + :n", "\\set n :n + 1"]
+    head += [
+        "-- pgbench -n -M prepared -D base=B -D stride=S -D n=0 -D ts=<ms> ...  (each client walks its own range "
+        "of :idx)",
+        "\\set idx :base + :client_id * :stride + :n",
+        "\\set tsn :ts + :n",
+        "\\set n :n + 1",
+    ]
     for k, (name, small) in enumerate(r.hashes.values()):
-        head.append(f"\\set {name} " + (f"abs(hash(:idx, {1000 + k})) % 2147483647" if small
-                                        else f"hash(:idx, {1000 + k})"))
+        head.append(
+            f"\\set {name} " + (f"abs(hash(:idx, {1000 + k})) % 2147483647" if small else f"hash(:idx, {1000 + k})")
+        )
     for k in optional:
         head.append(f"\\set opt{k} random(1, 1000000)")
-    allowed = {"idx", "tsn", "n", "base", "stride", "ts", "client_id", *(n for n, _ in r.hashes.values()),
-               *(f"opt{k}" for k in optional)}
-    text = "\n".join(head + [pgbench_safe(line, allowed) if not line.startswith("\\") else line
-                             for line in body]) + "\n"
-    return Script(text=text, transactions=len(ta), statements=statements, round_trips=round_trips,
-                  optional=dict(optional), variables=dict(r.kinds), warnings=r.warnings, shape=shape,
-                  tx_round_trips=tx_rts)
+    allowed = {
+        "idx",
+        "tsn",
+        "n",
+        "base",
+        "stride",
+        "ts",
+        "client_id",
+        *(n for n, _ in r.hashes.values()),
+        *(f"opt{k}" for k in optional),
+    }
+    text = (
+        "\n".join(head + [pgbench_safe(line, allowed) if not line.startswith("\\") else line for line in body]) + "\n"
+    )
+    return Script(
+        text=text,
+        transactions=len(ta),
+        statements=statements,
+        round_trips=round_trips,
+        optional=dict(optional),
+        variables=dict(r.kinds),
+        warnings=r.warnings,
+        shape=shape,
+        tx_round_trips=tx_rts,
+    )
 
 
 # ------------------------------------------------------------------------------------------- wire trace
@@ -888,8 +952,12 @@ def sql_label(sql: str) -> str:
             return (f"WITH ({', '.join(writes)}) " if writes else "WITH … ") + sql_label(main)
         m = re.search(r"\)\s*(INSERT INTO|UPDATE|DELETE FROM|SELECT .*? FROM)\s+(\w+)", s, re.I)
         return f"WITH … {m.group(1).split()[0].upper()} {m.group(2)}" if m else s[:40]
-    m = {"INSERT": re.search(r"INSERT INTO (\w+)", s, re.I), "UPDATE": re.search(r"UPDATE (\w+)", s, re.I),
-         "DELETE": re.search(r"DELETE FROM (\w+)", s, re.I), "SELECT": _top_level_from(s)}.get(head)
+    m = {
+        "INSERT": re.search(r"INSERT INTO (\w+)", s, re.I),
+        "UPDATE": re.search(r"UPDATE (\w+)", s, re.I),
+        "DELETE": re.search(r"DELETE FROM (\w+)", s, re.I),
+        "SELECT": _top_level_from(s),
+    }.get(head)
     label = f"{head} {m.group(1)}" if m else s[:40]
     if head == "SELECT" and re.search(r"FOR UPDATE", s, re.I):
         label += " FOR UPDATE"
@@ -945,7 +1013,7 @@ def _split_with(s: str) -> tuple[list[str], str] | None:
             j += 1
         if depth:
             return None
-        ctes.append(s[start:j - 1].strip())
+        ctes.append(s[start : j - 1].strip())
         rest = re.compile(r"\s*,\s*").match(s, j)
         if rest is None:
             return ctes, s[j:].strip()
@@ -1027,8 +1095,12 @@ class WireCounter:
         lines = path.read_text(errors="replace").splitlines()
         path.unlink(missing_ok=True)
         parses = sum(1 for ln in lines if re.match(r"^F\t\d+\tParse\b", ln))
-        return ([sql_label(c) for c in parse_trace(lines, self.prepared)], parses, self._checkouts,
-                ready_for_query(lines))
+        return (
+            [sql_label(c) for c in parse_trace(lines, self.prepared)],
+            parses,
+            self._checkouts,
+            ready_for_query(lines),
+        )
 
     def measure(self, calls: Sequence[Callable[[], Any]]) -> dict[str, Any]:
         """Per operation over `calls`: round trips, Parse messages, checkouts, each statement kind, and the
@@ -1046,17 +1118,25 @@ class WireCounter:
             parses += p
             checkouts += c
         n = max(1, len(calls))
-        return {"operations": len(calls), "round_trips_per_op": round(rts / n, 2),
-                "ready_for_query_per_op": round(rfqs / n, 2),
-                "parse_messages_per_op": round(parses / n, 2), "checkouts_per_op": round(checkouts / n, 2),
-                "statements": {k: round(v / n, 2) for k, v in labels.most_common()}, "sequence": first}
+        return {
+            "operations": len(calls),
+            "round_trips_per_op": round(rts / n, 2),
+            "ready_for_query_per_op": round(rfqs / n, 2),
+            "parse_messages_per_op": round(parses / n, 2),
+            "checkouts_per_op": round(checkouts / n, 2),
+            "statements": {k: round(v / n, 2) for k, v in labels.most_common()},
+            "sequence": first,
+        }
 
 
 # ------------------------------------------------------------------------------------------- row work
 def table_writes(pg: Postgres, db: str) -> dict[str, tuple[int, int, int]]:
     """(inserted, updated, deleted) tuples per table of `db` so far, from pg_stat_user_tables."""
-    out = pg.psql(db, "SELECT pg_stat_clear_snapshot(); SELECT relname, n_tup_ins, n_tup_upd, n_tup_del "
-                      "FROM pg_stat_user_tables ORDER BY relname")
+    out = pg.psql(
+        db,
+        "SELECT pg_stat_clear_snapshot(); SELECT relname, n_tup_ins, n_tup_upd, n_tup_del "
+        "FROM pg_stat_user_tables ORDER BY relname",
+    )
     res = {}
     for line in out.splitlines():
         parts = line.split("|")
@@ -1065,8 +1145,9 @@ def table_writes(pg: Postgres, db: str) -> dict[str, tuple[int, int, int]]:
     return res
 
 
-def settled_writes(pg: Postgres, db: str, changed_from: dict[str, tuple[int, int, int]] | None = None,
-                   timeout_s: float = 6.0) -> dict[str, tuple[int, int, int]]:
+def settled_writes(
+    pg: Postgres, db: str, changed_from: dict[str, tuple[int, int, int]] | None = None, timeout_s: float = 6.0
+) -> dict[str, tuple[int, int, int]]:
     """Table counters once they stop moving (a backend flushes its counts when it exits, a moment after the
     client closed the connection) and, with `changed_from`, once they differ from it."""
     deadline = time.monotonic() + timeout_s
@@ -1100,8 +1181,9 @@ def committed_segments(sequence: Sequence[str]) -> list[list[str]]:
     return out
 
 
-def writes_per_op(before: dict[str, tuple[int, int, int]], after: dict[str, tuple[int, int, int]], ops: int) -> dict[
-        str, list[float]]:
+def writes_per_op(
+    before: dict[str, tuple[int, int, int]], after: dict[str, tuple[int, int, int]], ops: int
+) -> dict[str, list[float]]:
     out = {}
     for t, vals in after.items():
         d = [v - w for v, w in zip(vals, before.get(t, (0, 0, 0)), strict=False)]
@@ -1110,18 +1192,31 @@ def writes_per_op(before: dict[str, tuple[int, int, int]], after: dict[str, tupl
     return out
 
 
-def run_script_n(pg: Postgres, db: str, script: Path, transactions: int, clients: int,
-                 defines: dict[str, Any]) -> str:
+def run_script_n(pg: Postgres, db: str, script: Path, transactions: int, clients: int, defines: dict[str, Any]) -> str:
     """pgbench -t (a fixed count per client), for checking a script does what the product does."""
-    cmd = [need_tool("pgbench"), "-n", "-M", "prepared", "-t", str(transactions), "-c", str(clients), "-j", "1",
-           "-f", str(script)]
+    cmd = [
+        need_tool("pgbench"),
+        "-n",
+        "-M",
+        "prepared",
+        "-t",
+        str(transactions),
+        "-c",
+        str(clients),
+        "-j",
+        "1",
+        "-f",
+        str(script),
+    ]
     for k, v in defines.items():
         cmd += ["-D", f"{k}={v}"]
     res = subprocess.run(cmd + [db], env=pg.env(), capture_output=True, text=True)
     failed = re.search(r"number of failed transactions: (\d+)", res.stdout)
     if res.returncode != 0 or (failed and int(failed.group(1))):
-        raise BenchError(f"the own-transaction script failed under pgbench ({res.returncode}):\n"
-                         f"{res.stderr.strip()[-1500:]}\n{res.stdout.strip()[-500:]}")
+        raise BenchError(
+            f"the own-transaction script failed under pgbench ({res.returncode}):\n"
+            f"{res.stderr.strip()[-1500:]}\n{res.stdout.strip()[-500:]}"
+        )
     return res.stdout
 
 

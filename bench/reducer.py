@@ -66,9 +66,11 @@ from bench.common import BenchError, CpuSampler, Postgres, Repetition, fmt, fmt_
 from bench.own_sql import parse_trace, sql_label  # shared with api_create; the tests import them from here
 
 NAME = "reducer"
-DESCRIPTION = ("provider.status.observed events applied/s (in-process and Dramatiq on Redis) ÷ pgbench at the "
-               "same client count of the minimal transition.sql and of the actor's own transactions (captured at "
-               "run time), 1 and 16 tenants; round trips per event")
+DESCRIPTION = (
+    "provider.status.observed events applied/s (in-process and Dramatiq on Redis) ÷ pgbench at the "
+    "same client count of the minimal transition.sql and of the actor's own transactions (captured at "
+    "run time), 1 and 16 tenants; round trips per event"
+)
 TARGET_RATIO, FLOOR_RATIO, STRETCH_RATIO = 0.50, 0.30, 1.0
 MODES = ("inproc", "dramatiq")
 MODE_LABEL = {"inproc": "in-process", "dramatiq": "Dramatiq/Redis"}
@@ -78,44 +80,84 @@ PROVIDER, MODEL = "benchsim", "bench-v1"
 TASK_VERSION = 5
 RUNNING, SUCCEEDED = 0, 1
 PHASE_NAME = {RUNNING: "RUNNING", SUCCEEDED: "SUCCEEDED"}
-PROMPT = ("a red fox running through fresh snow at dusk, cinematic, 35mm film, shallow depth of field, "
-          "golden hour light, slow tracking shot from the side")
+PROMPT = (
+    "a red fox running through fresh snow at dusk, cinematic, 35mm film, shallow depth of field, "
+    "golden hour light, slow tracking shot from the side"
+)
 PARAMS = f'{{"prompt": "{PROMPT}", "model": "{MODEL}", "duration_s": 5, "resolution": "1080p", "aspect_ratio": "16:9"}}'
 
 
 # ------------------------------------------------------------------------------------------------ options
 #: what --quick changes (options given on the command line win): one repetition at c=16, short points, no secondaries
-QUICK = {"reps": 1, "duration": 4, "clients": "16", "tasks": 200, "roundtrip_events": 6,
-         "actor_inproc": False, "profile": 0}
+QUICK = {
+    "reps": 1,
+    "duration": 4,
+    "clients": "16",
+    "tasks": 200,
+    "roundtrip_events": 6,
+    "actor_inproc": False,
+    "profile": 0,
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(duration=10)
     p.add_argument("--clients", default="4,16", help="comma-separated concurrency levels (default 4,16)")
     p.add_argument("--modes", default="inproc,dramatiq", help="comma-separated: inproc, dramatiq (default both)")
-    p.add_argument("--tenants", default="1,16",
-                   help="comma-separated tenant spreads: each point's tasks (system and own baseline) belong to that "
-                        "many tenants, round robin (default 1,16; at most 16)")
-    p.add_argument("--tasks", type=int, default=800,
-                   help="tasks per measured point: 2 events each plus the duplicates (default 800)")
-    p.add_argument("--warmup-tasks", type=int, default=40,
-                   help="tasks run through each point's engine/actor before its clock starts (default 40)")
-    p.add_argument("--dup-fraction", type=float, default=0.05,
-                   help="re-deliveries of earlier events, as a fraction of the distinct events (default 0.05)")
-    p.add_argument("--lag", type=int, default=1000,
-                   help="minimum distance in the stream between a task's RUNNING and SUCCEEDED (default 1000)")
+    p.add_argument(
+        "--tenants",
+        default="1,16",
+        help="comma-separated tenant spreads: each point's tasks (system and own baseline) belong to that "
+        "many tenants, round robin (default 1,16; at most 16)",
+    )
+    p.add_argument(
+        "--tasks",
+        type=int,
+        default=800,
+        help="tasks per measured point: 2 events each plus the duplicates (default 800)",
+    )
+    p.add_argument(
+        "--warmup-tasks",
+        type=int,
+        default=40,
+        help="tasks run through each point's engine/actor before its clock starts (default 40)",
+    )
+    p.add_argument(
+        "--dup-fraction",
+        type=float,
+        default=0.05,
+        help="re-deliveries of earlier events, as a fraction of the distinct events (default 0.05)",
+    )
+    p.add_argument(
+        "--lag",
+        type=int,
+        default=1000,
+        help="minimum distance in the stream between a task's RUNNING and SUCCEEDED (default 1000)",
+    )
     p.add_argument("--seed", type=int, default=20261130, help="random seed of the event order")
-    p.add_argument("--poll-interval", type=float, default=0.1,
-                   help="seconds between the inbox-count checks that end a Dramatiq point (default 0.1)")
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.1,
+        help="seconds between the inbox-count checks that end a Dramatiq point (default 0.1)",
+    )
     p.add_argument("--point-timeout", type=int, default=240, help="deadline of one Dramatiq point, seconds")
-    p.add_argument("--roundtrip-events", type=int, default=40,
-                   help="events per kind in the SQL round-trip count (0 skips it)")
-    p.add_argument("--no-actor-inproc", dest="actor_inproc", action="store_false",
-                   help="skip the secondary point: the actor function called by plain threads (no Dramatiq)")
+    p.add_argument(
+        "--roundtrip-events", type=int, default=40, help="events per kind in the SQL round-trip count (0 skips it)"
+    )
+    p.add_argument(
+        "--no-actor-inproc",
+        dest="actor_inproc",
+        action="store_false",
+        help="skip the secondary point: the actor function called by plain threads (no Dramatiq)",
+    )
     p.add_argument("--profile", type=int, default=8, help="seconds of py-spy profile of the in-process mode (0 skips)")
     p.add_argument("--profile-threads", type=int, default=4, help="threads of the profiled in-process run")
-    common.add_output_args(p, "one repetition at c=16 (both modes, both tenant spreads), 4 s baselines, 200 tasks "
-                              "per point, no actor-only point or profile: ~2-3 min")
+    common.add_output_args(
+        p,
+        "one repetition at c=16 (both modes, both tenant spreads), 4 s baselines, 200 tasks "
+        "per point, no actor-only point or profile: ~2-3 min",
+    )
     common.add_infra_args(p)
     p.set_defaults(_defaults={k: p.get_default(k) for k in QUICK})
 
@@ -182,10 +224,16 @@ def stream_stats(items: Sequence[StreamItem]) -> dict[str, int]:
         if not it.dup:
             first[(it.task, it.phase)] = pos
     tasks = {t for t, _ in first}
-    gaps = [first[(t, SUCCEEDED)] - first[(t, RUNNING)] for t in tasks if (t, RUNNING) in first
-            and (t, SUCCEEDED) in first]
-    return {"deliveries": len(items), "distinct": len(first), "duplicates": sum(it.dup for it in items),
-            "tasks": len(tasks), "min_running_to_succeeded": min(gaps) if gaps else 0}
+    gaps = [
+        first[(t, SUCCEEDED)] - first[(t, RUNNING)] for t in tasks if (t, RUNNING) in first and (t, SUCCEEDED) in first
+    ]
+    return {
+        "deliveries": len(items),
+        "distinct": len(first),
+        "duplicates": sum(it.dup for it in items),
+        "tasks": len(tasks),
+        "min_running_to_succeeded": min(gaps) if gaps else 0,
+    }
 
 
 # ------------------------------------------------------------------------------------------ the workload
@@ -231,8 +279,9 @@ class Workload:
     """Seeds slices into one aivedio database (bulk SQL, not the API) and builds their envelopes. A slice's
     tasks belong to the first `tenants` of `tenant_ids`, round robin."""
 
-    def __init__(self, db_url: str, tenant_ids: Sequence[uuid.UUID], rng: random.Random, lag: int,
-                 dup_fraction: float) -> None:
+    def __init__(
+        self, db_url: str, tenant_ids: Sequence[uuid.UUID], rng: random.Random, lag: int, dup_fraction: float
+    ) -> None:
         self.db_url, self.tenant_ids, self.rng = db_url, list(tenant_ids), rng
         self.lag, self.dup_fraction = lag, dup_fraction
         self.fence = 0
@@ -252,16 +301,29 @@ class Workload:
         self.fence += n_tasks
         common_args = {"provider": PROVIDER, "model": MODEL, "now": now, "poll_at": now + timedelta(seconds=30)}
         with psycopg.connect(self.db_url, autocommit=True) as conn, conn.transaction():
-            conn.execute(_TASK_SQL, {**common_args, "tenants": self.tenant_ids[:tenants], "n_tenants": tenants,
-                                     "name": name, "version": TASK_VERSION,
-                                     "prompt": PROMPT, "params": PARAMS, "ids": task_ids})
-            conn.execute(_ATTEMPT_SQL, {**common_args, "ids": attempt_ids, "task_ids": task_ids, "jobs": jobs,
-                                        "fences": fences})
+            conn.execute(
+                _TASK_SQL,
+                {
+                    **common_args,
+                    "tenants": self.tenant_ids[:tenants],
+                    "n_tenants": tenants,
+                    "name": name,
+                    "version": TASK_VERSION,
+                    "prompt": PROMPT,
+                    "params": PARAMS,
+                    "ids": task_ids,
+                },
+            )
+            conn.execute(
+                _ATTEMPT_SQL, {**common_args, "ids": attempt_ids, "task_ids": task_ids, "jobs": jobs, "fences": fences}
+            )
         self.tasks += n_tasks
         frac = self.dup_fraction if dup_fraction is None else dup_fraction
         items = build_stream(n_tasks, lag=self.lag, dup_fraction=frac, rng=self.rng)
-        events = [(observation_envelope(t, j, RUNNING, now), observation_envelope(t, j, SUCCEEDED, now))
-                  for t, j in zip(task_ids, jobs, strict=True)]
+        events = [
+            (observation_envelope(t, j, RUNNING, now), observation_envelope(t, j, SUCCEEDED, now))
+            for t, j in zip(task_ids, jobs, strict=True)
+        ]
         envelopes = [events[it.task][it.phase] for it in items]
         sl = Slice(name, task_ids, items, envelopes, stream_stats(items))
         self.slices.append(sl)
@@ -284,17 +346,44 @@ def observation_envelope(task_id: uuid.UUID, job_id: str, phase: int, base: date
 
     webhook_id = f"evt-{new_id().hex}"
     if phase == RUNNING:
-        obs = Observation(job_id=job_id, status=JobStatus.RUNNING, provider_updated_at=base + timedelta(seconds=5),
-                          progress=10, event_id=webhook_id)
+        obs = Observation(
+            job_id=job_id,
+            status=JobStatus.RUNNING,
+            provider_updated_at=base + timedelta(seconds=5),
+            progress=10,
+            event_id=webhook_id,
+        )
     else:
-        outputs = (Output(url=f"https://cdn.example.com/out/{job_id}.mp4?X-Sig={webhook_id}",
-                          expires_at=base + timedelta(hours=1), content_type="video/mp4", size_bytes=18_874_368),)
-        obs = Observation(job_id=job_id, status=JobStatus.SUCCEEDED, provider_updated_at=base + timedelta(seconds=65),
-                          progress=100, outputs=outputs, billed=True, event_id=webhook_id)
+        outputs = (
+            Output(
+                url=f"https://cdn.example.com/out/{job_id}.mp4?X-Sig={webhook_id}",
+                expires_at=base + timedelta(hours=1),
+                content_type="video/mp4",
+                size_bytes=18_874_368,
+            ),
+        )
+        obs = Observation(
+            job_id=job_id,
+            status=JobStatus.SUCCEEDED,
+            provider_updated_at=base + timedelta(seconds=65),
+            progress=100,
+            outputs=outputs,
+            billed=True,
+            event_id=webhook_id,
+        )
     payload = observations.to_payload(PROVIDER, obs, EventSource.CALLBACK, f"wh:{webhook_id}", new_id())
-    return Envelope(event_id=new_id(), event_type=EventType.PROVIDER_STATUS_OBSERVED.value, schema_version=1,
-                    aggregate_id=task_id, aggregate_version=0, tenant_id=None, trace_id=None, causation_id=None,
-                    occurred_at=base, payload=payload)
+    return Envelope(
+        event_id=new_id(),
+        event_type=EventType.PROVIDER_STATUS_OBSERVED.value,
+        schema_version=1,
+        aggregate_id=task_id,
+        aggregate_version=0,
+        tenant_id=None,
+        trace_id=None,
+        causation_id=None,
+        occurred_at=base,
+        payload=payload,
+    )
 
 
 def relay_message(envelope: Any) -> Any:
@@ -303,23 +392,32 @@ def relay_message(envelope: Any) -> Any:
     from aivedio_engine.worker.relay import _message
 
     row = types.SimpleNamespace(
-        id=envelope.event_id, event_type=envelope.event_type, schema_version=envelope.schema_version,
-        aggregate_id=envelope.aggregate_id, aggregate_version=envelope.aggregate_version,
-        tenant_id=envelope.tenant_id, trace_id=envelope.trace_id, causation_id=envelope.causation_id,
-        created_at=envelope.occurred_at, payload=envelope.payload,
-        target=ROUTES[EventType(envelope.event_type)].actor)
+        id=envelope.event_id,
+        event_type=envelope.event_type,
+        schema_version=envelope.schema_version,
+        aggregate_id=envelope.aggregate_id,
+        aggregate_version=envelope.aggregate_version,
+        tenant_id=envelope.tenant_id,
+        trace_id=envelope.trace_id,
+        causation_id=envelope.causation_id,
+        created_at=envelope.occurred_at,
+        payload=envelope.payload,
+        target=ROUTES[EventType(envelope.event_type)].actor,
+    )
     return _message(row)
 
 
 # ------------------------------------------------------------------------------------------ settings / db
-def reducer_settings(database_url: str, *, pool_size: int, worker_threads: int, redis_url: str, key_prefix: str,
-                     data_dir: str) -> Any:
+def reducer_settings(
+    database_url: str, *, pool_size: int, worker_threads: int, redis_url: str, key_prefix: str, data_dir: str
+) -> Any:
     """Distributed mode, as a deployment runs it: PostgreSQL, Redis broker and slots, default durability; the
     pool holds one connection per worker thread."""
     from aivedio_engine.config import load_settings
 
     overrides: dict[str, Any] = {
-        "mode": "distributed", "data_dir": data_dir,
+        "mode": "distributed",
+        "data_dir": data_dir,
         "database": {"url": database_url, "pool_size": pool_size},
         "broker": {"kind": "redis", "url": redis_url, "worker_threads": worker_threads},
         "redis": {"url": redis_url, "key_prefix": key_prefix},
@@ -341,8 +439,9 @@ def inbox_count(db_url: str) -> int:
     from aivedio_engine.services.reducer import CONSUMER_GROUP
 
     with psycopg.connect(db_url, autocommit=True) as conn:
-        return int(conn.execute("SELECT count(*) FROM inbox_dedup WHERE consumer_group = %s",
-                                (CONSUMER_GROUP,)).fetchone()[0])
+        return int(
+            conn.execute("SELECT count(*) FROM inbox_dedup WHERE consumer_group = %s", (CONSUMER_GROUP,)).fetchone()[0]
+        )
 
 
 class _TimedSampler:
@@ -368,14 +467,17 @@ class _TimedSampler:
 
 def system_groups(db: str) -> dict[str, Any]:
     me = os.getpid()
-    return {"bench": lambda pid, comm, cmd: pid == me,
-            "redis": lambda pid, comm, cmd: comm == "redis-server",
-            **common.postgres_groups([db])}
+    return {
+        "bench": lambda pid, comm, cmd: pid == me,
+        "redis": lambda pid, comm, cmd: comm == "redis-server",
+        **common.postgres_groups([db]),
+    }
 
 
 # ------------------------------------------------------------------------------------------ in-process mode
-def run_inproc(engine: Any, envelopes: Sequence[Any], distinct: int, threads: int,
-               sampler: _TimedSampler | None = None) -> dict[str, Any]:
+def run_inproc(
+    engine: Any, envelopes: Sequence[Any], distinct: int, threads: int, sampler: _TimedSampler | None = None
+) -> dict[str, Any]:
     """`threads` threads take the next envelope and call `reducer.reduce_event` until the stream is empty."""
     from aivedio_engine.services import reducer
 
@@ -416,11 +518,20 @@ def run_inproc(engine: Any, envelopes: Sequence[Any], distinct: int, threads: in
     cpu = sampler.stop() if sampler else {}
     t_distinct = state["t_distinct"] or t_end
     elapsed = t_distinct - t0
-    return {"threads": threads, "deliveries": n, "distinct": distinct, "processed": state["processed"],
-            "duplicate": state["duplicate"], "errors": len(errors), "first_errors": errors[:3],
-            "elapsed_s": round(elapsed, 3), "drain_s": round(t_end - t0, 3),
-            "events_per_s": distinct / elapsed if elapsed > 0 and state["processed"] == distinct else math.nan,
-            "deliveries_per_s": n / (t_end - t0) if t_end > t0 else math.nan, "cpu": cpu}
+    return {
+        "threads": threads,
+        "deliveries": n,
+        "distinct": distinct,
+        "processed": state["processed"],
+        "duplicate": state["duplicate"],
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "elapsed_s": round(elapsed, 3),
+        "drain_s": round(t_end - t0, 3),
+        "events_per_s": distinct / elapsed if elapsed > 0 and state["processed"] == distinct else math.nan,
+        "deliveries_per_s": n / (t_end - t0) if t_end > t0 else math.nan,
+        "cpu": cpu,
+    }
 
 
 def inproc_point(settings: Any, sl: Slice, warm: Slice, threads: int, db: str) -> dict[str, Any]:
@@ -449,8 +560,9 @@ def _counting_middleware() -> Any:
             self.ok = self.failed = self.skipped = 0
             self.first_errors: list[str] = []
 
-        def after_process_message(self, broker: Any, message: Any, *, result: Any = None,
-                                  exception: BaseException | None = None) -> None:
+        def after_process_message(
+            self, broker: Any, message: Any, *, result: Any = None, exception: BaseException | None = None
+        ) -> None:
             with self.lock:
                 if exception is None:
                     self.ok += 1
@@ -466,8 +578,9 @@ def _counting_middleware() -> Any:
     return Count()
 
 
-def dramatiq_point(settings: Any, sl: Slice, warm: Slice, threads: int, db: str, db_url: str,
-                   poll_interval: float, timeout_s: float) -> dict[str, Any]:
+def dramatiq_point(
+    settings: Any, sl: Slice, warm: Slice, threads: int, db: str, db_url: str, poll_interval: float, timeout_s: float
+) -> dict[str, Any]:
     """Enqueue the slice on a RedisBroker (as the relay would), then run a Dramatiq worker with `threads`
     threads until every distinct event's inbox row exists; then let it drain the re-deliveries and stop."""
     import dramatiq
@@ -510,8 +623,9 @@ def dramatiq_point(settings: Any, sl: Slice, warm: Slice, threads: int, db: str,
         out["enqueue_s"] = round(time.monotonic() - t, 3)
         target = inbox_count(db_url) + sl.distinct
         broker.emit_after("process_boot")  # as the runtime does: TimeLimit starts its watchdog on it
-        worker = dramatiq.Worker(broker, worker_threads=threads,
-                                 worker_timeout=settings.broker.consumer_idle_timeout_ms)
+        worker = dramatiq.Worker(
+            broker, worker_threads=threads, worker_timeout=settings.broker.consumer_idle_timeout_ms
+        )
         sampler = _TimedSampler(system_groups(db))
         with psycopg.connect(db_url, autocommit=True) as poll:
             count_sql = "SELECT count(*) FROM inbox_dedup WHERE consumer_group = 'reducer'"
@@ -533,15 +647,22 @@ def dramatiq_point(settings: Any, sl: Slice, warm: Slice, threads: int, db: str,
             worker.join()
         t_end = time.monotonic()
         elapsed = t_distinct - t0
-        out.update({
-            "elapsed_s": round(elapsed, 3), "drain_s": round(t_end - t0, 3), "inbox_rows_seen": seen,
-            "inbox_rows_expected": target,
-            "events_per_s": sl.distinct / elapsed if not out["timed_out"] and elapsed > 0 else math.nan,
-            "deliveries_per_s": len(sl.envelopes) / (t_end - t0) if t_end > t0 else math.nan,
-            "acked": counter.ok, "failed": counter.failed, "skipped": counter.skipped,
-            "first_errors": counter.first_errors, "cpu": cpu,
-            "worker_timeout_ms": settings.broker.consumer_idle_timeout_ms,
-        })
+        out.update(
+            {
+                "elapsed_s": round(elapsed, 3),
+                "drain_s": round(t_end - t0, 3),
+                "inbox_rows_seen": seen,
+                "inbox_rows_expected": target,
+                "events_per_s": sl.distinct / elapsed if not out["timed_out"] and elapsed > 0 else math.nan,
+                "deliveries_per_s": len(sl.envelopes) / (t_end - t0) if t_end > t0 else math.nan,
+                "acked": counter.ok,
+                "failed": counter.failed,
+                "skipped": counter.skipped,
+                "first_errors": counter.first_errors,
+                "cpu": cpu,
+                "worker_timeout_ms": settings.broker.consumer_idle_timeout_ms,
+            }
+        )
         return out
     finally:
         if worker is not None:
@@ -584,13 +705,21 @@ def actor_inproc_point(settings: Any, sl: Slice, warm: Slice, threads: int, db: 
             for w in ws:
                 w.join()
             elapsed = time.monotonic() - t0
-            return {"elapsed_s": round(elapsed, 3), "errors": len(errors), "first_errors": errors[:3],
-                    "cpu": sampler.stop() if sampler else {}}
+            return {
+                "elapsed_s": round(elapsed, 3),
+                "errors": len(errors),
+                "first_errors": errors[:3],
+                "cpu": sampler.stop() if sampler else {},
+            }
 
         drive(warm.bodies(), None)
         res = drive(sl.bodies(), _TimedSampler(system_groups(db)))
-        res.update(threads=threads, deliveries=len(sl.envelopes), distinct=sl.distinct,
-                   events_per_s=sl.distinct / res["elapsed_s"] if res["elapsed_s"] > 0 else math.nan)
+        res.update(
+            threads=threads,
+            deliveries=len(sl.envelopes),
+            distinct=sl.distinct,
+            events_per_s=sl.distinct / res["elapsed_s"] if res["elapsed_s"] > 0 else math.nan,
+        )
         return res
     finally:
         ctx.close()
@@ -669,12 +798,17 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
                     sequence += [sql_label(c) for c in got]
         n = len(calls)
         per_label = Counter(sql_label(c) for c in cycles)
-        return {"events": n, "round_trips": len(cycles), "per_event": round(len(cycles) / n, 2),
-                "checkouts_per_event": round(checkouts[0] / n, 2), "sequence": sequence,
-                "parse_messages_per_event": round(parses / n, 2),
-                "statements": {k: round(v / n, 2) for k, v in per_label.most_common()},
-                "redis_commands_per_event": round(sum(redis_calls.values()) / n, 2),
-                "redis_commands": {k: round(v / n, 2) for k, v in redis_calls.most_common()}}
+        return {
+            "events": n,
+            "round_trips": len(cycles),
+            "per_event": round(len(cycles) / n, 2),
+            "checkouts_per_event": round(checkouts[0] / n, 2),
+            "sequence": sequence,
+            "parse_messages_per_event": round(parses / n, 2),
+            "statements": {k: round(v / n, 2) for k, v in per_label.most_common()},
+            "redis_commands_per_event": round(sum(redis_calls.values()) / n, 2),
+            "redis_commands": {k: round(v / n, 2) for k, v in redis_calls.most_common()},
+        }
 
     try:
         warm_pool(ctx.engine, 1)
@@ -688,12 +822,15 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
         traced("r-warm", [lambda e=e: reducer.reduce_event(ctx.engine, e, now()) for e in warm_reduce])
         out: dict[str, Any] = {"connections": len(pgconns)}
         runs = by_phase(reduce_sl, RUNNING)
-        out["reduce_event RUNNING"] = traced("r-run", [lambda e=e: reducer.reduce_event(ctx.engine, e, now())
-                                                        for e in runs])
-        out["reduce_event SUCCEEDED"] = traced("r-succ", [lambda e=e: reducer.reduce_event(ctx.engine, e, now())
-                                                          for e in by_phase(reduce_sl, SUCCEEDED)])
-        out["reduce_event re-delivery"] = traced("r-dup", [lambda e=e: reducer.reduce_event(ctx.engine, e, now())
-                                                           for e in runs])
+        out["reduce_event RUNNING"] = traced(
+            "r-run", [lambda e=e: reducer.reduce_event(ctx.engine, e, now()) for e in runs]
+        )
+        out["reduce_event SUCCEEDED"] = traced(
+            "r-succ", [lambda e=e: reducer.reduce_event(ctx.engine, e, now()) for e in by_phase(reduce_sl, SUCCEEDED)]
+        )
+        out["reduce_event re-delivery"] = traced(
+            "r-dup", [lambda e=e: reducer.reduce_event(ctx.engine, e, now()) for e in runs]
+        )
         traced("a-warm", [lambda b=e.to_dict(): fn(b) for e in warm_actor])  # noqa: B008 - serialized before the traced call
         runs = by_phase(actor_sl, RUNNING)
         out["actor RUNNING"] = traced("a-run", [lambda b=e.to_dict(): fn(b) for e in runs])  # noqa: B008 - serialized before the traced call
@@ -720,12 +857,31 @@ def profile_inproc(settings: Any, sl: Slice, threads: int, seconds: int, workdir
     result: dict[str, Any] = {}
     try:
         warm_pool(engine, threads)
-        load = threading.Thread(target=lambda: result.setdefault(
-            "load", run_inproc(engine, sl.envelopes, sl.distinct, threads)))
+        load = threading.Thread(
+            target=lambda: result.setdefault("load", run_inproc(engine, sl.envelopes, sl.distinct, threads))
+        )
         load.start()
         time.sleep(1.0)
-        spy = subprocess.run([pyspy, "record", "--gil", "-r", "200", "-d", str(seconds), "-f", "raw", "-o", str(raw),
-                              "-p", str(os.getpid())], capture_output=True, text=True, timeout=seconds + 60)
+        spy = subprocess.run(
+            [
+                pyspy,
+                "record",
+                "--gil",
+                "-r",
+                "200",
+                "-d",
+                str(seconds),
+                "-f",
+                "raw",
+                "-o",
+                str(raw),
+                "-p",
+                str(os.getpid()),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+        )
         load.join()
     finally:
         engine.dispose()
@@ -738,8 +894,12 @@ def profile_inproc(settings: Any, sl: Slice, threads: int, seconds: int, workdir
     if not stacks:
         return {"skipped": f"py-spy produced no samples: {spy.stderr.strip()[-300:]}", "load": result.get("load")}
     load_doc = result.get("load", {})
-    return {**summarize_profile(stacks), "seconds": seconds, "threads": threads,
-            "load": {k: load_doc.get(k) for k in ("deliveries", "processed", "errors", "elapsed_s", "events_per_s")}}
+    return {
+        **summarize_profile(stacks),
+        "seconds": seconds,
+        "threads": threads,
+        "load": {k: load_doc.get(k) for k in ("deliveries", "processed", "errors", "elapsed_s", "events_per_s")},
+    }
 
 
 # ------------------------------------------------------------------------------------------ own transaction
@@ -772,13 +932,16 @@ SELECT md5('ra:' || g::text)::uuid, md5('rt:' || g::text)::uuid, 1, %(provider)s
 def own_entities(tenant_ids: Sequence[uuid.UUID], script_tenants: int) -> list[Any]:
     from bench import own_sql
 
-    return [own_sql.choice_entity("tenant", tenant_ids, OWN_TENANTS, script_tenants),
-            own_sql.md5_uuid_entity("task id", "rt:"), own_sql.md5_uuid_entity("attempt id", "ra:"),
-            own_sql.text_entity("provider job id", "job-", "rj:", md5=True),
-            own_sql.text_entity("provider request key", "avd-", "rq:", md5=True),
-            own_sql.text_entity("idempotency key", "rk-", "-x"),
-            own_sql.text_entity("trace id", "", "rtr:", md5=True),
-            own_sql.int_entity("fencing token", 1_000_000)]
+    return [
+        own_sql.choice_entity("tenant", tenant_ids, OWN_TENANTS, script_tenants),
+        own_sql.md5_uuid_entity("task id", "rt:"),
+        own_sql.md5_uuid_entity("attempt id", "ra:"),
+        own_sql.text_entity("provider job id", "job-", "rj:", md5=True),
+        own_sql.text_entity("provider request key", "avd-", "rq:", md5=True),
+        own_sql.text_entity("idempotency key", "rk-", "-x"),
+        own_sql.text_entity("trace id", "", "rtr:", md5=True),
+        own_sql.int_entity("fencing token", 1_000_000),
+    ]
 
 
 def own_job_id(i: int) -> str:
@@ -805,9 +968,19 @@ class OwnReducer:
         import psycopg
 
         now = datetime.now(UTC)
-        args = {"tenants": self.tenant_ids[:tenants], "n_tenants": tenants, "lo": lo, "hi": hi,
-                "version": TASK_VERSION, "model": MODEL, "provider": PROVIDER, "prompt": PROMPT, "params": PARAMS,
-                "now": now, "poll_at": now + timedelta(seconds=30)}
+        args = {
+            "tenants": self.tenant_ids[:tenants],
+            "n_tenants": tenants,
+            "lo": lo,
+            "hi": hi,
+            "version": TASK_VERSION,
+            "model": MODEL,
+            "provider": PROVIDER,
+            "prompt": PROMPT,
+            "params": PARAMS,
+            "now": now,
+            "poll_at": now + timedelta(seconds=30),
+        }
         with psycopg.connect(self.url, autocommit=True) as conn:
             with conn.transaction():
                 conn.execute(_OWN_TASK_SQL, args)
@@ -847,8 +1020,11 @@ class OwnReducer:
             def events(i: int) -> list[dict[str, Any]]:
                 task, job = md5.value(i), own_job_id(i)
                 running = observation_envelope(task, job, RUNNING, base)
-                return [running.to_dict(), observation_envelope(task, job, SUCCEEDED, base).to_dict(),
-                        running.to_dict()]
+                return [
+                    running.to_dict(),
+                    observation_envelope(task, job, SUCCEEDED, base).to_dict(),
+                    running.to_dict(),
+                ]
 
             for body in events(0):  # warm-up
                 fn(body)
@@ -865,23 +1041,30 @@ class OwnReducer:
             ctx.close()
         ops = own_sql.choose_structure(rec.ops, "event")
         self.info["capture"] = {
-            "operations": len(rec.ops), "same_shape": len(ops), "shapes_seen": len({o.signature() for o in rec.ops}),
+            "operations": len(rec.ops),
+            "same_shape": len(ops),
+            "shapes_seen": len({o.signature() for o in rec.ops}),
             "path": "reduce_provider_status actor function (declare_actors) ← RUNNING, SUCCEEDED, RUNNING re-delivered",
-            "product_writes_per_op (ins, upd, del)": product}
+            "product_writes_per_op (ins, upd, del)": product,
+        }
         literal = own_sql.Literals(self.url)
         git = common.git_info()
         self.info["scripts"] = {}
         try:
             for t in sorted(set(tenant_sets)):
                 ents = own_entities(self.tenant_ids, t)
-                title = (f"aivedio reducer: our own transactions, captured {common.utc_now()} at commit "
-                         f"{(git.get('commit') or '?')[:10]}{' (dirty tree)' if git.get('dirty') else ''}\n"
-                         f"from the reduce_provider_status actor: a fresh task's RUNNING, its SUCCEEDED, and with "
-                         f"probability {dup_probability:g} the RUNNING re-delivered; tasks over {t} tenant(s)")
-                script = own_sql.render_script(ops[0], ops[1], literal, ents, title=title,
-                                               optional={2: dup_probability})
-                check = own_sql.render_script(ops[0], ops[1], literal, ents, title=title + " (check)",
-                                              optional={2: 1.0})
+                title = (
+                    f"aivedio reducer: our own transactions, captured {common.utc_now()} at commit "
+                    f"{(git.get('commit') or '?')[:10]}{' (dirty tree)' if git.get('dirty') else ''}\n"
+                    f"from the reduce_provider_status actor: a fresh task's RUNNING, its SUCCEEDED, and with "
+                    f"probability {dup_probability:g} the RUNNING re-delivered; tasks over {t} tenant(s)"
+                )
+                script = own_sql.render_script(
+                    ops[0], ops[1], literal, ents, title=title, optional={2: dup_probability}
+                )
+                check = own_sql.render_script(
+                    ops[0], ops[1], literal, ents, title=title + " (check)", optional={2: 1.0}
+                )
                 path, check_path = workdir / f"own-reducer-t{t}.sql", workdir / f"own-reducer-t{t}-check.sql"
                 path.write_text(script.text)
                 check_path.write_text(check.text)
@@ -890,10 +1073,17 @@ class OwnReducer:
                 self.next += clients * per_client
                 self.seed(lo, self.next - 1, t)
                 before = own_sql.settled_writes(self.pg, self.db)
-                own_sql.run_script_n(self.pg, self.db, check_path, per_client, clients,
-                                     {"base": lo, "stride": per_client, "n": 0, "ts": int(time.time() * 1000)})
-                replay = own_sql.writes_per_op(before, own_sql.settled_writes(self.pg, self.db, before),
-                                               clients * per_client)
+                own_sql.run_script_n(
+                    self.pg,
+                    self.db,
+                    check_path,
+                    per_client,
+                    clients,
+                    {"base": lo, "stride": per_client, "n": 0, "ts": int(time.time() * 1000)},
+                )
+                replay = own_sql.writes_per_op(
+                    before, own_sql.settled_writes(self.pg, self.db, before), clients * per_client
+                )
                 self.scripts[t] = path
                 self.info["scripts"][str(t)] = {**script.as_dict(), "verify": own_sql.compare_writes(product, replay)}
         finally:
@@ -911,15 +1101,28 @@ class OwnReducer:
         self.seed(lo, self.next - 1, tenants)
         seed_s = time.monotonic() - t0
         used0 = self.consumed()
-        res = common.run_pgbench(self.pg, self.db, self.scripts[tenants], clients, duration, sample_cpu=True,
-                                 defines={"base": lo, "stride": stride, "n": 0, "ts": int(time.time() * 1000)})
+        res = common.run_pgbench(
+            self.pg,
+            self.db,
+            self.scripts[tenants],
+            clients,
+            duration,
+            sample_cpu=True,
+            defines={"base": lo, "stride": stride, "n": 0, "ts": int(time.time() * 1000)},
+        )
         used = self.consumed() - used0
         overrun = used < res.transactions
         self.last_tps[tenants] = res.tps * (2.0 if overrun else 1.0)
-        return {**res.as_dict(), "tenants": tenants, "events_per_script": EVENTS_PER_SCRIPT,
-                "events_per_s": math.nan if overrun else res.tps * EVENTS_PER_SCRIPT,
-                "tasks_seeded": clients * stride, "tasks_used": used, "overrun": overrun,
-                "seed_s": round(seed_s, 2)}
+        return {
+            **res.as_dict(),
+            "tenants": tenants,
+            "events_per_script": EVENTS_PER_SCRIPT,
+            "events_per_s": math.nan if overrun else res.tps * EVENTS_PER_SCRIPT,
+            "tasks_seeded": clients * stride,
+            "tasks_used": used,
+            "overrun": overrun,
+            "seed_s": round(seed_s, 2),
+        }
 
 
 # ------------------------------------------------------------------------------------------ correctness
@@ -927,7 +1130,8 @@ def correctness_gate(db_url: str, work: Workload, point_errors: list[str]) -> di
     import psycopg
 
     with psycopg.connect(db_url, autocommit=True) as conn:
-        row = conn.execute("""
+        row = conn.execute(
+            """
             WITH ev AS (SELECT task_id,
                                count(*) FILTER (WHERE outcome = 'applied' AND to_status = 'RUNNING') AS running,
                                count(*) FILTER (WHERE outcome = 'applied'
@@ -949,32 +1153,63 @@ def correctness_gate(db_url: str, work: Workload, point_errors: list[str]) -> di
                      WHERE coalesce(fo.n, 0) <> 1),
                    (SELECT count(*) FROM dead_letters),
                    (SELECT count(*) FROM task_state_events)
-        """, {"v": TASK_VERSION + 2}).fetchone()
-        (tasks, not_fetching, bad_version, attempts_not_done, bad_events, inbox, fetch_rows, bad_fetch, dead,
-         events) = (int(x) for x in row)
-        not_applied = dict(conn.execute(
-            "SELECT outcome, count(*) FROM task_state_events WHERE outcome <> 'applied' GROUP BY outcome").fetchall())
-        digests = dict(conn.execute(
-            "SELECT coalesce(result_digest, '(none)'), count(*) FROM inbox_dedup WHERE consumer_group = 'reducer' "
-            "GROUP BY 1").fetchall())
+        """,
+            {"v": TASK_VERSION + 2},
+        ).fetchone()
+        (
+            tasks,
+            not_fetching,
+            bad_version,
+            attempts_not_done,
+            bad_events,
+            inbox,
+            fetch_rows,
+            bad_fetch,
+            dead,
+            events,
+        ) = (int(x) for x in row)
+        not_applied = dict(
+            conn.execute(
+                "SELECT outcome, count(*) FROM task_state_events WHERE outcome <> 'applied' GROUP BY outcome"
+            ).fetchall()
+        )
+        digests = dict(
+            conn.execute(
+                "SELECT coalesce(result_digest, '(none)'), count(*) FROM inbox_dedup WHERE consumer_group = 'reducer' "
+                "GROUP BY 1"
+            ).fetchall()
+        )
     expected_inbox = work.distinct_events
     checks = {
         "tasks == seeded": tasks == work.tasks,
         "every task OUTPUT_FETCHING at version +2": not_fetching == 0 and bad_version == 0,
         "every attempt SUCCEEDED": attempts_not_done == 0,
         "each task: exactly 1 applied RUNNING and 1 applied OUTPUT_FETCHING event": bad_events == 0,
-        "re-deliveries applied nothing (any extra event row is not 'applied')": events - 2 * tasks == sum(
-            not_applied.values()),
+        "re-deliveries applied nothing (any extra event row is not 'applied')": events - 2 * tasks
+        == sum(not_applied.values()),
         "inbox rows == distinct events": inbox == expected_inbox,
         "fetch.requested outbox rows == tasks, one per task": fetch_rows == tasks and bad_fetch == 0,
         "no dead letter, no consumer error": dead == 0 and not point_errors,
     }
-    return {"ok": all(checks.values()), "checks": checks, "tasks": tasks, "tasks_seeded": work.tasks,
-            "tasks_not_output_fetching": not_fetching, "tasks_bad_version": bad_version,
-            "attempts_not_succeeded": attempts_not_done, "tasks_bad_events": bad_events, "state_events": events,
-            "state_events_not_applied": not_applied, "inbox_rows": inbox, "distinct_events": expected_inbox,
-            "inbox_result_digests": digests, "fetch_requested_rows": fetch_rows, "tasks_bad_fetch": bad_fetch,
-            "dead_letters": dead, "errors": point_errors[:5]}
+    return {
+        "ok": all(checks.values()),
+        "checks": checks,
+        "tasks": tasks,
+        "tasks_seeded": work.tasks,
+        "tasks_not_output_fetching": not_fetching,
+        "tasks_bad_version": bad_version,
+        "attempts_not_succeeded": attempts_not_done,
+        "tasks_bad_events": bad_events,
+        "state_events": events,
+        "state_events_not_applied": not_applied,
+        "inbox_rows": inbox,
+        "distinct_events": expected_inbox,
+        "inbox_result_digests": digests,
+        "fetch_requested_rows": fetch_rows,
+        "tasks_bad_fetch": bad_fetch,
+        "dead_letters": dead,
+        "errors": point_errors[:5],
+    }
 
 
 # ------------------------------------------------------------------------------------------ orchestration
@@ -997,8 +1232,9 @@ class Config:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: str, own_db: str, last: bool,
-                   args: argparse.Namespace) -> tuple[dict[str, Any], dict[tuple[str, int, int, str], Repetition]]:
+def run_repetition(
+    index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: str, own_db: str, last: bool, args: argparse.Namespace
+) -> tuple[dict[str, Any], dict[tuple[str, int, int, str], Repetition]]:
     from aivedio_engine.bootstrap import build_context
     from aivedio_engine.db import migrate
 
@@ -1009,27 +1245,42 @@ def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: s
     point_errors: list[str] = []
 
     def settings_for(threads: int, url: str = sa_url) -> Any:
-        return reducer_settings(url, pool_size=max(1, threads), worker_threads=max(1, threads),
-                                redis_url=cfg.redis_url, key_prefix=cfg.key_prefix, data_dir=str(cfg.workdir / "data"))
+        return reducer_settings(
+            url,
+            pool_size=max(1, threads),
+            worker_threads=max(1, threads),
+            redis_url=cfg.redis_url,
+            key_prefix=cfg.key_prefix,
+            data_dir=str(cfg.workdir / "data"),
+        )
 
     t = time.monotonic()
     pg.create_db(sys_db)
     ctx = build_context(settings_for(2))
     try:
         migrate.upgrade(ctx.engine)
-        tenant_ids = [ctx.tenants.create(f"bench-reducer-{index}-{k}", Decimal(10) ** 9).id
-                      for k in range(max(cfg.tenants))]
+        tenant_ids = [
+            ctx.tenants.create(f"bench-reducer-{index}-{k}", Decimal(10) ** 9).id for k in range(max(cfg.tenants))
+        ]
     finally:
         ctx.close()
     work = Workload(db_url, tenant_ids, random.Random(cfg.seed + index), cfg.lag, cfg.dup_fraction)
-    slices = {(m, c, tn): (work.seed(f"{m}-c{c}-t{tn}", cfg.tasks, tenants=tn),
-                           work.seed(f"{m}-c{c}-t{tn}-warm", cfg.warmup_tasks, tenants=tn))
-              for c in cfg.clients for tn in cfg.tenants for m in cfg.modes}
+    slices = {
+        (m, c, tn): (
+            work.seed(f"{m}-c{c}-t{tn}", cfg.tasks, tenants=tn),
+            work.seed(f"{m}-c{c}-t{tn}-warm", cfg.warmup_tasks, tenants=tn),
+        )
+        for c in cfg.clients
+        for tn in cfg.tenants
+        for m in cfg.modes
+    }
     pg.psql(sys_db, "VACUUM ANALYZE")
     rep_doc["setup_s"] = round(time.monotonic() - t, 1)
     rep_doc["stream"] = next(iter(slices.values()))[0].stats
-    _log(f"rep {index}: {sys_db} migrated, {work.tasks:,} tasks seeded over {max(cfg.tenants)} tenant(s), "
-         f"{sum(s.stats['deliveries'] for s, _ in slices.values()):,} deliveries built ({rep_doc['setup_s']} s)")
+    _log(
+        f"rep {index}: {sys_db} migrated, {work.tasks:,} tasks seeded over {max(cfg.tenants)} tenant(s), "
+        f"{sum(s.stats['deliveries'] for s, _ in slices.values()):,} deliveries built ({rep_doc['setup_s']} s)"
+    )
 
     t = time.monotonic()
     pg.create_db(own_db)
@@ -1038,9 +1289,11 @@ def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: s
     rep_doc["own_transaction"] = own.info
     rep_doc["own_setup_s"] = round(time.monotonic() - t, 1)
     for tn, sc in own.info["scripts"].items():
-        _log(f"rep {index}: own script, {tn} tenant(s): {sc['statements']} statements, {sc['round_trips']} round "
-             f"trips per execution; replays the actor's writes: {'yes' if sc['verify']['ok'] else 'NO'}"
-             + (f"; {len(sc['warnings'])} warning(s)" if sc["warnings"] else ""))
+        _log(
+            f"rep {index}: own script, {tn} tenant(s): {sc['statements']} statements, {sc['round_trips']} round "
+            f"trips per execution; replays the actor's writes: {'yes' if sc['verify']['ok'] else 'NO'}"
+            + (f"; {len(sc['warnings'])} warning(s)" if sc["warnings"] else "")
+        )
         if not sc["verify"]["ok"]:
             point_errors.append(f"own script ({tn} tenants) does not write what the actor writes")
 
@@ -1055,8 +1308,10 @@ def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: s
                 m = common.run_pgbench(pg, pgb_db, minimal, c, cfg.duration, sample_cpu=True).as_dict()
                 o = own.run(tn, c, cfg.duration, m["tps"])
                 if o["overrun"]:
-                    _log(f"{label}: own baseline {name} ran out of fresh tasks ({o['tasks_used']:,} used for "
-                         f"{o['transactions']:,} scripts); its rate is not used")
+                    _log(
+                        f"{label}: own baseline {name} ran out of fresh tasks ({o['tasks_used']:,} used for "
+                        f"{o['transactions']:,} scripts); its rate is not used"
+                    )
                 return {"minimal": m, "own": o}
 
             blocks = [block("A")]
@@ -1064,17 +1319,20 @@ def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: s
             for k, mode in enumerate(cfg.modes):
                 sl, warm = slices[(mode, c, tn)]
                 pg.checkpoint()
-                _log(f"{label}: {MODE_LABEL[mode]} ({sl.stats['deliveries']:,} deliveries, {sl.distinct:,} distinct)"
-                     f" after minimal {blocks[-1]['minimal']['tps']:,.0f} TPS, own "
-                     f"{blocks[-1]['own']['events_per_s']:,.0f} events/s")
+                _log(
+                    f"{label}: {MODE_LABEL[mode]} ({sl.stats['deliveries']:,} deliveries, {sl.distinct:,} distinct)"
+                    f" after minimal {blocks[-1]['minimal']['tps']:,.0f} TPS, own "
+                    f"{blocks[-1]['own']['events_per_s']:,.0f} events/s"
+                )
                 try:
                     if mode == "inproc":
                         res = inproc_point(settings_for(c), sl, warm, c, sys_db)
                         if res["errors"] or res["warmup"]["errors"]:
                             point_errors += res["first_errors"] or [f"{mode} c={c}: warm-up errors"]
                     else:
-                        res = dramatiq_point(settings_for(c), sl, warm, c, sys_db, db_url, cfg.poll_interval,
-                                             cfg.point_timeout)
+                        res = dramatiq_point(
+                            settings_for(c), sl, warm, c, sys_db, db_url, cfg.poll_interval, cfg.point_timeout
+                        )
                         if res["failed"] or res["skipped"] or res["timed_out"]:
                             point_errors += res["first_errors"] or [f"{mode} c={c}: timed out or skipped messages"]
                 except Exception as exc:  # noqa: BLE001 - the point is lost, the run goes on and the gate fails
@@ -1093,9 +1351,11 @@ def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: s
                 rm = Repetition(index, a["minimal"]["tps"], rate, b["minimal"]["tps"], raw=raw)
                 ro = Repetition(index, a["own"]["events_per_s"], rate, b["own"]["events_per_s"], raw=raw)
                 reps[(mode, c, tn, "minimal")], reps[(mode, c, tn, "own")] = rm, ro
-                _log(f"{label}: {mode}: ÷ minimal {rm.ratio:.3f} (differ {100 * rm.divergence:.1f} %"
-                     f"{'' if rm.kept else ', DISCARDED'}), ÷ own {ro.ratio:.3f} (differ {100 * ro.divergence:.1f} %"
-                     f"{'' if ro.kept else ', DISCARDED'}), own ÷ minimal {schema_cost(rm, ro):.3f}")
+                _log(
+                    f"{label}: {mode}: ÷ minimal {rm.ratio:.3f} (differ {100 * rm.divergence:.1f} %"
+                    f"{'' if rm.kept else ', DISCARDED'}), ÷ own {ro.ratio:.3f} (differ {100 * ro.divergence:.1f} %"
+                    f"{'' if ro.kept else ', DISCARDED'}), own ÷ minimal {schema_cost(rm, ro):.3f}"
+                )
             rep_doc["chains"][f"c{c}_t{tn}"] = chain
     if not args.keep_dbs:
         pg.drop_db(own_db)
@@ -1111,8 +1371,10 @@ def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: s
         if args.actor_inproc:
             c = args.profile_threads
             sl, warm = work.seed("actor-inproc", cfg.tasks), work.seed("actor-inproc-warm", cfg.warmup_tasks)
-            _log(f"rep {index}: actor function in-process, {c} threads, no Dramatiq ({sl.stats['deliveries']:,} "
-                 f"deliveries)")
+            _log(
+                f"rep {index}: actor function in-process, {c} threads, no Dramatiq ({sl.stats['deliveries']:,} "
+                f"deliveries)"
+            )
             try:
                 res = actor_inproc_point(settings_for(c), sl, warm, c, sys_db)
                 if res["errors"]:
@@ -1123,22 +1385,27 @@ def run_repetition(index: int, cfg: Config, pg: Postgres, pgb_db: str, sys_db: s
             cfg.extra["actor_inproc"] = res
             _log(f"rep {index}: actor function in-process {res.get('events_per_s', math.nan):,.0f} events/s")
         if args.profile:
-            rate = next((r.system for (m, c, tn, b), r in reps.items() if m == "inproc" and math.isfinite(r.system)),
-                        300.0)
+            rate = next(
+                (r.system for (m, c, tn, b), r in reps.items() if m == "inproc" and math.isfinite(r.system)), 300.0
+            )
             n = max(200, int(rate * (args.profile + 4) / 2))
             sl = work.seed("profile", n)
-            _log(f"rep {index}: py-spy {args.profile} s of the in-process mode, {args.profile_threads} threads "
-                 f"({sl.stats['deliveries']:,} deliveries)")
-            prof = profile_inproc(settings_for(args.profile_threads), sl, args.profile_threads, args.profile,
-                                  cfg.workdir)
+            _log(
+                f"rep {index}: py-spy {args.profile} s of the in-process mode, {args.profile_threads} threads "
+                f"({sl.stats['deliveries']:,} deliveries)"
+            )
+            prof = profile_inproc(
+                settings_for(args.profile_threads), sl, args.profile_threads, args.profile, cfg.workdir
+            )
             cfg.extra["profile"] = prof
             if (prof.get("load") or {}).get("errors"):
                 point_errors.append("profile run: consumer errors")
 
     rep_doc["gate"] = correctness_gate(db_url, work, point_errors)
     for tn, sc in own.info["scripts"].items():
-        rep_doc["gate"]["checks"][f"own script ({tn} tenant(s)) writes the rows the actor writes, per table"] = \
-            sc["verify"]["ok"]
+        rep_doc["gate"]["checks"][f"own script ({tn} tenant(s)) writes the rows the actor writes, per table"] = sc[
+            "verify"
+        ]["ok"]
     rep_doc["gate"]["ok"] = all(rep_doc["gate"]["checks"].values())
     _log(f"rep {index}: correctness gate {'PASS' if rep_doc['gate']['ok'] else 'FAIL'}")
     return rep_doc, reps
@@ -1170,28 +1437,55 @@ def run(args: argparse.Namespace) -> int:
     tag = f"{time.strftime('%Y%m%d%H%M%S')}_{os.getpid()}"
     pgb_db = f"bench_pgb_red_{tag}"
     workdir = Path(tempfile.mkdtemp(prefix="bench-reducer-"))
-    cfg = Config(clients=cfg_clients, modes=modes, tenants=cfg_tenants, tasks=args.tasks,
-                 warmup_tasks=args.warmup_tasks, duration=args.duration, redis_url=args.redis_url,
-                 key_prefix=f"bench-reducer-{tag}:", poll_interval=args.poll_interval,
-                 point_timeout=args.point_timeout, workdir=workdir, lag=args.lag, dup_fraction=args.dup_fraction,
-                 seed=args.seed)
+    cfg = Config(
+        clients=cfg_clients,
+        modes=modes,
+        tenants=cfg_tenants,
+        tasks=args.tasks,
+        warmup_tasks=args.warmup_tasks,
+        duration=args.duration,
+        redis_url=args.redis_url,
+        key_prefix=f"bench-reducer-{tag}:",
+        poll_interval=args.poll_interval,
+        point_timeout=args.point_timeout,
+        workdir=workdir,
+        lag=args.lag,
+        dup_fraction=args.dup_fraction,
+        seed=args.seed,
+    )
     doc: dict[str, Any] = {
-        "benchmark": NAME, "date": started, "machine": common.machine_info(), "git": common.git_info(),
-        "config": {"reps": args.reps, "duration_s": args.duration, "clients": cfg.clients, "modes": modes,
-                   "tenants": cfg.tenants, "quick": args.quick, "quick_changed": quick,
-                   "tasks_per_point": args.tasks, "warmup_tasks_per_point": args.warmup_tasks,
-                   "events_per_task": 2, "dup_fraction": args.dup_fraction, "lag": args.lag, "seed": args.seed,
-                   "poll_interval_s": args.poll_interval, "synchronous_commit": sync_commit,
-                   "redis_key_prefix": cfg.key_prefix, "wait_quiet_s": args.wait_quiet,
-                   "baseline_minimal": "pgbench -n -M prepared -T D -c C -j 2 -f bench/sql/transition.sql "
-                                       "(schema + 100k tasks: bench/sql/create_task_schema.sql); rate = TPS",
-                   "baseline_own": "pgbench -n -M prepared -T D -c C -j 2 -D base=.. -D stride=.. -D n=0 -D ts=.. "
-                                   "-f <own script captured at run time> on fresh tasks of a scratch aivedio database; "
-                                   f"rate = {EVENTS_PER_SCRIPT} events per script execution",
-                   "chain": "per C and tenant spread T: [minimal, own] A, in-process, [..] B, Dramatiq, [..] C; "
-                            "in-process ÷ mean(A, B), Dramatiq ÷ mean(B, C), for each baseline on its own",
-                   "pool_size": "= worker threads", "discard_rule":
-                       f"max(A,B)/min(A,B) - 1 > {common.MAX_BASELINE_DIVERGENCE}"},
+        "benchmark": NAME,
+        "date": started,
+        "machine": common.machine_info(),
+        "git": common.git_info(),
+        "config": {
+            "reps": args.reps,
+            "duration_s": args.duration,
+            "clients": cfg.clients,
+            "modes": modes,
+            "tenants": cfg.tenants,
+            "quick": args.quick,
+            "quick_changed": quick,
+            "tasks_per_point": args.tasks,
+            "warmup_tasks_per_point": args.warmup_tasks,
+            "events_per_task": 2,
+            "dup_fraction": args.dup_fraction,
+            "lag": args.lag,
+            "seed": args.seed,
+            "poll_interval_s": args.poll_interval,
+            "synchronous_commit": sync_commit,
+            "redis_key_prefix": cfg.key_prefix,
+            "wait_quiet_s": args.wait_quiet,
+            "baseline_minimal": "pgbench -n -M prepared -T D -c C -j 2 -f bench/sql/transition.sql "
+            "(schema + 100k tasks: bench/sql/create_task_schema.sql); rate = TPS",
+            "baseline_own": "pgbench -n -M prepared -T D -c C -j 2 -D base=.. -D stride=.. -D n=0 -D ts=.. "
+            "-f <own script captured at run time> on fresh tasks of a scratch aivedio database; "
+            f"rate = {EVENTS_PER_SCRIPT} events per script execution",
+            "chain": "per C and tenant spread T: [minimal, own] A, in-process, [..] B, Dramatiq, [..] C; "
+            "in-process ÷ mean(A, B), Dramatiq ÷ mean(B, C), for each baseline on its own",
+            "pool_size": "= worker threads",
+            "discard_rule": f"max(A,B)/min(A,B) - 1 > {common.MAX_BASELINE_DIVERGENCE}",
+        },
         "targets": {"ratio": TARGET_RATIO, "floor": FLOOR_RATIO, "stretch_micro_batching": STRETCH_RATIO},
     }
     if sync_commit != "on":
@@ -1271,8 +1565,12 @@ def summary_doc(all_reps: dict[tuple[str, int, int, str], list[Repetition]], cfg
         mins, owns = all_reps[(mode, c, tn, "minimal")], all_reps[(mode, c, tn, "own")]
         pairs = list(zip(mins, owns, strict=False))
         points[f"{mode}_c{c}_t{tn}"] = {
-            "mode": mode, "clients": c, "tenants": tn, "total": len(mins),
-            "kept_minimal": len(common.kept(mins)), "kept_own": len(common.kept(owns)),
+            "mode": mode,
+            "clients": c,
+            "tenants": tn,
+            "total": len(mins),
+            "kept_minimal": len(common.kept(mins)),
+            "kept_own": len(common.kept(owns)),
             "kept_both": sum(1 for m, o in pairs if m.kept and o.kept),
             "ratio_vs_minimal": sp([m.ratio for m in mins if m.kept]),
             "client_path_cost": sp([o.ratio for o in owns if o.kept]),
@@ -1280,13 +1578,15 @@ def summary_doc(all_reps: dict[tuple[str, int, int, str], list[Repetition]], cfg
             "events_per_s": sp([m.system for m, o in pairs if m.kept or o.kept]),
             "minimal_tps_mean": sp([(m.a + m.b) / 2 for m in mins if m.kept]),
             "own_events_per_s_mean": sp([(o.a + o.b) / 2 for o in owns if o.kept]),
-            "per_rep": [{"minimal": m.as_dict(), "own": o.as_dict(), "schema_cost": schema_cost(m, o)}
-                        for m, o in pairs],
+            "per_rep": [
+                {"minimal": m.as_dict(), "own": o.as_dict(), "schema_cost": schema_cost(m, o)} for m, o in pairs
+            ],
         }
 
     def works(mode: str) -> bool:
-        return mode in cfg.modes and all(math.isfinite(r.system) for (m, *_), rs in all_reps.items() if m == mode
-                                         for r in rs)
+        return mode in cfg.modes and all(
+            math.isfinite(r.system) for (m, *_), rs in all_reps.items() if m == mode for r in rs
+        )
 
     headline = next((m for m in HEADLINE_PREFERENCE if works(m)), cfg.modes[0])
     return {"summary": {"headline": headline, "points": points}}
@@ -1299,35 +1599,46 @@ def round_trip_summary(doc: dict[str, Any]) -> dict[str, Any]:
     rt = (doc.get("extra") or {}).get("round_trips") or {}
     for k, v in rt.items():
         if isinstance(v, dict):
-            out[k] = {"round_trips": v["per_event"], "checkouts": v.get("checkouts_per_event"),
-                      "parse_messages": v["parse_messages_per_event"], "redis_commands": v["redis_commands_per_event"],
-                      "sequence": v.get("sequence")}
+            out[k] = {
+                "round_trips": v["per_event"],
+                "checkouts": v.get("checkouts_per_event"),
+                "parse_messages": v["parse_messages_per_event"],
+                "redis_commands": v["redis_commands_per_event"],
+                "sequence": v.get("sequence"),
+            }
     own = doc.get("own_transaction") or {}
     for _t, sc in (own.get("scripts") or {}).items():
-        for name, n, shape in zip(("RUNNING", "SUCCEEDED", "re-delivery"), sc.get("tx_round_trips", []),
-                                  sc.get("shape", []), strict=False):
+        for name, n, shape in zip(
+            ("RUNNING", "SUCCEEDED", "re-delivery"), sc.get("tx_round_trips", []), sc.get("shape", []), strict=False
+        ):
             out[f"own script {name} (pgbench)"] = {"round_trips": n, "sequence": ["BEGIN", *shape, "COMMIT"]}
         break
     out["minimal transition.sql (pgbench)"] = {
-        "round_trips": common.script_round_trips((common.SQL_DIR / "transition.sql").read_text())}
+        "round_trips": common.script_round_trips((common.SQL_DIR / "transition.sql").read_text())
+    }
     return out
 
 
 # ------------------------------------------------------------------------------------------------ output
 def render(doc: dict[str, Any]) -> str:
     m, g, cfg = doc["machine"], doc["git"], doc["config"]
-    head = (f"reducer — {doc['date']} — {m.get('nproc')} CPU {m.get('cpu', '')}, {m.get('memory_gib')} GiB — "
-            f"commit {(g.get('commit') or '?')[:10]}{' (dirty tree)' if g.get('dirty') else ''} — "
-            f"synchronous_commit={cfg['synchronous_commit']}, {cfg['reps']} reps, pgbench {cfg['duration_s']} s per "
-            f"baseline, {cfg['tasks_per_point']:,} tasks per point (2 events each + {100 * cfg['dup_fraction']:.0f} % "
-            f"re-deliveries){' — QUICK' if cfg.get('quick') else ''}")
+    head = (
+        f"reducer — {doc['date']} — {m.get('nproc')} CPU {m.get('cpu', '')}, {m.get('memory_gib')} GiB — "
+        f"commit {(g.get('commit') or '?')[:10]}{' (dirty tree)' if g.get('dirty') else ''} — "
+        f"synchronous_commit={cfg['synchronous_commit']}, {cfg['reps']} reps, pgbench {cfg['duration_s']} s per "
+        f"baseline, {cfg['tasks_per_point']:,} tasks per point (2 events each + {100 * cfg['dup_fraction']:.0f} % "
+        f"re-deliveries){' — QUICK' if cfg.get('quick') else ''}"
+    )
     out = [head]
     sm = doc.get("summary")
     if not sm:
         return "\n".join(out + ["", f"no result: {doc.get('error', '?')}"])
     headline = sm["headline"]
-    out += ["", f"Headline mode: {MODE_LABEL[headline]}. Minimal = transition.sql (TPS = transitions/s); own = the "
-                f"actor's own transactions replayed by pgbench ({EVENTS_PER_SCRIPT} events per execution)."]
+    out += [
+        "",
+        f"Headline mode: {MODE_LABEL[headline]}. Minimal = transition.sql (TPS = transitions/s); own = the "
+        f"actor's own transactions replayed by pgbench ({EVENTS_PER_SCRIPT} events per execution).",
+    ]
 
     def sp(d: dict[str, Any] | None) -> common.Spread | None:
         return common.Spread(d["median"], d["min"], d["max"], d["n"]) if d else None
@@ -1336,16 +1647,44 @@ def render(doc: dict[str, Any]) -> str:
     for p in sm["points"].values():
         mark = " ★" if p["mode"] == headline else ""
         cells = []
-        for metric, digits in (("ratio_vs_minimal", 3), ("schema_cost", 3), ("client_path_cost", 3),
-                               ("events_per_s", 2), ("minimal_tps_mean", 2), ("own_events_per_s_mean", 2)):
+        for metric, digits in (
+            ("ratio_vs_minimal", 3),
+            ("schema_cost", 3),
+            ("client_path_cost", 3),
+            ("events_per_s", 2),
+            ("minimal_tps_mean", 2),
+            ("own_events_per_s_mean", 2),
+        ):
             med, spread = fmt_spread(sp(p[metric]), digits)
             cells.append(med if spread in ("—", f"{med} – {med}") else f"{med} ({spread})")
-        rows.append([f"{MODE_LABEL[p['mode']]}{mark}", p["clients"], p["tenants"], *cells,
-                     f"{p['kept_minimal']}/{p['kept_own']}/{p['kept_both']} of {p['total']}"])
-    out += ["", table(["mode", "c", "tenants", "÷ minimal (target ≥ 0.5)", "schema cost own ÷ minimal",
-                       "client-path cost ÷ own", "events/s", "minimal TPS", "own events/s",
-                       "kept min/own/both"], rows),
-            "(median, and the spread in brackets when there are several kept repetitions)"]
+        rows.append(
+            [
+                f"{MODE_LABEL[p['mode']]}{mark}",
+                p["clients"],
+                p["tenants"],
+                *cells,
+                f"{p['kept_minimal']}/{p['kept_own']}/{p['kept_both']} of {p['total']}",
+            ]
+        )
+    out += [
+        "",
+        table(
+            [
+                "mode",
+                "c",
+                "tenants",
+                "÷ minimal (target ≥ 0.5)",
+                "schema cost own ÷ minimal",
+                "client-path cost ÷ own",
+                "events/s",
+                "minimal TPS",
+                "own events/s",
+                "kept min/own/both",
+            ],
+            rows,
+        ),
+        "(median, and the spread in brackets when there are several kept repetitions)",
+    ]
 
     modes_run = [m_ for m_ in MODES if m_ in cfg["modes"]]
     hdr, per = ["rep", "c", "tenants", "A minimal / own"], []
@@ -1364,29 +1703,53 @@ def render(doc: dict[str, Any]) -> str:
                 row += [fmt((chain.get(mode) or {}).get("events_per_s")), both(chain.get("BC"[k]))]
             per.append(row)
     if per:
-        out += ["", "Per repetition, in run order (chain A → " + " → ".join(
-            f"{MODE_LABEL[m_]} → {'BC'[k]}" for k, m_ in enumerate(modes_run)) + "):", table(hdr, per)]
+        out += [
+            "",
+            "Per repetition, in run order (chain A → "
+            + " → ".join(f"{MODE_LABEL[m_]} → {'BC'[k]}" for k, m_ in enumerate(modes_run))
+            + "):",
+            table(hdr, per),
+        ]
     ratio_rows = []
     for p in sm["points"].values():
         for r in p["per_rep"]:
             for base in ("minimal", "own"):
                 x = r[base]
                 div = x["baseline_divergence"]
-                ratio_rows.append([x["index"], MODE_LABEL[p["mode"]], p["clients"], p["tenants"], base,
-                                   fmt(x["baseline_a"]), fmt(x["system"]), fmt(x["baseline_b"]),
-                                   f"{100 * div:.1f} %" if div is not None else "—", fmt(x["ratio"], 3),
-                                   "yes" if x["kept"] else "DISCARDED"])
+                ratio_rows.append(
+                    [
+                        x["index"],
+                        MODE_LABEL[p["mode"]],
+                        p["clients"],
+                        p["tenants"],
+                        base,
+                        fmt(x["baseline_a"]),
+                        fmt(x["system"]),
+                        fmt(x["baseline_b"]),
+                        f"{100 * div:.1f} %" if div is not None else "—",
+                        fmt(x["ratio"], 3),
+                        "yes" if x["kept"] else "DISCARDED",
+                    ]
+                )
     ratio_rows.sort(key=lambda x: (x[0], x[2], x[3], x[1], x[4]))
-    out += ["", "Ratios per repetition (each against the two baselines of its kind around it):",
-            table(["rep", "mode", "c", "tenants", "baseline", "before", "events/s", "after", "A/B differ", "ratio",
-                   "kept"], ratio_rows)]
+    out += [
+        "",
+        "Ratios per repetition (each against the two baselines of its kind around it):",
+        table(
+            ["rep", "mode", "c", "tenants", "baseline", "before", "events/s", "after", "A/B differ", "ratio", "kept"],
+            ratio_rows,
+        ),
+    ]
 
     cpu_rows = []
     for rep in doc.get("repetitions", []):
         for key, chain in rep["chains"].items():
             for name, point in chain.items():
-                subs = ([(f"{name} minimal", point.get("minimal")), (f"{name} own", point.get("own"))]
-                        if name in ("A", "B", "C") else [(MODE_LABEL.get(name, name), point)])
+                subs = (
+                    [(f"{name} minimal", point.get("minimal")), (f"{name} own", point.get("own"))]
+                    if name in ("A", "B", "C")
+                    else [(MODE_LABEL.get(name, name), point)]
+                )
                 for label, pt in subs:
                     cpu = (pt or {}).get("cpu")
                     if not cpu:
@@ -1403,16 +1766,26 @@ def render(doc: dict[str, Any]) -> str:
                         ok = rate and isinstance(rate, (int, float)) and math.isfinite(rate)
                         return f"{cores:.2f} ({cores * 1e6 / rate:.0f})" if ok else f"{cores:.2f}"
 
-                    cpu_rows.append([f"rep {rep['index']} {key} {label}", fmt(rate),
-                                     f"{100 * cpu.get('box_busy_fraction', math.nan):.0f} %",
-                                     f"{cpu['other_cores']:.2f}", cell("pgbench", "bench"), cell("postgres"),
-                                     cell("pg_shared"), cell("redis")])
+                    cpu_rows.append(
+                        [
+                            f"rep {rep['index']} {key} {label}",
+                            fmt(rate),
+                            f"{100 * cpu.get('box_busy_fraction', math.nan):.0f} %",
+                            f"{cpu['other_cores']:.2f}",
+                            cell("pgbench", "bench"),
+                            cell("postgres"),
+                            cell("pg_shared"),
+                            cell("redis"),
+                        ]
+                    )
     if cpu_rows:
-        out += ["", "Where the CPU goes (cores, sampled over each point; CPU µs per event, per transaction (minimal) "
-                    "or per script execution (own) in brackets; 'client' = pgbench or this Python process; 'other' "
-                    "= everything else on the shared box):",
-                table(["point", "rate/s", "box busy", "other", "client", "PG backends", "PG shared", "redis"],
-                      cpu_rows)]
+        out += [
+            "",
+            "Where the CPU goes (cores, sampled over each point; CPU µs per event, per transaction (minimal) "
+            "or per script execution (own) in brackets; 'client' = pgbench or this Python process; 'other' "
+            "= everything else on the shared box):",
+            table(["point", "rate/s", "box busy", "other", "client", "PG backends", "PG shared", "redis"], cpu_rows),
+        ]
 
     extra = doc.get("extra", {})
     ai = extra.get("actor_inproc")
@@ -1421,9 +1794,11 @@ def render(doc: dict[str, Any]) -> str:
         c = str(ai["threads"])
         chain = reps_doc[-1]["chains"].get(f"c{c}_t1", {})
         rows = []
-        for label, point in ((f"reduce_event, {c} threads (in-process point)", chain.get("inproc")),
-                             (f"actor function, {c} plain threads (no broker)", ai),
-                             (f"Dramatiq worker, {c} threads (Dramatiq point)", chain.get("dramatiq"))):
+        for label, point in (
+            (f"reduce_event, {c} threads (in-process point)", chain.get("inproc")),
+            (f"actor function, {c} plain threads (no broker)", ai),
+            (f"Dramatiq worker, {c} threads (Dramatiq point)", chain.get("dramatiq")),
+        ):
             if not point or "events_per_s" not in point:
                 continue
             cpu, rate = point.get("cpu") or {}, point["events_per_s"]
@@ -1434,48 +1809,81 @@ def render(doc: dict[str, Any]) -> str:
 
             rows.append([label, fmt(rate), us("bench"), us("postgres"), us("redis")])
         if rows:
-            out += ["", f"Where the Dramatiq figure goes (last repetition, c={c}, 1 tenant; CPU µs per event):",
-                    table(["path", "events/s", "Python process", "PG backends", "redis"], rows)]
+            out += [
+                "",
+                f"Where the Dramatiq figure goes (last repetition, c={c}, 1 tenant; CPU µs per event):",
+                table(["path", "events/s", "Python process", "PG backends", "redis"], rows),
+            ]
     rt = doc.get("round_trips")
     if rt:
-        out += ["", "Round trips per event (counted: libpq protocol trace, one per wait for the server — a Sync, a "
-                    "Flush or a simple query answered —, 1 thread, after a warm-up on the same path; pgbench: one per "
-                    "command of the script, a pipeline once):",
-                table(["path", "PG round trips", "checkouts", "Parse msgs", "Redis cmds", "what they are"],
-                      [[k, fmt(v.get("round_trips")), fmt(v.get("checkouts")), fmt(v.get("parse_messages")),
-                        fmt(v.get("redis_commands")), ", ".join(v.get("sequence") or [])] for k, v in rt.items()])]
+        out += [
+            "",
+            "Round trips per event (counted: libpq protocol trace, one per wait for the server — a Sync, a "
+            "Flush or a simple query answered —, 1 thread, after a warm-up on the same path; pgbench: one per "
+            "command of the script, a pipeline once):",
+            table(
+                ["path", "PG round trips", "checkouts", "Parse msgs", "Redis cmds", "what they are"],
+                [
+                    [
+                        k,
+                        fmt(v.get("round_trips")),
+                        fmt(v.get("checkouts")),
+                        fmt(v.get("parse_messages")),
+                        fmt(v.get("redis_commands")),
+                        ", ".join(v.get("sequence") or []),
+                    ]
+                    for k, v in rt.items()
+                ],
+            ),
+        ]
     elif (extra.get("round_trips") or {}).get("skipped"):
         out += ["", f"round trips: {extra['round_trips']['skipped']}"]
 
     own = doc.get("own_transaction") or {}
     for t, sc in (own.get("scripts") or {}).items():
         v = sc["verify"]
-        out += ["", f"Own transactions replayed by pgbench, {t} tenant(s) ({sc['statements']} statements, "
-                    f"{sc['round_trips']} round trips per execution with the re-delivery; "
-                    f"{sc.get('file', 'script in the JSON')}): writes the rows the actor writes: "
-                    f"{'yes' if v['ok'] else 'NO'} — per table (ins, upd, del) per RUNNING+SUCCEEDED+re-delivery, "
-                    f"actor / replay: " + "; ".join(f"{tb} {x['product']} / {x['replay']}"
-                                                     for tb, x in v["per_table_ins_upd_del_per_op"].items()),
-                "  values: " + ", ".join(f"{k} ×{n}" for k, n in sc["how_values_vary"].items())]
+        out += [
+            "",
+            f"Own transactions replayed by pgbench, {t} tenant(s) ({sc['statements']} statements, "
+            f"{sc['round_trips']} round trips per execution with the re-delivery; "
+            f"{sc.get('file', 'script in the JSON')}): writes the rows the actor writes: "
+            f"{'yes' if v['ok'] else 'NO'} — per table (ins, upd, del) per RUNNING+SUCCEEDED+re-delivery, "
+            f"actor / replay: "
+            + "; ".join(f"{tb} {x['product']} / {x['replay']}" for tb, x in v["per_table_ins_upd_del_per_op"].items()),
+            "  values: " + ", ".join(f"{k} ×{n}" for k, n in sc["how_values_vary"].items()),
+        ]
         out += [f"  warning: {w}" for w in sc["warnings"]]
-    overruns = [f"rep {r['index']} {key} {name}" for r in reps_doc for key, ch in r["chains"].items()
-                for name, b in ch.items() if name in ("A", "B", "C") and (b.get("own") or {}).get("overrun")]
+    overruns = [
+        f"rep {r['index']} {key} {name}"
+        for r in reps_doc
+        for key, ch in r["chains"].items()
+        for name, b in ch.items()
+        if name in ("A", "B", "C") and (b.get("own") or {}).get("overrun")
+    ]
     if overruns:
         out += ["", "Own baselines that ran out of fresh tasks (rate not used): " + ", ".join(overruns)]
 
     prof = extra.get("profile")
     if prof and "top_self" in prof:
         load = prof.get("load") or {}
-        out += ["", f"py-spy --gil (Python CPU only), in-process mode, {prof['threads']} threads, {prof['seconds']} s: "
-                    f"{prof['samples']} samples ({prof['samples'] - prof['cpu_samples']} blocking leaves dropped); "
-                    f"the profiled run did {fmt(load.get('events_per_s'))} events/s. Top 10 by own time:",
-                table(["#", "frame", "% of CPU samples"], [[i + 1, f["frame"], f["pct"]]
-                                                          for i, f in enumerate(prof["top_self"])]),
-                "", "Top 10 by inclusive CPU time (thread wrappers left out):",
-                table(["#", "frame", "% of CPU samples"], [[i + 1, f["frame"], f["pct"]]
-                                                          for i, f in enumerate(prof["top_inclusive"])]),
-                "", "Own CPU time by package: " + ", ".join(f"{p['package']} {p['pct']} %"
-                                                            for p in prof["self_by_package"])]
+        out += [
+            "",
+            f"py-spy --gil (Python CPU only), in-process mode, {prof['threads']} threads, {prof['seconds']} s: "
+            f"{prof['samples']} samples ({prof['samples'] - prof['cpu_samples']} blocking leaves dropped); "
+            f"the profiled run did {fmt(load.get('events_per_s'))} events/s. Top 10 by own time:",
+            table(
+                ["#", "frame", "% of CPU samples"],
+                [[i + 1, f["frame"], f["pct"]] for i, f in enumerate(prof["top_self"])],
+            ),
+            "",
+            "Top 10 by inclusive CPU time (thread wrappers left out):",
+            table(
+                ["#", "frame", "% of CPU samples"],
+                [[i + 1, f["frame"], f["pct"]] for i, f in enumerate(prof["top_inclusive"])],
+            ),
+            "",
+            "Own CPU time by package: " + ", ".join(f"{p['package']} {p['pct']} %" for p in prof["self_by_package"]),
+        ]
     elif prof:
         out += ["", f"profile: {prof.get('skipped')}"]
 
@@ -1483,10 +1891,13 @@ def render(doc: dict[str, Any]) -> str:
         gt = rep.get("gate")
         if not gt:
             continue
-        out += ["", f"Correctness gate, rep {rep['index']}: {'PASS' if gt['ok'] else 'FAIL'} — tasks {gt['tasks']:,}, "
-                    f"inbox rows {gt['inbox_rows']:,} (distinct events {gt['distinct_events']:,}), state events "
-                    f"{gt['state_events']:,} (not applied: {gt['state_events_not_applied'] or 0}), fetch.requested "
-                    f"rows {gt['fetch_requested_rows']:,}, dead letters {gt['dead_letters']}"]
+        out += [
+            "",
+            f"Correctness gate, rep {rep['index']}: {'PASS' if gt['ok'] else 'FAIL'} — tasks {gt['tasks']:,}, "
+            f"inbox rows {gt['inbox_rows']:,} (distinct events {gt['distinct_events']:,}), state events "
+            f"{gt['state_events']:,} (not applied: {gt['state_events_not_applied'] or 0}), fetch.requested "
+            f"rows {gt['fetch_requested_rows']:,}, dead letters {gt['dead_letters']}",
+        ]
         out += [f"  [{'x' if ok else ' '}] {name}" for name, ok in gt["checks"].items()]
         if gt["errors"]:
             out += [f"  first error: {gt['errors'][0]}"]

@@ -74,10 +74,13 @@ def _compact_catalogs(dsn: str) -> None:
     application's tables: vacuuming them would record statistics a freshly migrated database does not have.
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
-        names = conn.execute("SELECT relname FROM pg_class WHERE relkind = 'r' AND NOT relisshared"
-                             " AND relnamespace = 'pg_catalog'::regnamespace").fetchall()
-        conn.execute(sql.SQL("VACUUM FULL {}").format(sql.SQL(", ").join(sql.Identifier("pg_catalog", n)
-                                                                        for (n,) in names)))
+        names = conn.execute(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND NOT relisshared"
+            " AND relnamespace = 'pg_catalog'::regnamespace"
+        ).fetchall()
+        conn.execute(
+            sql.SQL("VACUUM FULL {}").format(sql.SQL(", ").join(sql.Identifier("pg_catalog", n) for (n,) in names))
+        )
 
 
 def _ensure_template(name: str, *, drop_others: bool) -> None:
@@ -91,8 +94,9 @@ def _ensure_template(name: str, *, drop_others: bool) -> None:
     with _admin_connect() as admin:
         admin.execute("SELECT pg_advisory_lock(%s)", (TEMPLATE_LOCK_KEY,))
         try:
-            existing = admin.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
-                                     (TEMPLATE_PREFIX.replace("_", r"\_") + "%",)).fetchall()
+            existing = admin.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s", (TEMPLATE_PREFIX.replace("_", r"\_") + "%",)
+            ).fetchall()
             for (other,) in existing:
                 # another migration set, or a build that never finished (nobody builds while we hold the lock)
                 if other == name + "_building" or (drop_others and other != name):
@@ -110,10 +114,14 @@ def _ensure_template(name: str, *, drop_others: bool) -> None:
             finally:
                 engine.dispose()
             _compact_catalogs(_dsn_of(building))
-            admin.execute(sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false")
-                          .format(sql.Identifier(building)))
-            admin.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(sql.Identifier(building),
-                                                                          sql.Identifier(name)))
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false").format(
+                    sql.Identifier(building)
+                )
+            )
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} RENAME TO {}").format(sql.Identifier(building), sql.Identifier(name))
+            )
         finally:
             admin.execute("SELECT pg_advisory_unlock(%s)", (TEMPLATE_LOCK_KEY,))
 

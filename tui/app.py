@@ -53,17 +53,40 @@ ENTRIES = (
     Entry("overview", "1", "Overview", "counts, queue age, outbox, providers, alerts", OverviewScreen, ("ov", "home")),
     Entry("tasks", "2", "Tasks", "all tasks, filter, Enter for the timeline", TasksScreen, ("jobs", "t")),
     Entry("review", "3", "Review queue", "claim, approve, reject held outputs", ReviewScreen, ("rv", "queue")),
-    Entry("unknown", "4", "SUBMIT_UNKNOWN", "ambiguous submits, reconcile now", UnknownScreen,
-          ("su", "reconcile", "ambiguous")),
-    Entry("replay", "5", "DLQ / orphans", "dead letters, orphan events, DEAD outbox rows; replay", ReplayScreen,
-          ("dlq", "orphans", "outbox", "dead")),
+    Entry(
+        "unknown",
+        "4",
+        "SUBMIT_UNKNOWN",
+        "ambiguous submits, reconcile now",
+        UnknownScreen,
+        ("su", "reconcile", "ambiguous"),
+    ),
+    Entry(
+        "replay",
+        "5",
+        "DLQ / orphans",
+        "dead letters, orphan events, DEAD outbox rows; replay",
+        ReplayScreen,
+        ("dlq", "orphans", "outbox", "dead"),
+    ),
     Entry("ledger", "6", "Ledger", "tenant balances and entries", LedgerScreen, ("credits", "balance")),
-    Entry("capacity", "7", "Capacity", "live capacity model from measured rates", CapacityScreen,
-          ("cap", "slots")),
-    Entry("audit", "8", "Audit", "invariant checks (aivedio audit) and their offending rows", AuditScreen,
-          ("invariants", "checks", "inv")),
-    Entry("alerts", "9", "Alerts", "unresolved engine alerts; acknowledge, resolve", AlertsScreen,
-          ("al", "alarms", "incidents")),
+    Entry("capacity", "7", "Capacity", "live capacity model from measured rates", CapacityScreen, ("cap", "slots")),
+    Entry(
+        "audit",
+        "8",
+        "Audit",
+        "invariant checks (aivedio audit) and their offending rows",
+        AuditScreen,
+        ("invariants", "checks", "inv"),
+    ),
+    Entry(
+        "alerts",
+        "9",
+        "Alerts",
+        "unresolved engine alerts; acknowledge, resolve",
+        AlertsScreen,
+        ("al", "alarms", "incidents"),
+    ),
 )
 #: actions that would act behind an open modal (a confirmation, the help, the palette): ignored there
 _NOT_IN_MODALS = {"goto", "help", "back", "command_palette"}
@@ -83,8 +106,9 @@ class AivedioApp(App[None]):
         *(Binding(e.key, f"goto('{e.mode}')", e.title, show=False) for e in ENTRIES),
     ]
 
-    def __init__(self, data: EngineData, *, readonly: bool = False, operator: str | None = None,
-                 refresh_s: float | None = 2.0) -> None:
+    def __init__(
+        self, data: EngineData, *, readonly: bool = False, operator: str | None = None, refresh_s: float | None = 2.0
+    ) -> None:
         super().__init__()
         self.data = data
         self.readonly = readonly
@@ -128,8 +152,12 @@ class AivedioApp(App[None]):
         own = screen.help_keys() if hasattr(screen, "help_keys") else []
         name = getattr(screen, "NAME", "") or type(screen).__name__
         everywhere = [(e.key, e.title) for e in ENTRIES] + [
-            (":", "go to a screen or task id"), ("Ctrl+P", "command palette"), ("Esc", "back"),
-            ("?", "this help"), ("q", "quit")]
+            (":", "go to a screen or task id"),
+            ("Ctrl+P", "command palette"),
+            ("Esc", "back"),
+            ("?", "this help"),
+            ("q", "quit"),
+        ]
         self.push_screen(HelpScreen(name, own, everywhere, self.readonly))
 
     # --- the one mutation path --------------------------------------------------------------------------------
@@ -151,8 +179,9 @@ class AivedioApp(App[None]):
             else:
                 self._apply(mutation, reason, screen)
 
-        self.push_screen(ConfirmModal(mutation.title, mutation.lines, reason_required=mutation.reason_required),
-                         confirmed)
+        self.push_screen(
+            ConfirmModal(mutation.title, mutation.lines, reason_required=mutation.reason_required), confirmed
+        )
 
     @work(thread=True, group="mutations", exit_on_error=False)
     def _apply(self, mutation: Mutation, reason: str, screen: OpsScreen) -> None:
@@ -160,8 +189,9 @@ class AivedioApp(App[None]):
         try:
             message = mutation.run(op)
         except Exception as exc:  # noqa: BLE001 - a refusal (Conflict, IllegalState …) is news for the operator
-            self.call_from_thread(self.notify, explain(exc), title=f"{mutation.command}: not done",
-                                  severity="error", timeout=10)
+            self.call_from_thread(
+                self.notify, explain(exc), title=f"{mutation.command}: not done", severity="error", timeout=10
+            )
         else:
             self.call_from_thread(self.notify, message, title=mutation.command)
         self.call_from_thread(self._refresh, screen)

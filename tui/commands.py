@@ -19,8 +19,9 @@ class ScreensProvider(Provider):
 
     async def discover(self) -> Hits:
         for entry in self.ops.entries:
-            yield DiscoveryHit(f"{entry.title}", partial(self.ops.action_goto, entry.mode),
-                               help=f"key {entry.key} · {entry.help}")
+            yield DiscoveryHit(
+                f"{entry.title}", partial(self.ops.action_goto, entry.mode), help=f"key {entry.key} · {entry.help}"
+            )
 
     async def search(self, query: str) -> Hits:
         text = query.strip()
@@ -29,13 +30,17 @@ class ScreensProvider(Provider):
         except ValueError:
             task_id = None
         if task_id is not None:
-            yield Hit(1.0, f"Open task {task_id}", partial(self.ops.open_task, task_id),
-                      help="the task's timeline")
+            yield Hit(1.0, f"Open task {task_id}", partial(self.ops.open_task, task_id), help="the task's timeline")
             return
         matcher = self.matcher(text)
         for entry in self.ops.entries:
             # best of the title and the aliases, but the title is what is shown (highlighted when it matched)
             score = max(matcher.match(name) for name in (entry.title, entry.mode, *entry.aliases))
             if score > 0:
-                yield Hit(score, matcher.highlight(entry.title), partial(self.ops.action_goto, entry.mode),
-                          text=entry.title, help=f"key {entry.key} · {entry.help}")
+                yield Hit(
+                    score,
+                    matcher.highlight(entry.title),
+                    partial(self.ops.action_goto, entry.mode),
+                    text=entry.title,
+                    help=f"key {entry.key} · {entry.help}",
+                )

@@ -96,8 +96,10 @@ class AlertQuery:
         return cls(words=tuple(words), **fields_)
 
     def keeps(self, a: AlertView) -> bool:
-        hay = " ".join(str(v).lower() for v in (a.id, a.rule, a.severity, a.status, a.subject_type, a.subject_id,
-                                                a.message, a.acknowledged_by))
+        hay = " ".join(
+            str(v).lower()
+            for v in (a.id, a.rule, a.severity, a.status, a.subject_type, a.subject_id, a.message, a.acknowledged_by)
+        )
         return all(w in hay for w in self.words)
 
 
@@ -207,22 +209,31 @@ class EngineData:
                 unknown[provider] = unknown.get(provider, 0) + n
         limits = {name: p.max_concurrency for name, p in settings.providers.items() if p.enabled}
         names = sorted({*limits, *active, *snap.orphans})
-        providers = [ProviderLoad(n, active.get(n, 0), limits.get(n), unknown.get(n, 0), snap.orphans.get(n, 0))
-                     for n in names]
+        providers = [
+            ProviderLoad(n, active.get(n, 0), limits.get(n), unknown.get(n, 0), snap.orphans.get(n, 0)) for n in names
+        ]
         alerts = [AlertLine(r.raised_at, r.severity, r.rule, r.message, r.id) for r in reversed(alert_rows[-50:])]
         return Overview(
-            now=now, by_status=dict(sorted(by_status.items())), queue_depth=by_status.get("QUEUED", 0),
-            queue_p95_age_s=_age(now, snap.queue_p95), queue_oldest_age_s=_age(now, snap.queue_oldest),
-            submit_unknown=sum(unknown.values()), outbox_due=int(snap.outbox_due or 0),
-            outbox_oldest_age_s=_age(now, snap.outbox_oldest), dead_letters=int(snap.dead_letters),
-            orphans=sum(snap.orphans.values()), reserved_credits=float(snap.reserved_credits),
-            reserved_oldest_age_s=_age(now, snap.reserved_oldest), providers=providers, alerts=alerts)
+            now=now,
+            by_status=dict(sorted(by_status.items())),
+            queue_depth=by_status.get("QUEUED", 0),
+            queue_p95_age_s=_age(now, snap.queue_p95),
+            queue_oldest_age_s=_age(now, snap.queue_oldest),
+            submit_unknown=sum(unknown.values()),
+            outbox_due=int(snap.outbox_due or 0),
+            outbox_oldest_age_s=_age(now, snap.outbox_oldest),
+            dead_letters=int(snap.dead_letters),
+            orphans=sum(snap.orphans.values()),
+            reserved_credits=float(snap.reserved_credits),
+            reserved_oldest_age_s=_age(now, snap.reserved_oldest),
+            providers=providers,
+            alerts=alerts,
+        )
 
     # --- tasks ------------------------------------------------------------------------------------------------
 
     def tasks(self, query: TaskQuery) -> list[TaskRow]:
-        rows = self._tasks.list(status=query.status, tenant=query.tenant, provider=query.provider,
-                                limit=LIST_LIMIT)
+        rows = self._tasks.list(status=query.status, tenant=query.tenant, provider=query.provider, limit=LIST_LIMIT)
         return [r for r in rows if query.keeps(r)]
 
     def timeline(self, task_id: uuid.UUID) -> Timeline:
@@ -241,10 +252,12 @@ class EngineData:
     def review_facts(self, item: ReviewView) -> AssetFacts:
         timeline = self._tasks.timeline(item.task_id)
         output = next((i for i in timeline.items if i["kind"] == "asset" and i["id"] == item.asset_id), None)
-        facts = {k: output[k] if output else None
-                 for k in ("mime", "duration_ms", "size_bytes", "width", "height", "status")}
-        return AssetFacts(asset_id=item.asset_id, **facts,
-                          thumbnail=self._thumbnail(timeline.task["tenant_id"], item.task_id))
+        facts = {
+            k: output[k] if output else None for k in ("mime", "duration_ms", "size_bytes", "width", "height", "status")
+        }
+        return AssetFacts(
+            asset_id=item.asset_id, **facts, thumbnail=self._thumbnail(timeline.task["tenant_id"], item.task_id)
+        )
 
     def _thumbnail(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> str | None:
         found = self.ctx.outputs.files(tenant_id, task_id).get("thumbnail")
@@ -304,8 +317,7 @@ class EngineData:
     def entries(self, tenant_id: uuid.UUID) -> list[dict[str, Any]]:
         return self._ledger.entries(str(tenant_id), limit=LIST_LIMIT)
 
-    def adjust(self, tenant_id: uuid.UUID, amount: Decimal, key: str, task_id: uuid.UUID | None,
-               op: Operation) -> str:
+    def adjust(self, tenant_id: uuid.UUID, amount: Decimal, key: str, task_id: uuid.UUID | None, op: Operation) -> str:
         """Book one ADJUSTMENT (`aivedio ledger adjust`); a refusal is re-raised saying so."""
         try:
             r = self._ledger.adjust(str(tenant_id), amount, key, op, task_id=task_id)
@@ -314,14 +326,17 @@ class EngineData:
             raise type(exc)(text if text.startswith("refused") else f"refused: {text}", **exc.extra) from exc
         shown_key = r.business_key.removeprefix(MANUAL_KEY_PREFIX)
         if r.outcome == "duplicate":
-            return (f"duplicate: business key {shown_key!r} is already booked for {r.tenant}; nothing changed "
-                    f"(balance {fmt_money(r.balance_after)})")
-        return (f"booked {fmt_money(r.amount)} credits for {r.tenant} under {shown_key!r}: balance "
-                f"{fmt_money(r.balance_before)} → {fmt_money(r.balance_after)}")
+            return (
+                f"duplicate: business key {shown_key!r} is already booked for {r.tenant}; nothing changed "
+                f"(balance {fmt_money(r.balance_after)})"
+            )
+        return (
+            f"booked {fmt_money(r.amount)} credits for {r.tenant} under {shown_key!r}: balance "
+            f"{fmt_money(r.balance_before)} → {fmt_money(r.balance_after)}"
+        )
 
     def capacity(self, window_s: float) -> LiveReport:
         return CapacityLiveService(self.ctx.engine, self.ctx.clock, self.ctx.settings).report(window_s)
-
 
     # --- invariant audit --------------------------------------------------------------------------------------
 
@@ -386,4 +401,4 @@ def fmt_money(value: Decimal | float) -> str:
 def short_path(path: str | None, keep: int = 60) -> str:
     if not path:
         return "-"
-    return path if len(path) <= keep else "…" + str(Path(path))[-(keep - 1):]
+    return path if len(path) <= keep else "…" + str(Path(path))[-(keep - 1) :]

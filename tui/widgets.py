@@ -25,8 +25,15 @@ class ConfirmModal(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, title: str, lines: Sequence[str], *, reason_required: bool = True,
-                 confirm_label: str = "Confirm", danger: bool = True) -> None:
+    def __init__(
+        self,
+        title: str,
+        lines: Sequence[str],
+        *,
+        reason_required: bool = True,
+        confirm_label: str = "Confirm",
+        danger: bool = True,
+    ) -> None:
         super().__init__()
         self._title = title
         self._lines = list(lines)
@@ -38,8 +45,11 @@ class ConfirmModal(ModalScreen[str | None]):
         with Vertical(id="confirm-box", classes="modal-box"):
             yield Label(self._title, id="confirm-title", classes="modal-title")
             yield Static(Text("\n".join(self._lines)), id="confirm-lines")
-            hint = "Reason (required; stored in the audit log)" if self._required else \
-                "Reason (optional; stored in the audit log)"
+            hint = (
+                "Reason (required; stored in the audit log)"
+                if self._required
+                else "Reason (optional; stored in the audit log)"
+            )
             yield Label(hint, classes="modal-hint")
             yield Input(placeholder="why? e.g. INC-1234 …", id="reason")
             yield Label("", id="confirm-error", classes="modal-error")
@@ -95,8 +105,13 @@ class HelpScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,question_mark,q", "close", "Close")]
 
-    def __init__(self, screen_title: str, screen_keys: Iterable[tuple[str, str]],
-                 global_keys: Iterable[tuple[str, str]], readonly: bool) -> None:
+    def __init__(
+        self,
+        screen_title: str,
+        screen_keys: Iterable[tuple[str, str]],
+        global_keys: Iterable[tuple[str, str]],
+        readonly: bool,
+    ) -> None:
         super().__init__()
         self._screen_title = screen_title
         self._screen_keys = list(screen_keys)
@@ -185,8 +200,10 @@ class AdjustForm(ModalScreen[AdjustRequest | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="adjust-box", classes="modal-box"):
             yield Label(f"Adjust the credits of {self._tenant}", classes="modal-title")
-            yield Static(Text(f"current balance {self._balance}; an ADJUSTMENT is appended to the ledger, "
-                              "nothing is rewritten"), id="adjust-balance")
+            yield Static(
+                Text(f"current balance {self._balance}; an ADJUSTMENT is appended to the ledger, nothing is rewritten"),
+                id="adjust-balance",
+            )
             yield Label("Amount (signed: -5 takes 5 credits, 12.5 adds 12.5)", classes="modal-hint")
             yield Input(placeholder="e.g. -5 or 12.5", id="amount")
             yield Label("Business key (required; the same key again is a no-op), e.g. INC-1234", classes="modal-hint")
@@ -205,8 +222,9 @@ class AdjustForm(ModalScreen[AdjustRequest | None]):
     @on(Button.Pressed, "#adjust-submit")
     def _submit(self) -> None:
         try:
-            request = parse_adjustment(*(self.query_one(f"#{i}", Input).value
-                                         for i in ("amount", "business-key", "task")))
+            request = parse_adjustment(
+                *(self.query_one(f"#{i}", Input).value for i in ("amount", "business-key", "task"))
+            )
         except ValueError as exc:
             self.query_one("#adjust-error", Label).update(str(exc))
             return

@@ -112,11 +112,14 @@ class _TooLarge(Exception):
 
 
 async def _send_413(scope: Scope, send: Send) -> None:
-    body = (b'{"type":"' + problems.TYPE_BASE.encode() + b'payload-too-large","title":"Payload too large",'
-            b'"status":413}')
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", problems.MEDIA_TYPE.encode()),
-                            (b"content-length", str(len(body)).encode())]})
+    body = b'{"type":"' + problems.TYPE_BASE.encode() + b'payload-too-large","title":"Payload too large","status":413}'
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", problems.MEDIA_TYPE.encode()), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -125,10 +128,18 @@ def serve_api(ctx: AppContext, host: str, port: int, stop: threading.Event | Non
     import uvicorn
 
     # log_config=None: uvicorn's records go through the process's (structured, masking) logging setup
-    config = uvicorn.Config(create_app(ctx), host=host, port=port, log_config=None, log_level=None,
-                            access_log=ctx.settings.logging.access_log, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        create_app(ctx),
+        host=host,
+        port=port,
+        log_config=None,
+        log_level=None,
+        access_log=ctx.settings.logging.access_log,
+        timeout_graceful_shutdown=5,
+    )
     server = uvicorn.Server(config)
     if stop is not None:
+
         def _watch() -> None:
             stop.wait()
             server.should_exit = True

@@ -25,11 +25,15 @@ async def get_principal(request: Request) -> Principal:
     principal = None
     if scheme.lower() == "bearer" and key.strip():
         tenants = request.app.state.ctx.tenants
-        principal = tenants.cached_principal(key.strip()) or await run_in_threadpool(tenants.authenticate,
-                                                                                      key.strip())
+        principal = tenants.cached_principal(key.strip()) or await run_in_threadpool(tenants.authenticate, key.strip())
     if principal is None:
-        raise Problem(401, "unauthorized", "Unauthorized", "a valid API key is required",
-                      headers={"WWW-Authenticate": 'Bearer realm="aivedio"'})
+        raise Problem(
+            401,
+            "unauthorized",
+            "Unauthorized",
+            "a valid API key is required",
+            headers={"WWW-Authenticate": 'Bearer realm="aivedio"'},
+        )
     request.state.tenant_id = principal.tenant_id
     return principal
 

@@ -39,23 +39,44 @@ _STATUS: dict[type[errors.ServiceError], int] = {
     errors.Unavailable: 503,
 }
 
-_HTTP_SLUGS = {400: "bad-request", 401: "unauthorized", 404: "not-found", 405: "method-not-allowed",
-               413: "payload-too-large", 415: "unsupported-media-type", 429: "rate-limited"}
+_HTTP_SLUGS = {
+    400: "bad-request",
+    401: "unauthorized",
+    404: "not-found",
+    405: "method-not-allowed",
+    413: "payload-too-large",
+    415: "unsupported-media-type",
+    429: "rate-limited",
+}
 
 
 class Problem(Exception):
     """Raised by route code for errors that are HTTP concerns (auth, headers)."""
 
-    def __init__(self, status: int, slug: str, title: str, detail: str | None = None,
-                 headers: dict[str, str] | None = None, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        slug: str,
+        title: str,
+        detail: str | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(title)
         self.status, self.slug, self.title, self.detail = status, slug, title, detail
         self.headers = headers or {}
         self.extra = extra
 
 
-def problem_response(request: Request, status: int, slug: str, title: str, detail: str | None = None,
-                     headers: Mapping[str, str] | None = None, **extra: Any) -> JSONResponse:
+def problem_response(
+    request: Request,
+    status: int,
+    slug: str,
+    title: str,
+    detail: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
     body: dict[str, Any] = {"type": TYPE_BASE + slug, "title": title, "status": status}
     if detail:
         body["detail"] = detail
@@ -95,15 +116,21 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(OperationalError)
     @app.exception_handler(PoolTimeout)
     async def _db_down(request: Request, exc: Exception) -> JSONResponse:
-        return problem_response(request, 503, "database-unavailable", "Database unavailable",
-                                "the request was not processed; retry with the same Idempotency-Key",
-                                headers={"Retry-After": "2"})
+        return problem_response(
+            request,
+            503,
+            "database-unavailable",
+            "Database unavailable",
+            "the request was not processed; retry with the same Idempotency-Key",
+            headers={"Retry-After": "2"},
+        )
 
     @app.exception_handler(DBAPIError)
     async def _db_error(request: Request, exc: DBAPIError) -> JSONResponse:
         if exc.connection_invalidated:
-            return problem_response(request, 503, "database-unavailable", "Database unavailable",
-                                    headers={"Retry-After": "2"})
+            return problem_response(
+                request, 503, "database-unavailable", "Database unavailable", headers={"Retry-After": "2"}
+            )
         log.error("database error", exc_info=exc)
         return problem_response(request, 500, "internal-error", "Internal error")
 

@@ -53,9 +53,17 @@ def raise_alert(
     """Open an alert, or bump `last_seen_at` of the open one with the same rule and dedup key."""
     insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
     stmt = insert(alerts).values(
-        id=new_id(), rule=rule.value, severity=severity.value, status=AlertStatus.OPEN.value,
-        subject_type=subject_type, subject_id=subject_id, dedup_key=dedup_key, message=message[:2000],
-        details=details, raised_at=now, last_seen_at=now,
+        id=new_id(),
+        rule=rule.value,
+        severity=severity.value,
+        status=AlertStatus.OPEN.value,
+        subject_type=subject_type,
+        subject_id=subject_id,
+        dedup_key=dedup_key,
+        message=message[:2000],
+        details=details,
+        raised_at=now,
+        last_seen_at=now,
     )
     stmt = stmt.on_conflict_do_update(
         index_elements=[alerts.c.rule, alerts.c.dedup_key],

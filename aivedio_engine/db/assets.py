@@ -28,12 +28,18 @@ def inputs_of(conn: Connection, tenant_id: uuid.UUID, asset_ids: Sequence[str]) 
     if not asset_ids:
         return []
     wanted = [uuid.UUID(a) for a in asset_ids]
-    rows = {r.id: r for r in conn.execute(
-        sa.select(_a.id, _a.kind, _a.status, _a.object_key, _a.mime_detected)
-        .where(_a.id.in_(wanted), _a.tenant_id == tenant_id))}
+    rows = {
+        r.id: r
+        for r in conn.execute(
+            sa.select(_a.id, _a.kind, _a.status, _a.object_key, _a.mime_detected).where(
+                _a.id.in_(wanted), _a.tenant_id == tenant_id
+            )
+        )
+    }
     found: list[InputAsset | None] = []
     for asset_id in wanted:
         row = rows.get(asset_id)
-        found.append(None if row is None else InputAsset(row.id, row.kind, row.status, row.object_key,
-                                                         row.mime_detected))
+        found.append(
+            None if row is None else InputAsset(row.id, row.kind, row.status, row.object_key, row.mime_detected)
+        )
     return found

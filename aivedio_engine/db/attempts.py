@@ -33,16 +33,36 @@ def fingerprint(params: dict[str, Any]) -> bytes:
     return request_fingerprint(params)
 
 
-def create(conn: Connection, *, task_id: uuid.UUID, attempt_no: int, provider: str, model: str,
-           params: dict[str, Any], now: datetime, fencing_token: int | None = None,
-           resubmitted_after_unknown: bool = False, attempt_id: uuid.UUID | None = None) -> uuid.UUID:
+def create(
+    conn: Connection,
+    *,
+    task_id: uuid.UUID,
+    attempt_no: int,
+    provider: str,
+    model: str,
+    params: dict[str, Any],
+    now: datetime,
+    fencing_token: int | None = None,
+    resubmitted_after_unknown: bool = False,
+    attempt_id: uuid.UUID | None = None,
+) -> uuid.UUID:
     attempt_id = attempt_id or new_id()
-    conn.execute(task_attempts.insert().values(
-        id=attempt_id, task_id=task_id, attempt_no=attempt_no, provider=provider, model=model,
-        provider_request_key=request_key(attempt_id), submit_state=AttemptStatus.NEW.value,
-        request_fingerprint=fingerprint(params), fencing_token=fencing_token,
-        resubmitted_after_unknown=resubmitted_after_unknown, created_at=now, updated_at=now,
-    ))
+    conn.execute(
+        task_attempts.insert().values(
+            id=attempt_id,
+            task_id=task_id,
+            attempt_no=attempt_no,
+            provider=provider,
+            model=model,
+            provider_request_key=request_key(attempt_id),
+            submit_state=AttemptStatus.NEW.value,
+            request_fingerprint=fingerprint(params),
+            fencing_token=fencing_token,
+            resubmitted_after_unknown=resubmitted_after_unknown,
+            created_at=now,
+            updated_at=now,
+        )
+    )
     return attempt_id
 
 

@@ -148,16 +148,34 @@ def _create_pg(engine: Engine, new: NewTask) -> Any:
     from psycopg.types.json import Jsonb
 
     params = {
-        "id": new.id, "tenant_id": new.tenant_id, "key": new.key, "hash": new.request_hash, "status": new.status,
-        "version": new.version, "progress": new.progress, "model": new.model, "provider": new.provider,
-        "priority": new.priority, "cost": new.cost, "prompt": new.prompt, "params": Jsonb(new.params),
-        "deadline": new.deadline_at, "trace": new.trace_id, "now": new.now,
-        "source": EventSource.API.value, "applied": StateEventOutcome.APPLIED.value,
-        "ev_ids": [new_id() for _ in new.history], "ev_types": [h[0] for h in new.history],
-        "ev_from": [h[1] for h in new.history], "ev_to": [h[2] for h in new.history],
+        "id": new.id,
+        "tenant_id": new.tenant_id,
+        "key": new.key,
+        "hash": new.request_hash,
+        "status": new.status,
+        "version": new.version,
+        "progress": new.progress,
+        "model": new.model,
+        "provider": new.provider,
+        "priority": new.priority,
+        "cost": new.cost,
+        "prompt": new.prompt,
+        "params": Jsonb(new.params),
+        "deadline": new.deadline_at,
+        "trace": new.trace_id,
+        "now": new.now,
+        "source": EventSource.API.value,
+        "applied": StateEventOutcome.APPLIED.value,
+        "ev_ids": [new_id() for _ in new.history],
+        "ev_types": [h[0] for h in new.history],
+        "ev_from": [h[1] for h in new.history],
+        "ev_to": [h[2] for h in new.history],
         "ev_versions": [h[3] for h in new.history],
-        "ledger_id": new_id(), "outbox_id": new_id(), "queued_type": EventType.GENERATION_QUEUED.value,
-        "queued_payload": Jsonb(new.queued_payload), "queued_target": ROUTES[EventType.GENERATION_QUEUED].actor,
+        "ledger_id": new_id(),
+        "outbox_id": new_id(),
+        "queued_type": EventType.GENERATION_QUEUED.value,
+        "queued_payload": Jsonb(new.queued_payload),
+        "queued_target": ROUTES[EventType.GENERATION_QUEUED].actor,
     }
     for attempt in (1, 2):
         with engine.connect() as sa_conn:
@@ -218,23 +236,60 @@ def _create_core(engine: Engine, new: NewTask) -> Any:
 
 
 def _insert_core(conn: Connection, new: NewTask) -> Any:
-    row = conn.execute(generation_tasks.insert().values(
-        id=new.id, tenant_id=new.tenant_id, client_idempotency_key=new.key, request_hash=new.request_hash,
-        status=new.status, version=new.version, progress=new.progress, requested_model=new.model,
-        selected_provider=new.provider, priority=new.priority, estimated_cost=new.cost, reserved_amount=new.cost,
-        prompt=new.prompt, params=new.params, deadline_at=new.deadline_at, trace_id=new.trace_id,
-        created_at=new.now, updated_at=new.now,
-    ).returning(*generation_tasks.c)).one()
-    tasks.record_events(conn, [tasks.event_row(
-        task_id=new.id, source=EventSource.API, source_event_id=f"{new.id}:{version}", event_type=event_type,
-        from_status=from_status, to_status=to_status, task_version=version, outcome=StateEventOutcome.APPLIED,
-        now=new.now) for event_type, from_status, to_status, version in new.history])
-    outbox.add(conn, EventType.GENERATION_QUEUED, aggregate_type="task", aggregate_id=new.id,
-               aggregate_version=new.version, tenant_id=new.tenant_id, trace_id=new.trace_id, now=new.now,
-               payload=new.queued_payload)
+    row = conn.execute(
+        generation_tasks.insert()
+        .values(
+            id=new.id,
+            tenant_id=new.tenant_id,
+            client_idempotency_key=new.key,
+            request_hash=new.request_hash,
+            status=new.status,
+            version=new.version,
+            progress=new.progress,
+            requested_model=new.model,
+            selected_provider=new.provider,
+            priority=new.priority,
+            estimated_cost=new.cost,
+            reserved_amount=new.cost,
+            prompt=new.prompt,
+            params=new.params,
+            deadline_at=new.deadline_at,
+            trace_id=new.trace_id,
+            created_at=new.now,
+            updated_at=new.now,
+        )
+        .returning(*generation_tasks.c)
+    ).one()
+    tasks.record_events(
+        conn,
+        [
+            tasks.event_row(
+                task_id=new.id,
+                source=EventSource.API,
+                source_event_id=f"{new.id}:{version}",
+                event_type=event_type,
+                from_status=from_status,
+                to_status=to_status,
+                task_version=version,
+                outcome=StateEventOutcome.APPLIED,
+                now=new.now,
+            )
+            for event_type, from_status, to_status, version in new.history
+        ],
+    )
+    outbox.add(
+        conn,
+        EventType.GENERATION_QUEUED,
+        aggregate_type="task",
+        aggregate_id=new.id,
+        aggregate_version=new.version,
+        tenant_id=new.tenant_id,
+        trace_id=new.trace_id,
+        now=new.now,
+        payload=new.queued_payload,
+    )
     try:
-        ledger.reserve(conn, tenant_id=new.tenant_id, task_id=new.id, amount=new.cost, now=new.now,
-                       created_by="api")
+        ledger.reserve(conn, tenant_id=new.tenant_id, task_id=new.id, amount=new.cost, now=new.now, created_by="api")
     except ledger.InsufficientBalance as exc:
         raise Unaffordable(exc.balance) from None
     return row
@@ -247,5 +302,6 @@ def by_key(engine: Engine, tenant_id: uuid.UUID, key: str) -> Any:
 
 def _by_key(conn: Connection, tenant_id: uuid.UUID, key: str) -> Any:
     t = generation_tasks.c
-    return conn.execute(sa.select(generation_tasks)
-                        .where(t.tenant_id == tenant_id, t.client_idempotency_key == key)).first()
+    return conn.execute(
+        sa.select(generation_tasks).where(t.tenant_id == tenant_id, t.client_idempotency_key == key)
+    ).first()

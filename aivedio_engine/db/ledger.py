@@ -45,8 +45,16 @@ def post(
 ) -> bool:
     """Append one entry unless its business key is already booked. Returns False for a repeat (a no-op)."""
     values = dict(
-        id=new_id(), tenant_id=tenant_id, task_id=task_id, attempt_id=attempt_id, entry_type=entry_type.value,
-        amount=amount, business_key=business_key, reason=reason, created_by=created_by, created_at=now,
+        id=new_id(),
+        tenant_id=tenant_id,
+        task_id=task_id,
+        attempt_id=attempt_id,
+        entry_type=entry_type.value,
+        amount=amount,
+        business_key=business_key,
+        reason=reason,
+        created_by=created_by,
+        created_at=now,
     )
     insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
     stmt = insert(credit_ledger).values(**values).on_conflict_do_nothing(index_elements=["business_key"])
@@ -60,12 +68,19 @@ def post(
     return True
 
 
-def reserve(conn: Connection, *, tenant_id: uuid.UUID, task_id: uuid.UUID, amount: Decimal, now: datetime,
-            created_by: str) -> None:
+def reserve(
+    conn: Connection, *, tenant_id: uuid.UUID, task_id: uuid.UUID, amount: Decimal, now: datetime, created_by: str
+) -> None:
     """RESERVE −amount if the balance covers it; raises InsufficientBalance otherwise (the caller rolls back)."""
     values = dict(
-        id=new_id(), tenant_id=tenant_id, task_id=task_id, entry_type=LedgerEntryType.RESERVE.value, amount=-amount,
-        business_key=f"reserve:{task_id}", created_by=created_by, created_at=now,
+        id=new_id(),
+        tenant_id=tenant_id,
+        task_id=task_id,
+        entry_type=LedgerEntryType.RESERVE.value,
+        amount=-amount,
+        business_key=f"reserve:{task_id}",
+        created_by=created_by,
+        created_at=now,
     )
     conn.execute(credit_ledger.insert().values(**values))
     taken = conn.execute(

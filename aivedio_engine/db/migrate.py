@@ -250,8 +250,9 @@ def embedded_marker() -> tuple[str, str]:
     parts = []
     for table in metadata.sorted_tables:
         parts.append(str(CreateTable(table).compile(dialect=dialect)))
-        parts += [str(CreateIndex(ix).compile(dialect=dialect))
-                  for ix in sorted(table.indexes, key=lambda i: i.name or "")]
+        parts += [
+            str(CreateIndex(ix).compile(dialect=dialect)) for ix in sorted(table.indexes, key=lambda i: i.name or "")
+        ]
     digest = checksum("\n".join(parts))
     return EMBEDDED_PREFIX + digest[:16], digest
 

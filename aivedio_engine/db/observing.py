@@ -18,16 +18,22 @@ from aivedio_engine.db.tables import generation_tasks, task_attempts
 
 _A_COLS = ", ".join(c.name for c in task_attempts.c)
 _T_COLS = ", ".join(c.name for c in generation_tasks.c)
-_INBOX = ("INSERT INTO inbox_dedup (consumer_group, event_id, aggregate_id, processed_at) "
-          "VALUES (%(group)s, %(event_id)s, %(aggregate_id)s, %(now)s) "
-          "ON CONFLICT (consumer_group, event_id) DO NOTHING RETURNING event_id")
-_ATTEMPT = (f"SELECT {_A_COLS} FROM task_attempts WHERE provider = %(provider)s AND provider_job_id = %(job_id)s "
-            "FOR UPDATE")
-_TASK = (f"SELECT {_T_COLS} FROM generation_tasks WHERE id = (SELECT task_id FROM task_attempts "
-         "WHERE provider = %(provider)s AND provider_job_id = %(job_id)s) FOR UPDATE")
+_INBOX = (
+    "INSERT INTO inbox_dedup (consumer_group, event_id, aggregate_id, processed_at) "
+    "VALUES (%(group)s, %(event_id)s, %(aggregate_id)s, %(now)s) "
+    "ON CONFLICT (consumer_group, event_id) DO NOTHING RETURNING event_id"
+)
+_ATTEMPT = (
+    f"SELECT {_A_COLS} FROM task_attempts WHERE provider = %(provider)s AND provider_job_id = %(job_id)s FOR UPDATE"
+)
+_TASK = (
+    f"SELECT {_T_COLS} FROM generation_tasks WHERE id = (SELECT task_id FROM task_attempts "
+    "WHERE provider = %(provider)s AND provider_job_id = %(job_id)s) FOR UPDATE"
+)
 _SEEN = "SELECT 1 FROM task_state_events WHERE source = %(source)s AND source_event_id = %(dedup_key)s"
-_DIGEST = ("UPDATE inbox_dedup SET result_digest = %(digest)s "
-           "WHERE consumer_group = %(group)s AND event_id = %(event_id)s")
+_DIGEST = (
+    "UPDATE inbox_dedup SET result_digest = %(digest)s WHERE consumer_group = %(group)s AND event_id = %(event_id)s"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,13 +44,31 @@ class Claimed:
     seen: bool  # the observation is in the task's history already
 
 
-def claim(raw: Any, *, group: str, event_id: uuid.UUID, aggregate_id: uuid.UUID | None, now: datetime,
-          provider: str, job_id: str, source: str, dedup_key: str) -> Claimed:
+def claim(
+    raw: Any,
+    *,
+    group: str,
+    event_id: uuid.UUID,
+    aggregate_id: uuid.UUID | None,
+    now: datetime,
+    provider: str,
+    job_id: str,
+    source: str,
+    dedup_key: str,
+) -> Claimed:
     """BEGIN and the four reads, one round trip."""
     from psycopg.rows import namedtuple_row
 
-    params = {"group": group, "event_id": event_id, "aggregate_id": aggregate_id, "now": now,
-              "provider": provider, "job_id": job_id, "source": source, "dedup_key": dedup_key}
+    params = {
+        "group": group,
+        "event_id": event_id,
+        "aggregate_id": aggregate_id,
+        "now": now,
+        "provider": provider,
+        "job_id": job_id,
+        "source": source,
+        "dedup_key": dedup_key,
+    }
     with raw.pipeline():
         raw.execute("BEGIN")
         cursors = [raw.cursor(row_factory=namedtuple_row) for _ in range(4)]

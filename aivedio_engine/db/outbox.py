@@ -39,9 +39,19 @@ def add(
 ) -> uuid.UUID:
     """Insert one PENDING outbox row; returns its id, which becomes the broker message id. `route` picks one of
     the event type's alternate routes (e.g. the urgent fetch queue); the default is `ROUTES[event_type]`."""
-    values = row(event_type, aggregate_type=aggregate_type, aggregate_id=aggregate_id,
-                 aggregate_version=aggregate_version, payload=payload, now=now, available_at=available_at,
-                 tenant_id=tenant_id, trace_id=trace_id, causation_id=causation_id, route=route)
+    values = row(
+        event_type,
+        aggregate_type=aggregate_type,
+        aggregate_id=aggregate_id,
+        aggregate_version=aggregate_version,
+        payload=payload,
+        now=now,
+        available_at=available_at,
+        tenant_id=tenant_id,
+        trace_id=trace_id,
+        causation_id=causation_id,
+        route=route,
+    )
     conn.execute(outbox_events.insert().values(**values))
     wakeups.notify(conn, NOTIFY_CHANNEL)
     return values["id"]  # type: ignore[no-any-return]
@@ -82,5 +92,6 @@ def row(
 def oldest_due(conn: Connection, now: datetime) -> datetime | None:
     """When the longest-waiting due PENDING row became due (index ix_outbox_events_pending); None when none is due."""
     o = outbox_events.c
-    return conn.execute(sa.select(sa.func.min(o.available_at))
-                        .where(o.status == OutboxStatus.PENDING.value, o.available_at <= now)).scalar()
+    return conn.execute(
+        sa.select(sa.func.min(o.available_at)).where(o.status == OutboxStatus.PENDING.value, o.available_at <= now)
+    ).scalar()

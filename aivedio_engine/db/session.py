@@ -53,5 +53,3 @@ def pg_transaction(conn: Connection) -> Iterator[Any]:
             raw.autocommit = False
         else:
             conn.invalidate()
-
-

@@ -52,6 +52,8 @@ metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 
 JSONB = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 MONEY = sa.Numeric(20, 8)
+
+
 class UtcDateTime(sa.TypeDecorator[datetime]):
     """timestamptz on PostgreSQL; on SQLite (no time zones) values are stored as UTC and read back aware, so
     code never mixes naive and aware datetimes."""
@@ -118,7 +120,8 @@ def _fk(name: str, target: str, nullable: bool = True, **kw: Any) -> sa.Column[A
 # --- 0001_tenants_keys ---------------------------------------------------------------------------------------
 
 tenants = sa.Table(
-    "tenants", metadata,
+    "tenants",
+    metadata,
     _id(),
     sa.Column("name", sa.String(128), nullable=False, unique=True),
     sa.Column("status", sa.String(16), nullable=False, server_default=TenantStatus.ACTIVE.value),
@@ -137,7 +140,8 @@ tenants = sa.Table(
 )
 
 api_keys = sa.Table(
-    "api_keys", metadata,
+    "api_keys",
+    metadata,
     _id(),
     _fk("tenant_id", "tenants.id", nullable=False),
     sa.Column("key_hash", sa.LargeBinary, nullable=False, unique=True),
@@ -152,7 +156,8 @@ sa.Index("ix_api_keys_tenant_id", api_keys.c.tenant_id)
 # --- 0002_tasks_attempts_events ------------------------------------------------------------------------------
 
 generation_tasks = sa.Table(
-    "generation_tasks", metadata,
+    "generation_tasks",
+    metadata,
     _id(),
     _fk("tenant_id", "tenants.id", nullable=False),
     sa.Column("user_id", sa.Uuid),
@@ -194,20 +199,23 @@ generation_tasks = sa.Table(
     sa.CheckConstraint("progress BETWEEN 0 AND 100", name="progress_range"),
     sa.CheckConstraint("version >= 0", name="version_nonnegative"),
     sa.CheckConstraint("current_attempt_no >= 0", name="attempt_no_nonnegative"),
-    sa.CheckConstraint(
-        "estimated_cost >= 0 AND reserved_amount >= 0 AND actual_cost >= 0", name="costs_nonnegative"
-    ),
+    sa.CheckConstraint("estimated_cost >= 0 AND reserved_amount >= 0 AND actual_cost >= 0", name="costs_nonnegative"),
 )
 _gt = generation_tasks.c
-sa.Index("ix_generation_tasks_next_action_active", _gt.next_action_at,
-         **partial(_gt.status.not_in(_ordered(TASK_TERMINAL, TaskStatus))))
+sa.Index(
+    "ix_generation_tasks_next_action_active",
+    _gt.next_action_at,
+    **partial(_gt.status.not_in(_ordered(TASK_TERMINAL, TaskStatus))),
+)
 sa.Index("ix_generation_tasks_next_retry", _gt.next_retry_at, **partial(_gt.status == TaskStatus.RETRY_WAIT.value))
 sa.Index("ix_generation_tasks_tenant_created", _gt.tenant_id, _gt.created_at.desc())
-sa.Index("ix_generation_tasks_queued", _gt.priority.desc(), _gt.created_at,
-         **partial(_gt.status == TaskStatus.QUEUED.value))
+sa.Index(
+    "ix_generation_tasks_queued", _gt.priority.desc(), _gt.created_at, **partial(_gt.status == TaskStatus.QUEUED.value)
+)
 
 task_attempts = sa.Table(
-    "task_attempts", metadata,
+    "task_attempts",
+    metadata,
     _id(),
     _fk("task_id", "generation_tasks.id", nullable=False),
     sa.Column("attempt_no", sa.Integer, nullable=False),
@@ -241,16 +249,29 @@ task_attempts = sa.Table(
     sa.CheckConstraint("lookup_count >= 0", name="lookup_count_nonnegative"),
 )
 _ta = task_attempts.c
-sa.Index("uq_task_attempts_provider_job", _ta.provider, _ta.provider_job_id, unique=True,
-         **partial(_ta.provider_job_id.is_not(None)))
-sa.Index("uq_task_attempts_one_in_flight", _ta.task_id, unique=True,
-         **partial(_ta.submit_state.in_(_ordered(ATTEMPT_IN_FLIGHT, AttemptStatus))))
-sa.Index("ix_task_attempts_next_poll", _ta.next_poll_at,
-         **partial(_ta.submit_state.in_(_ordered({AttemptStatus.ACKED, AttemptStatus.RUNNING}, AttemptStatus))))
+sa.Index(
+    "uq_task_attempts_provider_job",
+    _ta.provider,
+    _ta.provider_job_id,
+    unique=True,
+    **partial(_ta.provider_job_id.is_not(None)),
+)
+sa.Index(
+    "uq_task_attempts_one_in_flight",
+    _ta.task_id,
+    unique=True,
+    **partial(_ta.submit_state.in_(_ordered(ATTEMPT_IN_FLIGHT, AttemptStatus))),
+)
+sa.Index(
+    "ix_task_attempts_next_poll",
+    _ta.next_poll_at,
+    **partial(_ta.submit_state.in_(_ordered({AttemptStatus.ACKED, AttemptStatus.RUNNING}, AttemptStatus))),
+)
 sa.Index("ix_task_attempts_unknown", _ta.last_lookup_at, **partial(_ta.submit_state == AttemptStatus.UNKNOWN.value))
 
 task_state_events = sa.Table(
-    "task_state_events", metadata,
+    "task_state_events",
+    metadata,
     _id(),
     _fk("task_id", "generation_tasks.id", nullable=False),
     _fk("attempt_id", "task_attempts.id"),
@@ -272,7 +293,8 @@ task_state_events = sa.Table(
 sa.Index("ix_task_state_events_task_version", task_state_events.c.task_id, task_state_events.c.task_version)
 
 provider_events = sa.Table(
-    "provider_events", metadata,
+    "provider_events",
+    metadata,
     _id(),
     sa.Column("provider", sa.String(64), nullable=False),
     sa.Column("source", sa.String(16), nullable=False),
@@ -300,7 +322,8 @@ sa.Index("ix_provider_events_expires_at", _pe.expires_at)
 # --- 0003_assets_uploads -------------------------------------------------------------------------------------
 
 assets = sa.Table(
-    "assets", metadata,
+    "assets",
+    metadata,
     _id(),
     _fk("tenant_id", "tenants.id", nullable=False),
     sa.Column("kind", sa.String(16), nullable=False),
@@ -341,14 +364,27 @@ assets = sa.Table(
     sa.CheckConstraint("size_bytes >= 0", name="size_nonnegative"),
 )
 _as = assets.c
-sa.Index("uq_assets_raw_output", _as.task_id, _as.attempt_id, _as.output_index, unique=True,
-         **partial(_as.kind == AssetKind.RAW_OUTPUT.value))
-sa.Index("uq_assets_derivative", _as.parent_asset_id, _as.profile, _as.pipeline_version, unique=True,
-         **partial(_as.parent_asset_id.is_not(None)))
+sa.Index(
+    "uq_assets_raw_output",
+    _as.task_id,
+    _as.attempt_id,
+    _as.output_index,
+    unique=True,
+    **partial(_as.kind == AssetKind.RAW_OUTPUT.value),
+)
+sa.Index(
+    "uq_assets_derivative",
+    _as.parent_asset_id,
+    _as.profile,
+    _as.pipeline_version,
+    unique=True,
+    **partial(_as.parent_asset_id.is_not(None)),
+)
 sa.Index("ix_assets_tenant_created", _as.tenant_id, _as.created_at)
 
 upload_sessions = sa.Table(
-    "upload_sessions", metadata,
+    "upload_sessions",
+    metadata,
     _id(),
     _fk("tenant_id", "tenants.id", nullable=False),
     _fk("asset_id", "assets.id", nullable=False),
@@ -364,14 +400,18 @@ upload_sessions = sa.Table(
     enum_check("status", UploadSessionStatus),
     sa.CheckConstraint("declared_size_bytes >= 0", name="declared_size_nonnegative"),
 )
-sa.Index("ix_upload_sessions_open_expires", upload_sessions.c.expires_at,
-         **partial(upload_sessions.c.status == UploadSessionStatus.OPEN.value))
+sa.Index(
+    "ix_upload_sessions_open_expires",
+    upload_sessions.c.expires_at,
+    **partial(upload_sessions.c.status == UploadSessionStatus.OPEN.value),
+)
 sa.Index("ix_upload_sessions_asset_id", upload_sessions.c.asset_id)
 
 # --- 0004_outbox_inbox ---------------------------------------------------------------------------------------
 
 outbox_events = sa.Table(
-    "outbox_events", metadata,
+    "outbox_events",
+    metadata,
     _id(),
     sa.Column("aggregate_type", sa.String(32), nullable=False),
     sa.Column("aggregate_id", sa.Uuid, nullable=False),
@@ -393,11 +433,15 @@ outbox_events = sa.Table(
     sa.CheckConstraint("publish_attempts >= 0", name="publish_attempts_nonnegative"),
 )
 sa.Index("ix_outbox_events_status_available", outbox_events.c.status, outbox_events.c.available_at)
-sa.Index("ix_outbox_events_pending", outbox_events.c.available_at,
-         **partial(outbox_events.c.status == OutboxStatus.PENDING.value))
+sa.Index(
+    "ix_outbox_events_pending",
+    outbox_events.c.available_at,
+    **partial(outbox_events.c.status == OutboxStatus.PENDING.value),
+)
 
 inbox_dedup = sa.Table(
-    "inbox_dedup", metadata,
+    "inbox_dedup",
+    metadata,
     sa.Column("consumer_group", sa.String(64), primary_key=True),
     sa.Column("event_id", sa.Uuid, primary_key=True),
     sa.Column("aggregate_id", sa.Uuid),
@@ -410,7 +454,8 @@ sa.Index("ix_inbox_dedup_processed_at", inbox_dedup.c.processed_at)
 
 _LE = LedgerEntryType
 credit_ledger = sa.Table(
-    "credit_ledger", metadata,
+    "credit_ledger",
+    metadata,
     _id(),
     _fk("tenant_id", "tenants.id", nullable=False),
     _fk("task_id", "generation_tasks.id"),
@@ -436,7 +481,8 @@ sa.Index("ix_credit_ledger_task_id", credit_ledger.c.task_id)
 
 _OPEN_REVIEW = _ordered({ReviewState.PENDING, ReviewState.CLAIMED}, ReviewState)
 review_items = sa.Table(
-    "review_items", metadata,
+    "review_items",
+    metadata,
     _id(),
     _fk("task_id", "generation_tasks.id", nullable=False),
     _fk("asset_id", "assets.id"),
@@ -452,12 +498,14 @@ review_items = sa.Table(
     enum_check("state", ReviewState),
     enum_check("decision", ReviewState, only={ReviewState.APPROVED, ReviewState.REJECTED}),
 )
-sa.Index("uq_review_items_open_task", review_items.c.task_id, unique=True,
-         **partial(review_items.c.state.in_(_OPEN_REVIEW)))
+sa.Index(
+    "uq_review_items_open_task", review_items.c.task_id, unique=True, **partial(review_items.c.state.in_(_OPEN_REVIEW))
+)
 sa.Index("ix_review_items_open_created", review_items.c.created_at, **partial(review_items.c.state.in_(_OPEN_REVIEW)))
 
 dead_letters = sa.Table(
-    "dead_letters", metadata,
+    "dead_letters",
+    metadata,
     _id(),
     sa.Column("message_id", sa.String(64), nullable=False, unique=True),
     sa.Column("actor", sa.String(128), nullable=False),
@@ -474,7 +522,8 @@ dead_letters = sa.Table(
 sa.Index("ix_dead_letters_not_replayed", dead_letters.c.last_seen_at, **partial(dead_letters.c.replayed_at.is_(None)))
 
 slot_grants = sa.Table(
-    "slot_grants", metadata,
+    "slot_grants",
+    metadata,
     _id(),
     sa.Column("scope", sa.String(128), nullable=False),
     sa.Column("holder", sa.String(128), nullable=False),
@@ -483,11 +532,16 @@ slot_grants = sa.Table(
     sa.Column("released_at", TS),
     sa.Column("created_at", TS, nullable=False),
 )
-sa.Index("ix_slot_grants_active", slot_grants.c.scope, slot_grants.c.lease_expires_at,
-         **partial(slot_grants.c.released_at.is_(None)))
+sa.Index(
+    "ix_slot_grants_active",
+    slot_grants.c.scope,
+    slot_grants.c.lease_expires_at,
+    **partial(slot_grants.c.released_at.is_(None)),
+)
 
 alerts = sa.Table(
-    "alerts", metadata,
+    "alerts",
+    metadata,
     _id(),
     sa.Column("rule", sa.String(64), nullable=False),
     sa.Column("severity", sa.String(16), nullable=False),
@@ -505,12 +559,18 @@ alerts = sa.Table(
     enum_check("severity", AlertSeverity),
     enum_check("status", AlertStatus),
 )
-sa.Index("uq_alerts_open_rule_dedup_key", alerts.c.rule, alerts.c.dedup_key, unique=True,
-         **partial(alerts.c.status != AlertStatus.RESOLVED.value))
+sa.Index(
+    "uq_alerts_open_rule_dedup_key",
+    alerts.c.rule,
+    alerts.c.dedup_key,
+    unique=True,
+    **partial(alerts.c.status != AlertStatus.RESOLVED.value),
+)
 sa.Index("ix_alerts_status_raised", alerts.c.status, alerts.c.raised_at)
 
 audit_log = sa.Table(
-    "audit_log", metadata,
+    "audit_log",
+    metadata,
     _id(),
     sa.Column("actor", sa.String(128), nullable=False),
     sa.Column("command", sa.String(128), nullable=False),
@@ -526,7 +586,8 @@ sa.Index("ix_audit_log_created_at", audit_log.c.created_at)
 # --- 0010_storage_scans --------------------------------------------------------------------------------------
 
 storage_scans = sa.Table(
-    "storage_scans", metadata,
+    "storage_scans",
+    metadata,
     _id(),
     sa.Column("started_at", TS, nullable=False),
     sa.Column("finished_at", TS, nullable=False),
@@ -536,15 +597,15 @@ storage_scans = sa.Table(
     sa.Column("orphan_bytes", sa.BigInteger, nullable=False),
     sa.Column("sample", JSONB),
     sa.Column("error", sa.Text),
-    sa.CheckConstraint("objects >= 0 AND bytes >= 0 AND orphans >= 0 AND orphan_bytes >= 0",
-                       name="counts_nonnegative"),
+    sa.CheckConstraint("objects >= 0 AND bytes >= 0 AND orphans >= 0 AND orphan_bytes >= 0", name="counts_nonnegative"),
 )
 sa.Index("ix_storage_scans_finished_at", storage_scans.c.finished_at)
 
 # --- created by the migration runner itself, before any migration --------------------------------------------
 
 schema_migrations = sa.Table(
-    "schema_migrations", metadata,
+    "schema_migrations",
+    metadata,
     sa.Column("name", sa.Text, primary_key=True),
     sa.Column("sha256", sa.Text, nullable=False),
     sa.Column("applied_at", TS, nullable=False),

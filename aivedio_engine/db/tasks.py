@@ -57,9 +57,19 @@ def event_row(
     provider_updated_at: datetime | None = None,
 ) -> dict[str, Any]:
     return dict(
-        id=new_id(), task_id=task_id, attempt_id=attempt_id, source=source.value, source_event_id=source_event_id,
-        event_type=event_type, from_status=from_status, to_status=to_status, task_version=task_version,
-        provider_updated_at=provider_updated_at, observed_at=now, payload=payload, outcome=outcome.value,
+        id=new_id(),
+        task_id=task_id,
+        attempt_id=attempt_id,
+        source=source.value,
+        source_event_id=source_event_id,
+        event_type=event_type,
+        from_status=from_status,
+        to_status=to_status,
+        task_version=task_version,
+        provider_updated_at=provider_updated_at,
+        observed_at=now,
+        payload=payload,
+        outcome=outcome.value,
         created_at=now,
     )
 
@@ -97,64 +107,125 @@ def apply(
     if decision.cancel_outcome is not None:
         values.setdefault("cancel_outcome", decision.cancel_outcome.value)
     event = event_row(
-        task_id=task_id, source=source, source_event_id=source_event_id, event_type=decision.event.value,
-        from_status=decision.from_status.value, to_status=decision.to_status.value, task_version=decision.version,
-        outcome=StateEventOutcome.APPLIED, now=now, payload=payload,
+        task_id=task_id,
+        source=source,
+        source_event_id=source_event_id,
+        event_type=decision.event.value,
+        from_status=decision.from_status.value,
+        to_status=decision.to_status.value,
+        task_version=decision.version,
+        outcome=StateEventOutcome.APPLIED,
+        now=now,
+        payload=payload,
     )
     if conn.dialect.name == "postgresql":
         _apply_one_statement(conn, task_id, decision, values, event, now)
         return
     row = conn.execute(
-        generation_tasks.update().where(_t.id == task_id, _t.version == decision.version - 1).values(**values)
+        generation_tasks.update()
+        .where(_t.id == task_id, _t.version == decision.version - 1)
+        .values(**values)
         .returning(_t.tenant_id, _t.trace_id)
     ).first()
     if row is None:
         raise VersionConflict(f"task {task_id} is no longer at version {decision.version - 1}")
     if Effect.NOTIFY in decision.effects:
         # the notifier's trigger; subscribers read the change itself from the state event history
-        outbox.add(conn, EventType.TASK_STATUS_CHANGED, aggregate_type="task", aggregate_id=task_id,
-                   aggregate_version=decision.version, tenant_id=row.tenant_id, trace_id=row.trace_id, now=now,
-                   payload={"task_id": str(task_id), "version": decision.version,
-                            "status": decision.to_status.value, "progress": decision.progress})
+        outbox.add(
+            conn,
+            EventType.TASK_STATUS_CHANGED,
+            aggregate_type="task",
+            aggregate_id=task_id,
+            aggregate_version=decision.version,
+            tenant_id=row.tenant_id,
+            trace_id=row.trace_id,
+            now=now,
+            payload={
+                "task_id": str(task_id),
+                "version": decision.version,
+                "status": decision.to_status.value,
+                "progress": decision.progress,
+            },
+        )
     conn.execute(task_state_events.insert().values(**event))
 
 
-def _apply_one_statement(conn: Connection, task_id: uuid.UUID, decision: Decision, values: dict[str, Any],
-                         event: dict[str, Any], now: datetime) -> None:
+def _apply_one_statement(
+    conn: Connection,
+    task_id: uuid.UUID,
+    decision: Decision,
+    values: dict[str, Any],
+    event: dict[str, Any],
+    now: datetime,
+) -> None:
     """PostgreSQL: the CAS update, its state event and its `task.status.changed` row as one statement (data-
     modifying CTEs), so a transition costs one round trip instead of three. The inserts select from the UPDATE's
     RETURNING: when the CAS misses, nothing is inserted and the caller gets VersionConflict."""
-    moved = (generation_tasks.update().where(_t.id == task_id, _t.version == decision.version - 1).values(**values)
-             .returning(_t.id, _t.tenant_id, _t.trace_id).cte("moved"))
+    moved = (
+        generation_tasks.update()
+        .where(_t.id == task_id, _t.version == decision.version - 1)
+        .values(**values)
+        .returning(_t.id, _t.tenant_id, _t.trace_id)
+        .cte("moved")
+    )
     ctes = [_insert_from(task_state_events, event, moved, "history")]
     if Effect.NOTIFY in decision.effects:
-        notice = outbox.row(EventType.TASK_STATUS_CHANGED, aggregate_type="task", aggregate_id=task_id,
-                            aggregate_version=decision.version, now=now,
-                            payload={"task_id": str(task_id), "version": decision.version,
-                                     "status": decision.to_status.value, "progress": decision.progress})
-        ctes.append(_insert_from(outbox_events, notice, moved, "notice",
-                                 {"tenant_id": moved.c.tenant_id, "trace_id": moved.c.trace_id}))
+        notice = outbox.row(
+            EventType.TASK_STATUS_CHANGED,
+            aggregate_type="task",
+            aggregate_id=task_id,
+            aggregate_version=decision.version,
+            now=now,
+            payload={
+                "task_id": str(task_id),
+                "version": decision.version,
+                "status": decision.to_status.value,
+                "progress": decision.progress,
+            },
+        )
+        ctes.append(
+            _insert_from(
+                outbox_events, notice, moved, "notice", {"tenant_id": moved.c.tenant_id, "trace_id": moved.c.trace_id}
+            )
+        )
     if conn.execute(sa.select(moved.c.id).add_cte(*ctes)).first() is None:
         raise VersionConflict(f"task {task_id} is no longer at version {decision.version - 1}")
     if Effect.NOTIFY in decision.effects:
         wakeup.notify(conn, wakeup.OUTBOX)
 
 
-def _insert_from(table: sa.Table, values: dict[str, Any], moved: Any, name: str,
-                 from_moved: dict[str, Any] | None = None) -> Any:
+def _insert_from(
+    table: sa.Table, values: dict[str, Any], moved: Any, name: str, from_moved: dict[str, Any] | None = None
+) -> Any:
     taken = from_moved or {}
     columns = [c for c in values if c not in taken] + list(taken)
     exprs = [sa.literal(values[c], type_=table.c[c].type) for c in values if c not in taken] + list(taken.values())
     return table.insert().from_select(columns, sa.select(*exprs).select_from(moved)).cte(name)
 
 
-def decide_and_apply(conn: Connection, task: Any, event: TaskEvent, now: datetime, *, source: EventSource,
-                     payload: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> Decision:
+def decide_and_apply(
+    conn: Connection,
+    task: Any,
+    event: TaskEvent,
+    now: datetime,
+    *,
+    source: EventSource,
+    payload: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Decision:
     """Decide `event` for the task row just read (under its lock) and apply it; a rejection means the caller's
     view is out of date, so it surfaces as VersionConflict (the caller's transaction rolls back)."""
     decision = decide(snapshot(task), Trigger(event, expected_version=int(task.version)), now)
     if not isinstance(decision, Decision):
         raise VersionConflict(f"{event} rejected for task {task.id}: {decision.reason}")
-    apply(conn, task.id, decision, source=source, source_event_id=f"{task.id}:{decision.version}", now=now,
-          extra=extra, payload=payload)
+    apply(
+        conn,
+        task.id,
+        decision,
+        source=source,
+        source_event_id=f"{task.id}:{decision.version}",
+        now=now,
+        extra=extra,
+        payload=payload,
+    )
     return decision

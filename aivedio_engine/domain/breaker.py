@@ -101,7 +101,7 @@ class Breaker:
         if status is BreakerState.HALF_OPEN:
             return self._open(now) if failed else Breaker(self.policy)
         consecutive = self.consecutive + 1 if failed else 0
-        recent = (*self.recent, failed)[-self.policy.window:]
+        recent = (*self.recent, failed)[-self.policy.window :]
         if consecutive >= self.policy.consecutive_failures or self._ratio_exceeded(recent):
             return self._open(now)
         return replace(self, consecutive=consecutive, recent=recent)

@@ -92,8 +92,16 @@ class CapacityInputs:
         _check(0 <= self.success_rate <= 1, "success_rate", "must be in [0, 1]", self.success_rate)
         _check(self.burst_factor >= 1, "burst_factor", "must be >= 1", self.burst_factor)
         _check(self.poll_interval > 0, "poll_interval", "must be > 0", self.poll_interval)
-        for name in ("provider_slots", "output_mb", "media_seconds", "vcpu_per_media_job",
-                     "transitions_per_task", "backlog", "connections", "kb_per_connection"):
+        for name in (
+            "provider_slots",
+            "output_mb",
+            "media_seconds",
+            "vcpu_per_media_job",
+            "transitions_per_task",
+            "backlog",
+            "connections",
+            "kb_per_connection",
+        ):
             value = getattr(self, name)
             _check(value is None or value >= 0, name, "must be >= 0", value)
 
@@ -177,32 +185,49 @@ def explain(est: CapacityEstimate, inputs: CapacityInputs) -> list[tuple[str, fl
     else:
         mu = f"μ = C / W = {f(i.provider_slots)} / {f(i.avg_duration)} = {f(e.max_throughput_per_s)} tasks/s"
         if e.overloaded:
-            growth = (f"(λ − μ) × 60 = ({f(i.arrival_rate)} − {f(e.max_throughput_per_s)}) × 60"
-                      f" = {f(e.queue_growth_per_min)} tasks/min")
+            growth = (
+                f"(λ − μ) × 60 = ({f(i.arrival_rate)} − {f(e.max_throughput_per_s)}) × 60"
+                f" = {f(e.queue_growth_per_min)} tasks/min"
+            )
         else:
             growth = f"λ = {f(i.arrival_rate)} ≤ μ = {f(e.max_throughput_per_s)}: the queue does not grow"
     lines = {
         "in_flight": f"L = λ × W = {f(i.arrival_rate)} × {f(i.avg_duration)} = {f(e.in_flight)} (Little's law)",
-        "required_slots": (f"L / ρ = {f(e.in_flight)} / {f(i.target_utilization)} = {f(e.required_slots)}"
-                           f" slots at {f(i.target_utilization * 100)}% utilization"),
+        "required_slots": (
+            f"L / ρ = {f(e.in_flight)} / {f(i.target_utilization)} = {f(e.required_slots)}"
+            f" slots at {f(i.target_utilization * 100)}% utilization"
+        ),
         "max_throughput_per_s": mu,
         "queue_growth_per_min": growth,
         "polling_qps": f"L / poll interval = {f(e.in_flight)} / {f(i.poll_interval)} s = {f(e.polling_qps)}",
-        "polling_qps_at_backlog": (f"backlog / poll interval = {f(i.backlog)} / {f(i.poll_interval)} s"
-                                   f" = {f(e.polling_qps_at_backlog)}"),
-        "fetch_mb_per_s": (f"λ × success × size = {f(i.arrival_rate)} × {f(i.success_rate)} × {f(i.output_mb)} MB"
-                           f" = {f(e.fetch_mb_per_s)} MB/s"),
+        "polling_qps_at_backlog": (
+            f"backlog / poll interval = {f(i.backlog)} / {f(i.poll_interval)} s = {f(e.polling_qps_at_backlog)}"
+        ),
+        "fetch_mb_per_s": (
+            f"λ × success × size = {f(i.arrival_rate)} × {f(i.success_rate)} × {f(i.output_mb)} MB"
+            f" = {f(e.fetch_mb_per_s)} MB/s"
+        ),
         "fetch_gbit_per_s": f"{f(e.fetch_mb_per_s)} MB/s × 8 / 1000 = {f(e.fetch_gbit_per_s)} Gbit/s",
-        "fetch_gbit_per_s_planned": (f"{f(e.fetch_gbit_per_s)} Gbit/s × burst {f(i.burst_factor)}"
-                                     f" = {f(e.fetch_gbit_per_s_planned)} Gbit/s (bursts, protocol overhead)"),
-        "media_concurrency": (f"λ × success × media time = {f(i.arrival_rate)} × {f(i.success_rate)}"
-                              f" × {f(i.media_seconds)} s = {f(e.media_concurrency)} jobs running"),
-        "media_vcpu": (f"{f(e.media_concurrency)} jobs × {f(i.vcpu_per_media_job)} vCPU = {f(e.media_vcpu)} vCPU,"
-                       " before redundancy and retries"),
-        "db_transition_writes_per_s": (f"λ × transitions = {f(i.arrival_rate)} × {f(i.transitions_per_task)}"
-                                       f" = {f(e.db_transition_writes_per_s)} writes/s"),
-        "sse_memory_gb": (f"{f(i.connections)} connections × {f(i.kb_per_connection)} KB / 10^6"
-                          f" = {f(e.sse_memory_gb)} GB, before TLS and socket buffers"),
+        "fetch_gbit_per_s_planned": (
+            f"{f(e.fetch_gbit_per_s)} Gbit/s × burst {f(i.burst_factor)}"
+            f" = {f(e.fetch_gbit_per_s_planned)} Gbit/s (bursts, protocol overhead)"
+        ),
+        "media_concurrency": (
+            f"λ × success × media time = {f(i.arrival_rate)} × {f(i.success_rate)}"
+            f" × {f(i.media_seconds)} s = {f(e.media_concurrency)} jobs running"
+        ),
+        "media_vcpu": (
+            f"{f(e.media_concurrency)} jobs × {f(i.vcpu_per_media_job)} vCPU = {f(e.media_vcpu)} vCPU,"
+            " before redundancy and retries"
+        ),
+        "db_transition_writes_per_s": (
+            f"λ × transitions = {f(i.arrival_rate)} × {f(i.transitions_per_task)}"
+            f" = {f(e.db_transition_writes_per_s)} writes/s"
+        ),
+        "sse_memory_gb": (
+            f"{f(i.connections)} connections × {f(i.kb_per_connection)} KB / 10^6"
+            f" = {f(e.sse_memory_gb)} GB, before TLS and socket buffers"
+        ),
     }
     return [(name, getattr(est, name), lines[name]) for name in FIGURES]
 
@@ -215,6 +240,8 @@ def overload_warning(est: CapacityEstimate, inputs: CapacityInputs) -> str | Non
     # max(0, ...): near the boundary the rounded μ can call a system overloaded that just fits.
     for_target = max(0, math.ceil(est.required_slots - c))
     to_keep_up = max(0, math.ceil(est.in_flight - c))
-    return (f"overloaded: the queue grows by {fmt(est.queue_growth_per_min)} tasks/min;"
-            f" {for_target} more provider slots needed for {fmt(est.required_slots)} at"
-            f" {fmt(inputs.target_utilization * 100)}% utilization ({to_keep_up} just to keep up)")
+    return (
+        f"overloaded: the queue grows by {fmt(est.queue_growth_per_min)} tasks/min;"
+        f" {for_target} more provider slots needed for {fmt(est.required_slots)} at"
+        f" {fmt(inputs.target_utilization * 100)}% utilization ({to_keep_up} just to keep up)"
+    )

@@ -32,7 +32,7 @@ _DEFAULTS = {f.name: f.default for f in fields(CapacityInputs)}
 
 
 def parse_window(text: str) -> float:
-    """"90s", "15m", "1h", "2d" or plain seconds → seconds; ValueError says what is accepted."""
+    """ "90s", "15m", "1h", "2d" or plain seconds → seconds; ValueError says what is accepted."""
     m = _WINDOW.match(text or "")
     if not m:
         raise ValueError(f"window must look like 90s, 15m, 1h or 2d, got {text!r}")
@@ -87,12 +87,21 @@ class Saturation:
     time_to_saturation_s: float | None  # 0: saturated now; None: never at these rates, or unknown
 
 
-def saturation(arrival_rate: float, avg_duration: float | None, slots: int | None, in_flight: int,
-               target_utilization: float = 0.75) -> Saturation:
+def saturation(
+    arrival_rate: float, avg_duration: float | None, slots: int | None, in_flight: int, target_utilization: float = 0.75
+) -> Saturation:
     if slots is None or avg_duration is None or avg_duration <= 0:
-        return Saturation(slots, in_flight, arrival_rate, avg_duration, None,
-                          None if slots is None else slots - in_flight, None, 0.0,
-                          0.0 if slots is not None and in_flight >= slots else None)
+        return Saturation(
+            slots,
+            in_flight,
+            arrival_rate,
+            avg_duration,
+            None,
+            None if slots is None else slots - in_flight,
+            None,
+            0.0,
+            0.0 if slots is not None and in_flight >= slots else None,
+        )
     load = arrival_rate * avg_duration  # L = λW: slots the steady state needs
     # μ rounded as capacity.estimate reports it, so this growth and the model's queue_growth_per_min agree
     mu = round(slots / avg_duration, 2)
@@ -104,11 +113,15 @@ def saturation(arrival_rate: float, avg_duration: float | None, slots: int | Non
     else:
         to_saturation = None
     return Saturation(
-        slots=slots, in_flight=in_flight, arrival_rate=arrival_rate, avg_duration=avg_duration,
+        slots=slots,
+        in_flight=in_flight,
+        arrival_rate=arrival_rate,
+        avg_duration=avg_duration,
         utilization=round(load / slots, 4) if slots else None,
         headroom_slots=slots - in_flight,
         headroom_rate=round(target_utilization * slots / avg_duration - arrival_rate, 4),
-        queue_growth_per_min=growth, time_to_saturation_s=to_saturation,
+        queue_growth_per_min=growth,
+        time_to_saturation_s=to_saturation,
     )
 
 
@@ -136,8 +149,9 @@ class LiveReport:
     why_no_estimate: str | None = None
 
 
-def live_inputs(m: Measured, slots: int, *, poll_interval: float,
-                target_utilization: float = 0.75) -> tuple[CapacityInputs | None, tuple[str, ...], str | None]:
+def live_inputs(
+    m: Measured, slots: int, *, poll_interval: float, target_utilization: float = 0.75
+) -> tuple[CapacityInputs | None, tuple[str, ...], str | None]:
     """The model inputs from the measurements: (inputs or None, assumed input names, why None)."""
     if m.arrivals == 0:
         return None, (), "no task arrived in the window"
@@ -151,26 +165,44 @@ def live_inputs(m: Measured, slots: int, *, poll_interval: float,
     }
     assumed = tuple(name for name, value in measured.items() if value is None)
     chosen: dict[str, Any] = {name: (_DEFAULTS[name] if value is None else value) for name, value in measured.items()}
-    inputs = CapacityInputs(arrival_rate=m.arrival_rate, avg_duration=m.provider_seconds,
-                            target_utilization=target_utilization, provider_slots=slots,
-                            poll_interval=poll_interval, backlog=m.in_flight + m.backlog, **chosen)
+    inputs = CapacityInputs(
+        arrival_rate=m.arrival_rate,
+        avg_duration=m.provider_seconds,
+        target_utilization=target_utilization,
+        provider_slots=slots,
+        poll_interval=poll_interval,
+        backlog=m.in_flight + m.backlog,
+        **chosen,
+    )
     return inputs, assumed, None
 
 
-def assess(m: Measured, limits: SlotLimits, *, poll_interval: float, target_utilization: float = 0.75,
-           per_provider: Mapping[str, Measured] | None = None) -> LiveReport:
+def assess(
+    m: Measured,
+    limits: SlotLimits,
+    *,
+    poll_interval: float,
+    target_utilization: float = 0.75,
+    per_provider: Mapping[str, Measured] | None = None,
+) -> LiveReport:
     """The whole picture: the model on measured rates, and slot pressure for the platform and each provider."""
-    inputs, assumed, why = live_inputs(m, limits.total, poll_interval=poll_interval,
-                                       target_utilization=target_utilization)
+    inputs, assumed, why = live_inputs(
+        m, limits.total, poll_interval=poll_interval, target_utilization=target_utilization
+    )
     providers: dict[str, Saturation] = {}
     for name in sorted(set(limits.providers) | set(per_provider or {})):
         pm = (per_provider or {}).get(name) or Measured(window_s=m.window_s)
-        providers[name] = saturation(pm.arrival_rate, pm.provider_seconds, limits.providers.get(name),
-                                     pm.in_flight, target_utilization)
+        providers[name] = saturation(
+            pm.arrival_rate, pm.provider_seconds, limits.providers.get(name), pm.in_flight, target_utilization
+        )
     return LiveReport(
-        measured=m, inputs=inputs, estimate=None if inputs is None else estimate(inputs), assumed=assumed,
+        measured=m,
+        inputs=inputs,
+        estimate=None if inputs is None else estimate(inputs),
+        assumed=assumed,
         platform=saturation(m.arrival_rate, m.provider_seconds, limits.total, m.in_flight, target_utilization),
-        providers=providers, why_no_estimate=why,
+        providers=providers,
+        why_no_estimate=why,
     )
 
 
@@ -181,8 +213,11 @@ def pressure_warnings(report: LiveReport) -> list[str]:
     for name, s in [*report.providers.items(), ("platform", report.platform)]:
         if s.time_to_saturation_s is None:
             continue
-        when = "saturated now" if s.time_to_saturation_s <= 0 else \
-            f"slots saturate in {fmt_duration(s.time_to_saturation_s)} at the measured rates"
+        when = (
+            "saturated now"
+            if s.time_to_saturation_s <= 0
+            else f"slots saturate in {fmt_duration(s.time_to_saturation_s)} at the measured rates"
+        )
         then = "" if s.time_to_saturation_s <= 0 else " then"
         growth = f"; the queue{then} grows by {s.queue_growth_per_min:g} tasks/min" if s.queue_growth_per_min else ""
         lines.append(f"{name}: {when} ({s.in_flight}/{s.slots} slots in use){growth}")

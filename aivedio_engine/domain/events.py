@@ -59,8 +59,9 @@ URGENT_FETCH = Route("fetch_output_urgent", Queue.FETCH_URGENT, priority=0)
 #: routes besides the default one that an event type may be written to
 ALTERNATE_ROUTES: dict[EventType, tuple[Route, ...]] = {EventType.FETCH_REQUESTED: (URGENT_FETCH,)}
 #: actor name → its route (the relay publishes a row to its target's queue)
-BY_ACTOR: dict[str, Route] = {r.actor: r for r in (*ROUTES.values(),
-                                                   *(a for alts in ALTERNATE_ROUTES.values() for a in alts))}
+BY_ACTOR: dict[str, Route] = {
+    r.actor: r for r in (*ROUTES.values(), *(a for alts in ALTERNATE_ROUTES.values() for a in alts))
+}
 
 
 def fetch_route(expires_at: list[datetime | None], now: datetime, urgent_within_s: float) -> Route:

@@ -52,8 +52,10 @@ class Catalog:
         if not matches:
             offering = sorted({m.provider for m in self.models if m.model == model})
             if provider is not None and offering:
-                raise InvalidRequest("provider", f"provider {provider!r} does not offer model {model!r} "
-                                                 f"(offered by: {', '.join(offering)})")
+                raise InvalidRequest(
+                    "provider",
+                    f"provider {provider!r} does not offer model {model!r} (offered by: {', '.join(offering)})",
+                )
             raise InvalidRequest("model", f"unknown model {model!r} (known: {self.known_models()})")
         preferred = [m for m in matches if m.provider == self.default_provider]
         return (preferred or matches)[0]
@@ -82,8 +84,18 @@ class GenerationParams:
         return data
 
 
-_FIELDS = {"prompt", "model", "provider", "asset_ids", "duration_s", "aspect_ratio", "resolution", "seed",
-           "priority", "deadline_s"}
+_FIELDS = {
+    "prompt",
+    "model",
+    "provider",
+    "asset_ids",
+    "duration_s",
+    "aspect_ratio",
+    "resolution",
+    "seed",
+    "priority",
+    "deadline_s",
+}
 
 
 def normalize(raw: Mapping[str, Any], catalog: Catalog) -> GenerationParams:

@@ -95,9 +95,7 @@ RETRY_MATRIX: dict[ErrorClass, MatrixRow] = {
     ErrorClass.SUBMIT_AMBIGUOUS: MatrixRow(
         Step.SUBMIT, AutoRetry.NOT_IMMEDIATELY, DuplicateRisk.HIGH, Strategy.RECONCILE
     ),
-    ErrorClass.QUERY_FAILED: MatrixRow(
-        Step.QUERY, AutoRetry.YES, DuplicateRisk.NONE, Strategy.BACKOFF_NO_STATE_CHANGE
-    ),
+    ErrorClass.QUERY_FAILED: MatrixRow(Step.QUERY, AutoRetry.YES, DuplicateRisk.NONE, Strategy.BACKOFF_NO_STATE_CHANGE),
     ErrorClass.CALLBACK_PROCESSING_FAILED: MatrixRow(
         Step.NOTIFICATION, AutoRetry.BY_REDELIVERY, DuplicateRisk.NONE, Strategy.PERSIST_AND_DEDUPE
     ),
@@ -139,24 +137,54 @@ class RetryBudget:
 # reliability_anchors §5: business retries 30 s, 2 min, 5 min, max_retry 3 per step; polling ≥ 5 s (Runway).
 DEFAULT_BUDGETS: dict[Step, RetryBudget] = {
     Step.SUBMIT: RetryBudget(
-        max_attempts=3, max_total_wait_s=900, deadline_s=1800, base_delay_s=30, multiplier=4, max_delay_s=300,
-        provider_switch_allowed=True, manual_confirmation_required=False,
+        max_attempts=3,
+        max_total_wait_s=900,
+        deadline_s=1800,
+        base_delay_s=30,
+        multiplier=4,
+        max_delay_s=300,
+        provider_switch_allowed=True,
+        manual_confirmation_required=False,
     ),
     Step.QUERY: RetryBudget(
-        max_attempts=20, max_total_wait_s=1800, deadline_s=3600, base_delay_s=5, multiplier=2, max_delay_s=60,
-        provider_switch_allowed=False, manual_confirmation_required=False,
+        max_attempts=20,
+        max_total_wait_s=1800,
+        deadline_s=3600,
+        base_delay_s=5,
+        multiplier=2,
+        max_delay_s=60,
+        provider_switch_allowed=False,
+        manual_confirmation_required=False,
     ),
     Step.OUTPUT_FETCH: RetryBudget(
-        max_attempts=5, max_total_wait_s=900, deadline_s=3600, base_delay_s=10, multiplier=3, max_delay_s=300,
-        provider_switch_allowed=False, manual_confirmation_required=False,
+        max_attempts=5,
+        max_total_wait_s=900,
+        deadline_s=3600,
+        base_delay_s=10,
+        multiplier=3,
+        max_delay_s=300,
+        provider_switch_allowed=False,
+        manual_confirmation_required=False,
     ),
     Step.MEDIA: RetryBudget(
-        max_attempts=3, max_total_wait_s=900, deadline_s=3600, base_delay_s=30, multiplier=4, max_delay_s=300,
-        provider_switch_allowed=False, manual_confirmation_required=True,
+        max_attempts=3,
+        max_total_wait_s=900,
+        deadline_s=3600,
+        base_delay_s=30,
+        multiplier=4,
+        max_delay_s=300,
+        provider_switch_allowed=False,
+        manual_confirmation_required=True,
     ),
     Step.NOTIFICATION: RetryBudget(
-        max_attempts=5, max_total_wait_s=300, deadline_s=600, base_delay_s=1, multiplier=3, max_delay_s=60,
-        provider_switch_allowed=False, manual_confirmation_required=False,
+        max_attempts=5,
+        max_total_wait_s=300,
+        deadline_s=600,
+        base_delay_s=1,
+        multiplier=3,
+        max_delay_s=60,
+        provider_switch_allowed=False,
+        manual_confirmation_required=False,
     ),
 }
 
@@ -212,8 +240,9 @@ def decide_retry(ctx: FailureContext, budget: RetryBudget, now: datetime, rng: r
     if late:
         verdict = Verdict.MANUAL if budget.manual_confirmation_required else Verdict.GIVE_UP
         return RetryDecision(verdict, None, late)
-    return RetryDecision(Verdict.RETRY, retry_at,
-                         f"retry {ctx.attempts_made + 1}/{budget.max_attempts} in {delay:.1f}s")
+    return RetryDecision(
+        Verdict.RETRY, retry_at, f"retry {ctx.attempts_made + 1}/{budget.max_attempts} in {delay:.1f}s"
+    )
 
 
 def _exhausted(ctx: FailureContext, budget: RetryBudget, now: datetime) -> str | None:

@@ -102,8 +102,16 @@ TASK_MACHINE: Machine[TaskStatus, TaskEvent] = Machine(
 
 #: the main line, used to tell a stale observation (its stage is behind us) from an illegal one.
 TASK_CHAIN: tuple[TaskStatus, ...] = (
-    T.CREATED, T.VALIDATING, T.QUOTA_RESERVED, T.QUEUED, T.DISPATCHING, T.SUBMITTED, T.RUNNING,
-    T.OUTPUT_FETCHING, T.POST_PROCESSING, T.SUCCEEDED,
+    T.CREATED,
+    T.VALIDATING,
+    T.QUOTA_RESERVED,
+    T.QUEUED,
+    T.DISPATCHING,
+    T.SUBMITTED,
+    T.RUNNING,
+    T.OUTPUT_FETCHING,
+    T.POST_PROCESSING,
+    T.SUCCEEDED,
 )
 
 
@@ -284,7 +292,9 @@ def decide(task: TaskSnapshot, trigger: Trigger | TaskEvent, now: datetime) -> D
         return Rejection(RejectionKind.TERMINAL, task.status, event, f"{task.status} is terminal", anomaly)
     if trigger.expected_version is not None and trigger.expected_version != task.version:
         return Rejection(
-            RejectionKind.STALE, task.status, event,
+            RejectionKind.STALE,
+            task.status,
+            event,
             f"observed version {trigger.expected_version}, task is at {task.version}",
         )
     edge = TASK_MACHINE.edge(task.status, event)

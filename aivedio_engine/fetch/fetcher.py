@@ -97,9 +97,7 @@ class Download:
         finally:
             self.close()
         if self.content_length is not None and self.bytes_read != self.content_length:
-            raise FetchError(
-                "truncated", f"got {self.bytes_read} of {self.content_length} bytes: {self.url}"
-            )
+            raise FetchError("truncated", f"got {self.bytes_read} of {self.content_length} bytes: {self.url}")
 
     def __iter__(self) -> Iterator[bytes]:
         return self.chunks()
@@ -166,9 +164,7 @@ class Fetcher:
                     raise FetchError("http_status", f"{status} without Location: {target.redacted}", status=status)
                 redirects += 1
                 if redirects > s.max_redirects:
-                    raise FetchError(
-                        "too_many_redirects", f"more than {s.max_redirects} redirects: {target.redacted}"
-                    )
+                    raise FetchError("too_many_redirects", f"more than {s.max_redirects} redirects: {target.redacted}")
                 current = urljoin(target.url, location)
                 continue
             try:

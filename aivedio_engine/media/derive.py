@@ -56,8 +56,13 @@ _LOG_PREFIX = re.compile(r"^\s*(\[[^\]]*\]\s*)+")
 #: prlimit's SIGXCPU (our own stops are told apart by `sandbox.Child`, which records them)
 _SIGNALLED_EXIT = 255
 #: how an address-space cap shows up: ENOMEM text, x264's failed malloc, or EAGAIN from thread creation
-_ENOMEM_MARKERS = (b"Cannot allocate memory", b"out of memory", b"Out of memory", b"malloc of size",
-                   b"Resource temporarily unavailable")
+_ENOMEM_MARKERS = (
+    b"Cannot allocate memory",
+    b"out of memory",
+    b"Out of memory",
+    b"malloc of size",
+    b"Resource temporarily unavailable",
+)
 
 
 class MediaError(Exception):
@@ -121,15 +126,18 @@ def has_audio(probe: ProbeResult) -> bool:
 def _input(src: Path, probe: ProbeResult, limits: MediaLimits, **options: Any) -> ffgraph.Input:
     if probe.video is None:
         raise ValueError("the source has no video stream")
-    return ffgraph.Input(_out(src), {
-        "protocol_whitelist": "file",
-        "format_whitelist": ",".join(FORMATS["video"]),
-        "codec_whitelist": DECODERS,
-        "max_pixels": limits.max_pixels,
-        "max_streams": limits.max_streams + STREAM_HEADROOM,
-        "t": _seconds(duration_cap(probe, limits)),
-        **options,
-    })
+    return ffgraph.Input(
+        _out(src),
+        {
+            "protocol_whitelist": "file",
+            "format_whitelist": ",".join(FORMATS["video"]),
+            "codec_whitelist": DECODERS,
+            "max_pixels": limits.max_pixels,
+            "max_streams": limits.max_streams + STREAM_HEADROOM,
+            "t": _seconds(duration_cap(probe, limits)),
+            **options,
+        },
+    )
 
 
 def _out(path: Path) -> str:
@@ -141,33 +149,51 @@ def _cmd(ffmpeg_bin: str) -> list[str]:
     return [ffmpeg_bin, *_HEAD]
 
 
-def proxy_mp4_argv(src: Path, dst: Path, probe: ProbeResult, limits: MediaLimits,
-                   ffmpeg_bin: str = "ffmpeg") -> list[str]:
+def proxy_mp4_argv(
+    src: Path, dst: Path, probe: ProbeResult, limits: MediaLimits, ffmpeg_bin: str = "ffmpeg"
+) -> list[str]:
     """H.264/AAC MP4, short side ≤ 720 (never upscaled), moov first so a browser starts playing at once."""
-    return ffgraph.proxy_mp4_argv(_cmd(ffmpeg_bin), _input(src, probe, limits), _out(dst),
-                                  short_side=PROXY_SHORT_SIDE, audio=has_audio(probe), keyframe_every_s=HLS_SEGMENT_S)
+    return ffgraph.proxy_mp4_argv(
+        _cmd(ffmpeg_bin),
+        _input(src, probe, limits),
+        _out(dst),
+        short_side=PROXY_SHORT_SIDE,
+        audio=has_audio(probe),
+        keyframe_every_s=HLS_SEGMENT_S,
+    )
 
 
-def hls_from_proxy_argv(proxy: Path, out_dir: Path, probe: ProbeResult, limits: MediaLimits,
-                        ffmpeg_bin: str = "ffmpeg") -> list[str]:
+def hls_from_proxy_argv(
+    proxy: Path, out_dir: Path, probe: ProbeResult, limits: MediaLimits, ffmpeg_bin: str = "ffmpeg"
+) -> list[str]:
     """HLS cut from our own proxy MP4 (built by `proxy_mp4_argv` from the source `probe` describes): the same
     input fences as for any file, streams copied."""
     out_dir = Path(out_dir).resolve()
     return ffgraph.hls_remux_argv(
-        _cmd(ffmpeg_bin), _input(proxy, probe, limits), _out(out_dir / HLS_PLAYLIST),
-        segment_pattern=_out(out_dir / HLS_SEGMENT_PATTERN), init_name=HLS_INIT, segment_s=HLS_SEGMENT_S,
+        _cmd(ffmpeg_bin),
+        _input(proxy, probe, limits),
+        _out(out_dir / HLS_PLAYLIST),
+        segment_pattern=_out(out_dir / HLS_SEGMENT_PATTERN),
+        init_name=HLS_INIT,
+        segment_s=HLS_SEGMENT_S,
         audio=has_audio(probe),
     )
 
 
-def hls_argv(src: Path, out_dir: Path, probe: ProbeResult, limits: MediaLimits,
-             ffmpeg_bin: str = "ffmpeg") -> list[str]:
+def hls_argv(
+    src: Path, out_dir: Path, probe: ProbeResult, limits: MediaLimits, ffmpeg_bin: str = "ffmpeg"
+) -> list[str]:
     """VOD HLS with fMP4 segments next to `index.m3u8`; the playlist names its files relatively."""
     out_dir = Path(out_dir).resolve()
     return ffgraph.hls_argv(
-        _cmd(ffmpeg_bin), _input(src, probe, limits), _out(out_dir / HLS_PLAYLIST),
-        segment_pattern=_out(out_dir / HLS_SEGMENT_PATTERN), init_name=HLS_INIT, segment_s=HLS_SEGMENT_S,
-        short_side=PROXY_SHORT_SIDE, audio=has_audio(probe),
+        _cmd(ffmpeg_bin),
+        _input(src, probe, limits),
+        _out(out_dir / HLS_PLAYLIST),
+        segment_pattern=_out(out_dir / HLS_SEGMENT_PATTERN),
+        init_name=HLS_INIT,
+        segment_s=HLS_SEGMENT_S,
+        short_side=PROXY_SHORT_SIDE,
+        audio=has_audio(probe),
     )
 
 
@@ -176,15 +202,17 @@ def thumbnail_at(probe: ProbeResult, limits: MediaLimits) -> float:
     return min(1.0, duration_cap(probe, limits) / 2)
 
 
-def thumbnail_argv(src: Path, dst: Path, probe: ProbeResult, limits: MediaLimits,
-                   ffmpeg_bin: str = "ffmpeg") -> list[str]:
+def thumbnail_argv(
+    src: Path, dst: Path, probe: ProbeResult, limits: MediaLimits, ffmpeg_bin: str = "ffmpeg"
+) -> list[str]:
     """One JPEG frame, at most 640 wide with even sides."""
     source = _input(src, probe, limits, ss=_seconds(thumbnail_at(probe, limits)))
     return ffgraph.thumbnail_argv(_cmd(ffmpeg_bin), source, _out(dst), max_width=THUMBNAIL_MAX_WIDTH)
 
 
-def waveform_argv(src: Path, dst: Path, probe: ProbeResult, limits: MediaLimits,
-                  ffmpeg_bin: str = "ffmpeg") -> list[str]:
+def waveform_argv(
+    src: Path, dst: Path, probe: ProbeResult, limits: MediaLimits, ffmpeg_bin: str = "ffmpeg"
+) -> list[str]:
     """A PNG picture of the first audio stream's waveform."""
     if not has_audio(probe):
         raise ValueError("the source has no audio stream")
@@ -196,7 +224,7 @@ def waveform_argv(src: Path, dst: Path, probe: ProbeResult, limits: MediaLimits,
 
 def _file_args(argv: Sequence[str]) -> list[Path]:
     """Local paths named in the argv (files first, then their directories), to keep them out of messages."""
-    files = [Path(a[len("file:"):]) for a in argv if a.startswith("file:")]
+    files = [Path(a[len("file:") :]) for a in argv if a.startswith("file:")]
     dirs = {f.parent for f in files}
     return files + sorted(dirs, key=lambda d: len(str(d)), reverse=True)
 
@@ -251,8 +279,9 @@ def job_dir(base: Path | None = None) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def build_derivatives(src: Path, probe: ProbeResult, workdir: Path, profiles: Sequence[DerivativeProfile],
-                      limits: MediaLimits) -> dict[DerivativeProfile, DerivativeResult]:
+def build_derivatives(
+    src: Path, probe: ProbeResult, workdir: Path, profiles: Sequence[DerivativeProfile], limits: MediaLimits
+) -> dict[DerivativeProfile, DerivativeResult]:
     """Each requested profile, built independently into its own subdirectory of `workdir`."""
     results: dict[DerivativeProfile, DerivativeResult] = {}
     # config lists profiles as strings; the enum also rejects a typo before any work starts. The proxy goes
@@ -265,8 +294,9 @@ def build_derivatives(src: Path, probe: ProbeResult, workdir: Path, profiles: Se
             results[profile] = DerivativeResult(profile, "SKIPPED", error="no audio stream")
             continue
         if interrupted is not None:  # the engine is stopping: starting the next encode would be refused too
-            results[profile] = DerivativeResult(profile, "FAILED", error=f"not built: {interrupted}", retryable=True,
-                                                interrupted=True)
+            results[profile] = DerivativeResult(
+                profile, "FAILED", error=f"not built: {interrupted}", retryable=True, interrupted=True
+            )
             continue
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -276,8 +306,9 @@ def build_derivatives(src: Path, probe: ProbeResult, workdir: Path, profiles: Se
             # a full or unwritable work disk is ours to fix, so it is worth another attempt
             retryable = exc.retryable if isinstance(exc, MediaError) else isinstance(exc, OSError)
             message = exc.message if isinstance(exc, MediaError) else _os_message(exc)
-            results[profile] = DerivativeResult(profile, "FAILED", error=message, retryable=retryable,
-                                                interrupted=isinstance(exc, MediaInterrupted))
+            results[profile] = DerivativeResult(
+                profile, "FAILED", error=message, retryable=retryable, interrupted=isinstance(exc, MediaInterrupted)
+            )
             if isinstance(exc, MediaInterrupted):
                 interrupted = exc.message
     return results
@@ -290,8 +321,14 @@ def _os_message(exc: Exception) -> str:
     return str(exc)
 
 
-def _build(profile: DerivativeProfile, src: Path, probe: ProbeResult, out_dir: Path, limits: MediaLimits,
-           built: dict[DerivativeProfile, DerivativeResult]) -> DerivativeResult:
+def _build(
+    profile: DerivativeProfile,
+    src: Path,
+    probe: ProbeResult,
+    out_dir: Path,
+    limits: MediaLimits,
+    built: dict[DerivativeProfile, DerivativeResult],
+) -> DerivativeResult:
     if profile is DerivativeProfile.HLS:
         proxy = built.get(DerivativeProfile.PROXY_MP4)
         if proxy is not None and proxy.status == "READY":

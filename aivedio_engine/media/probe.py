@@ -26,8 +26,10 @@ from aivedio_engine.media import sandbox
 #: ffprobe demuxer names accepted per declared family (a demuxer name may be a comma list, e.g. "mov,mp4,...")
 FORMATS = {"video": ("mov", "mp4", "matroska", "webm"), "image": ("png_pipe", "jpeg_pipe", "webp_pipe")}
 #: decoder names ffprobe may open (`-codec_whitelist` matches decoder names, not codec ids)
-DECODERS = ("h264,hevc,vp8,vp9,libvpx,libvpx-vp9,av1,libdav1d,libaom-av1,mpeg4,"
-            "aac,aac_fixed,mp3,mp3float,opus,libopus,vorbis,libvorbis,flac,png,mjpeg,webp")
+DECODERS = (
+    "h264,hevc,vp8,vp9,libvpx,libvpx-vp9,av1,libdav1d,libaom-av1,mpeg4,"
+    "aac,aac_fixed,mp3,mp3float,opus,libopus,vorbis,libvorbis,flac,png,mjpeg,webp"
+)
 VIDEO_CODECS = frozenset({"h264", "hevc", "vp8", "vp9", "av1", "mpeg4"})
 AUDIO_CODECS = frozenset({"aac", "mp3", "opus", "vorbis", "flac"})
 IMAGE_CODECS = frozenset({"png", "mjpeg", "webp"})
@@ -36,9 +38,11 @@ PASSIVE_STREAMS = frozenset({"data", "subtitle"})
 #: extra demuxer stream headroom, so a file a little over the policy gets a precise reason from the gate
 STREAM_HEADROOM = 4
 
-_SHOW = ("format=format_name,duration,size,bit_rate,nb_streams"
-         ":stream=index,codec_type,codec_name,width,height,r_frame_rate,avg_frame_rate,duration,pix_fmt,"
-         "sample_rate,channels")
+_SHOW = (
+    "format=format_name,duration,size,bit_rate,nb_streams"
+    ":stream=index,codec_type,codec_name,width,height,r_frame_rate,avg_frame_rate,duration,pix_fmt,"
+    "sample_rate,channels"
+)
 _LOG_PREFIX = re.compile(r"^\s*(\[[^\]]*\]\s*)+")
 
 
@@ -104,22 +108,35 @@ def ffprobe_argv(path: Path, family: str, limits: MediaLimits, ffprobe: str = "f
     if family not in FORMATS:
         raise ValueError(f"unknown media family {family!r}")
     return [
-        ffprobe, "-v", "error", "-hide_banner",
-        "-protocol_whitelist", "file",
-        "-format_whitelist", ",".join(FORMATS[family]),
-        "-codec_whitelist", DECODERS,
-        "-max_pixels", str(limits.max_pixels),
-        "-max_streams", str(limits.max_streams + STREAM_HEADROOM),
-        "-print_format", "json", "-show_entries", _SHOW,
-        "-i", f"file:{Path(path).resolve()}",
+        ffprobe,
+        "-v",
+        "error",
+        "-hide_banner",
+        "-protocol_whitelist",
+        "file",
+        "-format_whitelist",
+        ",".join(FORMATS[family]),
+        "-codec_whitelist",
+        DECODERS,
+        "-max_pixels",
+        str(limits.max_pixels),
+        "-max_streams",
+        str(limits.max_streams + STREAM_HEADROOM),
+        "-print_format",
+        "json",
+        "-show_entries",
+        _SHOW,
+        "-i",
+        f"file:{Path(path).resolve()}",
     ]
 
 
 def run_ffprobe(path: Path, family: str, limits: MediaLimits, ffprobe: str = "ffprobe") -> dict[str, Any]:
     """ffprobe's JSON for a local file. ProbeError when the content is refused or unreadable; ProbeInterrupted
     when the probe was stopped for a reason that says nothing about the file (shutdown, SIGINT/SIGTERM/SIGHUP)."""
-    argv = (sandbox.prefix(math.ceil(limits.timeout_s), limits.memory_limit_bytes)
-            + ffprobe_argv(path, family, limits, ffprobe))
+    argv = sandbox.prefix(math.ceil(limits.timeout_s), limits.memory_limit_bytes) + ffprobe_argv(
+        path, family, limits, ffprobe
+    )
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
     try:
         proc = sandbox.run(argv, timeout_s=limits.timeout_s, env=env)
@@ -194,25 +211,31 @@ def parse_probe(doc: dict[str, Any]) -> ProbeResult:
             raise ProbeError("malformed stream entry")
         rate = _rate(s.get("avg_frame_rate")) or _rate(s.get("r_frame_rate"))
         index = _int(s.get("index"))
-        infos.append(StreamInfo(
-            index=i if index is None else index,
-            codec_type=str(s.get("codec_type") or "unknown")[:32],
-            codec_name=str(s["codec_name"])[:32] if s.get("codec_name") else None,
-            width=_int(s.get("width")),
-            height=_int(s.get("height")),
-            frame_rate=rate,
-            duration_s=_num(s.get("duration")),
-        ))
+        infos.append(
+            StreamInfo(
+                index=i if index is None else index,
+                codec_type=str(s.get("codec_type") or "unknown")[:32],
+                codec_name=str(s["codec_name"])[:32] if s.get("codec_name") else None,
+                width=_int(s.get("width")),
+                height=_int(s.get("height")),
+                frame_rate=rate,
+                duration_s=_num(s.get("duration")),
+            )
+        )
     duration = _num(fmt.get("duration"))
     if duration is None:
         durations = [s.duration_s for s in infos if s.duration_s is not None]
         duration = max(durations) if durations else None
     raw = {
-        "format": {k: fmt.get(k) for k in ("format_name", "duration", "size", "bit_rate", "nb_streams")
-                   if isinstance(fmt.get(k), (str, int, float))},
+        "format": {
+            k: fmt.get(k)
+            for k in ("format_name", "duration", "size", "bit_rate", "nb_streams")
+            if isinstance(fmt.get(k), (str, int, float))
+        },
         "streams": [
             {k: v for k, v in s.items() if isinstance(v, (str, int, float)) and k != "tags"}
-            for s in streams[:16] if isinstance(s, dict)
+            for s in streams[:16]
+            if isinstance(s, dict)
         ],
     }
     return ProbeResult(str(fmt.get("format_name") or "")[:64], duration, tuple(infos), raw)

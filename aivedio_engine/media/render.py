@@ -55,8 +55,12 @@ CJK_FONT_CANDIDATES = (
 )
 MAX_CAPTION_LINES = 4
 #: points on the set's boundary, where zooming in stays interesting
-MANDELBROT_SPOTS = ((-0.743643887, 0.131825904), (-0.10109636, 0.95628651), (-0.77568377, 0.13646737),
-                    (0.001643721, -0.822467633))
+MANDELBROT_SPOTS = (
+    (-0.743643887, 0.131825904),
+    (-0.10109636, 0.95628651),
+    (-0.77568377, 0.13646737),
+    (0.001643721, -0.822467633),
+)
 
 
 class RenderSpecError(ValueError):
@@ -131,8 +135,13 @@ def pick_font(paths: tuple[str, ...] = FONT_CANDIDATES) -> Path | None:
 
 
 def needs_cjk(text: str) -> bool:
-    return any(0x2E80 <= ord(c) <= 0x9FFF or 0xAC00 <= ord(c) <= 0xD7AF or 0xF900 <= ord(c) <= 0xFAFF
-               or 0xFF00 <= ord(c) <= 0xFFEF for c in text)
+    return any(
+        0x2E80 <= ord(c) <= 0x9FFF
+        or 0xAC00 <= ord(c) <= 0xD7AF
+        or 0xF900 <= ord(c) <= 0xFAFF
+        or 0xFF00 <= ord(c) <= 0xFFEF
+        for c in text
+    )
 
 
 def caption_text(prompt: str, width: int, height: int) -> str:
@@ -155,8 +164,15 @@ def font_size(height: int) -> int:
     return max(12, height // 18)
 
 
-def clip_argv(spec: ClipSpec, output: Path, *, image: Path | None = None, caption_file: Path | None = None,
-              font_file: Path | None = None, ffmpeg_bin: str = "ffmpeg") -> list[str]:
+def clip_argv(
+    spec: ClipSpec,
+    output: Path,
+    *,
+    image: Path | None = None,
+    caption_file: Path | None = None,
+    font_file: Path | None = None,
+    ffmpeg_bin: str = "ffmpeg",
+) -> list[str]:
     """The ffmpeg argv (a list, never a shell string) that renders `spec` into `output` (MP4).
 
     Progress goes to stdout as `-progress` key=value lines; errors only to stderr.
@@ -168,17 +184,31 @@ def clip_argv(spec: ClipSpec, output: Path, *, image: Path | None = None, captio
         caption = ffgraph.Caption(font_file=str(font_file), text_file=str(caption_file), size=font_size(spec.height))
     audio = _tone(spec, rng)
     head = [ffmpeg_bin, "-nostdin", "-hide_banner", "-nostats", "-loglevel", "error", "-progress", "pipe:1"]
-    return ffgraph.clip_argv(head, f"file:{output}", video, audio, caption=caption, duration_s=spec.duration_s,
-                             fade_s=min(0.5, spec.duration_s / 4), fps=spec.fps, preset=spec.preset,
-                             threads=spec.threads)
+    return ffgraph.clip_argv(
+        head,
+        f"file:{output}",
+        video,
+        audio,
+        caption=caption,
+        duration_s=spec.duration_s,
+        fade_s=min(0.5, spec.duration_s / 4),
+        fps=spec.fps,
+        preset=spec.preset,
+        threads=spec.threads,
+    )
 
 
 def _image_video(spec: ClipSpec, image: Path, rng: random.Random) -> ffgraph.PannedImage:
     n = spec.frames
-    source = ffgraph.Input(f"file:{image}", {
-        "protocol_whitelist": "file", "format_whitelist": IMAGE_DEMUXERS, "codec_whitelist": IMAGE_DECODERS,
-        "max_pixels": MAX_IMAGE_PIXELS,
-    })
+    source = ffgraph.Input(
+        f"file:{image}",
+        {
+            "protocol_whitelist": "file",
+            "format_whitelist": IMAGE_DEMUXERS,
+            "codec_whitelist": IMAGE_DECODERS,
+            "max_pixels": MAX_IMAGE_PIXELS,
+        },
+    )
     zoom_in = rng.random() < 0.5
     depth = round(rng.uniform(0.12, 0.3), 3)
     z = f"1+{depth}*on/{n}" if zoom_in else f"{1 + depth}-{depth}*on/{n}"
@@ -204,20 +234,25 @@ def _generated_video(spec: ClipSpec, rng: random.Random) -> ffgraph.Generated:
     # are smooth or abstract, so drawing them small and scaling up loses little
     if kind == "gradients":
         colors = ":".join(f"c{i}=0x{rng.randrange(0x1000000):06x}" for i in range(4))
-        graph = (f"gradients=size={_even(w / 2)}x{_even(h / 2)}:rate={fps}:duration={d}:nb_colors=4:{colors}"
-                 f":seed={rng.randrange(1 << 31)}:speed={rng.uniform(0.005, 0.03):.4f}")
+        graph = (
+            f"gradients=size={_even(w / 2)}x{_even(h / 2)}:rate={fps}:duration={d}:nb_colors=4:{colors}"
+            f":seed={rng.randrange(1 << 31)}:speed={rng.uniform(0.005, 0.03):.4f}"
+        )
         return ffgraph.Generated(graph, scale_to=(w, h))
     start_x, start_y = rng.choice(MANDELBROT_SPOTS)
     # end_pts counts frames, not seconds: the zoom reaches end_scale on the last frame and no further
-    graph = (f"mandelbrot=size={_even(w / 4)}x{_even(h / 4)}:rate={fps}:maxiter=40:start_x={start_x}"
-             f":start_y={start_y}:start_scale=3:end_scale={rng.uniform(0.02, 0.2):.3f}:end_pts={spec.frames}")
+    graph = (
+        f"mandelbrot=size={_even(w / 4)}x{_even(h / 4)}:rate={fps}:maxiter=40:start_x={start_x}"
+        f":start_y={start_y}:start_scale=3:end_scale={rng.uniform(0.02, 0.2):.3f}:end_pts={spec.frames}"
+    )
     return ffgraph.Generated(graph, scale_to=(w, h), scale_flags="bicubic")
 
 
 def _tone(spec: ClipSpec, rng: random.Random) -> ffgraph.Tone:
     frequency = rng.choice((220, 262, 294, 330, 392, 440, 494, 523))
-    return ffgraph.Tone(frequency, spec.duration_s, fade_s=min(0.3, spec.duration_s / 4), volume=0.2,
-                        realtime=spec.realtime)
+    return ffgraph.Tone(
+        frequency, spec.duration_s, fade_s=min(0.3, spec.duration_s / 4), volume=0.2, realtime=spec.realtime
+    )
 
 
 # --- running aids (still pure: the caller owns the process) ----------------------------------------------

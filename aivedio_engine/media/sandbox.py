@@ -56,8 +56,7 @@ class Interrupted(Exception):
     """No child was started: this process is stopping its sandboxed children (`stopping()`)."""
 
 
-def prefix(cpu_s: int, address_space_bytes: int, prlimit: str | None = None,
-           setpriv: str | None = None) -> list[str]:
+def prefix(cpu_s: int, address_space_bytes: int, prlimit: str | None = None, setpriv: str | None = None) -> list[str]:
     """argv prefix applying the limits; [] when prlimit is not installed (the wall-clock timeout still holds)."""
     prlimit = prlimit or shutil.which("prlimit")
     if prlimit is None:
@@ -66,8 +65,7 @@ def prefix(cpu_s: int, address_space_bytes: int, prlimit: str | None = None,
     setpriv = setpriv or shutil.which("setpriv")
     orphan_guard = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
     # prlimit first (its limits hold for setpriv and what it execs); both exec, so the pid stays ffmpeg's
-    return [prlimit, f"--as={address_space_bytes}", f"--cpu={cpu}:{cpu + 1}", f"--nofile={NOFILE}", "--",
-            *orphan_guard]
+    return [prlimit, f"--as={address_space_bytes}", f"--cpu={cpu}:{cpu + 1}", f"--nofile={NOFILE}", "--", *orphan_guard]
 
 
 def signal_reason(returncode: int) -> str:
@@ -194,8 +192,9 @@ def spawn(argv: Sequence[str], **popen: Any) -> Child:
 
 def run(argv: Sequence[str], *, timeout_s: float, env: dict[str, str], cwd: str | None = None) -> Finished:
     """Run `argv` to its end with stdout/stderr captured and a wall-clock limit (`Child.expire`)."""
-    with spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-               cwd=cwd) as child:
+    with spawn(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd
+    ) as child:
         try:
             out, err = child.proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

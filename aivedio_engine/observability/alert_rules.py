@@ -48,14 +48,17 @@ if TYPE_CHECKING:
 
 _t, _a, _e, _l = generation_tasks.c, task_attempts.c, task_state_events.c, credit_ledger.c
 FAILED = (TaskStatus.FAILED_FINAL.value, TaskStatus.EXPIRED.value)
-FINISHED_ATTEMPT = (AttemptStatus.SUCCEEDED.value, AttemptStatus.FAILED.value,
-                    AttemptStatus.FAILED_BEFORE_ACCEPT.value)
+FINISHED_ATTEMPT = (AttemptStatus.SUCCEEDED.value, AttemptStatus.FAILED.value, AttemptStatus.FAILED_BEFORE_ACCEPT.value)
 FAILED_ATTEMPT = frozenset({AttemptStatus.FAILED.value, AttemptStatus.FAILED_BEFORE_ACCEPT.value})
 #: how media processing words a hold for a human after it failed (services.media._retry_or_escalate)
 MEDIA_HOLD_PREFIX = "media processing failed"
 #: ledger entries that commit or give back credits (manual adjustments are an operator's, not usage)
-SPEND_ENTRIES = (LedgerEntryType.RESERVE.value, LedgerEntryType.SETTLE.value, LedgerEntryType.RELEASE.value,
-                 LedgerEntryType.REFUND.value)
+SPEND_ENTRIES = (
+    LedgerEntryType.RESERVE.value,
+    LedgerEntryType.SETTLE.value,
+    LedgerEntryType.RELEASE.value,
+    LedgerEntryType.REFUND.value,
+)
 HOUR = timedelta(hours=1)
 BASELINE_HOURS = 24
 #: a provider's failure streak is looked for among attempts created this recently
@@ -98,38 +101,82 @@ def evaluate(f: Facts, cfg: AlertSettings) -> list[Finding]:
     out: list[Finding] = []
     window = _span(cfg.window_s)
     if f.failed_tasks >= cfg.failed_tasks:
-        out.append(Finding(Rule.FAILED_TASKS_HIGH, AlertSeverity.WARNING, "all",
-                           f"{f.failed_tasks} tasks failed in the last {window} (threshold {cfg.failed_tasks})",
-                           details={"failed": f.failed_tasks, "window_s": cfg.window_s}))
+        out.append(
+            Finding(
+                Rule.FAILED_TASKS_HIGH,
+                AlertSeverity.WARNING,
+                "all",
+                f"{f.failed_tasks} tasks failed in the last {window} (threshold {cfg.failed_tasks})",
+                details={"failed": f.failed_tasks, "window_s": cfg.window_s},
+            )
+        )
     for provider, streak in sorted(f.provider_streaks.items()):
         if streak >= cfg.provider_consecutive_failures:
-            out.append(Finding(Rule.PROVIDER_CONSECUTIVE_FAILURES, AlertSeverity.CRITICAL, provider,
-                               f"provider {provider}: the last {streak} finished attempts all failed",
-                               subject_type="provider", subject_id=provider, details={"streak": streak}))
+            out.append(
+                Finding(
+                    Rule.PROVIDER_CONSECUTIVE_FAILURES,
+                    AlertSeverity.CRITICAL,
+                    provider,
+                    f"provider {provider}: the last {streak} finished attempts all failed",
+                    subject_type="provider",
+                    subject_id=provider,
+                    details={"streak": streak},
+                )
+            )
     if f.queue_depth >= cfg.queue_depth or (f.queue_depth and f.queue_oldest_age_s >= cfg.queue_age_s):
-        out.append(Finding(Rule.QUEUE_BACKLOG, AlertSeverity.WARNING, "queued",
-                           f"{f.queue_depth} tasks queued, the oldest for {_span(f.queue_oldest_age_s)} "
-                           f"(thresholds {cfg.queue_depth} tasks, {_span(cfg.queue_age_s)})",
-                           details={"depth": f.queue_depth, "oldest_age_s": round(f.queue_oldest_age_s, 1)}))
+        out.append(
+            Finding(
+                Rule.QUEUE_BACKLOG,
+                AlertSeverity.WARNING,
+                "queued",
+                f"{f.queue_depth} tasks queued, the oldest for {_span(f.queue_oldest_age_s)} "
+                f"(thresholds {cfg.queue_depth} tasks, {_span(cfg.queue_age_s)})",
+                details={"depth": f.queue_depth, "oldest_age_s": round(f.queue_oldest_age_s, 1)},
+            )
+        )
     if f.media_finished >= cfg.media_min_samples and f.media_failed / f.media_finished >= cfg.media_failure_rate:
-        out.append(Finding(Rule.MEDIA_FAILURE_RATE, AlertSeverity.WARNING, "media",
-                           f"{f.media_failed} of {f.media_finished} media steps failed in the last {window} "
-                           f"(threshold {cfg.media_failure_rate:.0%})",
-                           details={"failed": f.media_failed, "finished": f.media_finished}))
+        out.append(
+            Finding(
+                Rule.MEDIA_FAILURE_RATE,
+                AlertSeverity.WARNING,
+                "media",
+                f"{f.media_failed} of {f.media_finished} media steps failed in the last {window} "
+                f"(threshold {cfg.media_failure_rate:.0%})",
+                details={"failed": f.media_failed, "finished": f.media_finished},
+            )
+        )
     for s in f.spend:
         reason = _cost_reason(s, cfg)
         if reason:
             subject_type, subject_id = ("project", s.project_id) if s.project_id else ("tenant", s.tenant_id)
-            out.append(Finding(Rule.COST_ANOMALY, AlertSeverity.CRITICAL, f"{subject_type}:{subject_id}",
-                               f"{subject_type} {subject_id}: {_num(s.last_hour)} credits committed in the last "
-                               f"hour, {reason}", subject_type=subject_type, subject_id=subject_id,
-                               details={"tenant_id": s.tenant_id, "last_hour": _num(s.last_hour),
-                                        "baseline_per_hour": _num(s.baseline_per_hour)}))
+            out.append(
+                Finding(
+                    Rule.COST_ANOMALY,
+                    AlertSeverity.CRITICAL,
+                    f"{subject_type}:{subject_id}",
+                    f"{subject_type} {subject_id}: {_num(s.last_hour)} credits committed in the last hour, {reason}",
+                    subject_type=subject_type,
+                    subject_id=subject_id,
+                    details={
+                        "tenant_id": s.tenant_id,
+                        "last_hour": _num(s.last_hour),
+                        "baseline_per_hour": _num(s.baseline_per_hour),
+                    },
+                )
+            )
     for path, (free, total) in sorted(f.disks.items()):
         if free < cfg.min_free_bytes or (total and free / total < cfg.min_free_ratio):
-            out.append(Finding(Rule.STORAGE_CAPACITY_LOW, AlertSeverity.CRITICAL, path[-255:],
-                               f"{path}: {free / 1024 ** 3:.1f} GiB free of {total / 1024 ** 3:.1f} GiB",
-                               subject_type="path", subject_id=path[-128:], details={"free": free, "total": total}))
+            out.append(
+                Finding(
+                    Rule.STORAGE_CAPACITY_LOW,
+                    AlertSeverity.CRITICAL,
+                    path[-255:],
+                    f"{path}: {free / 1024**3:.1f} GiB free of {total / 1024**3:.1f} GiB",
+                    subject_type="path",
+                    subject_id=path[-128:],
+                    details={"free": free, "total": total},
+                )
+            )
     return out
 
 
@@ -137,8 +184,11 @@ def _cost_reason(s: Spend, cfg: AlertSettings) -> str | None:
     if cfg.cost_budget_per_hour > 0 and s.last_hour > cfg.cost_budget_per_hour:
         return f"over the budget of {_num(cfg.cost_budget_per_hour)} per hour"
     # a subject without history has no baseline to deviate from; the budget covers it
-    if s.baseline_per_hour > 0 and s.last_hour >= cfg.cost_min_per_hour and \
-            s.last_hour > Decimal(str(cfg.cost_factor)) * s.baseline_per_hour:
+    if (
+        s.baseline_per_hour > 0
+        and s.last_hour >= cfg.cost_min_per_hour
+        and s.last_hour > Decimal(str(cfg.cost_factor)) * s.baseline_per_hour
+    ):
         return f"over {cfg.cost_factor:g} × its hourly mean of {s.baseline_per_hour:.2f} the day before"
     return None
 
@@ -158,23 +208,33 @@ def gather(conn: Connection, settings: Settings, now: datetime) -> Facts:
     cfg = settings.alerts
     since, floor = since_floor(now, cfg.window_s)
     recent = sa.and_(_e.id >= floor, _e.created_at >= since, _e.outcome == StateEventOutcome.APPLIED.value)
-    failed = conn.execute(sa.select(sa.func.count(sa.distinct(_e.task_id)))
-                          .where(recent, _e.to_status.in_(FAILED))).scalar_one()
+    failed = conn.execute(
+        sa.select(sa.func.count(sa.distinct(_e.task_id))).where(recent, _e.to_status.in_(FAILED))
+    ).scalar_one()
     media_finished = media_failed = 0
     reason = _e.payload["reason"].as_string()
     held_for_failure = sa.case((reason.like(MEDIA_HOLD_PREFIX + "%"), 1), else_=0)
     for to_status, n, held in conn.execute(
-            sa.select(_e.to_status, sa.func.count(), sa.func.sum(held_for_failure))
-            .where(recent, _e.from_status == TaskStatus.POST_PROCESSING.value).group_by(_e.to_status)):
+        sa.select(_e.to_status, sa.func.count(), sa.func.sum(held_for_failure))
+        .where(recent, _e.from_status == TaskStatus.POST_PROCESSING.value)
+        .group_by(_e.to_status)
+    ):
         if to_status in (TaskStatus.SUCCEEDED.value, TaskStatus.FAILED_FINAL.value, TaskStatus.MANUAL_REVIEW.value):
             media_finished += int(n)
             media_failed += int(n) if to_status == TaskStatus.FAILED_FINAL.value else int(held or 0)
-    depth, oldest = conn.execute(sa.select(sa.func.count(), sa.func.min(_t.created_at)).where(
-        _t.status.not_in(TERMINAL), _t.status == TaskStatus.QUEUED.value)).one()
+    depth, oldest = conn.execute(
+        sa.select(sa.func.count(), sa.func.min(_t.created_at)).where(
+            _t.status.not_in(TERMINAL), _t.status == TaskStatus.QUEUED.value
+        )
+    ).one()
     return Facts(
-        failed_tasks=int(failed), provider_streaks=_streaks(conn, settings, now), queue_depth=int(depth),
+        failed_tasks=int(failed),
+        provider_streaks=_streaks(conn, settings, now),
+        queue_depth=int(depth),
         queue_oldest_age_s=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
-        media_finished=media_finished, media_failed=media_failed, spend=_spend(conn, now),
+        media_finished=media_finished,
+        media_failed=media_failed,
+        spend=_spend(conn, now),
         disks={p: (u.free, u.total) for p, u in storage_usage(settings).items()},
     )
 
@@ -186,9 +246,16 @@ def _streaks(conn: Connection, settings: Settings, now: datetime) -> dict[str, i
     _, floor = since_floor(now, STREAK_WINDOW_S)
     out = {}
     for provider in sorted(p for p, c in settings.providers.items() if c.enabled):
-        states = conn.execute(sa.select(_a.submit_state).where(
-            _a.id >= floor, _a.provider == provider, _a.submit_state.in_(FINISHED_ATTEMPT))
-            .order_by(_a.id.desc()).limit(limit)).scalars().all()
+        states = (
+            conn.execute(
+                sa.select(_a.submit_state)
+                .where(_a.id >= floor, _a.provider == provider, _a.submit_state.in_(FINISHED_ATTEMPT))
+                .order_by(_a.id.desc())
+                .limit(limit)
+            )
+            .scalars()
+            .all()
+        )
         streak = 0
         for state in states:
             if state not in FAILED_ATTEMPT:
@@ -207,11 +274,18 @@ def _spend(conn: Connection, now: datetime) -> list[Spend]:
         sa.select(_l.tenant_id, _t.project_id, sa.func.sum(recent), sa.func.sum(before))
         .select_from(credit_ledger.outerjoin(generation_tasks, _t.id == _l.task_id))
         .where(_l.id >= floor, _l.created_at >= since, _l.entry_type.in_(SPEND_ENTRIES))
-        .group_by(_l.tenant_id, _t.project_id))
+        .group_by(_l.tenant_id, _t.project_id)
+    )
     # ledger amounts are signed from the tenant's side: a reservation is negative, so spend is the negated sum
-    return [Spend(str(tenant), str(project) if project else None, -Decimal(last or 0),
-                  max(Decimal(0), -Decimal(earlier or 0)) / BASELINE_HOURS)
-            for tenant, project, last, earlier in rows]
+    return [
+        Spend(
+            str(tenant),
+            str(project) if project else None,
+            -Decimal(last or 0),
+            max(Decimal(0), -Decimal(earlier or 0)) / BASELINE_HOURS,
+        )
+        for tenant, project, last, earlier in rows
+    ]
 
 
 class AlertEvaluator:
@@ -239,6 +313,15 @@ class AlertEvaluator:
         if findings:
             with write_tx(self._engine) as conn:
                 for f in findings:
-                    raise_alert(conn, f.rule, f.severity, dedup_key=f.dedup_key, message=f.message, now=now,
-                                subject_type=f.subject_type, subject_id=f.subject_id, details=f.details)
+                    raise_alert(
+                        conn,
+                        f.rule,
+                        f.severity,
+                        dedup_key=f.dedup_key,
+                        message=f.message,
+                        now=now,
+                        subject_type=f.subject_type,
+                        subject_id=f.subject_id,
+                        details=f.details,
+                    )
         return findings

@@ -49,8 +49,7 @@ _SHARED: list[Any] = [
 EXTRA_FIELDS = ("actor", "outcome", "duration_ms", "request_id")
 
 
-def configure_logging(settings: Settings, *, stream: IO[str] | None = None,
-                      default_level: str | None = None) -> None:
+def configure_logging(settings: Settings, *, stream: IO[str] | None = None, default_level: str | None = None) -> None:
     """Route all logging of this process through one structlog-formatted, masking handler on `stream`.
 
     `default_level` applies when the configuration does not set `logging.level` itself: an interactive command
@@ -62,21 +61,30 @@ def configure_logging(settings: Settings, *, stream: IO[str] | None = None,
     redactor = Redactor(secret_values(settings))
     out = stream or sys.stderr
     structlog.configure(
-        processors=[structlog.stdlib.filter_by_level, *_SHARED, structlog.stdlib.PositionalArgumentsFormatter(),
-                    structlog.processors.StackInfoRenderer(), structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *_SHARED,
+            structlog.stdlib.PositionalArgumentsFormatter(),
+            structlog.processors.StackInfoRenderer(),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         # the chain above does not depend on settings (the handler does), so cached loggers stay correct
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(out)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*_SHARED, structlog.stdlib.ExtraAdder(allow=EXTRA_FIELDS)],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    structlog.processors.format_exc_info,  # tracebacks become text before they are masked
-                    lambda _logger, _name, event: redactor.event(event),
-                    _renderer(settings.logging.format, out)],
-    ))
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*_SHARED, structlog.stdlib.ExtraAdder(allow=EXTRA_FIELDS)],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,  # tracebacks become text before they are masked
+                lambda _logger, _name, event: redactor.event(event),
+                _renderer(settings.logging.format, out),
+            ],
+        )
+    )
     setattr(handler, _HANDLER_MARK, True)
     root = logging.getLogger()
     for existing in list(root.handlers):
@@ -90,8 +98,9 @@ def configure_logging(settings: Settings, *, stream: IO[str] | None = None,
     for name in _SELF_HANDLED:
         _set_filter(logging.getLogger(name), redactor)
     for name in _CHATTY:
-        logging.getLogger(name).setLevel(level if level == "DEBUG" else max(logging.WARNING,
-                                                                             logging.getLevelName(level)))
+        logging.getLogger(name).setLevel(
+            level if level == "DEBUG" else max(logging.WARNING, logging.getLevelName(level))
+        )
 
 
 def secret_values(settings: Settings) -> list[str]:
@@ -137,8 +146,9 @@ def _renderer(fmt: str, out: IO[str]) -> Any:
     if fmt == "json":
         return structlog.processors.JSONRenderer(default=_json_default)
     isatty = getattr(out, "isatty", None)
-    return structlog.dev.ConsoleRenderer(colors=bool(isatty and isatty()),
-                                         exception_formatter=structlog.dev.plain_traceback)
+    return structlog.dev.ConsoleRenderer(
+        colors=bool(isatty and isatty()), exception_formatter=structlog.dev.plain_traceback
+    )
 
 
 def _json_default(value: Any) -> Any:
@@ -169,4 +179,3 @@ def task_context(envelope: Any) -> Iterator[None]:
     """Every line logged in this thread inside the block carries the envelope's ids."""
     with structlog.contextvars.bound_contextvars(**envelope_ids(envelope)):
         yield
-

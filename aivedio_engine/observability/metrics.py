@@ -52,20 +52,30 @@ log = logging.getLogger(__name__)
 #: a standard-library logger, so a process that never configured logging stays quiet at DEBUG
 _events = logging.getLogger("aivedio.actors")
 #: outcomes that mean an observation lost a race with the task's state (duplicates are expected, not conflicts)
-CONFLICT_OUTCOMES = frozenset({StateEventOutcome.STALE.value, StateEventOutcome.ILLEGAL.value,
-                               StateEventOutcome.ANOMALY.value})
+CONFLICT_OUTCOMES = frozenset(
+    {StateEventOutcome.STALE.value, StateEventOutcome.ILLEGAL.value, StateEventOutcome.ANOMALY.value}
+)
 
 # --- process metrics ----------------------------------------------------------------------------------------
 
-ACTOR_CALLS = Counter("aivedio_actor_messages", "Broker messages handled by this process's actors.",
-                      ["actor", "outcome"])
-ACTOR_SECONDS = Histogram("aivedio_actor_duration_seconds", "Time one actor call took in this process.",
-                          ["actor"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800))
+ACTOR_CALLS = Counter(
+    "aivedio_actor_messages", "Broker messages handled by this process's actors.", ["actor", "outcome"]
+)
+ACTOR_SECONDS = Histogram(
+    "aivedio_actor_duration_seconds",
+    "Time one actor call took in this process.",
+    ["actor"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
+)
 #: status queries of the polling loop: observed (a status came back), not_found (not visible yet), failed
-PROVIDER_POLLS = Counter("aivedio_provider_polls", "Provider status queries made by this process's polling loop.",
-                         ["provider", "outcome"])
-CREATES_SHED = Counter("aivedio_creates_shed", "New generations refused with 503 because the outbox backlog is "
-                       "older than limits.shed_outbox_age_s (seed 000 §4.11.2).")
+PROVIDER_POLLS = Counter(
+    "aivedio_provider_polls", "Provider status queries made by this process's polling loop.", ["provider", "outcome"]
+)
+CREATES_SHED = Counter(
+    "aivedio_creates_shed",
+    "New generations refused with 503 because the outbox backlog is "
+    "older than limits.shed_outbox_age_s (seed 000 §4.11.2).",
+)
 ACTOR_IN_PROGRESS = Gauge("aivedio_actor_in_progress", "Actor calls running now in this process.", ["actor"])
 MEDIA_ACTORS = ("process_media", "validate_asset")
 
@@ -83,8 +93,9 @@ def measure_actor(actor: str) -> Iterator[None]:
             elapsed = time.perf_counter() - started
             ACTOR_SECONDS.labels(actor).observe(elapsed)
             ACTOR_CALLS.labels(actor, outcome).inc()
-            _events.debug("actor finished", extra={"actor": actor, "outcome": outcome,
-                                                   "duration_ms": round(elapsed * 1000, 1)})
+            _events.debug(
+                "actor finished", extra={"actor": actor, "outcome": outcome, "duration_ms": round(elapsed * 1000, 1)}
+            )
 
 
 # --- database-derived gauges ----------------------------------------------------------------------------------
@@ -98,8 +109,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered), max(1, math.ceil(q * len(ordered)))) - 1]
 
 
-def _gauge(name: str, doc: str, value: float | None = None, labels: list[str] | None = None,
-           samples: dict[tuple[str, ...], float] | None = None) -> GaugeMetricFamily:
+def _gauge(
+    name: str,
+    doc: str,
+    value: float | None = None,
+    labels: list[str] | None = None,
+    samples: dict[tuple[str, ...], float] | None = None,
+) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, value=value if labels is None else None, labels=labels)
     for key, v in (samples or {}).items():
         family.add_metric(list(key), v)
@@ -131,44 +147,99 @@ def snapshot_families(s: Snapshot, settings: Settings, now: datetime) -> list[Ga
     total_events = sum(s.outcomes.values())
     conflicts = sum(n for outcome, n in s.outcomes.items() if outcome in CONFLICT_OUTCOMES)
     return [
-        _gauge("aivedio_tasks", "Unfinished tasks by status and selected provider.", labels=["status", "provider"],
-               samples={k: float(v) for k, v in s.tasks.items()}),
-        _gauge("aivedio_submission_rate", f"Tasks created per second over the last {window:g} s.",
-               s.submissions / window),
+        _gauge(
+            "aivedio_tasks",
+            "Unfinished tasks by status and selected provider.",
+            labels=["status", "provider"],
+            samples={k: float(v) for k, v in s.tasks.items()},
+        ),
+        _gauge(
+            "aivedio_submission_rate", f"Tasks created per second over the last {window:g} s.", s.submissions / window
+        ),
         _gauge("aivedio_queue_depth", "Tasks QUEUED, waiting for a provider slot.", status(TaskStatus.QUEUED.value)),
-        _gauge("aivedio_queue_age_p95_seconds", "95th percentile of how long QUEUED tasks have waited since they "
-               "were created.", _age(now, s.queue_p95)),
+        _gauge(
+            "aivedio_queue_age_p95_seconds",
+            "95th percentile of how long QUEUED tasks have waited since they were created.",
+            _age(now, s.queue_p95),
+        ),
         _gauge("aivedio_queue_oldest_age_seconds", "Age of the oldest QUEUED task.", _age(now, s.queue_oldest)),
-        _gauge("aivedio_provider_active_jobs", "Attempts in flight (NEW, SENDING, ACKED, RUNNING, UNKNOWN) per "
-               "provider.", labels=["provider"], samples=by_provider(active)),
-        _gauge("aivedio_provider_limit", "Configured concurrency limit per provider (providers.*.max_concurrency).",
-               labels=["provider"], samples={(p,): float(settings.providers[p].max_concurrency) for p in providers}),
-        _gauge("aivedio_submit_unknown", "Attempts whose submit outcome is unknown (awaiting reconciliation).",
-               labels=["provider"], samples=by_provider(unknown)),
-        _gauge("aivedio_output_fetch_backlog", "Tasks in OUTPUT_FETCHING per provider.", labels=["provider"],
-               samples=by_provider(fetching)),
-        _gauge("aivedio_output_url_expiry_risk", "Tasks still fetching whose provider output URL expires within "
-               "fetch.urgent_within_s (or already expired).", labels=["provider"], samples=by_provider(s.expiry_risk)),
-        _gauge("aivedio_media_backlog", "Tasks in POST_PROCESSING (waiting for or in media processing).",
-               status(TaskStatus.POST_PROCESSING.value)),
+        _gauge(
+            "aivedio_provider_active_jobs",
+            "Attempts in flight (NEW, SENDING, ACKED, RUNNING, UNKNOWN) per provider.",
+            labels=["provider"],
+            samples=by_provider(active),
+        ),
+        _gauge(
+            "aivedio_provider_limit",
+            "Configured concurrency limit per provider (providers.*.max_concurrency).",
+            labels=["provider"],
+            samples={(p,): float(settings.providers[p].max_concurrency) for p in providers},
+        ),
+        _gauge(
+            "aivedio_submit_unknown",
+            "Attempts whose submit outcome is unknown (awaiting reconciliation).",
+            labels=["provider"],
+            samples=by_provider(unknown),
+        ),
+        _gauge(
+            "aivedio_output_fetch_backlog",
+            "Tasks in OUTPUT_FETCHING per provider.",
+            labels=["provider"],
+            samples=by_provider(fetching),
+        ),
+        _gauge(
+            "aivedio_output_url_expiry_risk",
+            "Tasks still fetching whose provider output URL expires within fetch.urgent_within_s (or already expired).",
+            labels=["provider"],
+            samples=by_provider(s.expiry_risk),
+        ),
+        _gauge(
+            "aivedio_media_backlog",
+            "Tasks in POST_PROCESSING (waiting for or in media processing).",
+            status(TaskStatus.POST_PROCESSING.value),
+        ),
         _gauge("aivedio_outbox_pending", "Outbox rows due for publishing and not yet published.", s.outbox_due),
-        _gauge("aivedio_outbox_oldest_age_seconds", "How long the oldest due outbox row has waited for the relay.",
-               _age(now, s.outbox_oldest)),
+        _gauge(
+            "aivedio_outbox_oldest_age_seconds",
+            "How long the oldest due outbox row has waited for the relay.",
+            _age(now, s.outbox_oldest),
+        ),
         _gauge("aivedio_reserved_credits", "Credits reserved by unfinished tasks.", s.reserved_credits),
-        _gauge("aivedio_reserved_credit_age_seconds", "Age of the oldest open credit reservation.",
-               _age(now, s.reserved_oldest)),
-        _gauge("aivedio_orphan_provider_events", "Provider events for jobs no attempt owns (possible orphan cost).",
-               labels=["provider"], samples=by_provider(s.orphans)),
+        _gauge(
+            "aivedio_reserved_credit_age_seconds",
+            "Age of the oldest open credit reservation.",
+            _age(now, s.reserved_oldest),
+        ),
+        _gauge(
+            "aivedio_orphan_provider_events",
+            "Provider events for jobs no attempt owns (possible orphan cost).",
+            labels=["provider"],
+            samples=by_provider(s.orphans),
+        ),
         _gauge("aivedio_dead_letters", "Broker messages in the dead letters, not replayed.", s.dead_letters),
-        _gauge("aivedio_open_alerts", "Open alerts by rule and severity.", labels=["rule", "severity"],
-               samples={k: float(v) for k, v in s.open_alerts.items()}),
-        _gauge("aivedio_state_events", f"Task state events recorded in the last {window:g} s by outcome.",
-               labels=["outcome"], samples={(k,): float(v) for k, v in s.outcomes.items()}),
-        _gauge("aivedio_state_transition_conflict_rate", f"Share of the last {window:g} s of state events that "
-               "lost a race (stale, illegal or anomalous observations).",
-               conflicts / total_events if total_events else 0.0),
-        _gauge("aivedio_callback_lag_p95_seconds", f"95th percentile over the last {window:g} s of provider event "
-               "time to our processing of the callback.", percentile(s.callback_lags, 0.95)),
+        _gauge(
+            "aivedio_open_alerts",
+            "Open alerts by rule and severity.",
+            labels=["rule", "severity"],
+            samples={k: float(v) for k, v in s.open_alerts.items()},
+        ),
+        _gauge(
+            "aivedio_state_events",
+            f"Task state events recorded in the last {window:g} s by outcome.",
+            labels=["outcome"],
+            samples={(k,): float(v) for k, v in s.outcomes.items()},
+        ),
+        _gauge(
+            "aivedio_state_transition_conflict_rate",
+            f"Share of the last {window:g} s of state events that "
+            "lost a race (stale, illegal or anomalous observations).",
+            conflicts / total_events if total_events else 0.0,
+        ),
+        _gauge(
+            "aivedio_callback_lag_p95_seconds",
+            f"95th percentile over the last {window:g} s of provider event time to our processing of the callback.",
+            percentile(s.callback_lags, 0.95),
+        ),
         *_storage_scan_families(s, now),
     ]
 
@@ -178,15 +249,26 @@ def _storage_scan_families(s: Snapshot, now: datetime) -> list[GaugeMetricFamily
     if scan is None:
         return []
     return [
-        _gauge("aivedio_orphan_objects", "Objects in the object store that no database row references and that are "
-               "older than the scan's grace (newest completed storage scan).", scan.orphans),
+        _gauge(
+            "aivedio_orphan_objects",
+            "Objects in the object store that no database row references and that are "
+            "older than the scan's grace (newest completed storage scan).",
+            scan.orphans,
+        ),
         _gauge("aivedio_orphan_object_bytes", "Bytes held by those orphan objects.", scan.orphan_bytes),
-        _gauge("aivedio_storage_objects", "Objects in the object store at the newest completed storage scan.",
-               scan.objects),
-        _gauge("aivedio_storage_object_bytes", "Bytes in the object store at the newest completed storage scan.",
-               scan.bytes),
-        _gauge("aivedio_storage_scan_age_seconds", "Time since the newest completed storage scan finished (the age "
-               "of the figures above).", _age(now, scan.finished_at)),
+        _gauge(
+            "aivedio_storage_objects", "Objects in the object store at the newest completed storage scan.", scan.objects
+        ),
+        _gauge(
+            "aivedio_storage_object_bytes",
+            "Bytes in the object store at the newest completed storage scan.",
+            scan.bytes,
+        ),
+        _gauge(
+            "aivedio_storage_scan_age_seconds",
+            "Time since the newest completed storage scan finished (the age of the figures above).",
+            _age(now, scan.finished_at),
+        ),
     ]
 
 
@@ -228,13 +310,24 @@ class DbCollector(Collector):
             log.warning("metrics: database read failed: %s", str(exc).splitlines()[0][:300])
         families += self._broker_families() + self._storage_families()
         workers = self._settings.broker.worker_threads
-        in_progress = sum(REGISTRY.get_sample_value("aivedio_actor_in_progress", {"actor": a}) or 0.0
-                          for a in MEDIA_ACTORS)
-        families.append(_gauge("aivedio_media_worker_utilization", "Media actor calls running in this process per "
-                               "worker thread (process-local).", in_progress / workers))
+        in_progress = sum(
+            REGISTRY.get_sample_value("aivedio_actor_in_progress", {"actor": a}) or 0.0 for a in MEDIA_ACTORS
+        )
+        families.append(
+            _gauge(
+                "aivedio_media_worker_utilization",
+                "Media actor calls running in this process per worker thread (process-local).",
+                in_progress / workers,
+            )
+        )
         families.append(_gauge("aivedio_metrics_db_up", "1 when this scrape's database queries succeeded.", up))
-        families.append(_gauge("aivedio_metrics_scrape_duration_seconds", "Time the database-derived gauges took.",
-                               time.perf_counter() - started))
+        families.append(
+            _gauge(
+                "aivedio_metrics_scrape_duration_seconds",
+                "Time the database-derived gauges took.",
+                time.perf_counter() - started,
+            )
+        )
         return families
 
     def _broker_families(self) -> list[Any]:
@@ -249,8 +342,9 @@ class DbCollector(Collector):
         timeout = self._settings.metrics.query_timeout_ms / 1000
         try:
             if self._redis is None:
-                self._redis = redis.Redis.from_url(self._settings.broker.url, socket_timeout=timeout,
-                                                   socket_connect_timeout=timeout)
+                self._redis = redis.Redis.from_url(
+                    self._settings.broker.url, socket_timeout=timeout, socket_connect_timeout=timeout
+                )
             ns = redis_namespace(self._settings)
             pipe = self._redis.pipeline(transaction=False)
             for q in Queue:
@@ -260,17 +354,36 @@ class DbCollector(Collector):
         except redis.RedisError as exc:
             log.warning("metrics: broker queue read failed: %s", exc)
             return []
-        samples: dict[tuple[str, ...], float] = {(q.value, kind): float(lengths[2 * i + j]) for i, q in enumerate(Queue)
-                                                  for j, kind in enumerate(("ready", "delayed"))}
-        return [_gauge("aivedio_mq_queue_depth", "Messages waiting in each broker queue (consumer lag).",
-                       labels=["queue", "kind"], samples=samples)]
+        samples: dict[tuple[str, ...], float] = {
+            (q.value, kind): float(lengths[2 * i + j])
+            for i, q in enumerate(Queue)
+            for j, kind in enumerate(("ready", "delayed"))
+        }
+        return [
+            _gauge(
+                "aivedio_mq_queue_depth",
+                "Messages waiting in each broker queue (consumer lag).",
+                labels=["queue", "kind"],
+                samples=samples,
+            )
+        ]
 
     def _storage_families(self) -> list[Any]:
         usage = storage_usage(self._settings)
-        return [_gauge("aivedio_storage_free_bytes", "Free bytes on the file system of each local data path.",
-                       labels=["path"], samples={(p,): float(u.free) for p, u in usage.items()}),
-                _gauge("aivedio_storage_total_bytes", "Size of the file system of each local data path.",
-                       labels=["path"], samples={(p,): float(u.total) for p, u in usage.items()})]
+        return [
+            _gauge(
+                "aivedio_storage_free_bytes",
+                "Free bytes on the file system of each local data path.",
+                labels=["path"],
+                samples={(p,): float(u.free) for p, u in usage.items()},
+            ),
+            _gauge(
+                "aivedio_storage_total_bytes",
+                "Size of the file system of each local data path.",
+                labels=["path"],
+                samples={(p,): float(u.total) for p, u in usage.items()},
+            ),
+        ]
 
 
 def build_registry(ctx: AppContext) -> CollectorRegistry:

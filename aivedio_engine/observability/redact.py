@@ -24,12 +24,34 @@ from uuid import UUID
 
 REDACTED = "<redacted>"
 #: keys whose values are credentials, compared case-insensitively with `-` and `_` treated alike
-SECRET_KEYS = frozenset({
-    "authorization", "proxy_authorization", "api_key", "apikey", "x_api_key", "password", "passwd", "secret",
-    "secrets", "token", "access_token", "refresh_token", "webhook_secret", "webhook_secrets", "signing_key",
-    "secret_access_key", "access_key_id", "sig", "signature", "x_amz_signature", "x_amz_credential",
-    "x_amz_security_token", "cookie", "set_cookie",
-})
+SECRET_KEYS = frozenset(
+    {
+        "authorization",
+        "proxy_authorization",
+        "api_key",
+        "apikey",
+        "x_api_key",
+        "password",
+        "passwd",
+        "secret",
+        "secrets",
+        "token",
+        "access_token",
+        "refresh_token",
+        "webhook_secret",
+        "webhook_secrets",
+        "signing_key",
+        "secret_access_key",
+        "access_key_id",
+        "sig",
+        "signature",
+        "x_amz_signature",
+        "x_amz_credential",
+        "x_amz_security_token",
+        "cookie",
+        "set_cookie",
+    }
+)
 #: keys whose values are customer content
 PROMPT_KEYS = frozenset({"prompt", "negative_prompt"})
 #: values of these types carry no text worth masking; everything else is rendered and masked as text
@@ -38,23 +60,29 @@ _PLAIN = (bool, int, float, Decimal, UUID, datetime, date, type(None))
 #: query parameters that make a URL a credential (our HMAC links, S3/GCS presigned URLs, CloudFront, API keys)
 _SIGNED_PARAM = re.compile(
     r"(?:^|[&;])(?:sig|signature|x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
-    r"x-goog-credential|token|access_token|key|api_key|policy|key-pair-id)=", re.IGNORECASE)
+    r"x-goog-credential|token|access_token|key|api_key|policy|key-pair-id)=",
+    re.IGNORECASE,
+)
 #: a URL or bare path followed by a query string; stops at whitespace, quotes and brackets
 _WITH_QUERY = re.compile(r"(?P<base>[^\s?#\"'<>()\[\]{}]*)\?(?P<query>[^\s#\"'<>()\[\]{}]+)")
 #: `sig=...` outside a URL (e.g. a library logging its keyword arguments)
 _LOOSE_SIGNATURE = re.compile(
     r"(?P<k>\b(?:sig|signature|x-amz-signature|x-amz-credential|x-amz-security-token)\s*=\s*)"
-    r"(?P<q>['\"]?)[^&\s'\"<>,)]+(?P=q)", re.IGNORECASE)
+    r"(?P<q>['\"]?)[^&\s'\"<>,)]+(?P=q)",
+    re.IGNORECASE,
+)
 _API_KEY = re.compile(r"\bavk_[A-Za-z0-9_\-]{4,}")
 _WEBHOOK_SECRET = re.compile(r"\bwhsec_[A-Za-z0-9+/=_\-]{4,}")
 _BEARER = re.compile(r"(?P<scheme>\b(?:[Bb]earer|BEARER|Basic))\s+[A-Za-z0-9._~+/=\-]{6,}")
-_AUTH_HEADER = re.compile(r"(?P<k>\b(?:proxy-)?authorization['\"]?\s*[:=]\s*)(?P<q>['\"]?)(?P<v>[^'\"\n]+)(?P=q)",
-                          re.IGNORECASE)
+_AUTH_HEADER = re.compile(
+    r"(?P<k>\b(?:proxy-)?authorization['\"]?\s*[:=]\s*)(?P<q>['\"]?)(?P<v>[^'\"\n]+)(?P=q)", re.IGNORECASE
+)
 _URL_PASSWORD = re.compile(r"(?P<k>://[^:/@\s'\"]*:)[^@\s/'\"]+@")
 #: `"prompt": "..."`, `'prompt': '...'`, `prompt='...'` (JSON, Python reprs, keyword arguments)
 _QUOTED_PROMPT = re.compile(
     r"(?P<k>\b(?:negative_)?prompt['\"]?\s*[:=]\s*)(?P<q>['\"])(?!<redacted:)(?P<v>(?:\\.|(?!(?P=q)).)*)(?P=q)",
-    re.IGNORECASE | re.DOTALL)
+    re.IGNORECASE | re.DOTALL,
+)
 #: `prompt=...` unquoted (query strings, key=value lines): up to the next separator
 _BARE_PROMPT = re.compile(r"(?P<k>\b(?:negative_)?prompt=)(?![\"']|<redacted:)(?P<v>[^&\s,;)]+)", re.IGNORECASE)
 

@@ -93,9 +93,18 @@ class Snapshot:
 
 def read_snapshot(conn: Connection, settings: Settings, now: datetime) -> Snapshot:
     s = Snapshot()
-    active = (sa.select(_t.status, _t.selected_provider, sa.func.count(), sa.func.sum(_t.reserved_amount),
-                        sa.func.min(_t.created_at), sa.func.min(sa.case((_t.reserved_amount > 0, _t.created_at))))
-              .where(_t.status.not_in(TERMINAL)).group_by(_t.status, _t.selected_provider))
+    active = (
+        sa.select(
+            _t.status,
+            _t.selected_provider,
+            sa.func.count(),
+            sa.func.sum(_t.reserved_amount),
+            sa.func.min(_t.created_at),
+            sa.func.min(sa.case((_t.reserved_amount > 0, _t.created_at))),
+        )
+        .where(_t.status.not_in(TERMINAL))
+        .group_by(_t.status, _t.selected_provider)
+    )
     reserved_oldest = []
     for status, provider, n, reserved, oldest, reserved_at in conn.execute(active):
         s.tasks[(status, provider or "")] = int(n)
@@ -108,42 +117,86 @@ def read_snapshot(conn: Connection, settings: Settings, now: datetime) -> Snapsh
     queued = sum(n for (status, _), n in s.tasks.items() if status == TaskStatus.QUEUED.value)
     if queued:
         s.queue_p95 = conn.execute(
-            sa.select(_t.created_at).where(_t.status == TaskStatus.QUEUED.value)
-            .order_by(_t.created_at).offset(int(queued * 0.05)).limit(1)).scalar()
-    for provider, state, n in conn.execute(sa.select(_a.provider, _a.submit_state, sa.func.count())
-                                           .where(_a.submit_state.in_(IN_FLIGHT))
-                                           .group_by(_a.provider, _a.submit_state)):
+            sa.select(_t.created_at)
+            .where(_t.status == TaskStatus.QUEUED.value)
+            .order_by(_t.created_at)
+            .offset(int(queued * 0.05))
+            .limit(1)
+        ).scalar()
+    for provider, state, n in conn.execute(
+        sa.select(_a.provider, _a.submit_state, sa.func.count())
+        .where(_a.submit_state.in_(IN_FLIGHT))
+        .group_by(_a.provider, _a.submit_state)
+    ):
         s.attempts[(provider, state)] = int(n)
     horizon = now + timedelta(seconds=settings.fetch.urgent_within_s)
     current = task_attempts.join(generation_tasks, sa.and_(_t.id == _a.task_id, _t.current_attempt_no == _a.attempt_no))
-    s.expiry_risk = {p: int(n) for p, n in conn.execute(
-        sa.select(_a.provider, sa.func.count()).select_from(current)
-        .where(_t.status.not_in(TERMINAL), _t.status == TaskStatus.OUTPUT_FETCHING.value,
-               _a.output_url_expires_at <= horizon).group_by(_a.provider))}
+    s.expiry_risk = {
+        p: int(n)
+        for p, n in conn.execute(
+            sa.select(_a.provider, sa.func.count())
+            .select_from(current)
+            .where(
+                _t.status.not_in(TERMINAL),
+                _t.status == TaskStatus.OUTPUT_FETCHING.value,
+                _a.output_url_expires_at <= horizon,
+            )
+            .group_by(_a.provider)
+        )
+    }
     o = outbox_events.c
     s.outbox_due, s.outbox_oldest = conn.execute(
-        sa.select(sa.func.count(), sa.func.min(o.available_at))
-        .where(o.status == OutboxStatus.PENDING.value, o.available_at <= now)).one()
+        sa.select(sa.func.count(), sa.func.min(o.available_at)).where(
+            o.status == OutboxStatus.PENDING.value, o.available_at <= now
+        )
+    ).one()
     pe = provider_events.c
-    s.orphans = {p: int(n) for p, n in conn.execute(
-        sa.select(pe.provider, sa.func.count()).where(pe.orphan).group_by(pe.provider))}
-    s.dead_letters = conn.execute(sa.select(sa.func.count()).select_from(dead_letters)
-                                  .where(dead_letters.c.replayed_at.is_(None))).scalar_one()
-    s.open_alerts = {(r, sev): int(n) for r, sev, n in conn.execute(
-        sa.select(alerts.c.rule, alerts.c.severity, sa.func.count())
-        .where(alerts.c.status == AlertStatus.OPEN.value).group_by(alerts.c.rule, alerts.c.severity))}
+    s.orphans = {
+        p: int(n)
+        for p, n in conn.execute(sa.select(pe.provider, sa.func.count()).where(pe.orphan).group_by(pe.provider))
+    }
+    s.dead_letters = conn.execute(
+        sa.select(sa.func.count()).select_from(dead_letters).where(dead_letters.c.replayed_at.is_(None))
+    ).scalar_one()
+    s.open_alerts = {
+        (r, sev): int(n)
+        for r, sev, n in conn.execute(
+            sa.select(alerts.c.rule, alerts.c.severity, sa.func.count())
+            .where(alerts.c.status == AlertStatus.OPEN.value)
+            .group_by(alerts.c.rule, alerts.c.severity)
+        )
+    }
     since, floor = since_floor(now, settings.metrics.window_s)
-    s.outcomes = {outcome: int(n) for outcome, n in conn.execute(
-        sa.select(_e.outcome, sa.func.count()).where(_e.id >= floor, _e.created_at >= since).group_by(_e.outcome))}
-    s.callback_lags = [max(0.0, (observed - provider).total_seconds()) for observed, provider in conn.execute(
-        sa.select(_e.observed_at, _e.provider_updated_at)
-        .where(_e.id >= floor, _e.created_at >= since, _e.source == EventSource.CALLBACK.value,
-               _e.provider_updated_at.is_not(None)).order_by(_e.id.desc()).limit(LAG_SAMPLE))]
-    s.submissions = conn.execute(sa.select(sa.func.count()).select_from(generation_tasks)
-                                 .where(_t.id >= floor, _t.created_at >= since)).scalar_one()
+    s.outcomes = {
+        outcome: int(n)
+        for outcome, n in conn.execute(
+            sa.select(_e.outcome, sa.func.count()).where(_e.id >= floor, _e.created_at >= since).group_by(_e.outcome)
+        )
+    }
+    s.callback_lags = [
+        max(0.0, (observed - provider).total_seconds())
+        for observed, provider in conn.execute(
+            sa.select(_e.observed_at, _e.provider_updated_at)
+            .where(
+                _e.id >= floor,
+                _e.created_at >= since,
+                _e.source == EventSource.CALLBACK.value,
+                _e.provider_updated_at.is_not(None),
+            )
+            .order_by(_e.id.desc())
+            .limit(LAG_SAMPLE)
+        )
+    ]
+    s.submissions = conn.execute(
+        sa.select(sa.func.count()).select_from(generation_tasks).where(_t.id >= floor, _t.created_at >= since)
+    ).scalar_one()
     sc = storage_scans.c  # a failed scan's zeros mean nothing: the figures stay those of the last good one
-    s.storage_scan = conn.execute(sa.select(sc.finished_at, sc.objects, sc.bytes, sc.orphans, sc.orphan_bytes)
-                                  .where(sc.error.is_(None)).order_by(sc.finished_at.desc()).limit(1)).first()
+    s.storage_scan = conn.execute(
+        sa.select(sc.finished_at, sc.objects, sc.bytes, sc.orphans, sc.orphan_bytes)
+        .where(sc.error.is_(None))
+        .order_by(sc.finished_at.desc())
+        .limit(1)
+    ).first()
     return s
 
 

@@ -115,6 +115,7 @@ def plus(base: datetime | None, seconds: int | None) -> datetime | None:
 
 # --- sending ---------------------------------------------------------------------------------------------------
 
+
 def send_submit(http: HttpClient, method: str, url: str, **kwargs: Any) -> Response | Rejected | Ambiguous:
     try:
         return http.request(method, url, **kwargs)
@@ -131,9 +132,14 @@ def send_query(http: HttpClient, method: str, url: str, **kwargs: Any) -> Respon
         return QueryFailed(ErrorClass.QUERY_FAILED, f"transport: {exc}")
 
 
-def reject_submit(resp: Response, *, code: str | None = None, message: str | None = None,
-                  error_class: ErrorClass | None = None,
-                  retryable_gateway_timeout: bool = False) -> Rejected | Ambiguous:
+def reject_submit(
+    resp: Response,
+    *,
+    code: str | None = None,
+    message: str | None = None,
+    error_class: ErrorClass | None = None,
+    retryable_gateway_timeout: bool = False,
+) -> Rejected | Ambiguous:
     """Classify a non-2xx answer to a create call. `error_class` overrides the status-based guess."""
     status = resp.status
     if status == 504 and not retryable_gateway_timeout and error_class is None:
@@ -145,8 +151,9 @@ def reject_submit(resp: Response, *, code: str | None = None, message: str | Non
             error_class = ErrorClass.PROVIDER_5XX_NOT_ACCEPTED
         else:
             error_class = ErrorClass.PROVIDER_REJECTED
-    return Rejected(error_class, code=code or f"http_{status}", message=message,
-                    retry_after_s=retry_after_s(resp.headers))
+    return Rejected(
+        error_class, code=code or f"http_{status}", message=message, retry_after_s=retry_after_s(resp.headers)
+    )
 
 
 def query_failure(resp: Response, message: str | None = None) -> NotFound | QueryFailed:
@@ -171,6 +178,7 @@ def error_text(body: dict[str, Any] | None, *keys: str) -> str | None:
 
 
 # --- callbacks ---------------------------------------------------------------------------------------------------
+
 
 def callback_json(raw_body: bytes) -> dict[str, Any]:
     if not isinstance(raw_body, bytes | bytearray):
@@ -214,9 +222,18 @@ def check_token(headers: Mapping[str, str], secrets: Iterable[SecretStr], bindin
 
 # --- capabilities ------------------------------------------------------------------------------------------------
 
-def capabilities(settings: ProviderSettings, *, default_max_duration_s: int, default_resolutions: tuple[str, ...],
-                 supports_callbacks: bool, supports_lookup_by_request_key: bool, supports_cancel: bool,
-                 output_url_ttl_s: int | None, cancel_is_billed: bool = True) -> Capabilities:
+
+def capabilities(
+    settings: ProviderSettings,
+    *,
+    default_max_duration_s: int,
+    default_resolutions: tuple[str, ...],
+    supports_callbacks: bool,
+    supports_lookup_by_request_key: bool,
+    supports_cancel: bool,
+    output_url_ttl_s: int | None,
+    cancel_is_billed: bool = True,
+) -> Capabilities:
     models = settings.models
     resolutions = sorted({r for m in models.values() for r in m.resolutions}) or list(default_resolutions)
     return Capabilities(

@@ -171,8 +171,9 @@ class Provider(Protocol):
 
     def cancel(self, job_id: str) -> Canceled | TooLate | Unsupported | QueryFailed: ...
 
-    def list_jobs(self, created_after: datetime,
-                  created_before: datetime) -> list[JobSummary] | Unsupported | QueryFailed:
+    def list_jobs(
+        self, created_after: datetime, created_before: datetime
+    ) -> list[JobSummary] | Unsupported | QueryFailed:
         """Every job the vendor created in [created_after, created_before), all pages; Unsupported when the vendor
         cannot list. Optional for the engine (a provider without it is treated as Unsupported), but a listing must
         be complete or fail: a missing page could hide the one job that proves a submit was received."""

@@ -88,8 +88,12 @@ class FalProvider:
         self._http = v.client_for(settings, DEFAULT_BASE_URL, http)
         self._apps = list(dict.fromkeys(_app(m) for m in settings.models))
         self.capabilities = v.capabilities(
-            settings, default_max_duration_s=10, default_resolutions=("720p",), supports_callbacks=True,
-            supports_lookup_by_request_key=False, supports_cancel=True,
+            settings,
+            default_max_duration_s=10,
+            default_resolutions=("720p",),
+            supports_callbacks=True,
+            supports_lookup_by_request_key=False,
+            supports_cancel=True,
             output_url_ttl_s=settings.output_url_ttl_s,
         )
 
@@ -98,15 +102,18 @@ class FalProvider:
 
     def submit(self, request: GenerationRequest, request_key: str) -> SubmitResult:
         # request_key has nowhere to go: fal's queue takes no idempotency key or client reference.
-        body: dict[str, Any] = {"prompt": request.prompt, "duration": str(request.duration_s),
-                                "aspect_ratio": request.aspect_ratio, "resolution": request.resolution}
+        body: dict[str, Any] = {
+            "prompt": request.prompt,
+            "duration": str(request.duration_s),
+            "aspect_ratio": request.aspect_ratio,
+            "resolution": request.resolution,
+        }
         if request.seed is not None:
             body["seed"] = request.seed
         if request.reference_urls:
             body["image_url"] = request.reference_urls[0]
         params = {"fal_webhook": request.callback_url} if request.callback_url else None
-        resp = v.send_submit(self._http, "POST", f"/{request.model}", json=body, params=params,
-                             headers=self._headers())
+        resp = v.send_submit(self._http, "POST", f"/{request.model}", json=body, params=params, headers=self._headers())
         if not isinstance(resp, Response):
             return resp
         data = v.json_object(resp.body)
@@ -115,8 +122,9 @@ class FalProvider:
             if not isinstance(job_id, str) or not job_id:
                 return Ambiguous(f"HTTP {resp.status} without a request_id")
             return Accepted(job_id, Observation(job_id=job_id, status=JobStatus.QUEUED, raw=data or {}))
-        return v.reject_submit(resp, code=v.header(resp.headers, "x-fal-error-type"),
-                               message=v.error_text(data, "detail", "error"))
+        return v.reject_submit(
+            resp, code=v.header(resp.headers, "x-fal-error-type"), message=v.error_text(data, "detail", "error")
+        )
 
     def query(self, job_id: str) -> Observation | NotFound | QueryFailed:
         for app in self._apps:
@@ -135,43 +143,61 @@ class FalProvider:
             return QueryFailed(ErrorClass.QUERY_FAILED, "no fal model configured: cannot build the status URL")
         return NotFound()
 
-    def _from_status(self, app: str, job_id: str, status: dict[str, Any],
-                     seen_at: datetime | None) -> Observation | QueryFailed:
+    def _from_status(
+        self, app: str, job_id: str, status: dict[str, Any], seen_at: datetime | None
+    ) -> Observation | QueryFailed:
         name = status.get("status")
         if name in QUEUE_STATUSES:
             return Observation(job_id=job_id, status=QUEUE_STATUSES[name], raw={"status": status})
         if name != "COMPLETED":
             return QueryFailed(ErrorClass.QUERY_FAILED, f"unknown fal status {name!r}")
         if status.get("error"):
-            return Observation(job_id=job_id, status=JobStatus.FAILED, error_code=_str(status.get("error_type")),
-                               error_message=_str(status.get("error")), raw={"status": status})
+            return Observation(
+                job_id=job_id,
+                status=JobStatus.FAILED,
+                error_code=_str(status.get("error_type")),
+                error_message=_str(status.get("error")),
+                raw={"status": status},
+            )
         resp = v.send_query(self._http, "GET", f"/{app}/requests/{job_id}", headers=self._headers())
         if not isinstance(resp, Response):
             return resp
         result = v.json_object(resp.body)
         if resp.status == 200 and result is not None:
-            return self._succeeded(job_id, result, v.response_date(resp.headers) or seen_at,
-                                   raw={"status": status, "result": result})
+            return self._succeeded(
+                job_id, result, v.response_date(resp.headers) or seen_at, raw={"status": status, "result": result}
+            )
         if resp.status >= 400 and result is not None and "detail" in result:
             return Observation(
-                job_id=job_id, status=JobStatus.FAILED,
-                error_code=v.header(resp.headers, "x-fal-error-type") or _str(result.get("error_type"))
+                job_id=job_id,
+                status=JobStatus.FAILED,
+                error_code=v.header(resp.headers, "x-fal-error-type")
+                or _str(result.get("error_type"))
                 or f"http_{resp.status}",
-                error_message=v.error_text(result, "detail"), billed=False if resp.status >= 500 else None,
+                error_message=v.error_text(result, "detail"),
+                billed=False if resp.status >= 500 else None,
                 raw={"status": status, "result": result},
             )
         failure = v.query_failure(resp, f"result fetch: HTTP {resp.status}")
         return failure if isinstance(failure, QueryFailed) else QueryFailed(ErrorClass.QUERY_FAILED, "result gone")
 
-    def _succeeded(self, job_id: str, payload: Any, minted: datetime | None, raw: dict[str, Any],
-                   event_id: str | None = None) -> Observation:
+    def _succeeded(
+        self, job_id: str, payload: Any, minted: datetime | None, raw: dict[str, Any], event_id: str | None = None
+    ) -> Observation:
         expires = v.plus(minted, self._settings.output_url_ttl_s)
-        outputs = tuple(Output(url=f["url"], expires_at=expires, content_type=_str(f.get("content_type")),
-                               size_bytes=f.get("file_size") if isinstance(f.get("file_size"), int) else None,
-                               index=i)
-                        for i, f in enumerate(_files(payload)))
-        return Observation(job_id=job_id, status=JobStatus.SUCCEEDED, outputs=outputs, billed=True,
-                           event_id=event_id, raw=raw)
+        outputs = tuple(
+            Output(
+                url=f["url"],
+                expires_at=expires,
+                content_type=_str(f.get("content_type")),
+                size_bytes=f.get("file_size") if isinstance(f.get("file_size"), int) else None,
+                index=i,
+            )
+            for i, f in enumerate(_files(payload))
+        )
+        return Observation(
+            job_id=job_id, status=JobStatus.SUCCEEDED, outputs=outputs, billed=True, event_id=event_id, raw=raw
+        )
 
     def find(self, request_key: str) -> Unsupported:
         return Unsupported()
@@ -209,15 +235,26 @@ class FalProvider:
             payload = data.get("payload") if isinstance(data.get("payload"), dict) else None
             match = _STATUS_CODE.search(error or "")
             code = int(match.group(1)) if match else None
-            return [Observation(job_id=request_id, status=JobStatus.FAILED,
-                                error_code=f"http_{code}" if code else None,
-                                error_message=error or v.error_text(payload, "detail"),
-                                billed=False if code and code >= 500 else None, event_id=event_id, raw=data)]
+            return [
+                Observation(
+                    job_id=request_id,
+                    status=JobStatus.FAILED,
+                    error_code=f"http_{code}" if code else None,
+                    error_message=error or v.error_text(payload, "detail"),
+                    billed=False if code and code >= 500 else None,
+                    event_id=event_id,
+                    raw=data,
+                )
+            ]
         raise CallbackRejected(f"unknown webhook status {outcome!r}")
 
     def _verify(self, headers: Mapping[str, str], raw_body: bytes, now: datetime) -> str:
-        names = ("x-fal-webhook-request-id", "x-fal-webhook-user-id", "x-fal-webhook-timestamp",
-                 "x-fal-webhook-signature")
+        names = (
+            "x-fal-webhook-request-id",
+            "x-fal-webhook-user-id",
+            "x-fal-webhook-timestamp",
+            "x-fal-webhook-signature",
+        )
         request_id, user_id, ts, sig_hex = (v.header(headers, n) for n in names)
         if not (request_id and user_id and ts and sig_hex):
             raise CallbackRejected("missing X-Fal-Webhook-* headers")

@@ -82,8 +82,12 @@ OUTPUT_URL_TTL_S = 30 * 24 * 3600
 TOKEN_TTL_S = 1800
 KINDS = ("text2video", "image2video")
 NOT_FOUND_CODES = {1203}
-STATUSES = {"submitted": JobStatus.QUEUED, "processing": JobStatus.RUNNING, "succeed": JobStatus.SUCCEEDED,
-            "failed": JobStatus.FAILED}
+STATUSES = {
+    "submitted": JobStatus.QUEUED,
+    "processing": JobStatus.RUNNING,
+    "succeed": JobStatus.SUCCEEDED,
+    "failed": JobStatus.FAILED,
+}
 
 
 def error_class(service_code: int | None) -> ErrorClass | None:
@@ -100,15 +104,20 @@ def error_class(service_code: int | None) -> ErrorClass | None:
 
 
 class KlingProvider:
-    def __init__(self, name: str, settings: ProviderSettings, http: HttpClient | None = None, *,
-                 clock: Clock | None = None) -> None:
+    def __init__(
+        self, name: str, settings: ProviderSettings, http: HttpClient | None = None, *, clock: Clock | None = None
+    ) -> None:
         self.name = name
         self._settings = settings
         self._http = v.client_for(settings, DEFAULT_BASE_URL, http)
         self._clock = clock or SystemClock()
         self.capabilities = v.capabilities(
-            settings, default_max_duration_s=10, default_resolutions=("720p", "1080p"), supports_callbacks=True,
-            supports_lookup_by_request_key=settings.supports_lookup_by_request_key, supports_cancel=False,
+            settings,
+            default_max_duration_s=10,
+            default_resolutions=("720p", "1080p"),
+            supports_callbacks=True,
+            supports_lookup_by_request_key=settings.supports_lookup_by_request_key,
+            supports_cancel=False,
             output_url_ttl_s=OUTPUT_URL_TTL_S,
         )
 
@@ -122,13 +131,17 @@ class KlingProvider:
     def submit(self, request: GenerationRequest, request_key: str) -> SubmitResult:
         headers = self._headers()
         if headers is None:
-            return Rejected(ErrorClass.LOCAL_INVALID, code="bad_api_key",
-                            message="Kling api_key must be ACCESS_KEY:SECRET_KEY")
+            return Rejected(
+                ErrorClass.LOCAL_INVALID, code="bad_api_key", message="Kling api_key must be ACCESS_KEY:SECRET_KEY"
+            )
         kind = "image2video" if request.reference_urls else "text2video"
-        body: dict[str, Any] = {"model_name": request.model, "prompt": request.prompt,
-                                "duration": str(request.duration_s),
-                                "mode": "pro" if request.resolution == "1080p" else "std",
-                                "external_task_id": request_key}
+        body: dict[str, Any] = {
+            "model_name": request.model,
+            "prompt": request.prompt,
+            "duration": str(request.duration_s),
+            "mode": "pro" if request.resolution == "1080p" else "std",
+            "external_task_id": request_key,
+        }
         if request.reference_urls:
             body["image"] = request.reference_urls[0]
         else:
@@ -149,8 +162,12 @@ class KlingProvider:
             return Accepted(job_id, obs if isinstance(obs, Observation) else None)
         if code == 5002:  # "server internal timeout": the task may have been created
             return Ambiguous(f"Kling 5002 (internal timeout) on HTTP {resp.status}: the task may exist")
-        return v.reject_submit(resp, code=f"kling_{code}" if code is not None else None,
-                               message=v.error_text(data, "message"), error_class=error_class(code))
+        return v.reject_submit(
+            resp,
+            code=f"kling_{code}" if code is not None else None,
+            message=v.error_text(data, "message"),
+            error_class=error_class(code),
+        )
 
     def _callback_url(self, url: str, request_key: str) -> str:
         secrets = v.secret_values(self._settings.webhook_secrets)
@@ -165,11 +182,13 @@ class KlingProvider:
     def find(self, request_key: str) -> Observation | NotFound | Unsupported | QueryFailed:
         if not self.capabilities.supports_lookup_by_request_key:
             return Unsupported()
-        return self._lookup(lambda kind: (f"/v1/videos/{kind}", {"external_task_id": request_key}), None,
-                            request_key=request_key)
+        return self._lookup(
+            lambda kind: (f"/v1/videos/{kind}", {"external_task_id": request_key}), None, request_key=request_key
+        )
 
-    def _lookup(self, route: Callable[[str], tuple[str, dict[str, str] | None]], job_id: str | None,
-                request_key: str | None) -> Observation | NotFound | QueryFailed:
+    def _lookup(
+        self, route: Callable[[str], tuple[str, dict[str, str] | None]], job_id: str | None, request_key: str | None
+    ) -> Observation | NotFound | QueryFailed:
         headers = self._headers()
         if headers is None:
             return QueryFailed(ErrorClass.QUERY_FAILED, "Kling api_key must be ACCESS_KEY:SECRET_KEY")
@@ -225,9 +244,11 @@ class KlingProvider:
         if status is JobStatus.SUCCEEDED:
             result = task.get("task_result")
             videos = result.get("videos") if isinstance(result, dict) else None
-            outputs = tuple(Output(url=item["url"], expires_at=v.plus(created, OUTPUT_URL_TTL_S), index=i)
-                            for i, item in enumerate(videos or [])
-                            if isinstance(item, dict) and isinstance(item.get("url"), str) and item["url"])
+            outputs = tuple(
+                Output(url=item["url"], expires_at=v.plus(created, OUTPUT_URL_TTL_S), index=i)
+                for i, item in enumerate(videos or [])
+                if isinstance(item, dict) and isinstance(item.get("url"), str) and item["url"]
+            )
         cost = _number(task.get("final_unit_deduction"))
         billed = cost > 0 if cost is not None else (True if status is JobStatus.SUCCEEDED else None)
         info = task.get("task_info")
@@ -238,7 +259,8 @@ class KlingProvider:
             status=status,
             provider_updated_at=v.from_epoch_ms(task.get("updated_at")) or created,
             outputs=outputs,
-            error_message=message[:500] if isinstance(message, str) and message and status is JobStatus.FAILED
+            error_message=message[:500]
+            if isinstance(message, str) and message and status is JobStatus.FAILED
             else None,
             billed=billed,
             cost=cost,

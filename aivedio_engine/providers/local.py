@@ -65,8 +65,11 @@ _OUTPUT_PATH = re.compile(r"/outputs/(loc_[0-9a-f]{32})\.mp4")
 _FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.ABORTED})
 #: where an ABORTED job leaves its id, so that an instance started later can still answer for it
 _TOMBSTONES = ".aborted"
-_DEFAULT_MODELS = {"local-v1": ModelSettings(max_duration_s=10, resolutions=["360p", "720p"],
-                                             price_per_second={"360p": Decimal("0.5"), "720p": Decimal("1")})}
+_DEFAULT_MODELS = {
+    "local-v1": ModelSettings(
+        max_duration_s=10, resolutions=["360p", "720p"], price_per_second={"360p": Decimal("0.5"), "720p": Decimal("1")}
+    )
+}
 _REJECT = ErrorClass.PROVIDER_REJECTED
 
 
@@ -96,11 +99,22 @@ def file_reference(url: str) -> Path | None:
 
 
 class LocalProvider:
-    def __init__(self, name: str, settings: ProviderSettings, *, data_dir: Path, clock: Clock | None = None,
-                 ffmpeg_bin: str = "ffmpeg", fps: int = 15, preset: str = "ultrafast",
-                 render_timeout_s: float = 600.0, realtime: bool = False, retention_s: float = 86400.0,
-                 font_file: Path | None | str = "auto",
-                 resolve_reference: Callable[[str], Path | None] = file_reference) -> None:
+    def __init__(
+        self,
+        name: str,
+        settings: ProviderSettings,
+        *,
+        data_dir: Path,
+        clock: Clock | None = None,
+        ffmpeg_bin: str = "ffmpeg",
+        fps: int = 15,
+        preset: str = "ultrafast",
+        render_timeout_s: float = 600.0,
+        realtime: bool = False,
+        retention_s: float = 86400.0,
+        font_file: Path | None | str = "auto",
+        resolve_reference: Callable[[str], Path | None] = file_reference,
+    ) -> None:
         self.name = name
         self._clock = clock or SystemClock()
         self._models = dict(settings.models or _DEFAULT_MODELS)
@@ -114,10 +128,15 @@ class LocalProvider:
         self.capabilities = Capabilities(
             models=tuple(self._models),
             max_duration_s=max(m.max_duration_s for m in self._models.values()),
-            resolutions=tuple(sorted({r for m in self._models.values() for r in m.resolutions
-                                      if r in render.RESOLUTIONS})),
-            supports_callbacks=False, supports_lookup_by_request_key=True, supports_cancel=True,
-            output_url_ttl_s=self._ttl_s, cancel_is_billed=False, reference_transport="file",
+            resolutions=tuple(
+                sorted({r for m in self._models.values() for r in m.resolutions if r in render.RESOLUTIONS})
+            ),
+            supports_callbacks=False,
+            supports_lookup_by_request_key=True,
+            supports_cancel=True,
+            output_url_ttl_s=self._ttl_s,
+            cancel_is_billed=False,
+            reference_transport="file",
         )
         # absolute: renders run with cwd set to their work dir, so a relative data dir would resolve twice
         self.root = Path(data_dir).resolve() / "local-provider"
@@ -135,8 +154,9 @@ class LocalProvider:
         self._pool = ThreadPoolExecutor(max_workers=settings.max_concurrency, thread_name_prefix=f"{name}-render")
         self._server = _OutputServer(self)
         self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._server_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-                                               name=f"{name}-http", daemon=True)
+        self._server_thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name=f"{name}-http", daemon=True
+        )
         self._server_thread.start()
 
     # --- the Provider protocol ------------------------------------------------------------------------------
@@ -258,8 +278,9 @@ class LocalProvider:
             return Rejected(_REJECT, "unsupported_duration", f"duration must be 1–{model.max_duration_s} s")
         seed = request.seed if request.seed is not None else render.seed_from(request.prompt)
         try:
-            spec = render.make_spec(request.resolution, request.aspect_ratio, request.duration_s, seed,
-                                    **self._render_options)
+            spec = render.make_spec(
+                request.resolution, request.aspect_ratio, request.duration_s, seed, **self._render_options
+            )
         except render.RenderSpecError as exc:
             return Rejected(_REJECT, "unsupported_aspect_ratio", str(exc))
         image = None
@@ -267,19 +288,37 @@ class LocalProvider:
             image = self._resolve_reference(request.reference_urls[0])
             if image is None:
                 return Rejected(_REJECT, "reference_unreadable", "the reference is not a readable local file")
-        return _Job(job_id=f"loc_{secrets.token_hex(16)}", request_key=request_key, spec=spec,
-                    prompt=request.prompt, image=image, updated_at=self._clock.now())
+        return _Job(
+            job_id=f"loc_{secrets.token_hex(16)}",
+            request_key=request_key,
+            spec=spec,
+            prompt=request.prompt,
+            image=image,
+            updated_at=self._clock.now(),
+        )
 
     def _observe(self, job: _Job) -> Observation:
         outputs: tuple[Output, ...] = ()
         if job.status is JobStatus.SUCCEEDED:  # a fresh URL on every look, as vendors re-sign on each poll
             expires = int(self._clock.now().timestamp()) + self._ttl_s
-            outputs = (Output(url=self.output_url(job.job_id, expires), content_type="video/mp4",
-                              expires_at=datetime.fromtimestamp(expires, UTC), size_bytes=job.size_bytes),)
+            outputs = (
+                Output(
+                    url=self.output_url(job.job_id, expires),
+                    content_type="video/mp4",
+                    expires_at=datetime.fromtimestamp(expires, UTC),
+                    size_bytes=job.size_bytes,
+                ),
+            )
         return Observation(
-            job_id=job.job_id, status=job.status, provider_updated_at=job.updated_at, progress=job.progress,
-            outputs=outputs, error_code=job.error_code, error_message=job.error_message,
-            request_key=job.request_key, raw={"status": job.status.value, "progress": job.progress},
+            job_id=job.job_id,
+            status=job.status,
+            provider_updated_at=job.updated_at,
+            progress=job.progress,
+            outputs=outputs,
+            error_code=job.error_code,
+            error_message=job.error_message,
+            request_key=job.request_key,
+            raw={"status": job.status.value, "progress": job.progress},
         )
 
     def _from_disk(self, job_id: str) -> Observation | NotFound:
@@ -292,19 +331,33 @@ class LocalProvider:
             stat = None
         if stat is not None:  # renamed into place only once complete: the render finished before the restart
             expires = int(self._clock.now().timestamp()) + self._ttl_s
-            out = Output(url=self.output_url(job_id, expires), content_type="video/mp4",
-                         expires_at=datetime.fromtimestamp(expires, UTC), size_bytes=stat.st_size)
-            return Observation(job_id=job_id, status=JobStatus.SUCCEEDED, progress=100, outputs=(out,),
-                               provider_updated_at=datetime.fromtimestamp(stat.st_mtime, UTC),
-                               raw={"status": JobStatus.SUCCEEDED.value, "recovered": True})
+            out = Output(
+                url=self.output_url(job_id, expires),
+                content_type="video/mp4",
+                expires_at=datetime.fromtimestamp(expires, UTC),
+                size_bytes=stat.st_size,
+            )
+            return Observation(
+                job_id=job_id,
+                status=JobStatus.SUCCEEDED,
+                progress=100,
+                outputs=(out,),
+                provider_updated_at=datetime.fromtimestamp(stat.st_mtime, UTC),
+                raw={"status": JobStatus.SUCCEEDED.value, "recovered": True},
+            )
         try:
             code, _, message = (self._tombstones / job_id).read_text("utf-8").partition("\n")
             at = datetime.fromtimestamp((self._tombstones / job_id).stat().st_mtime, UTC)
         except OSError:
             return NotFound()
-        return Observation(job_id=job_id, status=JobStatus.ABORTED, provider_updated_at=at,
-                           error_code=code or "aborted", error_message=message or None,
-                           raw={"status": JobStatus.ABORTED.value, "recovered": True})
+        return Observation(
+            job_id=job_id,
+            status=JobStatus.ABORTED,
+            provider_updated_at=at,
+            error_code=code or "aborted",
+            error_message=message or None,
+            raw={"status": JobStatus.ABORTED.value, "recovered": True},
+        )
 
     def _finish(self, job: _Job, status: JobStatus, code: str | None = None, message: str | None = None) -> None:
         job.status, job.error_code, job.error_message = status, code, message
@@ -341,17 +394,23 @@ class LocalProvider:
             caption.write_text(render.caption_text(job.prompt, job.spec.width, job.spec.height), encoding="utf-8")
         partial = work / "out.mp4"
         argv = sandbox.prefix(sandbox.encoder_cpu_s(self._timeout_s), 2 * 1024**3) + render.clip_argv(
-            job.spec, partial, image=job.image, caption_file=caption, font_file=font, ffmpeg_bin=self._ffmpeg)
+            job.spec, partial, image=job.image, caption_file=caption, font_file=font, ffmpeg_bin=self._ffmpeg
+        )
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
         with open(work / "stderr.log", "wb") as errors:  # a file, not a pipe: a chatty ffmpeg cannot block
             try:
-                child = sandbox.spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
-                                      env=env, cwd=work)
+                child = sandbox.spawn(
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, env=env, cwd=work
+                )
             except sandbox.Interrupted:  # this process is stopping its children: not a verdict on the request
                 with self._lock:
                     if job.status is JobStatus.RUNNING:
-                        self._finish(job, JobStatus.ABORTED, "render_interrupted", "the render was not started: "
-                                     "the engine is stopping")
+                        self._finish(
+                            job,
+                            JobStatus.ABORTED,
+                            "render_interrupted",
+                            "the render was not started: the engine is stopping",
+                        )
                 return
             except OSError as exc:
                 with self._lock:

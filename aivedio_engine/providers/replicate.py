@@ -94,8 +94,13 @@ class ReplicateProvider:
         self._settings = settings
         self._http = v.client_for(settings, DEFAULT_BASE_URL, http)
         self.capabilities = v.capabilities(
-            settings, default_max_duration_s=10, default_resolutions=("720p",), supports_callbacks=True,
-            supports_lookup_by_request_key=False, supports_cancel=True, output_url_ttl_s=OUTPUT_URL_TTL_S,
+            settings,
+            default_max_duration_s=10,
+            default_resolutions=("720p",),
+            supports_callbacks=True,
+            supports_lookup_by_request_key=False,
+            supports_cancel=True,
+            output_url_ttl_s=OUTPUT_URL_TTL_S,
             cancel_is_billed=True,
         )
 
@@ -104,8 +109,12 @@ class ReplicateProvider:
 
     def submit(self, request: GenerationRequest, request_key: str) -> SubmitResult:
         # request_key has nowhere to go: Replicate takes no idempotency key or client reference.
-        model_input: dict[str, Any] = {"prompt": request.prompt, "duration": request.duration_s,
-                                       "aspect_ratio": request.aspect_ratio, "resolution": request.resolution}
+        model_input: dict[str, Any] = {
+            "prompt": request.prompt,
+            "duration": request.duration_s,
+            "aspect_ratio": request.aspect_ratio,
+            "resolution": request.resolution,
+        }
         if request.seed is not None:
             model_input["seed"] = request.seed
         if request.reference_urls:
@@ -146,8 +155,9 @@ class ReplicateProvider:
     def find(self, request_key: str) -> Unsupported:
         return Unsupported()
 
-    def list_jobs(self, created_after: datetime,
-                  created_before: datetime) -> list[JobSummary] | Unsupported | QueryFailed:
+    def list_jobs(
+        self, created_after: datetime, created_before: datetime
+    ) -> list[JobSummary] | Unsupported | QueryFailed:
         window = {"created_after": _iso(created_after), "created_before": _iso(created_before)}
         path, params = "/v1/predictions", dict(window)
         origin = urlsplit(self._settings.base_url or DEFAULT_BASE_URL).netloc
@@ -185,8 +195,11 @@ class ReplicateProvider:
             return resp
         if not 200 <= resp.status < 300:
             failure = v.query_failure(resp)
-            return failure if isinstance(failure, QueryFailed) else QueryFailed(ErrorClass.QUERY_FAILED,
-                                                                                 "prediction not found")
+            return (
+                failure
+                if isinstance(failure, QueryFailed)
+                else QueryFailed(ErrorClass.QUERY_FAILED, "prediction not found")
+            )
         data = v.json_object(resp.body) or {}
         status = STATUSES.get(str(data.get("status")))
         if status in TERMINAL and status not in (JobStatus.CANCELED, JobStatus.ABORTED):
@@ -195,8 +208,9 @@ class ReplicateProvider:
         return Canceled()
 
     def parse_callback(self, headers: Mapping[str, str], raw_body: bytes, now: datetime) -> list[Observation]:
-        verified = verify_webhook(headers, raw_body, self._settings.webhook_secrets, now,
-                                  max_body_bytes=v.MAX_CALLBACK_BYTES)
+        verified = verify_webhook(
+            headers, raw_body, self._settings.webhook_secrets, now, max_body_bytes=v.MAX_CALLBACK_BYTES
+        )
         data = verified.json()
         if not isinstance(data, dict):
             raise CallbackRejected("body is not a prediction object")
@@ -219,8 +233,14 @@ class ReplicateProvider:
         if isinstance(version, str) and f"{model}:{version}" in self._settings.models:
             model = f"{model}:{version}"
         inp = raw if isinstance(raw := item.get("input"), dict) else {}
-        echo = {"prompt": inp.get("prompt"), "model": model, "duration_s": inp.get("duration"),
-                "resolution": inp.get("resolution"), "aspect_ratio": inp.get("aspect_ratio"), "seed": inp.get("seed")}
+        echo = {
+            "prompt": inp.get("prompt"),
+            "model": model,
+            "duration_s": inp.get("duration"),
+            "resolution": inp.get("resolution"),
+            "aspect_ratio": inp.get("aspect_ratio"),
+            "seed": inp.get("seed"),
+        }
         fingerprint = echoed_fingerprint(echo)
         if fingerprint is None and model not in self._settings.models:
             # another model's prediction (the playground, another app) is certainly not ours: any non-matching

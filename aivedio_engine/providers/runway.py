@@ -75,9 +75,14 @@ TERMINAL = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED}
 
 #: (aspect ratio, resolution) → Runway's pixel ratio.
 RATIOS = {
-    ("16:9", "720p"): "1280:720", ("9:16", "720p"): "720:1280", ("1:1", "720p"): "960:960",
-    ("4:3", "720p"): "1104:832", ("3:4", "720p"): "832:1104", ("21:9", "720p"): "1584:672",
-    ("16:9", "1080p"): "1920:1080", ("9:16", "1080p"): "1080:1920",
+    ("16:9", "720p"): "1280:720",
+    ("9:16", "720p"): "720:1280",
+    ("1:1", "720p"): "960:960",
+    ("4:3", "720p"): "1104:832",
+    ("3:4", "720p"): "832:1104",
+    ("21:9", "720p"): "1584:672",
+    ("16:9", "1080p"): "1920:1080",
+    ("9:16", "1080p"): "1080:1920",
 }
 
 
@@ -87,13 +92,17 @@ class RunwayProvider:
         self._settings = settings
         self._http = v.client_for(settings, DEFAULT_BASE_URL, http)
         self.capabilities = v.capabilities(
-            settings, default_max_duration_s=10, default_resolutions=("720p",), supports_callbacks=False,
-            supports_lookup_by_request_key=False, supports_cancel=True, output_url_ttl_s=OUTPUT_URL_TTL_S,
+            settings,
+            default_max_duration_s=10,
+            default_resolutions=("720p",),
+            supports_callbacks=False,
+            supports_lookup_by_request_key=False,
+            supports_cancel=True,
+            output_url_ttl_s=OUTPUT_URL_TTL_S,
         )
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._settings.api_key.get_secret_value()}",
-                "X-Runway-Version": API_VERSION}
+        return {"Authorization": f"Bearer {self._settings.api_key.get_secret_value()}", "X-Runway-Version": API_VERSION}
 
     # --- submit --------------------------------------------------------------------------------------------------
 
@@ -101,10 +110,17 @@ class RunwayProvider:
         # request_key has nowhere to go: Runway takes no idempotency key or external id.
         ratio = _ratio(request.aspect_ratio, request.resolution)
         if ratio is None:
-            return Rejected(ErrorClass.LOCAL_INVALID, code="unsupported_ratio",
-                            message=f"no Runway ratio for {request.aspect_ratio} at {request.resolution}")
-        body: dict[str, Any] = {"model": request.model, "promptText": request.prompt[:1000], "ratio": ratio,
-                                "duration": request.duration_s}
+            return Rejected(
+                ErrorClass.LOCAL_INVALID,
+                code="unsupported_ratio",
+                message=f"no Runway ratio for {request.aspect_ratio} at {request.resolution}",
+            )
+        body: dict[str, Any] = {
+            "model": request.model,
+            "promptText": request.prompt[:1000],
+            "ratio": ratio,
+            "duration": request.duration_s,
+        }
         if request.seed is not None:
             body["seed"] = request.seed
         if request.reference_urls:
@@ -121,8 +137,9 @@ class RunwayProvider:
             if not isinstance(job_id, str) or not job_id:
                 return Ambiguous(f"HTTP {resp.status} without a task id")
             return Accepted(job_id)
-        return v.reject_submit(resp, message=v.error_text(data, "error", "message"),
-                               code=_code(data), retryable_gateway_timeout=True)
+        return v.reject_submit(
+            resp, message=v.error_text(data, "error", "message"), code=_code(data), retryable_gateway_timeout=True
+        )
 
     # --- query ---------------------------------------------------------------------------------------------------
 
@@ -177,8 +194,9 @@ class RunwayProvider:
 
     # --- parsing -------------------------------------------------------------------------------------------------
 
-    def _observe(self, data: dict[str, Any], job_id: str, seen_at: datetime | None,
-                 event_id: str | None) -> Observation | QueryFailed:
+    def _observe(
+        self, data: dict[str, Any], job_id: str, seen_at: datetime | None, event_id: str | None
+    ) -> Observation | QueryFailed:
         status = STATUSES.get(str(data.get("status")))
         if status is None:
             return QueryFailed(ErrorClass.QUERY_FAILED, f"unknown Runway status {data.get('status')!r}")
@@ -187,8 +205,11 @@ class RunwayProvider:
         outputs: tuple[Output, ...] = ()
         if status is JobStatus.SUCCEEDED:
             urls = data.get("output") or []
-            outputs = tuple(Output(url=u, expires_at=v.plus(minted, OUTPUT_URL_TTL_S), index=i)
-                            for i, u in enumerate(urls) if isinstance(u, str) and u)
+            outputs = tuple(
+                Output(url=u, expires_at=v.plus(minted, OUTPUT_URL_TTL_S), index=i)
+                for i, u in enumerate(urls)
+                if isinstance(u, str) and u
+            )
         return Observation(
             job_id=job_id,
             status=status,

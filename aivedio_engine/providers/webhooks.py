@@ -54,8 +54,15 @@ class VerifiedWebhook:
             raise CallbackRejected("body is not valid JSON") from None
 
 
-def verify_webhook(headers: Mapping[str, str], raw_body: bytes, secrets: Iterable[Secret], now: datetime, *,
-                   tolerance_s: float = DEFAULT_TOLERANCE_S, max_body_bytes: int | None = None) -> VerifiedWebhook:
+def verify_webhook(
+    headers: Mapping[str, str],
+    raw_body: bytes,
+    secrets: Iterable[Secret],
+    now: datetime,
+    *,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
+    max_body_bytes: int | None = None,
+) -> VerifiedWebhook:
     """Check id, timestamp (±tolerance_s around `now`) and that one `v1` signature matches any of `secrets`."""
     try:
         return _verify(headers, raw_body, list(secrets), now, tolerance_s, max_body_bytes)
@@ -65,8 +72,14 @@ def verify_webhook(headers: Mapping[str, str], raw_body: bytes, secrets: Iterabl
         raise CallbackRejected("malformed webhook") from None
 
 
-def _verify(headers: Mapping[str, str], raw_body: bytes, secrets: list[Secret], now: datetime,
-            tolerance_s: float, max_body_bytes: int | None) -> VerifiedWebhook:
+def _verify(
+    headers: Mapping[str, str],
+    raw_body: bytes,
+    secrets: list[Secret],
+    now: datetime,
+    tolerance_s: float,
+    max_body_bytes: int | None,
+) -> VerifiedWebhook:
     if not isinstance(raw_body, bytes | bytearray):
         raise CallbackRejected("body must be raw bytes")
     if max_body_bytes is not None and len(raw_body) > max_body_bytes:

@@ -31,8 +31,11 @@ UNRESOLVED = (AlertStatus.OPEN.value, AlertStatus.ACKNOWLEDGED.value)
 #: `list` filters by these names; "unresolved" = OPEN and ACKNOWLEDGED
 LIST_STATUSES = ("unresolved", "open", "acknowledged", "resolved", "all")
 _STATUS_FILTER: dict[str, tuple[str, ...]] = {
-    "unresolved": UNRESOLVED, "open": (AlertStatus.OPEN.value,), "acknowledged": (AlertStatus.ACKNOWLEDGED.value,),
-    "resolved": (AlertStatus.RESOLVED.value,), "all": tuple(s.value for s in AlertStatus),
+    "unresolved": UNRESOLVED,
+    "open": (AlertStatus.OPEN.value,),
+    "acknowledged": (AlertStatus.ACKNOWLEDGED.value,),
+    "resolved": (AlertStatus.RESOLVED.value,),
+    "all": tuple(s.value for s in AlertStatus),
 }
 MAX_IDS = 1000
 NOT_FOUND = "not found"
@@ -57,11 +60,20 @@ class AlertView:
         def when(t: datetime | None) -> str | None:
             return t.isoformat() if t else None
 
-        return {"id": str(self.id), "rule": self.rule, "severity": self.severity, "status": self.status,
-                "subject_type": self.subject_type, "subject_id": self.subject_id, "message": self.message,
-                "raised_at": when(self.raised_at), "last_seen_at": when(self.last_seen_at),
-                "acknowledged_by": self.acknowledged_by, "acknowledged_at": when(self.acknowledged_at),
-                "resolved_at": when(self.resolved_at)}
+        return {
+            "id": str(self.id),
+            "rule": self.rule,
+            "severity": self.severity,
+            "status": self.status,
+            "subject_type": self.subject_type,
+            "subject_id": self.subject_id,
+            "message": self.message,
+            "raised_at": when(self.raised_at),
+            "last_seen_at": when(self.last_seen_at),
+            "acknowledged_by": self.acknowledged_by,
+            "acknowledged_at": when(self.acknowledged_at),
+            "resolved_at": when(self.resolved_at),
+        }
 
 
 @dataclass(frozen=True)
@@ -79,14 +91,17 @@ class AlertOps:
         self._engine = engine
         self._clock = clock
 
-    def list(self, status: str = "unresolved", rule: str | None = None, severity: str | None = None,
-             limit: int = 100) -> list[AlertView]:
+    def list(
+        self, status: str = "unresolved", rule: str | None = None, severity: str | None = None, limit: int = 100
+    ) -> list[AlertView]:
         """Newest first."""
         if status not in _STATUS_FILTER:
             raise InvalidInput(f"status must be one of {', '.join(LIST_STATUSES)}, got {status!r}", field="status")
         if severity is not None and severity not in {s.value for s in AlertSeverity}:
-            raise InvalidInput(f"severity must be one of {', '.join(s.value for s in AlertSeverity)}, "
-                               f"got {severity!r}", field="severity")
+            raise InvalidInput(
+                f"severity must be one of {', '.join(s.value for s in AlertSeverity)}, got {severity!r}",
+                field="severity",
+            )
         if not 1 <= limit <= 10_000:
             raise InvalidInput("limit must be between 1 and 10000", field="limit")
         stmt = sa.select(alerts).where(_al.status.in_(_STATUS_FILTER[status]))
@@ -100,15 +115,17 @@ class AlertOps:
 
     def acknowledge(self, ids: Sequence[uuid.UUID], op: Operation) -> AlertChange:
         """OPEN → ACKNOWLEDGED, by `op.actor`."""
-        return self._change(ids, op, allowed=(AlertStatus.OPEN.value,), to=AlertStatus.ACKNOWLEDGED,
-                            outcome="acknowledged")
+        return self._change(
+            ids, op, allowed=(AlertStatus.OPEN.value,), to=AlertStatus.ACKNOWLEDGED, outcome="acknowledged"
+        )
 
     def resolve(self, ids: Sequence[uuid.UUID], op: Operation) -> AlertChange:
         """OPEN or ACKNOWLEDGED → RESOLVED."""
         return self._change(ids, op, allowed=UNRESOLVED, to=AlertStatus.RESOLVED, outcome="resolved")
 
-    def _change(self, ids: Sequence[uuid.UUID], op: Operation, *, allowed: tuple[str, ...], to: AlertStatus,
-                outcome: str) -> AlertChange:
+    def _change(
+        self, ids: Sequence[uuid.UUID], op: Operation, *, allowed: tuple[str, ...], to: AlertStatus, outcome: str
+    ) -> AlertChange:
         op.require_reason()
         wanted = list(dict.fromkeys(ids))
         if not wanted:
@@ -117,18 +134,32 @@ class AlertOps:
             raise InvalidInput(f"at most {MAX_IDS} alerts per change", field="ids")
         now = self._clock.now()
         with write_tx(self._engine) as conn:
-            found = {r.id: r for r in conn.execute(
-                sa.select(_al.id, _al.status, _al.subject_type, _al.subject_id)
-                .where(_al.id.in_(wanted)).with_for_update())}
-            skipped = [(i, NOT_FOUND if i not in found else f"already {found[i].status}")
-                       for i in wanted if i not in found or found[i].status not in allowed]
+            found = {
+                r.id: r
+                for r in conn.execute(
+                    sa.select(_al.id, _al.status, _al.subject_type, _al.subject_id)
+                    .where(_al.id.in_(wanted))
+                    .with_for_update()
+                )
+            }
+            skipped = [
+                (i, NOT_FOUND if i not in found else f"already {found[i].status}")
+                for i in wanted
+                if i not in found or found[i].status not in allowed
+            ]
             changing = [i for i in wanted if i in found and found[i].status in allowed]
             refused: list[tuple[uuid.UUID, str]] = []
             if to is AlertStatus.RESOLVED:
                 held = _parked_tasks(conn, [found[i] for i in changing])
-                refused = [(i, f"task {found[i].subject_id} is still parked ({held[found[i].subject_id]}): "
-                                "acknowledge instead, or reconcile/cancel the task first")
-                            for i in changing if found[i].subject_id in held]
+                refused = [
+                    (
+                        i,
+                        f"task {found[i].subject_id} is still parked ({held[found[i].subject_id]}): "
+                        "acknowledge instead, or reconcile/cancel the task first",
+                    )
+                    for i in changing
+                    if found[i].subject_id in held
+                ]
                 changing = [i for i in changing if found[i].subject_id not in held]
             if changing and not op.dry_run:
                 values: dict[str, Any] = {"status": to.value}
@@ -137,9 +168,15 @@ class AlertOps:
                 else:
                     values["resolved_at"] = now
                 conn.execute(alerts.update().where(_al.id.in_(changing), _al.status.in_(allowed)).values(**values))
-            record(conn, op, affected_ids=[] if op.dry_run else changing,
-                   outcome=("dry_run" if op.dry_run else outcome if changing else
-                            "refused" if refused else "nothing_to_do"), now=now)
+            record(
+                conn,
+                op,
+                affected_ids=[] if op.dry_run else changing,
+                outcome=(
+                    "dry_run" if op.dry_run else outcome if changing else "refused" if refused else "nothing_to_do"
+                ),
+                now=now,
+            )
         return AlertChange(changing, skipped, op.dry_run, refused)
 
 
@@ -155,11 +192,26 @@ def _parked_tasks(conn: sa.Connection, rows: Sequence[Any]) -> dict[str, str]:
                 continue
     if not ids:
         return {}
-    parked = conn.execute(sa.select(_t.id, _t.parked_reason).where(
-        _t.id.in_(list(ids)), _t.parked_reason.is_not(None), _t.status.not_in([s.value for s in TASK_TERMINAL])))
+    parked = conn.execute(
+        sa.select(_t.id, _t.parked_reason).where(
+            _t.id.in_(list(ids)), _t.parked_reason.is_not(None), _t.status.not_in([s.value for s in TASK_TERMINAL])
+        )
+    )
     return {ids[r.id]: r.parked_reason for r in parked}
 
 
 def _view(r: Any) -> AlertView:
-    return AlertView(r.id, r.rule, r.severity, r.status, r.subject_type, r.subject_id, r.message, r.raised_at,
-                     r.last_seen_at, r.acknowledged_by, r.acknowledged_at, r.resolved_at)
+    return AlertView(
+        r.id,
+        r.rule,
+        r.severity,
+        r.status,
+        r.subject_type,
+        r.subject_id,
+        r.message,
+        r.raised_at,
+        r.last_seen_at,
+        r.acknowledged_by,
+        r.acknowledged_at,
+        r.resolved_at,
+    )

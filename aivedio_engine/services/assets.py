@@ -141,17 +141,24 @@ class AssetService:
 
     # --- create --------------------------------------------------------------------------------------------
 
-    def create_upload(self, principal: Principal, filename: str, size_bytes: int, content_type: str,
-                      sha256: str | None = None,
-                      parts: int | None = None) -> tuple[AssetView, UploadTarget | PartUrls]:
+    def create_upload(
+        self,
+        principal: Principal,
+        filename: str,
+        size_bytes: int,
+        content_type: str,
+        sha256: str | None = None,
+        parts: int | None = None,
+    ) -> tuple[AssetView, UploadTarget | PartUrls]:
         if not isinstance(filename, str) or not 0 < len(filename) <= MAX_FILENAME:
             raise InvalidInput(f"filename must be 1-{MAX_FILENAME} characters", field="filename")
         max_bytes = self._upload_cap(principal)
         if not isinstance(size_bytes, int) or isinstance(size_bytes, bool) or size_bytes <= 0:
             raise InvalidInput(f"size_bytes must be between 1 and {max_bytes}", field="size_bytes")
         if size_bytes > max_bytes:
-            raise PayloadTooLarge(f"size_bytes {size_bytes} exceeds the upload limit of {max_bytes} bytes",
-                                  field="size_bytes")
+            raise PayloadTooLarge(
+                f"size_bytes {size_bytes} exceeds the upload limit of {max_bytes} bytes", field="size_bytes"
+            )
         ctype = content_type.strip().lower() if isinstance(content_type, str) else ""
         if ctype not in CONTENT_TYPES:
             raise InvalidInput(f"content_type must be one of {', '.join(CONTENT_TYPES)}", field="content_type")
@@ -167,18 +174,34 @@ class AssetService:
         ttl = self._settings.storage.upload_url_ttl_s
         with write_tx(self._engine) as conn:
             self._check_rate(conn, principal, now)
-            conn.execute(assets.insert().values(
-                id=asset_id, tenant_id=principal.tenant_id, kind=CONTENT_TYPES[ctype].value,
-                status=AssetStatus.UPLOADING.value, bucket=self._store.bucket, object_key=key, size_bytes=size_bytes,
-                # the schema has no filename column; the display name rides in the probe document
-                probe={"upload": {"filename": display_name(filename)}}, created_at=now,
-            ))
-            conn.execute(upload_sessions.insert().values(
-                id=session_id, tenant_id=principal.tenant_id, asset_id=asset_id,
-                status=UploadSessionStatus.OPEN.value, object_key=key, declared_size_bytes=size_bytes,
-                declared_content_type=ctype, declared_sha256=digest, expires_at=now + timedelta(seconds=ttl),
-                created_at=now,
-            ))
+            conn.execute(
+                assets.insert().values(
+                    id=asset_id,
+                    tenant_id=principal.tenant_id,
+                    kind=CONTENT_TYPES[ctype].value,
+                    status=AssetStatus.UPLOADING.value,
+                    bucket=self._store.bucket,
+                    object_key=key,
+                    size_bytes=size_bytes,
+                    # the schema has no filename column; the display name rides in the probe document
+                    probe={"upload": {"filename": display_name(filename)}},
+                    created_at=now,
+                )
+            )
+            conn.execute(
+                upload_sessions.insert().values(
+                    id=session_id,
+                    tenant_id=principal.tenant_id,
+                    asset_id=asset_id,
+                    status=UploadSessionStatus.OPEN.value,
+                    object_key=key,
+                    declared_size_bytes=size_bytes,
+                    declared_content_type=ctype,
+                    declared_sha256=digest,
+                    expires_at=now + timedelta(seconds=ttl),
+                    created_at=now,
+                )
+            )
         target: UploadTarget | PartUrls
         if parts is None:
             target = self._store.upload_target(key, size_bytes, ctype, ttl, upload_id=str(session_id), now=now)
@@ -189,8 +212,9 @@ class AssetService:
     def _upload_cap(self, principal: Principal) -> int:
         """The tenant's plan cap when it has one, else the platform's (U2)."""
         with self._engine.connect() as conn:
-            cap = conn.execute(sa.select(tenants.c.max_upload_bytes)
-                               .where(tenants.c.id == principal.tenant_id)).scalar()
+            cap = conn.execute(
+                sa.select(tenants.c.max_upload_bytes).where(tenants.c.id == principal.tenant_id)
+            ).scalar()
         return cap or self._settings.api.max_upload_bytes
 
     def _check_rate(self, conn: sa.Connection, principal: Principal, now: datetime) -> None:
@@ -198,18 +222,23 @@ class AssetService:
         assets table (index tenant_id, created_at), so the limit holds across API processes in both modes; the
         tenant row lock serialises one tenant's creates on PostgreSQL (SQLite's write lock already does)."""
         limit = self._settings.limits.uploads_per_tenant_per_min
-        conn.execute(sa.select(tenants.c.id).where(tenants.c.id == principal.tenant_id)
-                     .with_for_update(key_share=True))
+        conn.execute(sa.select(tenants.c.id).where(tenants.c.id == principal.tenant_id).with_for_update(key_share=True))
         oldest_counted = conn.execute(
             sa.select(_a.created_at)
-            .where(_a.tenant_id == principal.tenant_id, _a.created_at > now - timedelta(seconds=60),
-                   _a.kind.in_([k.value for k in set(CONTENT_TYPES.values())]))
-            .order_by(_a.created_at.desc()).offset(limit - 1).limit(1)
+            .where(
+                _a.tenant_id == principal.tenant_id,
+                _a.created_at > now - timedelta(seconds=60),
+                _a.kind.in_([k.value for k in set(CONTENT_TYPES.values())]),
+            )
+            .order_by(_a.created_at.desc())
+            .offset(limit - 1)
+            .limit(1)
         ).scalar()
         if oldest_counted is not None:
             wait = max(1, math.ceil((_aware(oldest_counted) + timedelta(seconds=60) - now).total_seconds()))
-            raise RateLimited(f"more than {limit} uploads started in the last minute; retry in {wait}s",
-                              retry_after=wait)
+            raise RateLimited(
+                f"more than {limit} uploads started in the last minute; retry in {wait}s", retry_after=wait
+            )
 
     def _check_parts(self, size_bytes: int, parts: Any) -> None:
         """Multipart bounds at initiate (U22): every part but the last is ≥ 5 MiB, so more than size/5 MiB + 1
@@ -221,11 +250,15 @@ class AssetService:
 
         most = min(MAX_PARTS, size_bytes // MIN_PART_BYTES + 1)
         if not isinstance(parts, int) or isinstance(parts, bool) or not 1 <= parts <= most:
-            raise BadRequest(f"parts must be between 1 and {most} for {size_bytes} bytes (parts other than the "
-                               f"last are at least {MIN_PART_BYTES} bytes; at most {MAX_PARTS} parts)", field="parts")
+            raise BadRequest(
+                f"parts must be between 1 and {most} for {size_bytes} bytes (parts other than the "
+                f"last are at least {MIN_PART_BYTES} bytes; at most {MAX_PARTS} parts)",
+                field="parts",
+            )
 
-    def _multipart_target(self, session_id: uuid.UUID, key: str, ctype: str, parts: int, ttl: int,
-                          now: datetime) -> PartUrls:
+    def _multipart_target(
+        self, session_id: uuid.UUID, key: str, ctype: str, parts: int, ttl: int, now: datetime
+    ) -> PartUrls:
         store = self._store
         assert isinstance(store, MultipartStore)  # checked by _check_parts
         upload_id = store.create_multipart(key, ctype)
@@ -242,12 +275,16 @@ class AssetService:
 
     def _row(self, conn: sa.Connection, principal: Principal, asset_id: uuid.UUID) -> Any:
         declared = (
-            sa.select(_s.declared_content_type).where(_s.asset_id == _a.id)
-            .order_by(_s.created_at.desc()).limit(1).scalar_subquery()
+            sa.select(_s.declared_content_type)
+            .where(_s.asset_id == _a.id)
+            .order_by(_s.created_at.desc())
+            .limit(1)
+            .scalar_subquery()
         )
         row = conn.execute(
-            sa.select(assets, declared.label("declared_content_type"))
-            .where(_a.id == asset_id, _a.tenant_id == principal.tenant_id)
+            sa.select(assets, declared.label("declared_content_type")).where(
+                _a.id == asset_id, _a.tenant_id == principal.tenant_id
+            )
         ).first()
         if row is None:  # another tenant's asset reads exactly like a missing one
             raise NotFound("asset not found")
@@ -258,11 +295,20 @@ class AssetService:
         probe = row.probe or {}
         rate = f"{row.frame_rate_num}/{row.frame_rate_den}" if row.frame_rate_num and row.frame_rate_den else None
         return AssetView(
-            id=row.id, kind=row.kind, status=row.status, filename=(probe.get("upload") or {}).get("filename"),
-            size_bytes=row.size_bytes, content_type=row.declared_content_type or row.mime_detected,
+            id=row.id,
+            kind=row.kind,
+            status=row.status,
+            filename=(probe.get("upload") or {}).get("filename"),
+            size_bytes=row.size_bytes,
+            content_type=row.declared_content_type or row.mime_detected,
             sha256=row.checksum_value if row.checksum_algorithm == "sha256" else None,
-            width=row.width, height=row.height, duration_ms=row.duration_ms, frame_rate=rate,
-            mime_detected=row.mime_detected, error=row.error, created_at=_aware(row.created_at),
+            width=row.width,
+            height=row.height,
+            duration_ms=row.duration_ms,
+            frame_rate=rate,
+            mime_detected=row.mime_detected,
+            error=row.error,
+            created_at=_aware(row.created_at),
             ready_at=_aware(row.ready_at) if row.ready_at else None,
         )
 
@@ -277,7 +323,8 @@ class AssetService:
             ).first()
         now = self._clock.now()
         if row.status not in (AssetStatus.UPLOADING.value, AssetStatus.VALIDATING.value) or (
-                row.status == AssetStatus.VALIDATING.value and not self._claim_expired(row, now)):
+            row.status == AssetStatus.VALIDATING.value and not self._claim_expired(row, now)
+        ):
             return self._view(row)  # done, or being validated by another call: completing again is a no-op
         if session is None or session.status != UploadSessionStatus.OPEN.value:
             raise IllegalState("the asset has no open upload session")
@@ -286,23 +333,35 @@ class AssetService:
         revision = new_id()
         claim = {**(row.probe or {}), "validation": {"started_at": now.isoformat(), "revision": str(revision)}}
         with write_tx(self._engine) as conn:
-            if conn.execute(assets.update().where(_a.id == asset_id, _a.status == row.status)
-                            .values(status=AssetStatus.VALIDATING.value, probe=claim)).rowcount != 1:
+            if (
+                conn.execute(
+                    assets.update()
+                    .where(_a.id == asset_id, _a.status == row.status)
+                    .values(status=AssetStatus.VALIDATING.value, probe=claim)
+                ).rowcount
+                != 1
+            ):
                 return self.get(principal, asset_id)  # another call claimed it first
         try:
             outcome = self._validator.validate(row, session, head, revision)
         except BaseException:
             unclaimed = {k: v for k, v in claim.items() if k != "validation"}
             with write_tx(self._engine) as conn:  # our fault (ffprobe missing, storage down): let the client retry
-                conn.execute(assets.update().where(_a.id == asset_id, _a.status == AssetStatus.VALIDATING.value)
-                             .values(status=AssetStatus.UPLOADING.value, probe=unclaimed))
+                conn.execute(
+                    assets.update()
+                    .where(_a.id == asset_id, _a.status == AssetStatus.VALIDATING.value)
+                    .values(status=AssetStatus.UPLOADING.value, probe=unclaimed)
+                )
             raise
 
         now = self._clock.now()
         values: dict[str, Any] = {
-            "status": outcome.status.value, "error": outcome.reason, "mime_detected": outcome.mime,
+            "status": outcome.status.value,
+            "error": outcome.reason,
+            "mime_detected": outcome.mime,
             "size_bytes": outcome.size if outcome.size is not None else row.size_bytes,
-            "checksum_algorithm": "sha256" if outcome.sha256 else None, "checksum_value": outcome.sha256,
+            "checksum_algorithm": "sha256" if outcome.sha256 else None,
+            "checksum_value": outcome.sha256,
             "probe": {k: v for k, v in claim.items() if k != "validation"},
         }
         if outcome.probe is not None:
@@ -310,18 +369,28 @@ class AssetService:
             is_video = CONTENT_TYPES[session.declared_content_type] is AssetKind.INPUT_VIDEO
             rate = video.frame_rate if video is not None and is_video else None
             values.update(
-                width=video.width if video else None, height=video.height if video else None,
+                width=video.width if video else None,
+                height=video.height if video else None,
                 duration_ms=outcome.probe.duration_ms if is_video else None,
-                frame_rate_num=rate.numerator if rate else None, frame_rate_den=rate.denominator if rate else None,
+                frame_rate_num=rate.numerator if rate else None,
+                frame_rate_den=rate.denominator if rate else None,
                 probe={**values["probe"], "ffprobe": outcome.probe.raw},
             )
         if outcome.published:
             values.update(object_key=outcome.published, ready_at=now)
         with write_tx(self._engine) as conn:  # compare-and-set on our claim
-            won = conn.execute(
-                assets.update().where(_a.id == asset_id, _a.tenant_id == principal.tenant_id,
-                                      _a.status == AssetStatus.VALIDATING.value).values(**values)
-            ).rowcount == 1
+            won = (
+                conn.execute(
+                    assets.update()
+                    .where(
+                        _a.id == asset_id,
+                        _a.tenant_id == principal.tenant_id,
+                        _a.status == AssetStatus.VALIDATING.value,
+                    )
+                    .values(**values)
+                ).rowcount
+                == 1
+            )
             if won:
                 conn.execute(
                     upload_sessions.update()
@@ -363,21 +432,34 @@ class AssetService:
         cutoff = self._clock.now() - timedelta(seconds=older_than_s)
         with self._engine.connect() as conn:
             stale = conn.execute(
-                sa.select(upload_sessions).join(assets, _a.id == _s.asset_id)
-                .where(_s.status == UploadSessionStatus.OPEN.value, _s.expires_at < cutoff,
-                       _a.status == AssetStatus.UPLOADING.value).order_by(_s.expires_at).limit(batch)
+                sa.select(upload_sessions)
+                .join(assets, _a.id == _s.asset_id)
+                .where(
+                    _s.status == UploadSessionStatus.OPEN.value,
+                    _s.expires_at < cutoff,
+                    _a.status == AssetStatus.UPLOADING.value,
+                )
+                .order_by(_s.expires_at)
+                .limit(batch)
             ).all()
         expired = 0
         for session in stale:
             with write_tx(self._engine) as conn:  # a concurrent complete() claims UPLOADING first, or loses here
-                if conn.execute(assets.update().where(_a.id == session.asset_id,
-                                                      _a.status == AssetStatus.UPLOADING.value)
-                                .values(status=AssetStatus.REJECTED.value,
-                                        error="upload abandoned: not completed before the upload URL expired")
-                                ).rowcount != 1:
+                if (
+                    conn.execute(
+                        assets.update()
+                        .where(_a.id == session.asset_id, _a.status == AssetStatus.UPLOADING.value)
+                        .values(
+                            status=AssetStatus.REJECTED.value,
+                            error="upload abandoned: not completed before the upload URL expired",
+                        )
+                    ).rowcount
+                    != 1
+                ):
                     continue
-                conn.execute(upload_sessions.update().where(_s.id == session.id)
-                             .values(status=UploadSessionStatus.EXPIRED.value))
+                conn.execute(
+                    upload_sessions.update().where(_s.id == session.id).values(status=UploadSessionStatus.EXPIRED.value)
+                )
             expired += 1
             if session.multipart_upload_id and isinstance(self._store, MultipartStore):
                 try:
@@ -389,8 +471,9 @@ class AssetService:
 
     # --- fs uploads and downloads (served by the API) ------------------------------------------------------
 
-    def receive_upload(self, upload_id: str, expires: int, sig: str, chunks: Iterable[bytes],
-                       content_length: int | None = None) -> StoredObject:
+    def receive_upload(
+        self, upload_id: str, expires: int, sig: str, chunks: Iterable[bytes], content_length: int | None = None
+    ) -> StoredObject:
         """Body of a signed `PUT /v1/uploads/{id}` (fs store): the signature is the credential; the declared
         size is the cap, enforced from Content-Length up front and again while streaming."""
         store = self._store
@@ -420,8 +503,9 @@ class AssetService:
         except ObjectTooLarge:
             raise PayloadTooLarge(f"body is larger than the declared {declared} bytes") from None
 
-    def open_signed_object(self, key: str, expires: int, sig: str,
-                           filename: str | None = None) -> tuple[StoredObject, IO[bytes]]:
+    def open_signed_object(
+        self, key: str, expires: int, sig: str, filename: str | None = None
+    ) -> tuple[StoredObject, IO[bytes]]:
         """A signed `GET /v1/objects/{key}` (fs store): (object facts, open stream the caller closes)."""
         store = self._store
         if not isinstance(store, LocallySignedStore):

@@ -54,7 +54,8 @@ class CallbackService:
         stored = 0
         with write_tx(self._engine) as conn:
             for obs in found:
-                stored += observations.record(conn, provider_name, obs, EventSource.CALLBACK, now,
-                                              raw_body=raw_body, headers_digest=digest)
+                stored += observations.record(
+                    conn, provider_name, obs, EventSource.CALLBACK, now, raw_body=raw_body, headers_digest=digest
+                )
         failpoint("callback.after_persist")
         return CallbackResult(received=len(found), stored=stored)

@@ -125,8 +125,12 @@ def consume_once(
             # take the write lock up front: a read-decide-write transaction must not fail halfway on "locked"
             conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
         with conn.begin():
-            row = {"consumer_group": consumer_group, "event_id": event_id, "aggregate_id": aggregate_id,
-                   "processed_at": now}
+            row = {
+                "consumer_group": consumer_group,
+                "event_id": event_id,
+                "aggregate_id": aggregate_id,
+                "processed_at": now,
+            }
             # RETURNING, not rowcount: psycopg reports -1 for INSERT ... ON CONFLICT DO NOTHING here
             if conn.execute(_insert_ignore(conn, row)).first() is None:
                 failpoint("consume.duplicate")

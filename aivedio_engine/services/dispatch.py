@@ -34,8 +34,14 @@ SUBMIT_GRACE = timedelta(seconds=60)
 
 
 class Dispatcher:
-    def __init__(self, engine: Engine, clock: Clock, settings: Settings, slots: SlotStore,
-                 rebuild_slots: Callable[[], object] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        settings: Settings,
+        slots: SlotStore,
+        rebuild_slots: Callable[[], object] | None = None,
+    ) -> None:
         self._engine = engine
         self._rebuild_slots = rebuild_slots
         self._clock = clock
@@ -54,7 +60,8 @@ class Dispatcher:
         return admission.Limits(
             platform=self._settings.limits.platform_max_concurrency,
             tenant_default=self._settings.limits.tenant_default_max_concurrency,
-            tenants=tenant_limits, providers=providers,
+            tenants=tenant_limits,
+            providers=providers,
         )
 
     def run_once(self, max_picks: int = 100) -> int:
@@ -76,8 +83,9 @@ class Dispatcher:
         for name, throttle in health.throttles.items():
             if not throttle.can_submit(now):
                 budget[name] = 0  # Retry-After has not passed
-        selection = admission.select(candidates, self._slots.counts(), limits, max_picks=max_picks,
-                                     cursor=self._cursor, submit_budget=budget)
+        selection = admission.select(
+            candidates, self._slots.counts(), limits, max_picks=max_picks, cursor=self._cursor, submit_budget=budget
+        )
         self._cursor = dict(selection.cursor)
         dispatched = 0
         for pick in selection.picks:
@@ -86,25 +94,45 @@ class Dispatcher:
 
     def _candidates(self, now: datetime, limit: int) -> tuple[list[admission.Candidate], dict[str, int]]:
         stmt = (
-            sa.select(_t.id, _t.tenant_id, _t.selected_provider, _t.requested_model, _t.created_at, _t.priority,
-                      tenants.c.priority_tier, tenants.c.max_concurrency)
+            sa.select(
+                _t.id,
+                _t.tenant_id,
+                _t.selected_provider,
+                _t.requested_model,
+                _t.created_at,
+                _t.priority,
+                tenants.c.priority_tier,
+                tenants.c.max_concurrency,
+            )
             .join(tenants, tenants.c.id == _t.tenant_id)
             .where(_t.status == TaskStatus.QUEUED.value, sa.or_(_t.next_action_at.is_(None), _t.next_action_at <= now))
-            .order_by(_t.created_at).limit(limit)
+            .order_by(_t.created_at)
+            .limit(limit)
         )
         with self._engine.connect() as conn:
             rows = conn.execute(stmt).all()
         tenant_limits = {str(r.tenant_id): r.max_concurrency for r in rows if r.max_concurrency}
-        cands = [admission.Candidate(
-            task_id=str(r.id), tenant_id=str(r.tenant_id), provider=r.selected_provider or
-            self._settings.default_provider, model=r.requested_model, created_at=r.created_at,
-            priority=r.priority, tier=r.priority_tier or admission.PriorityTier.PAID) for r in rows]
+        cands = [
+            admission.Candidate(
+                task_id=str(r.id),
+                tenant_id=str(r.tenant_id),
+                provider=r.selected_provider or self._settings.default_provider,
+                model=r.requested_model,
+                created_at=r.created_at,
+                priority=r.priority,
+                tier=r.priority_tier or admission.PriorityTier.PAID,
+            )
+            for r in rows
+        ]
         return cands, tenant_limits
 
     def _dispatch(self, pick: admission.Candidate, limits: admission.Limits, now: datetime) -> int:
         attempt_id = new_id()
-        lease = self._slots.acquire(limits.chain(pick.tenant_id, pick.provider, pick.model), str(attempt_id),
-                                    self._settings.limits.slot_lease_ttl_s)
+        lease = self._slots.acquire(
+            limits.chain(pick.tenant_id, pick.provider, pick.model),
+            str(attempt_id),
+            self._settings.limits.slot_lease_ttl_s,
+        )
         if lease is None:
             return 0
         try:
@@ -117,8 +145,9 @@ class Dispatcher:
             self._slots.release(lease)
         return int(claimed)
 
-    def _claim(self, task_id: uuid.UUID, attempt_id: uuid.UUID, pick: admission.Candidate, lease: Lease,
-               now: datetime) -> bool:
+    def _claim(
+        self, task_id: uuid.UUID, attempt_id: uuid.UUID, pick: admission.Candidate, lease: Lease, now: datetime
+    ) -> bool:
         with write_tx(self._engine) as conn:
             task = tasks.read(conn, task_id, lock=True)
             if task is None:
@@ -131,18 +160,42 @@ class Dispatcher:
                 return False  # the one-in-flight rule: never a second live attempt
             attempt_no = int(task.current_attempt_no) + 1
             attempts.create(
-                conn, task_id=task_id, attempt_no=attempt_no, provider=pick.provider, model=pick.model,
-                params=task.params, now=now, fencing_token=lease.fence, attempt_id=attempt_id,
+                conn,
+                task_id=task_id,
+                attempt_no=attempt_no,
+                provider=pick.provider,
+                model=pick.model,
+                params=task.params,
+                now=now,
+                fencing_token=lease.fence,
+                attempt_id=attempt_id,
                 resubmitted_after_unknown=previous is not None and previous.last_error_class == "confirmed_not_created",
             )
-            tasks.apply(conn, task_id, decision, source=EventSource.SCHEDULER,
-                        source_event_id=f"{task_id}:{decision.version}", now=now,
-                        extra={"current_attempt_no": attempt_no, "selected_provider": pick.provider,
-                               "next_action_at": now + SUBMIT_GRACE},
-                        payload={"attempt_id": str(attempt_id), "fence": lease.fence})
-            outbox.add(conn, EventType.PROVIDER_SUBMIT_REQUESTED, aggregate_type="attempt", aggregate_id=attempt_id,
-                       aggregate_version=decision.version, tenant_id=task.tenant_id, trace_id=task.trace_id, now=now,
-                       payload={"attempt_id": str(attempt_id), "task_id": str(task_id)})
+            tasks.apply(
+                conn,
+                task_id,
+                decision,
+                source=EventSource.SCHEDULER,
+                source_event_id=f"{task_id}:{decision.version}",
+                now=now,
+                extra={
+                    "current_attempt_no": attempt_no,
+                    "selected_provider": pick.provider,
+                    "next_action_at": now + SUBMIT_GRACE,
+                },
+                payload={"attempt_id": str(attempt_id), "fence": lease.fence},
+            )
+            outbox.add(
+                conn,
+                EventType.PROVIDER_SUBMIT_REQUESTED,
+                aggregate_type="attempt",
+                aggregate_id=attempt_id,
+                aggregate_version=decision.version,
+                tenant_id=task.tenant_id,
+                trace_id=task.trace_id,
+                now=now,
+                payload={"attempt_id": str(attempt_id), "task_id": str(task_id)},
+            )
         return True
 
 
@@ -150,8 +203,9 @@ def lease_of(attempt: Any, tenant_id: uuid.UUID) -> Lease | None:
     """The lease an attempt row holds, from rows already read (no query)."""
     if attempt.fencing_token is None:
         return None
-    return Lease.of(str(attempt.id), attempt.fencing_token,
-                    admission.scope_names(str(tenant_id), attempt.provider, attempt.model))
+    return Lease.of(
+        str(attempt.id), attempt.fencing_token, admission.scope_names(str(tenant_id), attempt.provider, attempt.model)
+    )
 
 
 def release_lease(engine: Engine, slots: SlotStore, lease: Lease) -> bool:
@@ -165,8 +219,13 @@ def release_lease(engine: Engine, slots: SlotStore, lease: Lease) -> bool:
 def attempt_lease(conn: Any, attempt_id: uuid.UUID) -> Lease | None:
     """The lease an attempt row holds, rebuilt from the row (any process can release it)."""
     row = conn.execute(
-        sa.select(task_attempts.c.id, task_attempts.c.provider, task_attempts.c.model, task_attempts.c.fencing_token,
-                  generation_tasks.c.tenant_id)
+        sa.select(
+            task_attempts.c.id,
+            task_attempts.c.provider,
+            task_attempts.c.model,
+            task_attempts.c.fencing_token,
+            generation_tasks.c.tenant_id,
+        )
         .join(generation_tasks, generation_tasks.c.id == task_attempts.c.task_id)
         .where(task_attempts.c.id == attempt_id)
     ).first()
@@ -178,8 +237,9 @@ def attempt_lease(conn: Any, attempt_id: uuid.UUID) -> Lease | None:
 def release_if_finished(engine: Engine, slots: SlotStore, attempt_id: uuid.UUID) -> bool:
     """Free an attempt's slot once it is terminal; safe to call any number of times."""
     with engine.connect() as conn:
-        state = conn.execute(sa.select(task_attempts.c.submit_state)
-                             .where(task_attempts.c.id == attempt_id)).scalar_one_or_none()
+        state = conn.execute(
+            sa.select(task_attempts.c.submit_state).where(task_attempts.c.id == attempt_id)
+        ).scalar_one_or_none()
         if state is None or state not in {s.value for s in ATTEMPT_TERMINAL}:
             return False
         lease = attempt_lease(conn, attempt_id)

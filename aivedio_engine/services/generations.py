@@ -77,12 +77,25 @@ class TaskView:
     @classmethod
     def of(cls, row: Any) -> TaskView:
         return cls(
-            id=row.id, tenant_id=row.tenant_id, status=row.status, version=int(row.version),
-            progress=int(row.progress), model=row.requested_model, provider=row.selected_provider,
-            priority=row.priority, estimated_cost=row.estimated_cost, reserved_amount=row.reserved_amount,
-            actual_cost=row.actual_cost, params=row.params, cancel_outcome=row.cancel_outcome,
-            last_error_class=row.last_error_class, parked_reason=row.parked_reason, deadline_at=row.deadline_at,
-            created_at=row.created_at, updated_at=row.updated_at, finished_at=row.finished_at,
+            id=row.id,
+            tenant_id=row.tenant_id,
+            status=row.status,
+            version=int(row.version),
+            progress=int(row.progress),
+            model=row.requested_model,
+            provider=row.selected_provider,
+            priority=row.priority,
+            estimated_cost=row.estimated_cost,
+            reserved_amount=row.reserved_amount,
+            actual_cost=row.actual_cost,
+            params=row.params,
+            cancel_outcome=row.cancel_outcome,
+            last_error_class=row.last_error_class,
+            parked_reason=row.parked_reason,
+            deadline_at=row.deadline_at,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            finished_at=row.finished_at,
         )
 
 
@@ -101,8 +114,9 @@ class GenerationService:
         self._gate = BacklogGate(settings.limits)
 
     # ------------------------------------------------------------------------------------------- create
-    def create(self, tenant_id: uuid.UUID, idempotency_key: str | None, body: dict[str, Any],
-               trace_id: str | None = None) -> Created:
+    def create(
+        self, tenant_id: uuid.UUID, idempotency_key: str | None, body: dict[str, Any], trace_id: str | None = None
+    ) -> Created:
         key = _check_key(idempotency_key)
         try:
             params = normalize(body, self._catalog)
@@ -128,15 +142,19 @@ class GenerationService:
                     raise
                 return _replay(existing, digest)  # made while its assets were still READY
         try:
-            task = creation.create(self._engine, self._new_task(tenant_id, key, params.canonical(), digest, cost,
-                                                                trace_id))
+            task = creation.create(
+                self._engine, self._new_task(tenant_id, key, params.canonical(), digest, cost, trace_id)
+            )
         except creation.KeyTaken:
             return _replay(creation.by_key(self._engine, tenant_id, key), digest)
         except creation.KeyInFlight:
             raise IdempotencyKeyInFlight("a request with this Idempotency-Key is still being processed") from None
         except creation.Unaffordable as exc:
-            raise InsufficientCredits(f"this request needs {cost} credits; the balance is {exc.balance}",
-                                      balance=str(exc.balance), needed=str(cost)) from None
+            raise InsufficientCredits(
+                f"this request needs {cost} credits; the balance is {exc.balance}",
+                balance=str(exc.balance),
+                needed=str(cost),
+            ) from None
         return Created(TaskView.of(task), replayed=False)
 
     def _by_key(self, conn: Connection, tenant_id: uuid.UUID, key: str) -> Any:
@@ -146,10 +164,14 @@ class GenerationService:
         if not asset_ids:
             return
         wanted = [uuid.UUID(a) for a in asset_ids]
-        rows = {r.id: r for r in conn.execute(
-            sa.select(assets.c.id, assets.c.status, assets.c.kind)
-            .where(assets.c.id.in_(wanted), assets.c.tenant_id == tenant_id)
-        )}
+        rows = {
+            r.id: r
+            for r in conn.execute(
+                sa.select(assets.c.id, assets.c.status, assets.c.kind).where(
+                    assets.c.id.in_(wanted), assets.c.tenant_id == tenant_id
+                )
+            )
+        }
         for asset_id in wanted:
             row = rows.get(asset_id)
             if row is None:
@@ -159,8 +181,9 @@ class GenerationService:
             if row.status != AssetStatus.READY.value:
                 raise InvalidInput(f"asset {asset_id} is {row.status}, not READY", field="asset_ids")
 
-    def _new_task(self, tenant_id: uuid.UUID, key: str, params: dict[str, Any], digest: bytes, cost: Decimal,
-                  trace_id: str | None) -> creation.NewTask:
+    def _new_task(
+        self, tenant_id: uuid.UUID, key: str, params: dict[str, Any], digest: bytes, cost: Decimal, trace_id: str | None
+    ) -> creation.NewTask:
         # The machine decides each creation step; the row is written once, at the state they lead to.
         now = self._clock.now()
         deadline = now + timedelta(seconds=params["deadline_s"])
@@ -173,12 +196,30 @@ class GenerationService:
             snap = TaskSnapshot(decision.to_status, decision.version, decision.progress, deadline)
         task_id = new_id()
         return creation.NewTask(
-            id=task_id, tenant_id=tenant_id, key=key, request_hash=digest, status=snap.status.value,
-            version=snap.version, progress=snap.progress, model=params["model"], provider=params["provider"],
-            priority=params["priority"], cost=cost, prompt=params["prompt"], params=params, deadline_at=deadline,
-            trace_id=trace_id, now=now, history=tuple(history),
-            queued_payload={"task_id": str(task_id), "requested_model": params["model"],
-                            "priority": params["priority"], "deadline_at": deadline.isoformat()})
+            id=task_id,
+            tenant_id=tenant_id,
+            key=key,
+            request_hash=digest,
+            status=snap.status.value,
+            version=snap.version,
+            progress=snap.progress,
+            model=params["model"],
+            provider=params["provider"],
+            priority=params["priority"],
+            cost=cost,
+            prompt=params["prompt"],
+            params=params,
+            deadline_at=deadline,
+            trace_id=trace_id,
+            now=now,
+            history=tuple(history),
+            queued_payload={
+                "task_id": str(task_id),
+                "requested_model": params["model"],
+                "priority": params["priority"],
+                "deadline_at": deadline.isoformat(),
+            },
+        )
 
     # --------------------------------------------------------------------------------------------- read
     def get(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> TaskView:
@@ -194,16 +235,18 @@ class GenerationService:
             row = self._by_key(conn, tenant_id, _check_key(idempotency_key))
         return None if row is None else TaskView.of(row)
 
-    def list(self, tenant_id: uuid.UUID, status: str | None = None, limit: int = 50,
-             cursor: uuid.UUID | None = None) -> tuple[list[TaskView], uuid.UUID | None]:
+    def list(
+        self, tenant_id: uuid.UUID, status: str | None = None, limit: int = 50, cursor: uuid.UUID | None = None
+    ) -> tuple[list[TaskView], uuid.UUID | None]:
         """Newest first, keyset-paginated on the time-ordered id; returns (page, next cursor or None)."""
         stmt = sa.select(generation_tasks).where(_t.tenant_id == tenant_id)
         if status is not None:
             try:
                 stmt = stmt.where(_t.status == TaskStatus(status).value)
             except ValueError:
-                raise InvalidInput(f"unknown status {status!r} (known: {', '.join(s.value for s in TaskStatus)})",
-                                   field="status") from None
+                raise InvalidInput(
+                    f"unknown status {status!r} (known: {', '.join(s.value for s in TaskStatus)})", field="status"
+                ) from None
         if cursor is not None:
             stmt = stmt.where(_t.id < cursor)
         stmt = stmt.order_by(_t.id.desc()).limit(limit + 1)
@@ -226,21 +269,44 @@ class GenerationService:
                     return TaskView.of(row)
                 reason = "finished" if result.kind is RejectionKind.TERMINAL else "past the point of cancellation"
                 raise IllegalState(f"generation is {row.status}: {reason}", current_status=row.status)
-            apply_cancel(conn, row, result, now, source=EventSource.API, created_by=requested_by,
-                         payload={"requested_by": requested_by})
+            apply_cancel(
+                conn,
+                row,
+                result,
+                now,
+                source=EventSource.API,
+                created_by=requested_by,
+                payload={"requested_by": requested_by},
+            )
             return TaskView.of(tasks.read(conn, task_id))
 
 
-def apply_cancel(conn: Connection, row: Any, decision: Decision, now: datetime, *, source: EventSource,
-                 created_by: str, payload: dict[str, Any]) -> Decimal | None:
+def apply_cancel(
+    conn: Connection,
+    row: Any,
+    decision: Decision,
+    now: datetime,
+    *,
+    source: EventSource,
+    created_by: str,
+    payload: dict[str, Any],
+) -> Decimal | None:
     """Record a decided cancel on the locked task row: the transition, and the reservation released when no
     provider job can have cost anything (the provider cancel itself is driven later from the task row).
     Returns the cost booked, as `billing.close_reservation` does."""
     extra: dict[str, Any] = {"cancel_requested_at": now}
     if Effect.REQUEST_PROVIDER_CANCEL in decision.effects or Effect.SCHEDULE_RECONCILE in decision.effects:
         extra["next_action_at"] = now
-    tasks.apply(conn, row.id, decision, source=source, source_event_id=f"{row.id}:{decision.version}", now=now,
-                extra=extra, payload=payload)
+    tasks.apply(
+        conn,
+        row.id,
+        decision,
+        source=source,
+        source_event_id=f"{row.id}:{decision.version}",
+        now=now,
+        extra=extra,
+        payload=payload,
+    )
     return billing.close_reservation(conn, row, decision, now, reason="canceled", created_by=created_by)
 
 

@@ -83,11 +83,22 @@ class Finding:
 
     def to_json(self) -> dict[str, Any]:
         a, ln = self.attempt, self.line
-        return {"kind": self.kind, "line": ln.line_no, "provider": ln.provider, "job_id": ln.job_id,
-                "amount": str(ln.amount), "currency": ln.currency, "billed_at": ln.billed_at.isoformat(),
-                "request_key": ln.request_key, "tenant_id": str(a.tenant_id) if a else None,
-                "task_id": str(a.task_id) if a else None, "attempt_id": str(a.id) if a else None,
-                "note": self.note, "business_key": self.business_key, "booking": self.booking}
+        return {
+            "kind": self.kind,
+            "line": ln.line_no,
+            "provider": ln.provider,
+            "job_id": ln.job_id,
+            "amount": str(ln.amount),
+            "currency": ln.currency,
+            "billed_at": ln.billed_at.isoformat(),
+            "request_key": ln.request_key,
+            "tenant_id": str(a.tenant_id) if a else None,
+            "task_id": str(a.task_id) if a else None,
+            "attempt_id": str(a.id) if a else None,
+            "note": self.note,
+            "business_key": self.business_key,
+            "booking": self.booking,
+        }
 
 
 def parse_invoice(text: str) -> list[InvoiceLine]:
@@ -99,8 +110,10 @@ def parse_invoice(text: str) -> list[InvoiceLine]:
     names = [h.strip().lower() for h in header]
     missing = [c for c in REQUIRED_COLUMNS if c not in names]
     if missing:
-        raise InvalidInput(f"invoice: missing column(s) {', '.join(missing)} in the header "
-                           f"(expected {','.join(REQUIRED_COLUMNS)}[,{','.join(OPTIONAL_COLUMNS)}])")
+        raise InvalidInput(
+            f"invoice: missing column(s) {', '.join(missing)} in the header "
+            f"(expected {','.join(REQUIRED_COLUMNS)}[,{','.join(OPTIONAL_COLUMNS)}])"
+        )
     at = {name: names.index(name) for name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if name in names}
     lines: list[InvoiceLine] = []
     for line_no, row in enumerate(rows, start=2):
@@ -127,9 +140,15 @@ def _line(line_no: int, cell: dict[str, str]) -> InvoiceLine:
         billed_at = datetime.fromisoformat(cell["billed_at"].replace("Z", "+00:00"))
     except ValueError:
         raise InvalidInput(f"invoice line {line_no}: billed_at {cell['billed_at']!r} is not an ISO-8601 time") from None
-    return InvoiceLine(line_no, cell["provider"], cell["job_id"], amount, cell.get("currency") or None,
-                       billed_at if billed_at.tzinfo else billed_at.replace(tzinfo=UTC),
-                       cell.get("request_key") or None)
+    return InvoiceLine(
+        line_no,
+        cell["provider"],
+        cell["job_id"],
+        amount,
+        cell.get("currency") or None,
+        billed_at if billed_at.tzinfo else billed_at.replace(tzinfo=UTC),
+        cell.get("request_key") or None,
+    )
 
 
 def business_key(provider: str, job_id: str, repeat: int = 1) -> str:
@@ -152,8 +171,11 @@ class _Billed:
         return self.attempt.provider_job_id == self.line.job_id
 
 
-def classify(lines: list[InvoiceLine], by_job: dict[tuple[str, str], KnownAttempt],
-             by_request_key: dict[tuple[str, str], KnownAttempt]) -> list[Finding]:
+def classify(
+    lines: list[InvoiceLine],
+    by_job: dict[tuple[str, str], KnownAttempt],
+    by_request_key: dict[tuple[str, str], KnownAttempt],
+) -> list[Finding]:
     """Findings in invoice order. `by_job` maps (provider, job id) to the attempt that recorded it,
     `by_request_key` (provider, request key) to the attempt that sent it."""
     findings: list[Finding] = []
@@ -162,15 +184,23 @@ def classify(lines: list[InvoiceLine], by_job: dict[tuple[str, str], KnownAttemp
     for line in lines:
         job = (line.provider, line.job_id)
         times[job] += 1
-        attempt = by_job.get(job) or (by_request_key.get((line.provider, line.request_key))
-                                      if line.request_key else None)
+        attempt = by_job.get(job) or (
+            by_request_key.get((line.provider, line.request_key)) if line.request_key else None
+        )
         if times[job] > 1:
-            findings.append(Finding(
-                "duplicate_line", line, attempt, f"job billed {times[job]} times in this invoice",
-                business_key(line.provider, line.job_id, times[job]) if attempt else None))
+            findings.append(
+                Finding(
+                    "duplicate_line",
+                    line,
+                    attempt,
+                    f"job billed {times[job]} times in this invoice",
+                    business_key(line.provider, line.job_id, times[job]) if attempt else None,
+                )
+            )
         elif attempt is None:
-            findings.append(Finding("orphan", line, None,
-                                    "no attempt of ours recorded this job id or sent its request key", None))
+            findings.append(
+                Finding("orphan", line, None, "no attempt of ours recorded this job id or sent its request key", None)
+            )
         else:
             per_task[attempt.task_id].append(_Billed(line, attempt))
     for billed in per_task.values():
@@ -179,13 +209,27 @@ def classify(lines: list[InvoiceLine], by_job: dict[tuple[str, str], KnownAttemp
             key = business_key(b.line.provider, b.line.job_id)
             if b is primary:
                 if not b.recorded:
-                    findings.append(Finding("orphan", b.line, b.attempt,
-                                            f"job never recorded; its request key is attempt "
-                                            f"#{b.attempt.attempt_no}'s, and the task has no other paid job", key))
+                    findings.append(
+                        Finding(
+                            "orphan",
+                            b.line,
+                            b.attempt,
+                            f"job never recorded; its request key is attempt "
+                            f"#{b.attempt.attempt_no}'s, and the task has no other paid job",
+                            key,
+                        )
+                    )
             elif not (b.recorded and b.attempt.submit_state in _OWN_OUTCOME):
                 how = "never recorded" if not b.recorded else f"recorded by a {b.attempt.submit_state} attempt"
-                findings.append(Finding("duplicate_job", b.line, b.attempt,
-                                        f"second paid job for the task ({how}); the task's outcome came from job "
-                                        f"{primary.line.job_id} of attempt #{primary.attempt.attempt_no}", key))
+                findings.append(
+                    Finding(
+                        "duplicate_job",
+                        b.line,
+                        b.attempt,
+                        f"second paid job for the task ({how}); the task's outcome came from job "
+                        f"{primary.line.job_id} of attempt #{primary.attempt.attempt_no}",
+                        key,
+                    )
+                )
     findings.sort(key=lambda f: f.line.line_no)
     return findings

@@ -108,17 +108,31 @@ class LedgerOps:
     def balance(self, tenant_ref: str) -> Balance:
         with self._engine.connect() as conn:
             tenant = _tenant(conn, tenant_ref)
-            by_type = {r.entry_type: Decimal(r.total) for r in conn.execute(
-                sa.select(_cl.entry_type, sa.func.sum(_cl.amount).label("total"))
-                .where(_cl.tenant_id == tenant.id).group_by(_cl.entry_type))}
+            by_type = {
+                r.entry_type: Decimal(r.total)
+                for r in conn.execute(
+                    sa.select(_cl.entry_type, sa.func.sum(_cl.amount).label("total"))
+                    .where(_cl.tenant_id == tenant.id)
+                    .group_by(_cl.entry_type)
+                )
+            }
             entries = conn.execute(sa.select(sa.func.count()).where(_cl.tenant_id == tenant.id)).scalar_one()
-            reserved = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(_t.reserved_amount), 0))
-                                    .where(_t.tenant_id == tenant.id)).scalar_one()
-        return Balance(tenant.id, tenant.name, Decimal(tenant.credit_balance), sum(by_type.values(), Decimal(0)),
-                       Decimal(reserved), int(entries), by_type)
+            reserved = conn.execute(
+                sa.select(sa.func.coalesce(sa.func.sum(_t.reserved_amount), 0)).where(_t.tenant_id == tenant.id)
+            ).scalar_one()
+        return Balance(
+            tenant.id,
+            tenant.name,
+            Decimal(tenant.credit_balance),
+            sum(by_type.values(), Decimal(0)),
+            Decimal(reserved),
+            int(entries),
+            by_type,
+        )
 
-    def entries(self, tenant_ref: str | None = None, task_id: uuid.UUID | None = None,
-                limit: int = 50) -> list[dict[str, Any]]:
+    def entries(
+        self, tenant_ref: str | None = None, task_id: uuid.UUID | None = None, limit: int = 50
+    ) -> list[dict[str, Any]]:
         """Newest first."""
         if not 1 <= limit <= 10_000:
             raise InvalidInput("--limit must be within 1..10000", field="limit")
@@ -131,21 +145,35 @@ class LedgerOps:
                     raise NotFound(f"task {task_id} not found")
                 stmt = stmt.where(_cl.task_id == task_id)
             rows = conn.execute(stmt).all()
-        return [{"id": r.id, "created_at": r.created_at, "tenant_id": r.tenant_id, "task_id": r.task_id,
-                 "attempt_id": r.attempt_id, "entry_type": r.entry_type, "amount": Decimal(r.amount),
-                 "unit": r.unit, "business_key": r.business_key, "reason": r.reason, "created_by": r.created_by}
-                for r in rows]
+        return [
+            {
+                "id": r.id,
+                "created_at": r.created_at,
+                "tenant_id": r.tenant_id,
+                "task_id": r.task_id,
+                "attempt_id": r.attempt_id,
+                "entry_type": r.entry_type,
+                "amount": Decimal(r.amount),
+                "unit": r.unit,
+                "business_key": r.business_key,
+                "reason": r.reason,
+                "created_by": r.created_by,
+            }
+            for r in rows
+        ]
 
     # --- adjust --------------------------------------------------------------------------------------------
 
-    def quote_adjust(self, tenant_ref: str, amount: Decimal, key: str,
-                     task_id: uuid.UUID | None = None) -> AdjustResult:
+    def quote_adjust(
+        self, tenant_ref: str, amount: Decimal, key: str, task_id: uuid.UUID | None = None
+    ) -> AdjustResult:
         """What `adjust` would do, without writing anything (raises the same refusals)."""
         with self._engine.connect() as conn:
             return self._evaluate(conn, tenant_ref, amount, key, task_id, dry_run=True, lock=False)
 
-    def adjust(self, tenant_ref: str, amount: Decimal, key: str, op: Operation,
-               task_id: uuid.UUID | None = None) -> AdjustResult:
+    def adjust(
+        self, tenant_ref: str, amount: Decimal, key: str, op: Operation, task_id: uuid.UUID | None = None
+    ) -> AdjustResult:
         """Book one ADJUSTMENT (±amount credits) unless `key` is already booked."""
         reason = op.require_reason()
         now = self._clock.now()
@@ -159,13 +187,22 @@ class LedgerOps:
                 refusal = exc
             else:
                 if result.outcome == "would_book" and not op.dry_run:
-                    if not ledger.post(conn, tenant_id=result.tenant_id, entry_type=LedgerEntryType.ADJUSTMENT,
-                                       amount=result.amount, business_key=result.business_key, now=now,
-                                       created_by=op.actor[:128], task_id=task_id, reason=reason):
+                    if not ledger.post(
+                        conn,
+                        tenant_id=result.tenant_id,
+                        entry_type=LedgerEntryType.ADJUSTMENT,
+                        amount=result.amount,
+                        business_key=result.business_key,
+                        now=now,
+                        created_by=op.actor[:128],
+                        task_id=task_id,
+                        reason=reason,
+                    ):
                         # booked by a concurrent adjustment of another tenant since _evaluate looked
                         raise Conflict(f"business key {key!r} was just used by another adjustment; retry to see it")
                     entry_id = conn.execute(
-                        sa.select(_cl.id).where(_cl.business_key == result.business_key)).scalar_one()
+                        sa.select(_cl.id).where(_cl.business_key == result.business_key)
+                    ).scalar_one()
                     result = replace(result, outcome="booked", entry_id=entry_id)
                 affected = [result.entry_id] if result.entry_id and result.outcome == "booked" else []
                 record(conn, op, affected_ids=affected, outcome="dry_run" if op.dry_run else result.outcome, now=now)
@@ -173,8 +210,17 @@ class LedgerOps:
             raise refusal
         return result
 
-    def _evaluate(self, conn: Connection, tenant_ref: str, amount: Decimal, key: str, task_id: uuid.UUID | None,
-                  *, dry_run: bool, lock: bool) -> AdjustResult:
+    def _evaluate(
+        self,
+        conn: Connection,
+        tenant_ref: str,
+        amount: Decimal,
+        key: str,
+        task_id: uuid.UUID | None,
+        *,
+        dry_run: bool,
+        lock: bool,
+    ) -> AdjustResult:
         amount = _amount(amount)
         key = (key or "").strip()
         if not key or len(key) > MAX_KEY or not key.isprintable():
@@ -191,33 +237,46 @@ class LedgerOps:
         existing = conn.execute(sa.select(credit_ledger).where(_cl.business_key == stored_key)).first()
         if existing is not None:
             if (existing.tenant_id, Decimal(existing.amount), existing.task_id) != (tenant.id, amount, task_id):
-                raise Conflict(f"business key {key!r} was already used for a different adjustment "
-                               f"({existing.amount} credits, tenant {existing.tenant_id}); choose a new key")
-            return AdjustResult(tenant.id, tenant.name, amount, stored_key, "duplicate", balance, balance,
-                                existing.id, dry_run)
+                raise Conflict(
+                    f"business key {key!r} was already used for a different adjustment "
+                    f"({existing.amount} credits, tenant {existing.tenant_id}); choose a new key"
+                )
+            return AdjustResult(
+                tenant.id, tenant.name, amount, stored_key, "duplicate", balance, balance, existing.id, dry_run
+            )
         after = balance + amount
         if after < 0:
-            raise InsufficientCredits(f"refused: tenant {tenant.name} has {balance} credits; an adjustment of "
-                                      f"{amount} would leave {after} (the balance cannot go negative)")
+            raise InsufficientCredits(
+                f"refused: tenant {tenant.name} has {balance} credits; an adjustment of "
+                f"{amount} would leave {after} (the balance cannot go negative)"
+            )
         return AdjustResult(tenant.id, tenant.name, amount, stored_key, "would_book", balance, after, None, dry_run)
 
     # --- reconcile -----------------------------------------------------------------------------------------
 
-    def reconcile(self, lines: list[InvoiceLine], *, provider: str | None = None,
-                  op: Operation | None = None) -> ReconcileReport:
+    def reconcile(
+        self, lines: list[InvoiceLine], *, provider: str | None = None, op: Operation | None = None
+    ) -> ReconcileReport:
         """Compare invoice lines with our attempts; with `op`, book the bookable findings (once)."""
         considered = [ln for ln in lines if provider is None or ln.provider == provider]
         providers = sorted({ln.provider for ln in considered})
         billed: dict[str, Decimal] = {}
         for ln in considered:
             billed[ln.currency or ""] = billed.get(ln.currency or "", Decimal(0)) + ln.amount
-        period = ((min(ln.billed_at for ln in considered) - PERIOD_SLACK,
-                   max(ln.billed_at for ln in considered) + PERIOD_SLACK) if considered else None)
+        period = (
+            (
+                min(ln.billed_at for ln in considered) - PERIOD_SLACK,
+                max(ln.billed_at for ln in considered) + PERIOD_SLACK,
+            )
+            if considered
+            else None
+        )
         with self._engine.connect() as conn:
             by_job, by_key = _known_attempts(conn, considered)
             missing = _missing(conn, providers, period, {(ln.provider, ln.job_id) for ln in considered})
-        report = ReconcileReport(len(lines), len(considered), providers, billed, period,
-                                 classify(considered, by_job, by_key), missing)
+        report = ReconcileReport(
+            len(lines), len(considered), providers, billed, period, classify(considered, by_job, by_key), missing
+        )
         if op is not None:
             self._book(report, op)
         return report
@@ -239,19 +298,30 @@ class LedgerOps:
                     f.booking = "would_book"
                 else:
                     ln = f.line
-                    note = (f"invoice {f.kind}: {ln.provider} job {ln.job_id} billed {ln.amount} {ln.currency or ''}"
-                            f" at {ln.billed_at.isoformat()} (line {ln.line_no}); 0 credits, not charged to the "
-                            f"tenant. {reason}")
-                    booked = ledger.post(conn, tenant_id=f.attempt.tenant_id, entry_type=LedgerEntryType.ADJUSTMENT,
-                                         amount=Decimal(0), business_key=f.business_key, now=now,
-                                         created_by=op.actor[:128], task_id=f.attempt.task_id,
-                                         attempt_id=f.attempt.id, reason=note)
+                    note = (
+                        f"invoice {f.kind}: {ln.provider} job {ln.job_id} billed {ln.amount} {ln.currency or ''}"
+                        f" at {ln.billed_at.isoformat()} (line {ln.line_no}); 0 credits, not charged to the "
+                        f"tenant. {reason}"
+                    )
+                    booked = ledger.post(
+                        conn,
+                        tenant_id=f.attempt.tenant_id,
+                        entry_type=LedgerEntryType.ADJUSTMENT,
+                        amount=Decimal(0),
+                        business_key=f.business_key,
+                        now=now,
+                        created_by=op.actor[:128],
+                        task_id=f.attempt.task_id,
+                        attempt_id=f.attempt.id,
+                        reason=note,
+                    )
                     f.booking = "booked" if booked else "already_booked"
                     if booked:
                         booked_keys.append(f.business_key)
             if booked_keys:
-                report.booked_entry_ids = [str(i) for i in conn.execute(
-                    sa.select(_cl.id).where(_cl.business_key.in_(booked_keys))).scalars()]
+                report.booked_entry_ids = [
+                    str(i) for i in conn.execute(sa.select(_cl.id).where(_cl.business_key.in_(booked_keys))).scalars()
+                ]
             outcome = "dry_run" if op.dry_run else ("booked" if booked_keys else "nothing")
             if report.not_bookable and not op.dry_run:
                 outcome = "partial"
@@ -285,17 +355,34 @@ def _tenant(conn: Connection, ref: str, lock: bool = False) -> Any:
     return row
 
 
-_ATTEMPT_COLUMNS = (_a.id, _a.task_id, _t.tenant_id, _a.attempt_no, _a.provider, _a.provider_job_id,
-                    _a.provider_request_key, _a.submit_state)
+_ATTEMPT_COLUMNS = (
+    _a.id,
+    _a.task_id,
+    _t.tenant_id,
+    _a.attempt_no,
+    _a.provider,
+    _a.provider_job_id,
+    _a.provider_request_key,
+    _a.submit_state,
+)
 
 
 def _known(row: Any) -> KnownAttempt:
-    return KnownAttempt(row.id, row.task_id, row.tenant_id, row.attempt_no, row.provider, row.provider_job_id,
-                        row.provider_request_key, row.submit_state)
+    return KnownAttempt(
+        row.id,
+        row.task_id,
+        row.tenant_id,
+        row.attempt_no,
+        row.provider,
+        row.provider_job_id,
+        row.provider_request_key,
+        row.submit_state,
+    )
 
 
-def _known_attempts(conn: Connection, lines: list[InvoiceLine]) -> tuple[dict[tuple[str, str], KnownAttempt],
-                                                                          dict[tuple[str, str], KnownAttempt]]:
+def _known_attempts(
+    conn: Connection, lines: list[InvoiceLine]
+) -> tuple[dict[tuple[str, str], KnownAttempt], dict[tuple[str, str], KnownAttempt]]:
     by_job: dict[tuple[str, str], KnownAttempt] = {}
     by_key: dict[tuple[str, str], KnownAttempt] = {}
     base = sa.select(*_ATTEMPT_COLUMNS).join(generation_tasks, _t.id == _a.task_id)
@@ -303,18 +390,20 @@ def _known_attempts(conn: Connection, lines: list[InvoiceLine]) -> tuple[dict[tu
         jobs = sorted({ln.job_id for ln in lines if ln.provider == provider})
         keys = sorted({ln.request_key for ln in lines if ln.provider == provider and ln.request_key})
         for start in range(0, len(jobs), 500):
-            batch = jobs[start:start + 500]
+            batch = jobs[start : start + 500]
             for row in conn.execute(base.where(_a.provider == provider, _a.provider_job_id.in_(batch))):
                 by_job[(provider, row.provider_job_id)] = _known(row)
         for start in range(0, len(keys), 500):
-            for row in conn.execute(base.where(_a.provider == provider,
-                                               _a.provider_request_key.in_(keys[start:start + 500]))):
+            for row in conn.execute(
+                base.where(_a.provider == provider, _a.provider_request_key.in_(keys[start : start + 500]))
+            ):
                 by_key[(provider, row.provider_request_key)] = _known(row)
     return by_job, by_key
 
 
-def _missing(conn: Connection, providers: list[str], period: tuple[datetime, datetime] | None,
-             invoiced: set[tuple[str, str]]) -> list[dict[str, Any]]:
+def _missing(
+    conn: Connection, providers: list[str], period: tuple[datetime, datetime] | None, invoiced: set[tuple[str, str]]
+) -> list[dict[str, Any]]:
     """Jobs we believe are billable — their attempt SUCCEEDED or we charged the task — that the invoice omits."""
     if not providers or period is None:
         return []
@@ -322,10 +411,25 @@ def _missing(conn: Connection, providers: list[str], period: tuple[datetime, dat
     rows = conn.execute(
         sa.select(*_ATTEMPT_COLUMNS, _t.actual_cost, sent.label("sent_at"))
         .join(generation_tasks, _t.id == _a.task_id)
-        .where(_a.provider.in_(providers), _a.provider_job_id.is_not(None), sent.between(*period),
-               sa.or_(_a.submit_state == AttemptStatus.SUCCEEDED.value, _t.actual_cost > 0))
-        .order_by(sent, _a.id)).all()
-    return [{"provider": r.provider, "job_id": r.provider_job_id, "attempt_id": r.id, "task_id": r.task_id,
-             "tenant_id": r.tenant_id, "submit_state": r.submit_state, "sent_at": r.sent_at,
-             "charged": Decimal(r.actual_cost) if r.actual_cost is not None else None}
-            for r in rows if (r.provider, r.provider_job_id) not in invoiced]
+        .where(
+            _a.provider.in_(providers),
+            _a.provider_job_id.is_not(None),
+            sent.between(*period),
+            sa.or_(_a.submit_state == AttemptStatus.SUCCEEDED.value, _t.actual_cost > 0),
+        )
+        .order_by(sent, _a.id)
+    ).all()
+    return [
+        {
+            "provider": r.provider,
+            "job_id": r.provider_job_id,
+            "attempt_id": r.id,
+            "task_id": r.task_id,
+            "tenant_id": r.tenant_id,
+            "submit_state": r.submit_state,
+            "sent_at": r.sent_at,
+            "charged": Decimal(r.actual_cost) if r.actual_cost is not None else None,
+        }
+        for r in rows
+        if (r.provider, r.provider_job_id) not in invoiced
+    ]

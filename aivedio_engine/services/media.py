@@ -54,8 +54,12 @@ from aivedio_engine.storage import keys
 from aivedio_engine.storage.base import ObjectStore, iter_file, sha256_of
 
 CONSUMER_GROUP = "media"
-KIND = {DerivativeProfile.PROXY_MP4: AssetKind.PROXY, DerivativeProfile.HLS: AssetKind.HLS,
-        DerivativeProfile.THUMBNAIL: AssetKind.THUMBNAIL, DerivativeProfile.WAVEFORM: AssetKind.WAVEFORM}
+KIND = {
+    DerivativeProfile.PROXY_MP4: AssetKind.PROXY,
+    DerivativeProfile.HLS: AssetKind.HLS,
+    DerivativeProfile.THUMBNAIL: AssetKind.THUMBNAIL,
+    DerivativeProfile.WAVEFORM: AssetKind.WAVEFORM,
+}
 #: a little slack over the model's maximum: vendors round clip lengths up to whole frames or GOPs
 DURATION_SLACK_S = 1.0
 
@@ -102,8 +106,16 @@ class Outcome:
 
 
 class MediaService:
-    def __init__(self, engine: Engine, clock: Clock, settings: Settings, store: ObjectStore, catalog: Catalog,
-                 moderation: ModerationHook | None = None, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        settings: Settings,
+        store: ObjectStore,
+        catalog: Catalog,
+        moderation: ModerationHook | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self._engine = engine
         self._clock = clock
         self._settings = settings
@@ -126,8 +138,14 @@ class MediaService:
             return f"skipped: task is {task.status}"
         outcome = self._process(task, raw, self.limits_for(task))
         result: list[str] = []
-        consume_once(self._engine, CONSUMER_GROUP, envelope.event_id, task_id,
-                     lambda conn: _keep(result, self._record(conn, envelope, raw, outcome)), self._clock.now())
+        consume_once(
+            self._engine,
+            CONSUMER_GROUP,
+            envelope.event_id,
+            task_id,
+            lambda conn: _keep(result, self._record(conn, envelope, raw, outcome)),
+            self._clock.now(),
+        )
         return result[0] if result else "duplicate"
 
     def limits_for(self, task: Any) -> MediaLimits:
@@ -167,15 +185,21 @@ class MediaService:
     def _upload(self, task: Any, raw: Any, res: derive.DerivativeResult) -> Derived:
         pv = self._settings.media.pipeline_version
         if res.status != "READY" or res.main is None:
-            return Derived(res.profile, res.status,
-                           keys.derivative_key(task.tenant_id, raw.id, res.profile, pv, "failed"),
-                           error=res.error, retryable=res.retryable, interrupted=res.interrupted)
+            return Derived(
+                res.profile,
+                res.status,
+                keys.derivative_key(task.tenant_id, raw.id, res.profile, pv, "failed"),
+                error=res.error,
+                retryable=res.retryable,
+                interrupted=res.interrupted,
+            )
         main = None
         for path in res.files:
             key = keys.derivative_key(task.tenant_id, raw.id, res.profile, pv, path.name)
             with open(path, "rb") as f:
-                obj = self._store.put_stream(key, iter_file(f), derive.content_type_for(path),
-                                             self._settings.fetch.max_bytes)
+                obj = self._store.put_stream(
+                    key, iter_file(f), derive.content_type_for(path), self._settings.fetch.max_bytes
+                )
             if path == res.main:
                 main = obj
         assert main is not None, "the main file is one of the derivative's files"
@@ -196,97 +220,191 @@ class MediaService:
         for derived in outcome.derived.values():
             if derived.status != "SKIPPED":  # e.g. no waveform for a silent clip: nothing to record
                 self._save_derivative(conn, task, raw, derived, now)
-        missing = [p for p in self.required if outcome.derived.get(p) is None
-                   or outcome.derived[p].status != AssetStatus.READY.value]
+        missing = [
+            p
+            for p in self.required
+            if outcome.derived.get(p) is None or outcome.derived[p].status != AssetStatus.READY.value
+        ]
         if outcome.unavailable or missing:
             reasons = outcome.unavailable or "; ".join(
-                f"{p.value}: {outcome.derived[p].error if p in outcome.derived else 'not built'}" for p in missing)
-            final = not outcome.unavailable and not any(outcome.derived[p].retryable
-                                                        for p in missing if p in outcome.derived)
-            interrupted = outcome.interrupted or any(outcome.derived[p].interrupted
-                                                     for p in missing if p in outcome.derived)
+                f"{p.value}: {outcome.derived[p].error if p in outcome.derived else 'not built'}" for p in missing
+            )
+            final = not outcome.unavailable and not any(
+                outcome.derived[p].retryable for p in missing if p in outcome.derived
+            )
+            interrupted = outcome.interrupted or any(
+                outcome.derived[p].interrupted for p in missing if p in outcome.derived
+            )
             return self._retry_or_escalate(conn, envelope, task, raw, reasons, final, now, interrupted=interrupted)
         assert outcome.probe is not None
         hold = self._moderation.hold_reason(task, outcome.probe)
         if hold:
             return self._review(conn, task, raw.id, hold, now)
-        decision = tasks.decide_and_apply(conn, task, TaskEvent.PLAYABLE_ASSET_READY, now,
-                                          source=EventSource.WORKER,
-                                          payload={"profiles": sorted(p.value for p in outcome.derived)})
+        decision = tasks.decide_and_apply(
+            conn,
+            task,
+            TaskEvent.PLAYABLE_ASSET_READY,
+            now,
+            source=EventSource.WORKER,
+            payload={"profiles": sorted(p.value for p in outcome.derived)},
+        )
         billing.close_reservation(conn, task, decision, now, reason="succeeded")
         return "succeeded"
 
     def _save_derivative(self, conn: Connection, task: Any, raw: Any, d: Derived, now: datetime) -> None:
         a = assets.c
-        values = dict(status=AssetStatus.READY.value if d.status == "READY" else AssetStatus.FAILED.value,
-                      object_key=d.key, size_bytes=d.size, checksum_algorithm="sha256" if d.sha256 else None,
-                      checksum_value=d.sha256, error=d.error and d.error[:2000],
-                      ready_at=now if d.status == "READY" else None)
+        values = dict(
+            status=AssetStatus.READY.value if d.status == "READY" else AssetStatus.FAILED.value,
+            object_key=d.key,
+            size_bytes=d.size,
+            checksum_algorithm="sha256" if d.sha256 else None,
+            checksum_value=d.sha256,
+            error=d.error and d.error[:2000],
+            ready_at=now if d.status == "READY" else None,
+        )
         pv = self._settings.media.pipeline_version
-        existing = conn.execute(sa.select(a.id).where(a.parent_asset_id == raw.id, a.profile == d.profile.value,
-                                                      a.pipeline_version == pv)).scalar()
+        existing = conn.execute(
+            sa.select(a.id).where(a.parent_asset_id == raw.id, a.profile == d.profile.value, a.pipeline_version == pv)
+        ).scalar()
         if existing is not None:
             conn.execute(assets.update().where(a.id == existing).values(**values))
             return
-        conn.execute(assets.insert().values(
-            id=new_id(), tenant_id=task.tenant_id, kind=KIND[d.profile].value, parent_asset_id=raw.id,
-            task_id=task.id, profile=d.profile.value, pipeline_version=pv, bucket=self._store.bucket,
-            created_at=now, **values))
+        conn.execute(
+            assets.insert().values(
+                id=new_id(),
+                tenant_id=task.tenant_id,
+                kind=KIND[d.profile].value,
+                parent_asset_id=raw.id,
+                task_id=task.id,
+                profile=d.profile.value,
+                pipeline_version=pv,
+                bucket=self._store.bucket,
+                created_at=now,
+                **values,
+            )
+        )
 
-    def _retry_or_escalate(self, conn: Connection, envelope: Envelope, task: Any, raw: Any, reason: str,
-                           final: bool, now: datetime, *, interrupted: bool = False) -> str:
+    def _retry_or_escalate(
+        self,
+        conn: Connection,
+        envelope: Envelope,
+        task: Any,
+        raw: Any,
+        reason: str,
+        final: bool,
+        now: datetime,
+        *,
+        interrupted: bool = False,
+    ) -> str:
         p = envelope.payload
         tried = int(p.get("try", 1))
         first = _ts(p.get("first_failure_at")) or now
         verdict, why, retry_at = Verdict.GIVE_UP, "not retryable", None
         if not final:
-            decision = decide_retry(FailureContext(ErrorClass.MEDIA_WORKER_CRASHED, tried, first,
-                                                   _ts(p.get("step_started_at")) or first, task.deadline_at),
-                                    self._settings.retry.budget(Step.MEDIA), now, self._rng)
+            decision = decide_retry(
+                FailureContext(
+                    ErrorClass.MEDIA_WORKER_CRASHED,
+                    tried,
+                    first,
+                    _ts(p.get("step_started_at")) or first,
+                    task.deadline_at,
+                ),
+                self._settings.retry.budget(Step.MEDIA),
+                now,
+                self._rng,
+            )
             verdict, why, retry_at = decision.verdict, decision.reason, decision.retry_at
         if verdict is Verdict.RETRY:
             if interrupted:  # a stop, not a fault: no backoff, the next engine to run picks it up at once
                 retry_at, why = now, f"interrupted: {reason}"[:200]
-            conn.execute(generation_tasks.update().where(generation_tasks.c.id == task.id).values(
-                last_error_class=ErrorClass.MEDIA_WORKER_CRASHED.value,
-                last_error_code="media_interrupted" if interrupted else "media_retry",
-                updated_at=now))
-            outbox.add(conn, EventType.MEDIA_PROCESS_REQUESTED, aggregate_type="task", aggregate_id=task.id,
-                       aggregate_version=int(task.version), tenant_id=task.tenant_id, trace_id=task.trace_id,
-                       now=now, available_at=retry_at or now,
-                       payload={**p, "try": tried + 1, "first_failure_at": first.isoformat(),
-                                "step_started_at": (_ts(p.get("step_started_at")) or first).isoformat()})
+            conn.execute(
+                generation_tasks.update()
+                .where(generation_tasks.c.id == task.id)
+                .values(
+                    last_error_class=ErrorClass.MEDIA_WORKER_CRASHED.value,
+                    last_error_code="media_interrupted" if interrupted else "media_retry",
+                    updated_at=now,
+                )
+            )
+            outbox.add(
+                conn,
+                EventType.MEDIA_PROCESS_REQUESTED,
+                aggregate_type="task",
+                aggregate_id=task.id,
+                aggregate_version=int(task.version),
+                tenant_id=task.tenant_id,
+                trace_id=task.trace_id,
+                now=now,
+                available_at=retry_at or now,
+                payload={
+                    **p,
+                    "try": tried + 1,
+                    "first_failure_at": first.isoformat(),
+                    "step_started_at": (_ts(p.get("step_started_at")) or first).isoformat(),
+                },
+            )
             return f"retry: {why}"
         if verdict is Verdict.MANUAL:
             return self._review(conn, task, raw.id, f"media processing failed ({why}): {reason}", now)
         return self._fail(conn, task, reason, now)
 
     def _fail(self, conn: Connection, task: Any, reason: str, now: datetime) -> str:
-        decision = tasks.decide_and_apply(conn, task, TaskEvent.FINAL_FAILURE, now, source=EventSource.WORKER,
-                                          extra={"last_error_class": "media_rejected",
-                                                 "last_error_code": reason[:128]},
-                                          payload={"reason": reason[:500]})
+        decision = tasks.decide_and_apply(
+            conn,
+            task,
+            TaskEvent.FINAL_FAILURE,
+            now,
+            source=EventSource.WORKER,
+            extra={"last_error_class": "media_rejected", "last_error_code": reason[:128]},
+            payload={"reason": reason[:500]},
+        )
         billing.close_reservation(conn, task, decision, now, reason="media_failed")
-        alerts.raise_alert(conn, alerts.Rule.MEDIA_FAILED, AlertSeverity.WARNING, dedup_key=str(task.id), now=now,
-                           subject_type="task", subject_id=str(task.id), message=reason[:500])
+        alerts.raise_alert(
+            conn,
+            alerts.Rule.MEDIA_FAILED,
+            AlertSeverity.WARNING,
+            dedup_key=str(task.id),
+            now=now,
+            subject_type="task",
+            subject_id=str(task.id),
+            message=reason[:500],
+        )
         return f"failed: {reason[:80]}"
 
     def _review(self, conn: Connection, task: Any, asset_id: uuid.UUID, reason: str, now: datetime) -> str:
-        tasks.decide_and_apply(conn, task, TaskEvent.REVIEW_REQUIRED, now, source=EventSource.WORKER,
-                               extra={"review_state": ReviewState.PENDING.value}, payload={"reason": reason[:500]})
-        conn.execute(review_items.insert().values(id=new_id(), task_id=task.id, asset_id=asset_id,
-                                                  reason=reason[:2000], state=ReviewState.PENDING.value,
-                                                  created_at=now))
+        tasks.decide_and_apply(
+            conn,
+            task,
+            TaskEvent.REVIEW_REQUIRED,
+            now,
+            source=EventSource.WORKER,
+            extra={"review_state": ReviewState.PENDING.value},
+            payload={"reason": reason[:500]},
+        )
+        conn.execute(
+            review_items.insert().values(
+                id=new_id(),
+                task_id=task.id,
+                asset_id=asset_id,
+                reason=reason[:2000],
+                state=ReviewState.PENDING.value,
+                created_at=now,
+            )
+        )
         return "held for review"
 
 
 def _probe_columns(probe: ProbeResult) -> dict[str, Any]:
     video = probe.video
     rate = video.frame_rate if video else None
-    return dict(duration_ms=probe.duration_ms, width=video.width if video else None,
-                height=video.height if video else None,
-                frame_rate_num=rate.numerator if rate else None, frame_rate_den=rate.denominator if rate else None,
-                probe=probe.raw)
+    return dict(
+        duration_ms=probe.duration_ms,
+        width=video.width if video else None,
+        height=video.height if video else None,
+        frame_rate_num=rate.numerator if rate else None,
+        frame_rate_den=rate.denominator if rate else None,
+        probe=probe.raw,
+    )
 
 
 def _set_asset(conn: Connection, asset_id: uuid.UUID, **values: Any) -> None:
@@ -300,4 +418,3 @@ def _keep(sink: list[str], value: str) -> str:
 
 def _ts(value: Any) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) else value
-

@@ -46,14 +46,29 @@ def log_summary(engine: Engine, task_id: uuid.UUID) -> None:
         return
     params = row.params or {}
     finished = row.finished_at or row.updated_at
-    log.info("task.finished", task_id=str(row.id), tenant_id=str(row.tenant_id), trace_id=row.trace_id,
-             status=row.status, model=row.requested_model, provider=row.selected_provider,
-             input={"duration_s": params.get("duration_s"), "resolution": params.get("resolution"),
-                    "aspect_ratio": params.get("aspect_ratio"), "references": len(params.get("asset_ids") or [])},
-             output_asset_id=row.output_asset_id and str(row.output_asset_id),
-             estimated_cost=str(row.estimated_cost), actual_cost=row.actual_cost and str(row.actual_cost),
-             seconds=round((finished - row.created_at).total_seconds(), 3), attempts=int(row.current_attempt_no),
-             error_class=row.last_error_class, error_code=row.last_error_code, cancel=row.cancel_outcome)
+    log.info(
+        "task.finished",
+        task_id=str(row.id),
+        tenant_id=str(row.tenant_id),
+        trace_id=row.trace_id,
+        status=row.status,
+        model=row.requested_model,
+        provider=row.selected_provider,
+        input={
+            "duration_s": params.get("duration_s"),
+            "resolution": params.get("resolution"),
+            "aspect_ratio": params.get("aspect_ratio"),
+            "references": len(params.get("asset_ids") or []),
+        },
+        output_asset_id=row.output_asset_id and str(row.output_asset_id),
+        estimated_cost=str(row.estimated_cost),
+        actual_cost=row.actual_cost and str(row.actual_cost),
+        seconds=round((finished - row.created_at).total_seconds(), 3),
+        attempts=int(row.current_attempt_no),
+        error_class=row.last_error_class,
+        error_code=row.last_error_code,
+        cancel=row.cancel_outcome,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,17 +83,20 @@ class _Read:
         return TaskStatus(self.status) in TASK_TERMINAL
 
 
-def history(engine: Engine, tenant_id: uuid.UUID, task_id: uuid.UUID,
-            after_version: int | None = None) -> list[dict[str, Any]]:
+def history(
+    engine: Engine, tenant_id: uuid.UUID, task_id: uuid.UUID, after_version: int | None = None
+) -> list[dict[str, Any]]:
     """Applied state changes of the tenant's task after `after_version` (all of them for None), oldest first,
     as `{"id", "status", "version", "progress", "at"}`. A foreign or missing task is NotFound, as for GET."""
     return _read(engine, tenant_id, task_id, after_version).events
 
 
 def _read(engine: Engine, tenant_id: uuid.UUID, task_id: uuid.UUID, after_version: int | None) -> _Read:
-    stmt = (sa.select(_e.to_status, _e.task_version, _e.payload, _e.created_at)
-            .where(_e.task_id == task_id, _e.outcome == StateEventOutcome.APPLIED.value)
-            .order_by(_e.task_version))
+    stmt = (
+        sa.select(_e.to_status, _e.task_version, _e.payload, _e.created_at)
+        .where(_e.task_id == task_id, _e.outcome == StateEventOutcome.APPLIED.value)
+        .order_by(_e.task_version)
+    )
     if after_version is not None:
         stmt = stmt.where(_e.task_version > after_version)
     with engine.connect() as conn:
@@ -110,12 +128,23 @@ def _event(task_id: uuid.UUID, row: Any, task: Any, task_version: int) -> dict[s
     else:
         recorded = (row.payload or {}).get("progress")
         progress = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else None
-    return {"id": str(task_id), "status": row.to_status, "version": int(row.task_version), "progress": progress,
-            "at": row.created_at.isoformat()}
+    return {
+        "id": str(task_id),
+        "status": row.to_status,
+        "version": int(row.task_version),
+        "progress": progress,
+        "at": row.created_at.isoformat(),
+    }
 
 
-async def open_stream(engine: Engine, notifier: Notifier, tenant_id: uuid.UUID, task_id: uuid.UUID,
-                      after_version: int | None, heartbeat_s: float) -> AsyncIterator[list[dict[str, Any]] | None]:
+async def open_stream(
+    engine: Engine,
+    notifier: Notifier,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    after_version: int | None,
+    heartbeat_s: float,
+) -> AsyncIterator[list[dict[str, Any]] | None]:
     """Check the task belongs to the tenant (NotFound before any byte is sent), then return the stream: batches
     of events after `after_version`, or None after every `heartbeat_s` without news; it ends once the
     task's terminal event has been yielded."""
@@ -123,8 +152,14 @@ async def open_stream(engine: Engine, notifier: Notifier, tenant_id: uuid.UUID, 
     return _follow(engine, notifier, tenant_id, task_id, after_version, heartbeat_s)
 
 
-async def _follow(engine: Engine, notifier: Notifier, tenant_id: uuid.UUID, task_id: uuid.UUID,
-                  after_version: int | None, heartbeat_s: float) -> AsyncIterator[list[dict[str, Any]] | None]:
+async def _follow(
+    engine: Engine,
+    notifier: Notifier,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    after_version: int | None,
+    heartbeat_s: float,
+) -> AsyncIterator[list[dict[str, Any]] | None]:
     # subscribed before the first read: a change committed after that read still wakes the wait below
     with notifier.subscribe(task_id) as sub:
         after = after_version

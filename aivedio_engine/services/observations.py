@@ -33,45 +33,94 @@ def fingerprint(provider: str, obs: Observation) -> str:
     """Stable identity of an observation without an event id (seed §4.6.3): never just job + status, since a
     vendor may repeat a status with different outputs or errors."""
     canonical = json.dumps(
-        {"p": provider, "j": obs.job_id, "s": obs.status.value,
-         "u": obs.provider_updated_at.isoformat() if obs.provider_updated_at else None,
-         "o": [o.url.split("?")[0] for o in obs.outputs], "e": obs.error_code, "g": obs.progress},
-        sort_keys=True, separators=(",", ":"),
+        {
+            "p": provider,
+            "j": obs.job_id,
+            "s": obs.status.value,
+            "u": obs.provider_updated_at.isoformat() if obs.provider_updated_at else None,
+            "o": [o.url.split("?")[0] for o in obs.outputs],
+            "e": obs.error_code,
+            "g": obs.progress,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
     )
     return "fp:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def to_payload(provider: str, obs: Observation, source: EventSource, dedup_key: str,
-               provider_event_id: uuid.UUID) -> dict[str, Any]:
+def to_payload(
+    provider: str, obs: Observation, source: EventSource, dedup_key: str, provider_event_id: uuid.UUID
+) -> dict[str, Any]:
     return {
-        "provider": provider, "source": source.value, "dedup_key": dedup_key,
-        "provider_event_id": str(provider_event_id), "job_id": obs.job_id, "status": obs.status.value,
+        "provider": provider,
+        "source": source.value,
+        "dedup_key": dedup_key,
+        "provider_event_id": str(provider_event_id),
+        "job_id": obs.job_id,
+        "status": obs.status.value,
         "provider_updated_at": obs.provider_updated_at.isoformat() if obs.provider_updated_at else None,
-        "progress": obs.progress, "error_code": obs.error_code, "error_message": (obs.error_message or "")[:500],
-        "billed": obs.billed, "request_key": obs.request_key,
-        "outputs": [{"url": o.url, "index": o.index, "content_type": o.content_type, "size_bytes": o.size_bytes,
-                     "expires_at": o.expires_at.isoformat() if o.expires_at else None} for o in obs.outputs],
+        "progress": obs.progress,
+        "error_code": obs.error_code,
+        "error_message": (obs.error_message or "")[:500],
+        "billed": obs.billed,
+        "request_key": obs.request_key,
+        "outputs": [
+            {
+                "url": o.url,
+                "index": o.index,
+                "content_type": o.content_type,
+                "size_bytes": o.size_bytes,
+                "expires_at": o.expires_at.isoformat() if o.expires_at else None,
+            }
+            for o in obs.outputs
+        ],
     }
 
 
-def record(conn: Connection, provider: str, obs: Observation, source: EventSource, now: datetime, *,
-           raw_body: bytes | None = None, headers_digest: str | None = None, verified: bool = True) -> bool:
+def record(
+    conn: Connection,
+    provider: str,
+    obs: Observation,
+    source: EventSource,
+    now: datetime,
+    *,
+    raw_body: bytes | None = None,
+    headers_digest: str | None = None,
+    verified: bool = True,
+) -> bool:
     """Store one observation and queue it for the reducer. Returns False for a repeat (nothing stored)."""
     dedup_key = f"wh:{obs.event_id}" if obs.event_id else fingerprint(provider, obs)
     attempt = attempts.by_job(conn, provider, obs.job_id)
     if attempt is None and obs.request_key:
-        attempt = conn.execute(sa.select(task_attempts.c.id, task_attempts.c.task_id).where(
-            task_attempts.c.provider == provider, task_attempts.c.provider_request_key == obs.request_key)).first()
+        attempt = conn.execute(
+            sa.select(task_attempts.c.id, task_attempts.c.task_id).where(
+                task_attempts.c.provider == provider, task_attempts.c.provider_request_key == obs.request_key
+            )
+        ).first()
     event_id = new_id()
     payload = to_payload(provider, obs, source, dedup_key, event_id)
     insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
     stored = conn.execute(
-        insert(provider_events).values(
-            id=event_id, provider=provider, source=source.value, webhook_id=obs.event_id, dedup_key=dedup_key,
-            verified=verified, headers_digest=headers_digest, body=raw_body, provider_job_id=obs.job_id,
-            provider_request_key=obs.request_key, matched_attempt_id=attempt.id if attempt else None,
-            orphan=attempt is None, received_at=now, expires_at=now + ORPHAN_TTL, observation=payload,
-        ).on_conflict_do_nothing(index_elements=[_pe.provider, _pe.dedup_key]).returning(_pe.id)
+        insert(provider_events)
+        .values(
+            id=event_id,
+            provider=provider,
+            source=source.value,
+            webhook_id=obs.event_id,
+            dedup_key=dedup_key,
+            verified=verified,
+            headers_digest=headers_digest,
+            body=raw_body,
+            provider_job_id=obs.job_id,
+            provider_request_key=obs.request_key,
+            matched_attempt_id=attempt.id if attempt else None,
+            orphan=attempt is None,
+            received_at=now,
+            expires_at=now + ORPHAN_TTL,
+            observation=payload,
+        )
+        .on_conflict_do_nothing(index_elements=[_pe.provider, _pe.dedup_key])
+        .returning(_pe.id)
     ).first()
     if stored is None:
         return False
@@ -89,18 +138,27 @@ def rematch(conn: Connection, provider: str, job_id: str, attempt_id: uuid.UUID,
         return 0
     attempt = attempts.read(conn, attempt_id)
     for row in rows:
-        conn.execute(provider_events.update().where(_pe.id == row.id)
-                     .values(orphan=False, matched_attempt_id=attempt_id))
+        conn.execute(
+            provider_events.update().where(_pe.id == row.id).values(orphan=False, matched_attempt_id=attempt_id)
+        )
         if row.observation:
             _emit(conn, provider, obs_payload=dict(row.observation), task_id=attempt.task_id, now=now)
     return len(rows)
 
 
-def _emit(conn: Connection, provider: str, *, obs_payload: dict[str, Any], task_id: uuid.UUID,
-          now: datetime) -> None:
+def _emit(conn: Connection, provider: str, *, obs_payload: dict[str, Any], task_id: uuid.UUID, now: datetime) -> None:
     # the task's trace follows the provider's answer, so one trace_id finds the request and its outcome in logs
-    task = conn.execute(sa.select(generation_tasks.c.tenant_id, generation_tasks.c.trace_id)
-                        .where(generation_tasks.c.id == task_id)).first()
-    outbox.add(conn, EventType.PROVIDER_STATUS_OBSERVED, aggregate_type="task", aggregate_id=task_id,
-               aggregate_version=0, payload=obs_payload, now=now,
-               tenant_id=task.tenant_id if task else None, trace_id=task.trace_id if task else None)
+    task = conn.execute(
+        sa.select(generation_tasks.c.tenant_id, generation_tasks.c.trace_id).where(generation_tasks.c.id == task_id)
+    ).first()
+    outbox.add(
+        conn,
+        EventType.PROVIDER_STATUS_OBSERVED,
+        aggregate_type="task",
+        aggregate_id=task_id,
+        aggregate_version=0,
+        payload=obs_payload,
+        now=now,
+        tenant_id=task.tenant_id if task else None,
+        trace_id=task.trace_id if task else None,
+    )

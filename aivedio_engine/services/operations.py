@@ -58,10 +58,19 @@ class Operation:
 
 def record(conn: Connection, op: Operation, *, affected_ids: Sequence[Any], outcome: str, now: datetime) -> None:
     """Append the audit row for `op` in the caller's transaction."""
-    conn.execute(audit_log.insert().values(
-        id=new_id(), actor=op.actor, command=op.command, reason=(op.reason or "").strip()[:MAX_REASON] or None,
-        args=_json_safe(op.args), affected_ids=[str(i) for i in affected_ids], outcome=outcome[:32],
-        dry_run=op.dry_run, created_at=now))
+    conn.execute(
+        audit_log.insert().values(
+            id=new_id(),
+            actor=op.actor,
+            command=op.command,
+            reason=(op.reason or "").strip()[:MAX_REASON] or None,
+            args=_json_safe(op.args),
+            affected_ids=[str(i) for i in affected_ids],
+            outcome=outcome[:32],
+            dry_run=op.dry_run,
+            created_at=now,
+        )
+    )
 
 
 def recent(engine: Engine, *, limit: int = 50, command: str | None = None) -> list[Any]:

@@ -68,8 +68,16 @@ class Stored:
 
 
 class OutputFetchService:
-    def __init__(self, engine: Engine, clock: Clock, settings: Settings, providers: ProviderRegistry,
-                 store: ObjectStore, fetcher: Fetcher, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        settings: Settings,
+        providers: ProviderRegistry,
+        store: ObjectStore,
+        fetcher: Fetcher,
+        rng: random.Random | None = None,
+    ) -> None:
         self._engine = engine
         self._clock = clock
         self._settings = settings
@@ -109,8 +117,14 @@ class OutputFetchService:
         except FetchFailure as failure:
             self._failed(envelope, failure)
             return f"failed: {failure.code}"
-        consume_once(self._engine, CONSUMER_GROUP, envelope.event_id, task_id,
-                     lambda conn: self._persisted(conn, task_id, attempt_id, stored), self._clock.now())
+        consume_once(
+            self._engine,
+            CONSUMER_GROUP,
+            envelope.event_id,
+            task_id,
+            lambda conn: self._persisted(conn, task_id, attempt_id, stored),
+            self._clock.now(),
+        )
         return f"stored {len(stored)}"
 
     # --- network -----------------------------------------------------------------------------------------
@@ -133,8 +147,12 @@ class OutputFetchService:
                 raise _failure(exc, bool(fresh)) from None
         fresh.update((int(o.get("index", 0)), o) for o in self._fresh_outputs(attempt))
         if index not in fresh:
-            raise FetchFailure(ErrorClass.OUTPUT_URL_EXPIRED, "no_fresh_url",
-                               f"provider has no URL for output {index}", url_refreshed=True)
+            raise FetchFailure(
+                ErrorClass.OUTPUT_URL_EXPIRED,
+                "no_fresh_url",
+                f"provider has no URL for output {index}",
+                url_refreshed=True,
+            )
         try:
             return self._download(task, attempt, key, index, fresh[index]["url"])
         except FetchError as exc:
@@ -143,10 +161,16 @@ class OutputFetchService:
     def _fresh_outputs(self, attempt: Any) -> list[dict[str, Any]]:
         answer = self._providers[attempt.provider].query(attempt.provider_job_id)
         if not isinstance(answer, Observation) or not answer.outputs:
-            raise FetchFailure(ErrorClass.OUTPUT_URL_EXPIRED, "refresh_failed",
-                               f"provider gave no fresh output URL ({type(answer).__name__})", url_refreshed=True)
-        return [{"url": o.url, "index": o.index, "expires_at": o.expires_at and o.expires_at.isoformat()}
-                for o in answer.outputs]
+            raise FetchFailure(
+                ErrorClass.OUTPUT_URL_EXPIRED,
+                "refresh_failed",
+                f"provider gave no fresh output URL ({type(answer).__name__})",
+                url_refreshed=True,
+            )
+        return [
+            {"url": o.url, "index": o.index, "expires_at": o.expires_at and o.expires_at.isoformat()}
+            for o in answer.outputs
+        ]
 
     def _download(self, task: Any, attempt: Any, key: str, index: int, url: str) -> Stored:
         policy = self._policy(attempt.provider)
@@ -169,10 +193,17 @@ class OutputFetchService:
             with open(spool, "rb") as f:
                 obj = self._store.put_stream(other, iter_file(f), RAW_CONTENT_TYPE, cap)
         with self._engine.begin() as conn:
-            alerts.raise_alert(conn, alerts.Rule.OUTPUT_CHECKSUM_MISMATCH, AlertSeverity.WARNING,
-                               dedup_key=key, now=self._clock.now(), subject_type="task", subject_id=str(task.id),
-                               message=f"output {index} of job {attempt.provider_job_id} differs from the stored "
-                                       f"object; kept both ({key}, {other})")
+            alerts.raise_alert(
+                conn,
+                alerts.Rule.OUTPUT_CHECKSUM_MISMATCH,
+                AlertSeverity.WARNING,
+                dedup_key=key,
+                now=self._clock.now(),
+                subject_type="task",
+                subject_id=str(task.id),
+                message=f"output {index} of job {attempt.provider_job_id} differs from the stored "
+                f"object; kept both ({key}, {other})",
+            )
         return Stored(index, other, obj.size, obj.sha256 or "")
 
     def _existing_sha(self, key: str) -> str | None:
@@ -198,18 +229,45 @@ class OutputFetchService:
                 ids.append(_raw_asset_id(conn, task_id, attempt_id, item.index))
                 continue
             asset_id = new_id()
-            conn.execute(assets.insert().values(
-                id=asset_id, tenant_id=task.tenant_id, kind=AssetKind.RAW_OUTPUT.value, task_id=task_id,
-                attempt_id=attempt_id, output_index=item.index, status=AssetStatus.PROCESSING.value,
-                bucket=self._store.bucket, object_key=item.key, size_bytes=item.size, checksum_algorithm="sha256",
-                checksum_value=item.sha256, mime_detected=RAW_CONTENT_TYPE, created_at=now))
+            conn.execute(
+                assets.insert().values(
+                    id=asset_id,
+                    tenant_id=task.tenant_id,
+                    kind=AssetKind.RAW_OUTPUT.value,
+                    task_id=task_id,
+                    attempt_id=attempt_id,
+                    output_index=item.index,
+                    status=AssetStatus.PROCESSING.value,
+                    bucket=self._store.bucket,
+                    object_key=item.key,
+                    size_bytes=item.size,
+                    checksum_algorithm="sha256",
+                    checksum_value=item.sha256,
+                    mime_detected=RAW_CONTENT_TYPE,
+                    created_at=now,
+                )
+            )
             ids.append(asset_id)
-        decision = tasks.decide_and_apply(conn, task, TaskEvent.OUTPUT_PERSISTED, now, source=EventSource.WORKER,
-                                          extra={"output_asset_id": ids[0]},
-                                          payload={"outputs": len(ids), "bytes": sum(s.size for s in stored)})
-        outbox.add(conn, EventType.MEDIA_PROCESS_REQUESTED, aggregate_type="task", aggregate_id=task_id,
-                   aggregate_version=decision.version, tenant_id=task.tenant_id, trace_id=task.trace_id, now=now,
-                   payload={"task_id": str(task_id), "asset_id": str(ids[0])})
+        decision = tasks.decide_and_apply(
+            conn,
+            task,
+            TaskEvent.OUTPUT_PERSISTED,
+            now,
+            source=EventSource.WORKER,
+            extra={"output_asset_id": ids[0]},
+            payload={"outputs": len(ids), "bytes": sum(s.size for s in stored)},
+        )
+        outbox.add(
+            conn,
+            EventType.MEDIA_PROCESS_REQUESTED,
+            aggregate_type="task",
+            aggregate_id=task_id,
+            aggregate_version=decision.version,
+            tenant_id=task.tenant_id,
+            trace_id=task.trace_id,
+            now=now,
+            payload={"task_id": str(task_id), "asset_id": str(ids[0])},
+        )
         return f"persisted {len(ids)}"
 
     def _failed(self, envelope: Envelope, failure: FetchFailure) -> None:
@@ -225,29 +283,67 @@ class OutputFetchService:
             verdict, reason, retry_at = Verdict.GIVE_UP, f"{failure.code}: output refused by fetch policy", None
             if failure.error_class is not None:
                 retry_decision = decide_retry(
-                    FailureContext(failure.error_class, tried, first, _ts(p.get("step_started_at")) or first,
-                                   task.deadline_at, url_refreshed=failure.url_refreshed),
-                    self._settings.retry.budget(Step.OUTPUT_FETCH), now, self._rng)
+                    FailureContext(
+                        failure.error_class,
+                        tried,
+                        first,
+                        _ts(p.get("step_started_at")) or first,
+                        task.deadline_at,
+                        url_refreshed=failure.url_refreshed,
+                    ),
+                    self._settings.retry.budget(Step.OUTPUT_FETCH),
+                    now,
+                    self._rng,
+                )
                 verdict, reason, retry_at = retry_decision.verdict, retry_decision.reason, retry_decision.retry_at
-            error = {"last_error_class": (failure.error_class or ErrorClass.PROVIDER_REJECTED).value,
-                     "last_error_code": failure.code[:128]}
+            error = {
+                "last_error_class": (failure.error_class or ErrorClass.PROVIDER_REJECTED).value,
+                "last_error_code": failure.code[:128],
+            }
             if verdict in (Verdict.RETRY, Verdict.REFRESH_URL):
-                conn.execute(sa.update(generation_tasks).where(generation_tasks.c.id == task.id)
-                             .values(**error, updated_at=now))
+                conn.execute(
+                    sa.update(generation_tasks).where(generation_tasks.c.id == task.id).values(**error, updated_at=now)
+                )
                 expiries = [_ts(o.get("expires_at")) for o in p.get("outputs") or []]
-                outbox.add(conn, EventType.FETCH_REQUESTED, aggregate_type="task", aggregate_id=task.id,
-                           aggregate_version=int(task.version), tenant_id=task.tenant_id, trace_id=task.trace_id,
-                           now=now, available_at=retry_at or now,
-                           route=fetch_route(expiries, retry_at or now, self._settings.fetch.urgent_within_s),
-                           payload={**p, "try": tried + 1, "first_failure_at": first.isoformat(),
-                                    "step_started_at": (_ts(p.get("step_started_at")) or first).isoformat()})
+                outbox.add(
+                    conn,
+                    EventType.FETCH_REQUESTED,
+                    aggregate_type="task",
+                    aggregate_id=task.id,
+                    aggregate_version=int(task.version),
+                    tenant_id=task.tenant_id,
+                    trace_id=task.trace_id,
+                    now=now,
+                    available_at=retry_at or now,
+                    route=fetch_route(expiries, retry_at or now, self._settings.fetch.urgent_within_s),
+                    payload={
+                        **p,
+                        "try": tried + 1,
+                        "first_failure_at": first.isoformat(),
+                        "step_started_at": (_ts(p.get("step_started_at")) or first).isoformat(),
+                    },
+                )
                 return f"retry: {reason}"
-            decision = tasks.decide_and_apply(conn, task, TaskEvent.FINAL_FAILURE, now, source=EventSource.WORKER,
-                                              extra=error, payload={"reason": reason, "error": str(failure)[:500]})
+            decision = tasks.decide_and_apply(
+                conn,
+                task,
+                TaskEvent.FINAL_FAILURE,
+                now,
+                source=EventSource.WORKER,
+                extra=error,
+                payload={"reason": reason, "error": str(failure)[:500]},
+            )
             billing.close_reservation(conn, task, decision, now, reason="output_fetch_failed")
-            alerts.raise_alert(conn, alerts.Rule.OUTPUT_FETCH_FAILED, AlertSeverity.WARNING, dedup_key=str(task.id),
-                               now=now, subject_type="task", subject_id=str(task.id),
-                               message=f"output fetch gave up ({reason}): {str(failure)[:300]}")
+            alerts.raise_alert(
+                conn,
+                alerts.Rule.OUTPUT_FETCH_FAILED,
+                AlertSeverity.WARNING,
+                dedup_key=str(task.id),
+                now=now,
+                subject_type="task",
+                subject_id=str(task.id),
+                message=f"output fetch gave up ({reason}): {str(failure)[:300]}",
+            )
             return f"gave up: {reason}"
 
         consume_once(self._engine, CONSUMER_GROUP, envelope.event_id, uuid.UUID(p["task_id"]), record, now)
@@ -264,18 +360,26 @@ def _failure(exc: FetchError, refreshed: bool) -> FetchFailure:
 
 def _raw_assets(conn: Connection, task_id: uuid.UUID, attempt_id: uuid.UUID) -> dict[int, Stored]:
     a = assets.c
-    rows = conn.execute(sa.select(a.output_index, a.object_key, a.size_bytes, a.checksum_value)
-                        .where(a.task_id == task_id, a.attempt_id == attempt_id,
-                               a.kind == AssetKind.RAW_OUTPUT.value)).all()
-    return {r.output_index: Stored(r.output_index, r.object_key, r.size_bytes or 0, r.checksum_value or "")
-            for r in rows}
+    rows = conn.execute(
+        sa.select(a.output_index, a.object_key, a.size_bytes, a.checksum_value).where(
+            a.task_id == task_id, a.attempt_id == attempt_id, a.kind == AssetKind.RAW_OUTPUT.value
+        )
+    ).all()
+    return {
+        r.output_index: Stored(r.output_index, r.object_key, r.size_bytes or 0, r.checksum_value or "") for r in rows
+    }
 
 
 def _raw_asset_id(conn: Connection, task_id: uuid.UUID, attempt_id: uuid.UUID, index: int) -> uuid.UUID:
     a = assets.c
-    return conn.execute(sa.select(a.id).where(a.task_id == task_id, a.attempt_id == attempt_id,
-                                              a.output_index == index,
-                                              a.kind == AssetKind.RAW_OUTPUT.value)).scalar_one()
+    return conn.execute(
+        sa.select(a.id).where(
+            a.task_id == task_id,
+            a.attempt_id == attempt_id,
+            a.output_index == index,
+            a.kind == AssetKind.RAW_OUTPUT.value,
+        )
+    ).scalar_one()
 
 
 def _ts(value: Any) -> datetime | None:

@@ -59,32 +59,44 @@ class OutputService:
     def files(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> dict[str, OutputFile]:
         """READY derivatives of the task's output under the current pipeline version, by profile."""
         a, t = assets.c, generation_tasks.c
-        stmt = (sa.select(a.id, a.profile, a.object_key, a.size_bytes, a.width, a.height, a.checksum_algorithm,
-                          a.checksum_value)
-                .join(generation_tasks, t.output_asset_id == a.parent_asset_id)
-                .where(t.id == task_id, t.tenant_id == tenant_id, a.tenant_id == tenant_id,
-                       a.status == AssetStatus.READY.value,
-                       a.pipeline_version == self._settings.media.pipeline_version))
+        stmt = (
+            sa.select(
+                a.id, a.profile, a.object_key, a.size_bytes, a.width, a.height, a.checksum_algorithm, a.checksum_value
+            )
+            .join(generation_tasks, t.output_asset_id == a.parent_asset_id)
+            .where(
+                t.id == task_id,
+                t.tenant_id == tenant_id,
+                a.tenant_id == tenant_id,
+                a.status == AssetStatus.READY.value,
+                a.pipeline_version == self._settings.media.pipeline_version,
+            )
+        )
         with self._engine.connect() as conn:
             rows = conn.execute(stmt).all()
-        return {r.profile: OutputFile(r.id, r.profile, r.object_key, r.size_bytes, r.width, r.height, _sha256(r))
-                for r in rows}
+        return {
+            r.profile: OutputFile(r.id, r.profile, r.object_key, r.size_bytes, r.width, r.height, _sha256(r))
+            for r in rows
+        }
 
     def original(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> OutputFile | None:
         """The raw provider output the derivatives were made from, for this machine's own user (embedded mode:
         `aivedio generations download`). Never handed out over the API: clients get transcoded derivatives only."""
         a, t = assets.c, generation_tasks.c
-        stmt = (sa.select(a.id, a.object_key, a.size_bytes, a.width, a.height, a.checksum_algorithm,
-                          a.checksum_value)
-                .join(generation_tasks, t.output_asset_id == a.id)
-                .where(t.id == task_id, t.tenant_id == tenant_id, a.tenant_id == tenant_id))
+        stmt = (
+            sa.select(a.id, a.object_key, a.size_bytes, a.width, a.height, a.checksum_algorithm, a.checksum_value)
+            .join(generation_tasks, t.output_asset_id == a.id)
+            .where(t.id == task_id, t.tenant_id == tenant_id, a.tenant_id == tenant_id)
+        )
         with self._engine.connect() as conn:
             r = conn.execute(stmt).first()
-        return None if r is None else OutputFile(r.id, ORIGINAL, r.object_key, r.size_bytes, r.width, r.height,
-                                                 _sha256(r))
+        return (
+            None if r is None else OutputFile(r.id, ORIGINAL, r.object_key, r.size_bytes, r.width, r.height, _sha256(r))
+        )
 
-    def urls(self, tenant_id: uuid.UUID, task_id: uuid.UUID,
-             files: dict[str, OutputFile] | None = None) -> dict[str, str]:
+    def urls(
+        self, tenant_id: uuid.UUID, task_id: uuid.UUID, files: dict[str, OutputFile] | None = None
+    ) -> dict[str, str]:
         """Signed, expiring playback URLs (`storage.playback_url_ttl_s`); paths starting with / are on our API.
         `files` is what `files()` returned, when the caller already read it."""
         ttl = self._settings.storage.playback_url_ttl_s
@@ -109,9 +121,13 @@ class OutputService:
         if not self._signer.verify("GET", path, expires, sig):
             raise Forbidden("invalid or expired playback signature")
         with self._engine.connect() as conn:
-            key = conn.execute(sa.select(assets.c.object_key).where(
-                assets.c.id == asset_uuid, assets.c.profile == DerivativeProfile.HLS.value,
-                assets.c.status == AssetStatus.READY.value)).scalar()
+            key = conn.execute(
+                sa.select(assets.c.object_key).where(
+                    assets.c.id == asset_uuid,
+                    assets.c.profile == DerivativeProfile.HLS.value,
+                    assets.c.status == AssetStatus.READY.value,
+                )
+            ).scalar()
         if key is None:
             raise NotFound("playlist not found")
         with self._store.open_read(key) as f:

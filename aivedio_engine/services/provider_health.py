@@ -28,9 +28,18 @@ _a = task_attempts.c
 #: how far back a 429 still shrinks a provider's capacity
 THROTTLE_MEMORY = timedelta(seconds=60)
 #: an attempt whose submit ended: its outcome feeds the breaker
-_DECIDED = [s.value for s in (AttemptStatus.FAILED_BEFORE_ACCEPT, AttemptStatus.ACKED, AttemptStatus.RUNNING,
-                              AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.CANCELED,
-                              AttemptStatus.UNKNOWN)]
+_DECIDED = [
+    s.value
+    for s in (
+        AttemptStatus.FAILED_BEFORE_ACCEPT,
+        AttemptStatus.ACKED,
+        AttemptStatus.RUNNING,
+        AttemptStatus.SUCCEEDED,
+        AttemptStatus.FAILED,
+        AttemptStatus.CANCELED,
+        AttemptStatus.UNKNOWN,
+    )
+]
 _RETRY_AFTER = re.compile(r"retry-after=(\d+(?:\.\d+)?)")
 
 
@@ -60,12 +69,14 @@ def provider_health(engine: Engine, settings: Settings, now: datetime, window: i
             rows = conn.execute(
                 sa.select(_a.submit_state, _a.last_error_class, _a.provider_error_code, _a.updated_at)
                 .where(_a.provider == name, _a.submit_state.in_(_DECIDED), _a.submitted_at.is_not(None))
-                .order_by(_a.updated_at.desc()).limit(window)
+                .order_by(_a.updated_at.desc())
+                .limit(window)
             ).all()
             breakers[name] = _breaker(reversed(rows))
             throttles[name] = _throttle(rows, cfg.max_concurrency, now)
             sending[name] = conn.execute(
-                sa.select(sa.func.count()).select_from(task_attempts)
+                sa.select(sa.func.count())
+                .select_from(task_attempts)
                 .where(_a.provider == name, _a.submit_state.in_([AttemptStatus.NEW.value, AttemptStatus.SENDING.value]))
             ).scalar_one()
     return Health(breakers, throttles, sending)
@@ -91,8 +102,11 @@ def _breaker(rows: Any) -> Breaker:
 
 def _throttle(rows: Sequence[Any], max_capacity: int, now: datetime) -> Throttle:
     throttle = Throttle.at_max(max_capacity)
-    limited = [r for r in rows if r.last_error_class == ErrorClass.PROVIDER_RATE_LIMITED.value
-               and now - r.updated_at <= THROTTLE_MEMORY]
+    limited = [
+        r
+        for r in rows
+        if r.last_error_class == ErrorClass.PROVIDER_RATE_LIMITED.value and now - r.updated_at <= THROTTLE_MEMORY
+    ]
     for row in sorted(limited, key=lambda r: r.updated_at):
         match = _RETRY_AFTER.search(row.provider_error_code or "")
         retry_after = float(match.group(1)) if match else None

@@ -81,9 +81,15 @@ class ReconcileOps:
         self._clock = clock
         self._sync = sync
 
-    def candidates(self, *, task_id: uuid.UUID | None = None, provider: str | None = None,
-                   older_than: timedelta | None = None, limit: int = 100,
-                   among: Sequence[uuid.UUID] | None = None) -> list[Candidate]:
+    def candidates(
+        self,
+        *,
+        task_id: uuid.UUID | None = None,
+        provider: str | None = None,
+        older_than: timedelta | None = None,
+        limit: int = 100,
+        among: Sequence[uuid.UUID] | None = None,
+    ) -> list[Candidate]:
         """Tasks with an UNKNOWN attempt, parked ones included (they are the ones waiting for a human), oldest
         send first. `older_than` compares the time of the ambiguous send; `among` (a saved plan) restricts to
         those tasks and lifts the limit."""
@@ -101,8 +107,9 @@ class ReconcileOps:
             if task_id is not None:
                 self._check_task(conn, task_id)
                 stmt = stmt.where(_a.task_id == task_id)
-            rows = conn.execute(stmt.order_by(sa.func.coalesce(_a.submitted_at, _a.created_at), _a.id)
-                                .limit(limit)).all()
+            rows = conn.execute(
+                stmt.order_by(sa.func.coalesce(_a.submitted_at, _a.created_at), _a.id).limit(limit)
+            ).all()
         return [_candidate(r) for r in rows]
 
     def _check_task(self, conn: Connection, task_id: uuid.UUID) -> None:
@@ -111,8 +118,9 @@ class ReconcileOps:
         if status is None:
             raise NotFound(f"task {task_id} not found")
         if conn.execute(_unknown().where(_a.task_id == task_id)).first() is None:
-            raise IllegalState(f"task {task_id} is {status}: it has no ambiguous submit to reconcile",
-                               current_status=status)
+            raise IllegalState(
+                f"task {task_id} is {status}: it has no ambiguous submit to reconcile", current_status=status
+            )
 
     def preview(self, op: Operation, found: Sequence[Candidate]) -> None:
         """Record the dry run an operator looked at (nothing else changes, no provider is called)."""
@@ -130,18 +138,19 @@ class ReconcileOps:
         outcomes = [self._one(task_id) for task_id in dict.fromkeys(task_ids)]
         counts = Counter(o.result for o in outcomes)
         errors = counts.get("error", 0)
-        verdict = "nothing" if not outcomes else "failed" if errors == len(outcomes) else \
-            "partial" if errors else "ok"
+        verdict = "nothing" if not outcomes else "failed" if errors == len(outcomes) else "partial" if errors else "ok"
         resolved = [o.task_id for o in outcomes if o.result in ("found", "not_created")]
         with write_tx(self._engine) as conn:
             if resolved:
                 # the engine parks without ever un-parking: a task resolved on an operator's word is no longer
                 # waiting for a human, and a stale reason would send the next on-call engineer after it
-                conn.execute(generation_tasks.update().where(_t.id.in_(resolved), _t.parked_reason.is_not(None))
-                             .values(parked_reason=None))
+                conn.execute(
+                    generation_tasks.update()
+                    .where(_t.id.in_(resolved), _t.parked_reason.is_not(None))
+                    .values(parked_reason=None)
+                )
             audited = replace(op, args={**op.args, "results": dict(sorted(counts.items()))})
-            record(conn, audited, affected_ids=[o.task_id for o in outcomes], outcome=verdict,
-                   now=self._clock.now())
+            record(conn, audited, affected_ids=[o.task_id for o in outcomes], outcome=verdict, now=self._clock.now())
         return outcomes
 
     def _one(self, task_id: uuid.UUID) -> Outcome:
@@ -159,33 +168,66 @@ class ReconcileOps:
     def _describe(self, task_id: uuid.UUID, attempt_id: uuid.UUID | None, result: str, detail: str) -> Outcome:
         with self._engine.connect() as conn:
             task = conn.execute(sa.select(generation_tasks).where(_t.id == task_id)).first()
-            attempt = conn.execute(sa.select(task_attempts).where(_a.id == attempt_id)).first() \
-                if attempt_id else None
+            attempt = conn.execute(sa.select(task_attempts).where(_a.id == attempt_id)).first() if attempt_id else None
             subjects = [str(task_id)] + ([str(attempt_id)] if attempt_id else [])
-            open_rules = sorted(set(conn.execute(
-                sa.select(alerts.c.rule).where(alerts.c.subject_id.in_(subjects),
-                                               alerts.c.status != AlertStatus.RESOLVED.value)).scalars()))
+            open_rules = sorted(
+                set(
+                    conn.execute(
+                        sa.select(alerts.c.rule).where(
+                            alerts.c.subject_id.in_(subjects), alerts.c.status != AlertStatus.RESOLVED.value
+                        )
+                    ).scalars()
+                )
+            )
         status = task.status if task is not None else None
         parked = bool(task is not None and task.parked_reason)
-        return Outcome(task_id=task_id, attempt_id=attempt_id, provider=attempt.provider if attempt else None,
-                       result=result, action=_action(result, status, parked), detail=detail, task_status=status,
-                       provider_job_id=attempt.provider_job_id if attempt else None,
-                       next_action_at=task.next_action_at if task is not None else None, parked=parked,
-                       alerts=open_rules)
+        return Outcome(
+            task_id=task_id,
+            attempt_id=attempt_id,
+            provider=attempt.provider if attempt else None,
+            result=result,
+            action=_action(result, status, parked),
+            detail=detail,
+            task_status=status,
+            provider_job_id=attempt.provider_job_id if attempt else None,
+            next_action_at=task.next_action_at if task is not None else None,
+            parked=parked,
+            alerts=open_rules,
+        )
 
 
 def _unknown() -> Any:
-    return (sa.select(_a.task_id, _t.tenant_id, _a.id.label("attempt_id"), _a.provider,
-                      _t.status.label("task_status"), sa.func.coalesce(_a.submitted_at, _a.created_at).label("sent_at"),
-                      _a.lookup_count, _a.last_lookup_at, _t.next_action_at, _t.parked_reason)
-            .join(generation_tasks, _t.id == _a.task_id)
-            .where(_a.submit_state == AttemptStatus.UNKNOWN.value))
+    return (
+        sa.select(
+            _a.task_id,
+            _t.tenant_id,
+            _a.id.label("attempt_id"),
+            _a.provider,
+            _t.status.label("task_status"),
+            sa.func.coalesce(_a.submitted_at, _a.created_at).label("sent_at"),
+            _a.lookup_count,
+            _a.last_lookup_at,
+            _t.next_action_at,
+            _t.parked_reason,
+        )
+        .join(generation_tasks, _t.id == _a.task_id)
+        .where(_a.submit_state == AttemptStatus.UNKNOWN.value)
+    )
 
 
 def _candidate(r: Any) -> Candidate:
-    return Candidate(task_id=r.task_id, tenant_id=r.tenant_id, attempt_id=r.attempt_id, provider=r.provider,
-                     task_status=r.task_status, sent_at=r.sent_at, lookup_count=int(r.lookup_count),
-                     last_lookup_at=r.last_lookup_at, next_action_at=r.next_action_at, parked=bool(r.parked_reason))
+    return Candidate(
+        task_id=r.task_id,
+        tenant_id=r.tenant_id,
+        attempt_id=r.attempt_id,
+        provider=r.provider,
+        task_status=r.task_status,
+        sent_at=r.sent_at,
+        lookup_count=int(r.lookup_count),
+        last_lookup_at=r.last_lookup_at,
+        next_action_at=r.next_action_at,
+        parked=bool(r.parked_reason),
+    )
 
 
 def _result_of(said: str) -> str:

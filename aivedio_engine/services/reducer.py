@@ -73,8 +73,13 @@ def task_event_for(status: JobStatus, task_status: str) -> TaskEvent | None:
     }.get(status)
 
 
-def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s: float = 900,
-           after: dict[str, Any] | None = None) -> str:
+def reduce(
+    conn: Connection,
+    obs: dict[str, Any],
+    now: datetime,
+    urgent_fetch_s: float = 900,
+    after: dict[str, Any] | None = None,
+) -> str:
     """Apply one observation (the outbox payload built by `services.observations`). Returns a digest.
 
     The attempt is locked before the task (the order submit's tx B uses): read without its lock, a concurrent
@@ -94,19 +99,39 @@ def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s:
     return digest
 
 
-def _reduce(conn: Connection, attempt: Any, task: Any, obs: dict[str, Any], now: datetime,
-            urgent_fetch_s: float, moved: dict[str, AttemptStatus], seen: bool | None = None) -> str:
+def _reduce(
+    conn: Connection,
+    attempt: Any,
+    task: Any,
+    obs: dict[str, Any],
+    now: datetime,
+    urgent_fetch_s: float,
+    moved: dict[str, AttemptStatus],
+    seen: bool | None = None,
+) -> str:
     source = EventSource(obs["source"])
     if seen is None:
-        seen = conn.execute(sa.select(task_state_events.c.id).where(
-            task_state_events.c.source == source.value,
-            task_state_events.c.source_event_id == obs["dedup_key"])).first() is not None
+        seen = (
+            conn.execute(
+                sa.select(task_state_events.c.id).where(
+                    task_state_events.c.source == source.value, task_state_events.c.source_event_id == obs["dedup_key"]
+                )
+            ).first()
+            is not None
+        )
     if seen:
         return "duplicate"
     status = JobStatus(obs["status"])
     observed_at = _ts(obs.get("provider_updated_at"))
-    base = dict(task_id=task.id, source=source, source_event_id=obs["dedup_key"], now=now, attempt_id=attempt.id,
-                provider_updated_at=observed_at, payload=_summary(obs))
+    base = dict(
+        task_id=task.id,
+        source=source,
+        source_event_id=obs["dedup_key"],
+        now=now,
+        attempt_id=attempt.id,
+        provider_updated_at=observed_at,
+        payload=_summary(obs),
+    )
 
     if attempt.provider_updated_at and observed_at and observed_at < attempt.provider_updated_at:
         _record(conn, task, status, StateEventOutcome.STALE, base, "older than the newest applied observation")
@@ -114,10 +139,16 @@ def _reduce(conn: Connection, attempt: Any, task: Any, obs: dict[str, Any], now:
     if status is JobStatus.SUCCEEDED and int(task.current_attempt_no) != int(attempt.attempt_no):
         # a success of a superseded attempt: a second paid job exists (ambiguous submit resubmitted)
         _record(conn, task, status, StateEventOutcome.ANOMALY, base, "success of a superseded attempt")
-        alerts.raise_alert(conn, alerts.Rule.DUPLICATE_PROVIDER_JOB, AlertSeverity.WARNING,
-                           dedup_key=f"{attempt.provider}:{attempt.provider_job_id}", now=now,
-                           subject_type="task", subject_id=str(task.id),
-                           message=f"provider {attempt.provider} finished superseded job {attempt.provider_job_id}")
+        alerts.raise_alert(
+            conn,
+            alerts.Rule.DUPLICATE_PROVIDER_JOB,
+            AlertSeverity.WARNING,
+            dedup_key=f"{attempt.provider}:{attempt.provider_job_id}",
+            now=now,
+            subject_type="task",
+            subject_id=str(task.id),
+            message=f"provider {attempt.provider} finished superseded job {attempt.provider_job_id}",
+        )
         return "anomaly"
 
     _move_attempt(conn, attempt, status, obs, observed_at, now, moved)
@@ -131,10 +162,16 @@ def _reduce(conn: Connection, attempt: Any, task: Any, obs: dict[str, Any], now:
         outcome = StateEventOutcome.ANOMALY if result.anomaly else _OUTCOME[result.kind]
         _record(conn, task, status, outcome, base, result.reason, event_type=event.value)
         if result.anomaly:
-            alerts.raise_alert(conn, alerts.Rule.LATE_EVENT_AFTER_TERMINAL, AlertSeverity.WARNING,
-                               dedup_key=f"{task.id}:{status.value}", now=now, subject_type="task",
-                               subject_id=str(task.id),
-                               message=f"{status.value} from {attempt.provider} after the task was {task.status}")
+            alerts.raise_alert(
+                conn,
+                alerts.Rule.LATE_EVENT_AFTER_TERMINAL,
+                AlertSeverity.WARNING,
+                dedup_key=f"{task.id}:{status.value}",
+                now=now,
+                subject_type="task",
+                subject_id=str(task.id),
+                message=f"{status.value} from {attempt.provider} after the task was {task.status}",
+            )
         if result.kind is RejectionKind.DUPLICATE:
             _progress_only(conn, task, obs.get("progress"), now)
         return outcome.value
@@ -150,23 +187,40 @@ def _bind_ambiguous(conn: Connection, obs: dict[str, Any], now: datetime) -> Any
     if not key:
         return None
     a = task_attempts.c
-    found = conn.execute(sa.select(a.id).where(a.provider == obs["provider"], a.provider_request_key == key,
-                                               a.submit_state == AttemptStatus.UNKNOWN.value)).first()
+    found = conn.execute(
+        sa.select(a.id).where(
+            a.provider == obs["provider"], a.provider_request_key == key, a.submit_state == AttemptStatus.UNKNOWN.value
+        )
+    ).first()
     if found is None:
         return None
     attempt = attempts.read(conn, found.id, lock=True)
-    attempts.transition(conn, attempt, AttemptEvent.PROVIDER_JOB_FOUND, now, provider_job_id=obs["job_id"],
-                        next_poll_at=now)
+    attempts.transition(
+        conn, attempt, AttemptEvent.PROVIDER_JOB_FOUND, now, provider_job_id=obs["job_id"], next_poll_at=now
+    )
     task = tasks.read(conn, attempt.task_id, lock=True)
     if task.status == TaskStatus.SUBMIT_UNKNOWN.value:
-        tasks.decide_and_apply(conn, task, TaskEvent.PROVIDER_JOB_FOUND, now, source=EventSource(obs["source"]),
-                               payload={"job_id": obs["job_id"], "via": "request key in a provider status"},
-                               extra={"next_action_at": None, "parked_reason": None})
+        tasks.decide_and_apply(
+            conn,
+            task,
+            TaskEvent.PROVIDER_JOB_FOUND,
+            now,
+            source=EventSource(obs["source"]),
+            payload={"job_id": obs["job_id"], "via": "request key in a provider status"},
+            extra={"next_action_at": None, "parked_reason": None},
+        )
     return attempts.read(conn, attempt.id)
 
 
-def _move_attempt(conn: Connection, attempt: Any, status: JobStatus, obs: dict[str, Any],
-                  observed_at: datetime | None, now: datetime, moved: dict[str, AttemptStatus]) -> None:
+def _move_attempt(
+    conn: Connection,
+    attempt: Any,
+    status: JobStatus,
+    obs: dict[str, Any],
+    observed_at: datetime | None,
+    now: datetime,
+    moved: dict[str, AttemptStatus],
+) -> None:
     values: dict[str, Any] = {}
     if observed_at and (attempt.provider_updated_at is None or observed_at > attempt.provider_updated_at):
         values["provider_updated_at"] = observed_at
@@ -188,8 +242,16 @@ def _move_attempt(conn: Connection, attempt: Any, status: JobStatus, obs: dict[s
         attempts.update(conn, attempt.id, **values)
 
 
-def _apply(conn: Connection, task: Any, attempt: Any, decision: Decision, obs: dict[str, Any],
-           base: dict[str, Any], now: datetime, urgent_fetch_s: float) -> None:
+def _apply(
+    conn: Connection,
+    task: Any,
+    attempt: Any,
+    decision: Decision,
+    obs: dict[str, Any],
+    base: dict[str, Any],
+    now: datetime,
+    urgent_fetch_s: float,
+) -> None:
     extra: dict[str, Any] = {}
     if decision.from_status in (TaskStatus.SUBMITTED, TaskStatus.DISPATCHING) and task.started_at is None:
         extra["started_at"] = now
@@ -199,37 +261,77 @@ def _apply(conn: Connection, task: Any, attempt: Any, decision: Decision, obs: d
     if decision.event is TaskEvent.RETRYABLE_FAILURE:
         extra["next_retry_at"] = now
         extra["next_action_at"] = now
-    tasks.apply(conn, task.id, decision, source=base["source"], source_event_id=base["source_event_id"], now=now,
-                extra=extra, payload=base["payload"])
+    tasks.apply(
+        conn,
+        task.id,
+        decision,
+        source=base["source"],
+        source_event_id=base["source_event_id"],
+        now=now,
+        extra=extra,
+        payload=base["payload"],
+    )
     failpoint("reducer.after_cas")
     if Effect.REQUEST_OUTPUT_FETCH in decision.effects:
         expiries = [_ts(o.get("expires_at")) for o in obs.get("outputs", [])]
-        outbox.add(conn, EventType.FETCH_REQUESTED, aggregate_type="task", aggregate_id=task.id,
-                   aggregate_version=decision.version, tenant_id=task.tenant_id, trace_id=task.trace_id, now=now,
-                   route=fetch_route(expiries, now, urgent_fetch_s),
-                   payload={"task_id": str(task.id), "attempt_id": str(attempt.id), "provider": attempt.provider,
-                            "job_id": attempt.provider_job_id, "outputs": obs.get("outputs", [])})
+        outbox.add(
+            conn,
+            EventType.FETCH_REQUESTED,
+            aggregate_type="task",
+            aggregate_id=task.id,
+            aggregate_version=decision.version,
+            tenant_id=task.tenant_id,
+            trace_id=task.trace_id,
+            now=now,
+            route=fetch_route(expiries, now, urgent_fetch_s),
+            payload={
+                "task_id": str(task.id),
+                "attempt_id": str(attempt.id),
+                "provider": attempt.provider,
+                "job_id": attempt.provider_job_id,
+                "outputs": obs.get("outputs", []),
+            },
+        )
     billing.close_reservation(conn, task, decision, now, reason=decision.event.value, billed=obs.get("billed"))
 
 
-def _record(conn: Connection, task: Any, status: JobStatus, outcome: StateEventOutcome, base: dict[str, Any],
-            reason: str, event_type: str | None = None) -> None:
-    tasks.record_event(conn, event_type=event_type or f"provider_{status.value}", from_status=task.status,
-                       to_status=None, task_version=int(task.version), outcome=outcome,
-                       **{**base, "payload": {**base["payload"], "reason": reason}})
+def _record(
+    conn: Connection,
+    task: Any,
+    status: JobStatus,
+    outcome: StateEventOutcome,
+    base: dict[str, Any],
+    reason: str,
+    event_type: str | None = None,
+) -> None:
+    tasks.record_event(
+        conn,
+        event_type=event_type or f"provider_{status.value}",
+        from_status=task.status,
+        to_status=None,
+        task_version=int(task.version),
+        outcome=outcome,
+        **{**base, "payload": {**base["payload"], "reason": reason}},
+    )
 
 
 def _progress_only(conn: Connection, task: Any, progress: Any, now: datetime) -> None:
     if isinstance(progress, int) and 0 <= progress <= 100 and progress > task.progress:
-        conn.execute(generation_tasks.update().where(generation_tasks.c.id == task.id)
-                     .values(progress=progress, updated_at=now))
+        conn.execute(
+            generation_tasks.update().where(generation_tasks.c.id == task.id).values(progress=progress, updated_at=now)
+        )
 
 
 def _summary(obs: dict[str, Any]) -> dict[str, Any]:
     """What the timeline keeps: never output URLs (signed query strings) or long messages."""
-    return {"provider": obs["provider"], "job_id": obs["job_id"], "status": obs["status"],
-            "progress": obs.get("progress"), "error_code": obs.get("error_code"),
-            "outputs": len(obs.get("outputs", []))}
+    return {
+        "provider": obs["provider"],
+        "job_id": obs["job_id"],
+        "status": obs["status"],
+        "progress": obs.get("progress"),
+        "error_code": obs.get("error_code"),
+        "outputs": len(obs.get("outputs", [])),
+    }
 
 
 def _ts(value: Any) -> datetime | None:
@@ -257,8 +359,14 @@ def reduce_observation(engine: Engine, envelope: Envelope, now: datetime, urgent
     if engine.dialect.name == "postgresql":
         return _reduce_pg(engine, envelope, now, urgent_fetch_s)
     after: dict[str, Any] = {}
-    outcome = consume_once(engine, CONSUMER_GROUP, envelope.event_id, envelope.aggregate_id,
-                           lambda conn: reduce(conn, envelope.payload, now, urgent_fetch_s, after), now)
+    outcome = consume_once(
+        engine,
+        CONSUMER_GROUP,
+        envelope.event_id,
+        envelope.aggregate_id,
+        lambda conn: reduce(conn, envelope.payload, now, urgent_fetch_s, after),
+        now,
+    )
     return Reduced(outcome, after.get("lease") if outcome == PROCESSED else None, slot_checked=outcome == PROCESSED)
 
 
@@ -276,16 +384,25 @@ def _reduce_pg(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s
     obs = envelope.payload
     with engine.connect() as conn:
         with pg_transaction(conn) as raw:
-            got = observing.claim(raw, group=CONSUMER_GROUP, event_id=envelope.event_id,
-                                  aggregate_id=envelope.aggregate_id, now=now, provider=obs["provider"],
-                                  job_id=obs["job_id"], source=obs["source"], dedup_key=obs["dedup_key"])
+            got = observing.claim(
+                raw,
+                group=CONSUMER_GROUP,
+                event_id=envelope.event_id,
+                aggregate_id=envelope.aggregate_id,
+                now=now,
+                provider=obs["provider"],
+                job_id=obs["job_id"],
+                source=obs["source"],
+                dedup_key=obs["dedup_key"],
+            )
             if not got.fresh:
                 failpoint("consume.duplicate")
                 observing.commit(raw, group=CONSUMER_GROUP, event_id=envelope.event_id, digest=None)  # wrote nothing
                 # the first delivery may have committed and died before freeing the slot: free it from these rows
                 finished = got.attempt is not None and AttemptStatus(got.attempt.submit_state) in ATTEMPT_TERMINAL
-                return Reduced(DUPLICATE, lease_of(got.attempt, got.task.tenant_id) if finished else None,
-                               slot_checked=True)
+                return Reduced(
+                    DUPLICATE, lease_of(got.attempt, got.task.tenant_id) if finished else None, slot_checked=True
+                )
             lease = None
             if got.attempt is None:  # an orphan, or bound by request key: the general path
                 after: dict[str, Any] = {}

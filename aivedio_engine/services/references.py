@@ -35,8 +35,9 @@ class ReferenceResolver:
         self._ttl_s = ttl_s
         self._cache = cache_dir
 
-    def resolve(self, found: Sequence[InputAsset | None], asset_ids: Sequence[str], *, transport: str,
-                now: datetime) -> References:
+    def resolve(
+        self, found: Sequence[InputAsset | None], asset_ids: Sequence[str], *, transport: str, now: datetime
+    ) -> References:
         images: list[str] = []
         videos: list[str] = []
         for asset_id, asset in zip(asset_ids, found, strict=True):
@@ -46,8 +47,11 @@ class ReferenceResolver:
                 raise ReferenceUnavailable(f"reference {asset_id} is {asset.status}, not READY")
             if self._store.head(asset.object_key) is None:
                 raise ReferenceUnavailable(f"reference {asset_id} is missing from the object store")
-            url = self._file_url(asset) if transport == "file" else self._store.signed_get_url(
-                asset.object_key, self._ttl_s, now=now)
+            url = (
+                self._file_url(asset)
+                if transport == "file"
+                else self._store.signed_get_url(asset.object_key, self._ttl_s, now=now)
+            )
             (videos if asset.kind == AssetKind.INPUT_VIDEO.value else images).append(url)
         return References(tuple(images), tuple(videos))
 

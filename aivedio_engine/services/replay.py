@@ -72,8 +72,9 @@ def parse_since(text: str, now: datetime) -> datetime:
     try:
         when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise InvalidInput(f"--since: {text!r} is neither a duration (30m, 2h, 7d) nor an ISO-8601 time",
-                           field="since") from None
+        raise InvalidInput(
+            f"--since: {text!r} is neither a duration (30m, 2h, 7d) nor an ISO-8601 time", field="since"
+        ) from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
@@ -89,8 +90,13 @@ class ReplayFilter:
     limit: int = 100
 
     def as_args(self) -> dict[str, Any]:
-        return {"actor": self.actor, "error_class": self.error_class, "provider": self.provider,
-                "since": self.since.isoformat() if self.since else None, "limit": self.limit}
+        return {
+            "actor": self.actor,
+            "error_class": self.error_class,
+            "provider": self.provider,
+            "since": self.since.isoformat() if self.since else None,
+            "limit": self.limit,
+        }
 
 
 @dataclass(frozen=True)
@@ -128,8 +134,13 @@ class ReplayResult:
         return DONE_KEY[self.kind] if self.done else "nothing"
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"dry_run": self.dry_run, "outcome": self.outcome, DONE_KEY[self.kind]: self.done,
-                                "skipped": self.skipped, "failed": self.failed}
+        data: dict[str, Any] = {
+            "dry_run": self.dry_run,
+            "outcome": self.outcome,
+            DONE_KEY[self.kind]: self.done,
+            "skipped": self.skipped,
+            "failed": self.failed,
+        }
         if self.kind == "orphans":
             data["still_orphan"] = self.still_orphan
         return data
@@ -190,6 +201,7 @@ class ReplayService:
 
 # --- filters and rendering of rows -----------------------------------------------------------------------------
 
+
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise InvalidInput(f"unknown replay kind {kind!r} (one of: {', '.join(KINDS)})", field="kind")
@@ -233,23 +245,45 @@ def _matching(kind: str, flt: ReplayFilter) -> tuple[sa.Table, list[Any], list[A
 
 
 def _dlq_item(r: Any) -> dict[str, Any]:
-    return {"id": str(r.id), "message_id": r.message_id, "actor": r.actor, "queue": r.queue, "error": r.error,
-            "seen_count": r.seen_count, "first_seen_at": r.first_seen_at.isoformat(),
-            "last_seen_at": r.last_seen_at.isoformat(),
-            "replayed_at": r.replayed_at.isoformat() if r.replayed_at else None}
+    return {
+        "id": str(r.id),
+        "message_id": r.message_id,
+        "actor": r.actor,
+        "queue": r.queue,
+        "error": r.error,
+        "seen_count": r.seen_count,
+        "first_seen_at": r.first_seen_at.isoformat(),
+        "last_seen_at": r.last_seen_at.isoformat(),
+        "replayed_at": r.replayed_at.isoformat() if r.replayed_at else None,
+    }
 
 
 def _orphan_item(r: Any) -> dict[str, Any]:
     status = (r.observation or {}).get("status")
-    return {"id": str(r.id), "provider": r.provider, "job_id": r.provider_job_id, "source": r.source,
-            "status": status, "orphan": r.orphan, "received_at": r.received_at.isoformat(),
-            "expires_at": r.expires_at.isoformat()}
+    return {
+        "id": str(r.id),
+        "provider": r.provider,
+        "job_id": r.provider_job_id,
+        "source": r.source,
+        "status": status,
+        "orphan": r.orphan,
+        "received_at": r.received_at.isoformat(),
+        "expires_at": r.expires_at.isoformat(),
+    }
 
 
 def _outbox_item(r: Any) -> dict[str, Any]:
-    return {"id": str(r.id), "event_type": r.event_type, "target": r.target, "aggregate_id": str(r.aggregate_id),
-            "status": r.status, "publish_attempts": r.publish_attempts, "last_error": r.last_error,
-            "created_at": r.created_at.isoformat(), "available_at": r.available_at.isoformat()}
+    return {
+        "id": str(r.id),
+        "event_type": r.event_type,
+        "target": r.target,
+        "aggregate_id": str(r.aggregate_id),
+        "status": r.status,
+        "publish_attempts": r.publish_attempts,
+        "last_error": r.last_error,
+        "created_at": r.created_at.isoformat(),
+        "available_at": r.available_at.isoformat(),
+    }
 
 
 _TABLE = {"dlq": dead_letters, "orphans": provider_events, "outbox": outbox_events}
@@ -269,7 +303,7 @@ def _uuids(ids: Sequence[str]) -> list[uuid.UUID]:
 def _chunked_select(conn: Connection, table: sa.Table, keys: list[uuid.UUID], lock: bool = False) -> list[Any]:
     rows: list[Any] = []
     for start in range(0, len(keys), 500):  # bounded IN lists
-        stmt = sa.select(table).where(table.c.id.in_(keys[start:start + 500]))
+        stmt = sa.select(table).where(table.c.id.in_(keys[start : start + 500]))
         if lock and conn.dialect.name == "postgresql":
             stmt = stmt.with_for_update()  # two operators replaying the same rows: the second sees them done
         rows.extend(conn.execute(stmt).all())
@@ -277,6 +311,7 @@ def _chunked_select(conn: Connection, table: sa.Table, keys: list[uuid.UUID], lo
 
 
 # --- the three replays ---------------------------------------------------------------------------------------
+
 
 def _replay_letter(conn: Connection, row: Any, result: ReplayResult, now: datetime) -> None:
     if row.replayed_at is not None:
@@ -311,20 +346,44 @@ def _upsert_pending(conn: Connection, env: Envelope, actor: str, now: datetime) 
     """Put the event's outbox row back to PENDING, or re-create it under the same id if it is gone."""
     insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
     stmt = insert(outbox_events).values(
-        id=env.event_id, aggregate_type=_AGGREGATE_TYPES.get(env.event_type, "task"), aggregate_id=env.aggregate_id,
-        aggregate_version=env.aggregate_version, event_type=env.event_type, schema_version=env.schema_version,
-        payload=env.payload, status=OutboxStatus.PENDING.value, target=actor, available_at=now,
-        publish_attempts=0, tenant_id=env.tenant_id, trace_id=env.trace_id, causation_id=env.causation_id,
+        id=env.event_id,
+        aggregate_type=_AGGREGATE_TYPES.get(env.event_type, "task"),
+        aggregate_id=env.aggregate_id,
+        aggregate_version=env.aggregate_version,
+        event_type=env.event_type,
+        schema_version=env.schema_version,
+        payload=env.payload,
+        status=OutboxStatus.PENDING.value,
+        target=actor,
+        available_at=now,
+        publish_attempts=0,
+        tenant_id=env.tenant_id,
+        trace_id=env.trace_id,
+        causation_id=env.causation_id,
         created_at=env.occurred_at,
     )
-    conn.execute(stmt.on_conflict_do_update(index_elements=[_ob.id], set_={
-        "status": OutboxStatus.PENDING.value, "available_at": now, "publish_attempts": 0, "published_at": None}))
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[_ob.id],
+            set_={
+                "status": OutboxStatus.PENDING.value,
+                "available_at": now,
+                "publish_attempts": 0,
+                "published_at": None,
+            },
+        )
+    )
 
 
 def _rematch_orphan(conn: Connection, row: Any, result: ReplayResult, now: datetime) -> None:
     if not row.orphan:
-        result.skipped.append({"id": str(row.id), "reason": "no longer an orphan",
-                               "attempt_id": str(row.matched_attempt_id) if row.matched_attempt_id else None})
+        result.skipped.append(
+            {
+                "id": str(row.id),
+                "reason": "no longer an orphan",
+                "attempt_id": str(row.matched_attempt_id) if row.matched_attempt_id else None,
+            }
+        )
         return
     if any(str(row.id) in d.get("also", []) for d in result.done):
         return  # taken along with an earlier row of the same job
@@ -334,14 +393,30 @@ def _rematch_orphan(conn: Connection, row: Any, result: ReplayResult, now: datet
         result.still_orphan.append({"id": str(row.id), "provider": row.provider, "job_id": row.provider_job_id})
         return
     # rematch takes every orphan event of the job: the others are reported, never left half-matched
-    same_job = conn.execute(sa.select(_pe.id).where(
-        _pe.provider == row.provider, _pe.provider_job_id == row.provider_job_id, _pe.orphan.is_(True),
-        _pe.id != row.id)).scalars().all()
+    same_job = (
+        conn.execute(
+            sa.select(_pe.id).where(
+                _pe.provider == row.provider,
+                _pe.provider_job_id == row.provider_job_id,
+                _pe.orphan.is_(True),
+                _pe.id != row.id,
+            )
+        )
+        .scalars()
+        .all()
+    )
     if not result.dry_run:
         observations.rematch(conn, row.provider, row.provider_job_id, owner.id, now)
-    result.done.append({"id": str(row.id), "provider": row.provider, "job_id": row.provider_job_id,
-                        "attempt_id": str(owner.id), "task_id": str(owner.task_id),
-                        "also": [str(i) for i in same_job]})
+    result.done.append(
+        {
+            "id": str(row.id),
+            "provider": row.provider,
+            "job_id": row.provider_job_id,
+            "attempt_id": str(owner.id),
+            "task_id": str(owner.task_id),
+            "also": [str(i) for i in same_job],
+        }
+    )
 
 
 def _republish(conn: Connection, row: Any, result: ReplayResult, now: datetime) -> None:
@@ -351,17 +426,22 @@ def _republish(conn: Connection, row: Any, result: ReplayResult, now: datetime) 
     try:
         EventType(row.event_type)
     except ValueError:
-        result.failed.append({"id": str(row.id),
-                              "reason": f"event type {row.event_type!r} is not routed by this build"})
+        result.failed.append(
+            {"id": str(row.id), "reason": f"event type {row.event_type!r} is not routed by this build"}
+        )
         return
     if row.target not in BY_ACTOR:
         result.failed.append({"id": str(row.id), "reason": f"target {row.target!r} is not an actor of this build"})
         return
     if not result.dry_run:
-        conn.execute(outbox_events.update().where(_ob.id == row.id, _ob.status == OutboxStatus.DEAD.value)
-                     .values(status=OutboxStatus.PENDING.value, publish_attempts=0, available_at=now))
-    result.done.append({"id": str(row.id), "event_type": row.event_type, "target": row.target,
-                        "last_error": row.last_error})
+        conn.execute(
+            outbox_events.update()
+            .where(_ob.id == row.id, _ob.status == OutboxStatus.DEAD.value)
+            .values(status=OutboxStatus.PENDING.value, publish_attempts=0, available_at=now)
+        )
+    result.done.append(
+        {"id": str(row.id), "event_type": row.event_type, "target": row.target, "last_error": row.last_error}
+    )
 
 
 _ACT = {"dlq": _replay_letter, "orphans": _rematch_orphan, "outbox": _republish}

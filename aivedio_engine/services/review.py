@@ -67,20 +67,40 @@ class ReviewView:
 
     @classmethod
     def of(cls, row: Any, now: datetime) -> ReviewView:
-        live_claim = row.state == ReviewState.CLAIMED.value and row.claimed_until is not None \
-            and row.claimed_until > now
+        live_claim = (
+            row.state == ReviewState.CLAIMED.value and row.claimed_until is not None and row.claimed_until > now
+        )
         state = "claimed" if live_claim else ("pending" if row.state in _OPEN else row.state.lower())
-        return cls(row.id, row.task_id, row.asset_id, row.reason, state,
-                   row.claimed_by if live_claim or row.state in _DECIDED else None,
-                   row.claimed_until if live_claim else None, row.decided_by, row.decided_at, row.note,
-                   row.created_at, row.task_status)
+        return cls(
+            row.id,
+            row.task_id,
+            row.asset_id,
+            row.reason,
+            state,
+            row.claimed_by if live_claim or row.state in _DECIDED else None,
+            row.claimed_until if live_claim else None,
+            row.decided_by,
+            row.decided_at,
+            row.note,
+            row.created_at,
+            row.task_status,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": str(self.id), "task_id": str(self.task_id),
-                "asset_id": None if self.asset_id is None else str(self.asset_id), "reason": self.reason,
-                "state": self.state, "claimed_by": self.claimed_by, "claimed_until": _iso(self.claimed_until),
-                "decided_by": self.decided_by, "decided_at": _iso(self.decided_at), "note": self.note,
-                "created_at": _iso(self.created_at), "task_status": self.task_status}
+        return {
+            "id": str(self.id),
+            "task_id": str(self.task_id),
+            "asset_id": None if self.asset_id is None else str(self.asset_id),
+            "reason": self.reason,
+            "state": self.state,
+            "claimed_by": self.claimed_by,
+            "claimed_until": _iso(self.claimed_until),
+            "decided_by": self.decided_by,
+            "decided_at": _iso(self.decided_at),
+            "note": self.note,
+            "created_at": _iso(self.created_at),
+            "task_status": self.task_status,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,30 +166,46 @@ class ReviewService:
                 if task.status != TaskStatus.MANUAL_REVIEW.value:
                     raise Conflict(f"task {task.id} is {task.status}, not MANUAL_REVIEW: nothing to decide")
                 if approve and not _playable(conn, task):
-                    raise Conflict(f"task {task.id} has no playable output (media processing did not finish):"
-                                   " it can only be rejected")
+                    raise Conflict(
+                        f"task {task.id} has no playable output (media processing did not finish):"
+                        " it can only be rejected"
+                    )
                 _take(conn, item, reviewer, now, now)  # only the claimant, or an unclaimed item, gets past here
-                conn.execute(review_items.update().where(_r.id == item.id, _r.state == ReviewState.CLAIMED.value,
-                                                         _r.claimed_by == reviewer)
-                             .values(state=verdict.value, decision=verdict.value, decided_by=reviewer,
-                                     decided_at=now, note=reason or None, claimed_until=None))
+                conn.execute(
+                    review_items.update()
+                    .where(_r.id == item.id, _r.state == ReviewState.CLAIMED.value, _r.claimed_by == reviewer)
+                    .values(
+                        state=verdict.value,
+                        decision=verdict.value,
+                        decided_by=reviewer,
+                        decided_at=now,
+                        note=reason or None,
+                        claimed_until=None,
+                    )
+                )
                 settled = self._move_task(conn, task, item, reviewer, reason, approve, now)
                 view = ReviewView.of(_read(conn, item.id), now)
-            operations.record(conn, op, affected_ids=[item.id, item.task_id], outcome=verdict.value.lower(),
-                              now=now)
+            operations.record(conn, op, affected_ids=[item.id, item.task_id], outcome=verdict.value.lower(), now=now)
         return Decided(view, view.task_status, settled, op.dry_run)
 
-    def _move_task(self, conn: Connection, task: Any, item: Any, reviewer: str, reason: str, approve: bool,
-                   now: datetime) -> Decimal | None:
+    def _move_task(
+        self, conn: Connection, task: Any, item: Any, reviewer: str, reason: str, approve: bool, now: datetime
+    ) -> Decimal | None:
         event = TaskEvent.REVIEW_APPROVED if approve else TaskEvent.REVIEW_REJECTED
         extra: dict[str, Any] = {"review_state": (ReviewState.APPROVED if approve else ReviewState.REJECTED).value}
         if not approve:
             # a stable code; the reviewer's words are in the review note and the state event payload
             extra.update(last_error_class="review_rejected", last_error_code="rejected_in_review")
         try:
-            decision = tasks.decide_and_apply(conn, task, event, now, source=EventSource.ADMIN, extra=extra,
-                                              payload={"review_item_id": str(item.id), "reviewer": reviewer,
-                                                       "reason": reason[:500]})
+            decision = tasks.decide_and_apply(
+                conn,
+                task,
+                event,
+                now,
+                source=EventSource.ADMIN,
+                extra=extra,
+                payload={"review_item_id": str(item.id), "reviewer": reviewer, "reason": reason[:500]},
+            )
         except tasks.VersionConflict as exc:
             raise Conflict(f"task {task.id} changed while deciding; try again ({exc})") from None
         return billing.close_reservation(conn, task, decision, now, reason=event.value, created_by=reviewer)
@@ -197,15 +233,20 @@ def _resolve(conn: Connection, ref: uuid.UUID) -> Any:
 
 def _take(conn: Connection, item: Any, reviewer: str, now: datetime, until: datetime) -> None:
     """The conditional UPDATE that makes a claim; explains the refusal when it matches nothing."""
-    free = sa.or_(_r.state == ReviewState.PENDING.value,
-                  sa.and_(_r.state == ReviewState.CLAIMED.value,
-                          sa.or_(_r.claimed_until.is_(None), _r.claimed_until <= now, _r.claimed_by == reviewer)))
+    free = sa.or_(
+        _r.state == ReviewState.PENDING.value,
+        sa.and_(
+            _r.state == ReviewState.CLAIMED.value,
+            sa.or_(_r.claimed_until.is_(None), _r.claimed_until <= now, _r.claimed_by == reviewer),
+        ),
+    )
     still_under_review = sa.exists().where(_t.id == _r.task_id, _t.status == TaskStatus.MANUAL_REVIEW.value)
     values: dict[str, Any] = {"state": ReviewState.CLAIMED.value, "claimed_by": reviewer}
     if until > now:  # a decision claims implicitly without extending anyone's lease
         values["claimed_until"] = until
-    won = conn.execute(review_items.update().where(_r.id == item.id, free, still_under_review).values(**values)
-                       .returning(_r.id)).first()
+    won = conn.execute(
+        review_items.update().where(_r.id == item.id, free, still_under_review).values(**values).returning(_r.id)
+    ).first()
     if won is not None:
         return
     row = _read(conn, item.id)
@@ -219,9 +260,15 @@ def _take(conn: Connection, item: Any, reviewer: str, now: datetime, until: date
 def _playable(conn: Connection, task: Any) -> bool:
     if task.output_asset_id is None:
         return False
-    return conn.execute(sa.select(sa.exists().where(
-        _as.parent_asset_id == task.output_asset_id, _as.kind.in_(_PLAYABLE),
-        _as.status == AssetStatus.READY.value))).scalar_one()
+    return conn.execute(
+        sa.select(
+            sa.exists().where(
+                _as.parent_asset_id == task.output_asset_id,
+                _as.kind.in_(_PLAYABLE),
+                _as.status == AssetStatus.READY.value,
+            )
+        )
+    ).scalar_one()
 
 
 @contextmanager

@@ -48,8 +48,11 @@ class BacklogGate:
         if exempt_from_shedding(tier or PriorityTier.PAID, self._exempt_up_to):
             return
         CREATES_SHED.inc()
-        raise Overloaded(f"not accepting new generations: queued work has waited {age:.0f} s for the broker "
-                         f"(limit {self._limit_s:g} s); retry later", retry_after_s=RETRY_AFTER_S)
+        raise Overloaded(
+            f"not accepting new generations: queued work has waited {age:.0f} s for the broker "
+            f"(limit {self._limit_s:g} s); retry later",
+            retry_after_s=RETRY_AFTER_S,
+        )
 
     def _oldest_due(self, engine: Engine, now: datetime) -> datetime | None:
         with self._lock:

@@ -81,8 +81,16 @@ class ScanResult:
 
 
 class StorageScanner:
-    def __init__(self, engine: Engine, clock: Clock, store: ObjectStore, settings: Settings, *,
-                 batch: int = BATCH, keep: int = KEEP_ORPHANS) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        store: ObjectStore,
+        settings: Settings,
+        *,
+        batch: int = BATCH,
+        keep: int = KEEP_ORPHANS,
+    ) -> None:
         self._engine = engine
         self._clock = clock
         self._store = store
@@ -103,19 +111,31 @@ class StorageScanner:
             self._count(result, started - timedelta(seconds=grace))
         except Exception as exc:  # noqa: BLE001 - whatever broke the listing, the row must say so
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            result = ScanResult(result.id, started, started, grace,
-                                error=f"{type(exc).__name__}: {text}"[:MAX_ERROR])
+            result = ScanResult(result.id, started, started, grace, error=f"{type(exc).__name__}: {text}"[:MAX_ERROR])
             log.warning("storage scan failed: %s", result.error)
         result.finished_at = self._clock.now()
         with write_tx(self._engine) as conn:
-            conn.execute(storage_scans.insert().values(
-                id=result.id, started_at=result.started_at, finished_at=result.finished_at,
-                objects=result.objects, bytes=result.bytes, orphans=result.orphans, orphan_bytes=result.orphan_bytes,
-                sample=[o.key for o in result.orphan_objects[:SAMPLE_SIZE]] if result.ok else None,
-                error=result.error))
+            conn.execute(
+                storage_scans.insert().values(
+                    id=result.id,
+                    started_at=result.started_at,
+                    finished_at=result.finished_at,
+                    objects=result.objects,
+                    bytes=result.bytes,
+                    orphans=result.orphans,
+                    orphan_bytes=result.orphan_bytes,
+                    sample=[o.key for o in result.orphan_objects[:SAMPLE_SIZE]] if result.ok else None,
+                    error=result.error,
+                )
+            )
         if result.ok:
-            log.info("storage scan: %d objects (%d bytes), %d orphans (%d bytes)", result.objects, result.bytes,
-                     result.orphans, result.orphan_bytes)
+            log.info(
+                "storage scan: %d objects (%d bytes), %d orphans (%d bytes)",
+                result.objects,
+                result.bytes,
+                result.orphans,
+                result.orphan_bytes,
+            )
         return result
 
     def scan_if_due(self) -> ScanResult | None:
@@ -163,20 +183,30 @@ class StorageScanner:
         keys = list(keys)
         a, u = assets.c, upload_sessions.c
         # bucket first: the unique (bucket, object_key) index answers the lookup
-        found = set(conn.execute(sa.select(a.object_key).where(a.bucket == self._store.bucket,
-                                                               a.object_key.in_(keys))).scalars())
-        found.update(conn.execute(sa.select(u.object_key).where(u.status == UploadSessionStatus.OPEN.value,
-                                                                u.object_key.in_(keys))).scalars())
+        found = set(
+            conn.execute(
+                sa.select(a.object_key).where(a.bucket == self._store.bucket, a.object_key.in_(keys))
+            ).scalars()
+        )
+        found.update(
+            conn.execute(
+                sa.select(u.object_key).where(u.status == UploadSessionStatus.OPEN.value, u.object_key.in_(keys))
+            ).scalars()
+        )
         owners = {k: owner for k in keys if k not in found and (owner := derivative_owner(k)) is not None}
         if owners:
-            recorded = {(row[0], row[1], int(row[2])) for row in conn.execute(
-                sa.select(a.parent_asset_id, a.profile, a.pipeline_version)
-                .where(a.bucket == self._store.bucket,
-                       a.parent_asset_id.in_({parent for parent, _, _ in owners.values()})))}
+            recorded = {
+                (row[0], row[1], int(row[2]))
+                for row in conn.execute(
+                    sa.select(a.parent_asset_id, a.profile, a.pipeline_version).where(
+                        a.bucket == self._store.bucket,
+                        a.parent_asset_id.in_({parent for parent, _, _ in owners.values()}),
+                    )
+                )
+            }
             found.update(k for k, owner in owners.items() if owner in recorded)
         return found
 
 
 def latest_finished_at(conn: Connection) -> datetime | None:
     return conn.execute(sa.select(sa.func.max(storage_scans.c.finished_at))).scalar()
-

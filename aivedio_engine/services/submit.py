@@ -37,9 +37,16 @@ from aivedio_engine.testing.failpoints import failpoint
 
 
 class SubmitService:
-    def __init__(self, engine: Engine, clock: Clock, settings: Settings, providers: Any,
-                 rng: random.Random | None = None, callback_base: str | None = None,
-                 references: ReferenceResolver | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        settings: Settings,
+        providers: Any,
+        rng: random.Random | None = None,
+        callback_base: str | None = None,
+        references: ReferenceResolver | None = None,
+    ) -> None:
         self._engine = engine
         self._references = references
         self._clock = clock
@@ -47,8 +54,9 @@ class SubmitService:
         self._providers = providers
         self._rng = rng or random.Random()
         self._callback_base = callback_base
-        self._poll = PollPolicy(settings.polling.min_interval_s, settings.polling.max_interval_s,
-                                settings.polling.jitter)
+        self._poll = PollPolicy(
+            settings.polling.min_interval_s, settings.polling.max_interval_s, settings.polling.jitter
+        )
 
     def submit(self, attempt_id: uuid.UUID) -> str:
         """Returns what happened, for the inbox digest: 'skipped:<state>' | 'accepted' | 'rejected' | 'ambiguous'."""
@@ -79,16 +87,20 @@ class SubmitService:
             task = tasks.read(conn, attempt.task_id)
             if task.status != TaskStatus.DISPATCHING.value:
                 # canceled (or expired) between dispatch and send: the attempt never leaves
-                attempts.transition(conn, attempt, AttemptEvent.REJECTED_BEFORE_ACCEPT, self._clock.now(),
-                                    last_error_class="not_sent_task_moved")
+                attempts.transition(
+                    conn,
+                    attempt,
+                    AttemptEvent.REJECTED_BEFORE_ACCEPT,
+                    self._clock.now(),
+                    last_error_class="not_sent_task_moved",
+                )
                 return f"skipped:task-{task.status}"
             now = self._clock.now()
             attempts.transition(conn, attempt, AttemptEvent.SEND_STARTED, now, submitted_at=now)
             inputs = asset_rows.inputs_of(conn, task.tenant_id, task.params.get("asset_ids") or ())
             return attempts.read(conn, attempt_id), task, inputs
 
-    def _request(self, task: Any, provider: Provider,
-                 inputs: list[asset_rows.InputAsset | None]) -> GenerationRequest:
+    def _request(self, task: Any, provider: Provider, inputs: list[asset_rows.InputAsset | None]) -> GenerationRequest:
         p = task.params
         callback = None
         if self._callback_base and provider.capabilities.supports_callbacks:
@@ -98,12 +110,19 @@ class SubmitService:
         if inputs:
             if self._references is None:
                 raise ReferenceUnavailable("this process has no object store to read references from")
-            refs = self._references.resolve(inputs, p["asset_ids"], now=self._clock.now(),
-                                            transport=provider.capabilities.reference_transport)
+            refs = self._references.resolve(
+                inputs, p["asset_ids"], now=self._clock.now(), transport=provider.capabilities.reference_transport
+            )
             images, videos = refs.images, refs.videos
         return GenerationRequest(
-            prompt=p["prompt"], model=p["model"], duration_s=p["duration_s"], resolution=p["resolution"],
-            aspect_ratio=p["aspect_ratio"], seed=p.get("seed"), reference_urls=images, reference_video_urls=videos,
+            prompt=p["prompt"],
+            model=p["model"],
+            duration_s=p["duration_s"],
+            resolution=p["resolution"],
+            aspect_ratio=p["aspect_ratio"],
+            seed=p.get("seed"),
+            reference_urls=images,
+            reference_video_urls=videos,
             callback_url=callback,
         )
 
@@ -122,7 +141,11 @@ class SubmitService:
 
     def _accepted(self, conn: Connection, attempt: Any, task: Any, result: Accepted, now: datetime) -> None:
         attempts.transition(
-            conn, attempt, AttemptEvent.PROVIDER_ACCEPTED, now, provider_job_id=result.job_id,
+            conn,
+            attempt,
+            AttemptEvent.PROVIDER_ACCEPTED,
+            now,
+            provider_job_id=result.job_id,
             next_poll_at=next_poll_at(self._poll, submitted_at=attempt.submitted_at or now, now=now, rng=self._rng),
         )
         if task.status == TaskStatus.DISPATCHING.value:
@@ -130,13 +153,19 @@ class SubmitService:
         observations.rematch(conn, attempt.provider, result.job_id, attempt.id, now)
 
     def _rejected(self, conn: Connection, attempt: Any, task: Any, result: Rejected, now: datetime) -> None:
-        attempts.transition(conn, attempt, AttemptEvent.REJECTED_BEFORE_ACCEPT, now,
-                            last_error_class=result.error_class.value,
-                            provider_error_code=error_code_with_retry_after(result.code, result.retry_after_s))
+        attempts.transition(
+            conn,
+            attempt,
+            AttemptEvent.REJECTED_BEFORE_ACCEPT,
+            now,
+            last_error_class=result.error_class.value,
+            provider_error_code=error_code_with_retry_after(result.code, result.retry_after_s),
+        )
         if task.status != TaskStatus.DISPATCHING.value:
             return
-        verdict = decide_retry(self._failure_context(conn, task, result, now),
-                               self._settings.retry.budget(Step.SUBMIT), now, self._rng)
+        verdict = decide_retry(
+            self._failure_context(conn, task, result, now), self._settings.retry.budget(Step.SUBMIT), now, self._rng
+        )
         detail = {"error_class": result.error_class.value, "code": result.code, "reason": verdict.reason}
         extra: dict[str, Any] = {"last_error_class": result.error_class.value, "last_error_code": result.code}
         if verdict.verdict is Verdict.RETRY:
@@ -150,24 +179,52 @@ class SubmitService:
         attempts.transition(conn, attempt, AttemptEvent.SUBMIT_AMBIGUOUS, now, last_error_class="submit_ambiguous")
         first_lookup = now + timedelta(seconds=self._settings.reconcile.lookup_after_s[0])
         if task.status == TaskStatus.DISPATCHING.value:
-            self._apply(conn, task, TaskEvent.SUBMIT_AMBIGUOUS, now, attempt.id, {"reason": result.reason},
-                        {"next_action_at": first_lookup, "last_error_class": "submit_ambiguous"})
+            self._apply(
+                conn,
+                task,
+                TaskEvent.SUBMIT_AMBIGUOUS,
+                now,
+                attempt.id,
+                {"reason": result.reason},
+                {"next_action_at": first_lookup, "last_error_class": "submit_ambiguous"},
+            )
         else:
-            conn.execute(generation_tasks.update().where(generation_tasks.c.id == task.id)
-                         .values(next_action_at=first_lookup))
+            conn.execute(
+                generation_tasks.update().where(generation_tasks.c.id == task.id).values(next_action_at=first_lookup)
+            )
 
     def _failure_context(self, conn: Connection, task: Any, result: Rejected, now: datetime) -> FailureContext:
         failed = conn.execute(
-            sa.select(sa.func.count(), sa.func.min(task_attempts.c.updated_at))
-            .where(task_attempts.c.task_id == task.id,
-                   task_attempts.c.submit_state == AttemptStatus.FAILED_BEFORE_ACCEPT.value)
+            sa.select(sa.func.count(), sa.func.min(task_attempts.c.updated_at)).where(
+                task_attempts.c.task_id == task.id,
+                task_attempts.c.submit_state == AttemptStatus.FAILED_BEFORE_ACCEPT.value,
+            )
         ).one()
         return FailureContext(
-            error_class=result.error_class, attempts_made=int(failed[0]), first_failure_at=failed[1] or now,
-            step_started_at=task.created_at, task_deadline_at=task.deadline_at, retry_after_s=result.retry_after_s,
+            error_class=result.error_class,
+            attempts_made=int(failed[0]),
+            first_failure_at=failed[1] or now,
+            step_started_at=task.created_at,
+            task_deadline_at=task.deadline_at,
+            retry_after_s=result.retry_after_s,
         )
 
-    def _apply(self, conn: Connection, task: Any, event: TaskEvent, now: datetime, attempt_id: uuid.UUID,
-               payload: dict[str, Any], extra: dict[str, Any] | None = None) -> Decision:
-        return tasks.decide_and_apply(conn, task, event, now, source=EventSource.WORKER, extra=extra,
-                                      payload={"attempt_id": str(attempt_id), **payload})
+    def _apply(
+        self,
+        conn: Connection,
+        task: Any,
+        event: TaskEvent,
+        now: datetime,
+        attempt_id: uuid.UUID,
+        payload: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+    ) -> Decision:
+        return tasks.decide_and_apply(
+            conn,
+            task,
+            event,
+            now,
+            source=EventSource.WORKER,
+            extra=extra,
+            payload={"attempt_id": str(attempt_id), **payload},
+        )

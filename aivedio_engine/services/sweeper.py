@@ -73,10 +73,17 @@ class SweepReport:
 
 
 class Sweeper:
-    def __init__(self, engine: Engine, clock: Clock, settings: Settings, sync: ProviderSync,
-                 slot_reconciler: Any = None, upload_expirer: Callable[[], int] | None = None,
-                 alert_evaluator: Callable[[], int] | None = None,
-                 storage_scan: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        settings: Settings,
+        sync: ProviderSync,
+        slot_reconciler: Any = None,
+        upload_expirer: Callable[[], int] | None = None,
+        alert_evaluator: Callable[[], int] | None = None,
+        storage_scan: Callable[[], Any] | None = None,
+    ) -> None:
         self._engine = engine
         self._clock = clock
         self._settings = settings
@@ -125,8 +132,9 @@ class Sweeper:
     def _retry_due(self) -> int:
         now = self._clock.now()
         ids = self._ids(sa.select(_t.id).where(_t.status == TaskStatus.RETRY_WAIT.value, _t.next_retry_at <= now))
-        return sum(self._transition(i, TaskEvent.RETRY_DUE, {"next_retry_at": None, "next_action_at": now})
-                   for i in ids)
+        return sum(
+            self._transition(i, TaskEvent.RETRY_DUE, {"next_retry_at": None, "next_action_at": now}) for i in ids
+        )
 
     def _expire(self) -> int:
         now = self._clock.now()
@@ -142,8 +150,15 @@ class Sweeper:
             decision = decide(tasks.snapshot(task), Trigger(event, expected_version=int(task.version)), now)
             if not isinstance(decision, Decision):
                 return 0
-            tasks.apply(conn, task_id, decision, source=EventSource.SWEEPER,
-                        source_event_id=f"{task_id}:{decision.version}", now=now, extra=extra)
+            tasks.apply(
+                conn,
+                task_id,
+                decision,
+                source=EventSource.SWEEPER,
+                source_event_id=f"{task_id}:{decision.version}",
+                now=now,
+                extra=extra,
+            )
             billing.close_reservation(conn, task, decision, now, reason=event.value, created_by="sweeper")
             if decision.from_status is TaskStatus.MANUAL_REVIEW:
                 _close_review_items(conn, task_id, now)
@@ -162,57 +177,88 @@ class Sweeper:
             rows = conn.execute(
                 sa.select(_a.id, _a.task_id, _t.tenant_id, _t.trace_id, _t.version)
                 .join(generation_tasks, _t.id == _a.task_id)
-                .where(_t.status == TaskStatus.DISPATCHING.value, _a.submit_state == AttemptStatus.NEW.value,
-                       _t.next_action_at <= now).limit(500)
+                .where(
+                    _t.status == TaskStatus.DISPATCHING.value,
+                    _a.submit_state == AttemptStatus.NEW.value,
+                    _t.next_action_at <= now,
+                )
+                .limit(500)
             ).all()
         for row in rows:
             with write_tx(self._engine) as conn:
-                outbox.add(conn, EventType.PROVIDER_SUBMIT_REQUESTED, aggregate_type="attempt", aggregate_id=row.id,
-                           aggregate_version=int(row.version), tenant_id=row.tenant_id, trace_id=row.trace_id,
-                           now=now, payload={"attempt_id": str(row.id), "task_id": str(row.task_id), "resent": True})
-                conn.execute(generation_tasks.update().where(_t.id == row.task_id)
-                             .values(next_action_at=now + SENDING_GRACE))
+                outbox.add(
+                    conn,
+                    EventType.PROVIDER_SUBMIT_REQUESTED,
+                    aggregate_type="attempt",
+                    aggregate_id=row.id,
+                    aggregate_version=int(row.version),
+                    tenant_id=row.tenant_id,
+                    trace_id=row.trace_id,
+                    now=now,
+                    payload={"attempt_id": str(row.id), "task_id": str(row.task_id), "resent": True},
+                )
+                conn.execute(
+                    generation_tasks.update().where(_t.id == row.task_id).values(next_action_at=now + SENDING_GRACE)
+                )
         return len(rows)
 
     def _stuck_sending(self) -> int:
         now = self._clock.now()
-        ids = self._ids(sa.select(_a.id).where(_a.submit_state == AttemptStatus.SENDING.value,
-                                               _a.updated_at <= now - SENDING_GRACE))
+        ids = self._ids(
+            sa.select(_a.id).where(_a.submit_state == AttemptStatus.SENDING.value, _a.updated_at <= now - SENDING_GRACE)
+        )
         for attempt_id in ids:
             with write_tx(self._engine) as conn:
                 attempt = attempts.read(conn, attempt_id, lock=True)
                 if attempt.submit_state != AttemptStatus.SENDING.value:
                     continue
-                attempts.transition(conn, attempt, AttemptEvent.SUBMIT_AMBIGUOUS, now,
-                                    last_error_class="sender_lost")
+                attempts.transition(conn, attempt, AttemptEvent.SUBMIT_AMBIGUOUS, now, last_error_class="sender_lost")
                 task = tasks.read(conn, attempt.task_id, lock=True)
                 decision = decide(tasks.snapshot(task), Trigger(TaskEvent.SUBMIT_AMBIGUOUS, int(task.version)), now)
                 if isinstance(decision, Decision):
-                    tasks.apply(conn, task.id, decision, source=EventSource.SWEEPER,
-                                source_event_id=f"{task.id}:{decision.version}", now=now,
-                                extra={"next_action_at": now, "last_error_class": "sender_lost"})
+                    tasks.apply(
+                        conn,
+                        task.id,
+                        decision,
+                        source=EventSource.SWEEPER,
+                        source_event_id=f"{task.id}:{decision.version}",
+                        now=now,
+                        extra={"next_action_at": now, "last_error_class": "sender_lost"},
+                    )
         return len(ids)
 
     def _redrive_data_plane(self) -> int:
         now = self._clock.now()
         stuck_before = now - timedelta(seconds=self._settings.sweeper.data_plane_stuck_s)
         o = outbox_events.c
-        steps = {TaskStatus.OUTPUT_FETCHING.value: EventType.FETCH_REQUESTED,
-                 TaskStatus.POST_PROCESSING.value: EventType.MEDIA_PROCESS_REQUESTED}
+        steps = {
+            TaskStatus.OUTPUT_FETCHING.value: EventType.FETCH_REQUESTED,
+            TaskStatus.POST_PROCESSING.value: EventType.MEDIA_PROCESS_REQUESTED,
+        }
         redriven = 0
         for status, event_type in steps.items():
-            pending = sa.exists().where(o.aggregate_id == _t.id, o.event_type == event_type.value,
-                                        o.status == OutboxStatus.PENDING.value)
-            for task_id in self._ids(sa.select(_t.id).where(_t.status == status, _t.updated_at <= stuck_before,
-                                                            ~pending)):
+            pending = sa.exists().where(
+                o.aggregate_id == _t.id, o.event_type == event_type.value, o.status == OutboxStatus.PENDING.value
+            )
+            for task_id in self._ids(
+                sa.select(_t.id).where(_t.status == status, _t.updated_at <= stuck_before, ~pending)
+            ):
                 with write_tx(self._engine) as conn:
                     task = tasks.read(conn, task_id, lock=True)
                     if task.status != status:
                         continue
                     payload = self._request_payload(conn, task, event_type)
-                    outbox.add(conn, event_type, aggregate_type="task", aggregate_id=task.id,
-                               aggregate_version=int(task.version), tenant_id=task.tenant_id,
-                               trace_id=task.trace_id, now=now, payload={**payload, "redriven": True})
+                    outbox.add(
+                        conn,
+                        event_type,
+                        aggregate_type="task",
+                        aggregate_id=task.id,
+                        aggregate_version=int(task.version),
+                        tenant_id=task.tenant_id,
+                        trace_id=task.trace_id,
+                        now=now,
+                        payload={**payload, "redriven": True},
+                    )
                     # the clock restarts, so one stuck task is re-driven once per window, not on every sweep
                     conn.execute(generation_tasks.update().where(_t.id == task.id).values(updated_at=now))
                     redriven += 1
@@ -224,32 +270,55 @@ class Sweeper:
             return {"task_id": str(task.id), "asset_id": str(task.output_asset_id)}
         attempt = attempts.current(conn, task.id)
         # no outputs: the fetcher asks the provider for fresh URLs (the old ones may have expired meanwhile)
-        return {"task_id": str(task.id), "attempt_id": str(attempt.id), "provider": attempt.provider,
-                "job_id": attempt.provider_job_id, "outputs": []}
+        return {
+            "task_id": str(task.id),
+            "attempt_id": str(attempt.id),
+            "provider": attempt.provider,
+            "job_id": attempt.provider_job_id,
+            "outputs": [],
+        }
 
     def _orphans(self) -> int:
         now = self._clock.now()
         with write_tx(self._engine) as conn:
             rows = conn.execute(
                 sa.select(provider_events.c.id, provider_events.c.provider, provider_events.c.provider_job_id)
-                .where(provider_events.c.orphan, provider_events.c.expires_at <= now).limit(500)
+                .where(provider_events.c.orphan, provider_events.c.expires_at <= now)
+                .limit(500)
             ).all()
             for row in rows:
-                alerts.raise_alert(conn, alerts.Rule.ORPHAN_CALLBACK_EXPIRED, AlertSeverity.WARNING,
-                                   dedup_key=str(row.id), now=now, subject_type="provider_event",
-                                   subject_id=str(row.id),
-                                   message=f"{row.provider} event for unknown job {row.provider_job_id} expired "
-                                           "unmatched: a job we never recorded may exist (possible orphan cost)")
-                conn.execute(provider_events.update().where(provider_events.c.id == row.id)
-                             .values(expires_at=now + timedelta(days=30)))
+                alerts.raise_alert(
+                    conn,
+                    alerts.Rule.ORPHAN_CALLBACK_EXPIRED,
+                    AlertSeverity.WARNING,
+                    dedup_key=str(row.id),
+                    now=now,
+                    subject_type="provider_event",
+                    subject_id=str(row.id),
+                    message=f"{row.provider} event for unknown job {row.provider_job_id} expired "
+                    "unmatched: a job we never recorded may exist (possible orphan cost)",
+                )
+                conn.execute(
+                    provider_events.update()
+                    .where(provider_events.c.id == row.id)
+                    .values(expires_at=now + timedelta(days=30))
+                )
         return len(rows)
 
 
 def _close_review_items(conn: Any, task_id: Any, now: Any) -> None:
     """An expired task's open review item closes with it: nobody can approve or reject it any more."""
-    conn.execute(review_items.update().where(
-        review_items.c.task_id == task_id,
-        review_items.c.state.in_([ReviewState.PENDING.value, ReviewState.CLAIMED.value]))
-        .values(state=ReviewState.EXPIRED.value, decided_by="sweeper", decided_at=now,
-                note="task expired while waiting for review"))
+    conn.execute(
+        review_items.update()
+        .where(
+            review_items.c.task_id == task_id,
+            review_items.c.state.in_([ReviewState.PENDING.value, ReviewState.CLAIMED.value]),
+        )
+        .values(
+            state=ReviewState.EXPIRED.value,
+            decided_by="sweeper",
+            decided_at=now,
+            note="task expired while waiting for review",
+        )
+    )
     conn.execute(generation_tasks.update().where(_t.id == task_id).values(review_state=ReviewState.EXPIRED.value))

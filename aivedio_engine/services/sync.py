@@ -49,8 +49,9 @@ LISTED_TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CA
 
 
 class ProviderSync:
-    def __init__(self, engine: Engine, clock: Clock, settings: Settings, providers: Any,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self, engine: Engine, clock: Clock, settings: Settings, providers: Any, rng: random.Random | None = None
+    ) -> None:
         self._engine = engine
         self._clock = clock
         self._settings = settings
@@ -67,11 +68,18 @@ class ProviderSync:
         budget = max(1, int(self._settings.polling.provider_query_budget_per_s))
         with self._engine.connect() as conn:
             due = conn.execute(
-                sa.select(_a.id, _a.provider, _a.provider_job_id, _a.submitted_at, _a.output_url_expires_at,
-                          _t.status.label("task_status"))
+                sa.select(
+                    _a.id,
+                    _a.provider,
+                    _a.provider_job_id,
+                    _a.submitted_at,
+                    _a.output_url_expires_at,
+                    _t.status.label("task_status"),
+                )
                 .join(generation_tasks, _t.id == _a.task_id)
                 .where(_a.submit_state.in_(POLLABLE), _a.next_poll_at <= now, _a.provider_job_id.is_not(None))
-                .order_by(_a.next_poll_at).limit(limit)
+                .order_by(_a.next_poll_at)
+                .limit(limit)
             ).all()
         per_provider: dict[str, int] = {}
         polled = 0
@@ -87,24 +95,36 @@ class ProviderSync:
         result = self._providers[row.provider].query(row.provider_job_id)
         PROVIDER_POLLS.labels(row.provider, _POLL_OUTCOME.get(type(result), "failed")).inc()
         now = self._clock.now()
-        nxt = next_poll_at(self._poll, submitted_at=row.submitted_at or now, now=now, rng=self._rng,
-                           url_expires_at=row.output_url_expires_at,
-                           cancel_pending=row.task_status == TaskStatus.CANCEL_REQUESTED.value)
+        nxt = next_poll_at(
+            self._poll,
+            submitted_at=row.submitted_at or now,
+            now=now,
+            rng=self._rng,
+            url_expires_at=row.output_url_expires_at,
+            cancel_pending=row.task_status == TaskStatus.CANCEL_REQUESTED.value,
+        )
         with write_tx(self._engine) as conn:
             if isinstance(result, Observation):
                 observations.record(conn, row.provider, result, EventSource.POLLING, now)
             # NotFound on a fresh job id means "not visible yet"; QueryFailed changes nothing but the schedule
-            conn.execute(task_attempts.update().where(_a.id == row.id)
-                         .values(next_poll_at=nxt, poll_count=_a.poll_count + 1))
+            conn.execute(
+                task_attempts.update().where(_a.id == row.id).values(next_poll_at=nxt, poll_count=_a.poll_count + 1)
+            )
 
     # ------------------------------------------------------------------------------------ reconciliation
     def reconcile_due(self, limit: int = 100, task_id: uuid.UUID | None = None) -> list[tuple[uuid.UUID, str]]:
         """Resolve ambiguous submits whose next lookup is due; returns (task id, outcome) per attempt looked at."""
         now = self._clock.now()
-        stmt = (sa.select(_a.id, _a.task_id).join(generation_tasks, _t.id == _a.task_id)
-                .where(_a.submit_state == AttemptStatus.UNKNOWN.value,
-                       sa.or_(_t.next_action_at.is_(None), _t.next_action_at <= now), _t.parked_reason.is_(None))
-                .limit(limit))
+        stmt = (
+            sa.select(_a.id, _a.task_id)
+            .join(generation_tasks, _t.id == _a.task_id)
+            .where(
+                _a.submit_state == AttemptStatus.UNKNOWN.value,
+                sa.or_(_t.next_action_at.is_(None), _t.next_action_at <= now),
+                _t.parked_reason.is_(None),
+            )
+            .limit(limit)
+        )
         if task_id is not None:
             stmt = stmt.where(_a.task_id == task_id)
         with self._engine.connect() as conn:
@@ -150,23 +170,35 @@ class ProviderSync:
         return "not-found-yet" if isinstance(found, NotFound) else "lookup-failed"
 
     def _step(self, attempt: Any, now: datetime) -> tuple[LookupVerdict, datetime | None]:
-        return reconcile_step(self._reconcile, sent_at=attempt.submitted_at or attempt.created_at, now=now,
-                              lookups_done=int(attempt.lookup_count), last_lookup_at=attempt.last_lookup_at,
-                              last_not_found_at=attempt.last_not_found_at)
+        return reconcile_step(
+            self._reconcile,
+            sent_at=attempt.submitted_at or attempt.created_at,
+            now=now,
+            lookups_done=int(attempt.lookup_count),
+            last_lookup_at=attempt.last_lookup_at,
+            last_not_found_at=attempt.last_not_found_at,
+        )
 
     def _found(self, attempt: Any, obs: Observation, now: datetime) -> str:
         with write_tx(self._engine) as conn:
             fresh = attempts.read(conn, attempt.id, lock=True)
             if fresh.submit_state != AttemptStatus.UNKNOWN.value:
                 return "already-resolved"
-            attempts.transition(conn, fresh, AttemptEvent.PROVIDER_JOB_FOUND, now, provider_job_id=obs.job_id,
-                                lookup_count=fresh.lookup_count + 1, last_lookup_at=now,
-                                next_poll_at=next_poll_at(self._poll, submitted_at=fresh.submitted_at or now, now=now,
-                                                          rng=self._rng))
+            attempts.transition(
+                conn,
+                fresh,
+                AttemptEvent.PROVIDER_JOB_FOUND,
+                now,
+                provider_job_id=obs.job_id,
+                lookup_count=fresh.lookup_count + 1,
+                last_lookup_at=now,
+                next_poll_at=next_poll_at(self._poll, submitted_at=fresh.submitted_at or now, now=now, rng=self._rng),
+            )
             task = tasks.read(conn, fresh.task_id, lock=True)
             if task.status == TaskStatus.SUBMIT_UNKNOWN.value:
-                self._apply(conn, task, TaskEvent.PROVIDER_JOB_FOUND, now, {"job_id": obs.job_id},
-                            {"next_action_at": None})
+                self._apply(
+                    conn, task, TaskEvent.PROVIDER_JOB_FOUND, now, {"job_id": obs.job_id}, {"next_action_at": None}
+                )
             observations.rematch(conn, fresh.provider, obs.job_id, fresh.id, now)
             observations.record(conn, fresh.provider, obs, EventSource.POLLING, now)
         return "found"
@@ -176,12 +208,14 @@ class ProviderSync:
             fresh = attempts.read(conn, attempt.id, lock=True)
             if fresh.submit_state != AttemptStatus.UNKNOWN.value:
                 return "already-resolved"
-            attempts.transition(conn, fresh, AttemptEvent.CONFIRMED_NOT_CREATED, now,
-                                last_error_class="confirmed_not_created")
+            attempts.transition(
+                conn, fresh, AttemptEvent.CONFIRMED_NOT_CREATED, now, last_error_class="confirmed_not_created"
+            )
             task = tasks.read(conn, fresh.task_id, lock=True)
             if task.status == TaskStatus.SUBMIT_UNKNOWN.value:
-                self._apply(conn, task, TaskEvent.CONFIRMED_NOT_CREATED, now, {},
-                            {"next_retry_at": now, "next_action_at": now})
+                self._apply(
+                    conn, task, TaskEvent.CONFIRMED_NOT_CREATED, now, {}, {"next_retry_at": now, "next_action_at": now}
+                )
             elif task.status == TaskStatus.CANCEL_REQUESTED.value:
                 decision = self._apply(conn, task, TaskEvent.CANCEL_CONFIRMED, now, {"reason": "never created"})
                 billing.close_reservation(conn, task, decision, now, reason="canceled", billed=False)
@@ -202,22 +236,38 @@ class ProviderSync:
             return self._next_listing(attempt, now, "lookup-failed")
         return self._match_listing(attempt, provider, listing, sent_at, now)
 
-    def _match_listing(self, attempt: Any, provider: Any, listing: list[JobSummary], sent_at: datetime,
-                       now: datetime) -> str:
+    def _match_listing(
+        self, attempt: Any, provider: Any, listing: list[JobSummary], sent_at: datetime, now: datetime
+    ) -> str:
         fp = bytes(attempt.request_fingerprint)
         with self._engine.connect() as conn:
             task = tasks.read(conn, attempt.task_id)
             ids = [j.job_id for j in listing]
-            owned = set(conn.execute(sa.select(_a.provider_job_id).where(
-                _a.provider == attempt.provider, _a.provider_job_id.in_(ids))).scalars()) if ids else set()
+            owned = (
+                set(
+                    conn.execute(
+                        sa.select(_a.provider_job_id).where(
+                            _a.provider == attempt.provider, _a.provider_job_id.in_(ids)
+                        )
+                    ).scalars()
+                )
+                if ids
+                else set()
+            )
             # our other requests with the same fingerprint that may have made a listed job nobody owns yet: any
             # send early enough for its job to land in the window, still waiting for (or lacking) its answer
-            rivals = conn.execute(sa.select(_a.id, _a.submit_state).where(
-                _a.provider == attempt.provider, _a.request_fingerprint == fp, _a.id != attempt.id,
-                _a.provider_job_id.is_(None),
-                _a.submit_state.in_((AttemptStatus.SENDING.value, AttemptStatus.UNKNOWN.value)),
-                sa.func.coalesce(_a.submitted_at, _a.created_at).between(
-                    sent_at - LIST_BEFORE_SEND - LIST_AFTER_SEND, sent_at + LIST_AFTER_SEND))).all()
+            rivals = conn.execute(
+                sa.select(_a.id, _a.submit_state).where(
+                    _a.provider == attempt.provider,
+                    _a.request_fingerprint == fp,
+                    _a.id != attempt.id,
+                    _a.provider_job_id.is_(None),
+                    _a.submit_state.in_((AttemptStatus.SENDING.value, AttemptStatus.UNKNOWN.value)),
+                    sa.func.coalesce(_a.submitted_at, _a.created_at).between(
+                        sent_at - LIST_BEFORE_SEND - LIST_AFTER_SEND, sent_at + LIST_AFTER_SEND
+                    ),
+                )
+            ).all()
         if task is None or attempts.fingerprint(task.params) != fp:
             # stored before fingerprints were the vendor-visible fields: no listed job could ever match it
             return self._wait_then_park(attempt, now)
@@ -227,8 +277,7 @@ class ProviderSync:
             return self._found_listed(attempt, provider, candidates[0], now)
         if candidates:
             verdict, _ = self._step(self._reread(attempt), now)
-            if verdict is not LookupVerdict.PARK and any(r.submit_state == AttemptStatus.SENDING.value
-                                                         for r in rivals):
+            if verdict is not LookupVerdict.PARK and any(r.submit_state == AttemptStatus.SENDING.value for r in rivals):
                 return self._next_listing(attempt, now, "ambiguous-listing")  # its answer may claim its job
             return self._park_ambiguous(attempt, candidates, rivals, now)
         if any(j.fingerprint is None for j in free):
@@ -252,18 +301,34 @@ class ProviderSync:
     def _park_ambiguous(self, attempt: Any, candidates: list[JobSummary], rivals: Sequence[Any], now: datetime) -> str:
         """Several jobs could be ours: a human decides. Never resubmit here — one of them very likely is ours."""
         ids = sorted(j.job_id for j in candidates)
-        reason = (f"ambiguous submit to {attempt.provider}: {len(ids)} listed job(s) match the request "
-                  f"({', '.join(ids[:10])}) and {len(rivals)} other request(s) of ours could own them; "
-                  "not guessing — a duplicate paid job is possible")
+        reason = (
+            f"ambiguous submit to {attempt.provider}: {len(ids)} listed job(s) match the request "
+            f"({', '.join(ids[:10])}) and {len(rivals)} other request(s) of ours could own them; "
+            "not guessing — a duplicate paid job is possible"
+        )
         with write_tx(self._engine) as conn:
-            conn.execute(generation_tasks.update().where(_t.id == attempt.task_id)
-                         .values(parked_reason=reason, next_action_at=None, updated_at=now))
-            alerts.raise_alert(conn, alerts.Rule.AMBIGUOUS_LIST_MATCH, AlertSeverity.CRITICAL,
-                               dedup_key=str(attempt.task_id), now=now, subject_type="task",
-                               subject_id=str(attempt.task_id), message=reason,
-                               details={"attempt_id": str(attempt.id), "provider": attempt.provider,
-                                        "candidate_job_ids": ids, "rival_attempt_ids": [str(r.id) for r in rivals],
-                                        "request_fingerprint": bytes(attempt.request_fingerprint).hex()})
+            conn.execute(
+                generation_tasks.update()
+                .where(_t.id == attempt.task_id)
+                .values(parked_reason=reason, next_action_at=None, updated_at=now)
+            )
+            alerts.raise_alert(
+                conn,
+                alerts.Rule.AMBIGUOUS_LIST_MATCH,
+                AlertSeverity.CRITICAL,
+                dedup_key=str(attempt.task_id),
+                now=now,
+                subject_type="task",
+                subject_id=str(attempt.task_id),
+                message=reason,
+                details={
+                    "attempt_id": str(attempt.id),
+                    "provider": attempt.provider,
+                    "candidate_job_ids": ids,
+                    "rival_attempt_ids": [str(r.id) for r in rivals],
+                    "request_fingerprint": bytes(attempt.request_fingerprint).hex(),
+                },
+            )
         return "parked-ambiguous"
 
     def _next_listing(self, attempt: Any, now: datetime, outcome: str) -> str:
@@ -287,22 +352,40 @@ class ProviderSync:
         return self._park(attempt, now)
 
     def _park(self, attempt: Any, now: datetime) -> str:
-        if self._settings.reconcile.resubmit_without_lookup and \
-                not self._settings.providers[attempt.provider].supports_lookup_by_request_key:
+        if (
+            self._settings.reconcile.resubmit_without_lookup
+            and not self._settings.providers[attempt.provider].supports_lookup_by_request_key
+        ):
             with write_tx(self._engine) as conn:
-                alerts.raise_alert(conn, alerts.Rule.RESUBMIT_WITHOUT_LOOKUP, AlertSeverity.WARNING,
-                                   dedup_key=str(attempt.id), now=now, subject_type="attempt",
-                                   subject_id=str(attempt.id),
-                                   message=f"resubmitting after an ambiguous submit to {attempt.provider}, which "
-                                           "cannot look jobs up: a duplicate paid job is possible")
+                alerts.raise_alert(
+                    conn,
+                    alerts.Rule.RESUBMIT_WITHOUT_LOOKUP,
+                    AlertSeverity.WARNING,
+                    dedup_key=str(attempt.id),
+                    now=now,
+                    subject_type="attempt",
+                    subject_id=str(attempt.id),
+                    message=f"resubmitting after an ambiguous submit to {attempt.provider}, which "
+                    "cannot look jobs up: a duplicate paid job is possible",
+                )
             return self._not_created(attempt, now)
         with write_tx(self._engine) as conn:
             reason = f"ambiguous submit to {attempt.provider} unresolved after the reconciliation window"
-            conn.execute(generation_tasks.update().where(_t.id == attempt.task_id)
-                         .values(parked_reason=reason, next_action_at=None, updated_at=now))
-            alerts.raise_alert(conn, alerts.Rule.SUBMIT_UNKNOWN_PARKED, AlertSeverity.CRITICAL,
-                               dedup_key=str(attempt.task_id), now=now, subject_type="task",
-                               subject_id=str(attempt.task_id), message=reason)
+            conn.execute(
+                generation_tasks.update()
+                .where(_t.id == attempt.task_id)
+                .values(parked_reason=reason, next_action_at=None, updated_at=now)
+            )
+            alerts.raise_alert(
+                conn,
+                alerts.Rule.SUBMIT_UNKNOWN_PARKED,
+                AlertSeverity.CRITICAL,
+                dedup_key=str(attempt.task_id),
+                now=now,
+                subject_type="task",
+                subject_id=str(attempt.task_id),
+                message=reason,
+            )
         return "parked"
 
     # -------------------------------------------------------------------------------------- cancellation
@@ -310,8 +393,12 @@ class ProviderSync:
         now = self._clock.now()
         with self._engine.connect() as conn:
             rows = conn.execute(
-                sa.select(_t.id).where(_t.status == TaskStatus.CANCEL_REQUESTED.value,
-                                       sa.or_(_t.next_action_at.is_(None), _t.next_action_at <= now)).limit(limit)
+                sa.select(_t.id)
+                .where(
+                    _t.status == TaskStatus.CANCEL_REQUESTED.value,
+                    sa.or_(_t.next_action_at.is_(None), _t.next_action_at <= now),
+                )
+                .limit(limit)
             ).all()
         for row in rows:
             self.cancel_one(row.id)
@@ -321,14 +408,19 @@ class ProviderSync:
         with self._engine.connect() as conn:
             attempt = attempts.current(conn, task_id)
         now = self._clock.now()
-        if attempt is None or attempt.submit_state in (AttemptStatus.NEW.value,
-                                                       AttemptStatus.FAILED_BEFORE_ACCEPT.value):
+        if attempt is None or attempt.submit_state in (
+            AttemptStatus.NEW.value,
+            AttemptStatus.FAILED_BEFORE_ACCEPT.value,
+        ):
             return self._confirm_cancel(task_id, now, billed=False)
         if attempt.submit_state in (AttemptStatus.UNKNOWN.value, AttemptStatus.SENDING.value):
             self._set_next_action(task_id, now + timedelta(seconds=10))
             return "awaiting-reconciliation"
-        if attempt.submit_state in (AttemptStatus.SUCCEEDED.value, AttemptStatus.FAILED.value,
-                                    AttemptStatus.CANCELED.value):
+        if attempt.submit_state in (
+            AttemptStatus.SUCCEEDED.value,
+            AttemptStatus.FAILED.value,
+            AttemptStatus.CANCELED.value,
+        ):
             self._set_next_action(task_id, now + timedelta(seconds=5))
             return "awaiting-reducer"
         result = self._providers[attempt.provider].cancel(attempt.provider_job_id)
@@ -341,15 +433,26 @@ class ProviderSync:
             if billed is None:
                 billed = provider.capabilities.cancel_is_billed
             with write_tx(self._engine) as conn:
-                observations.record(conn, attempt.provider, Observation(
-                    job_id=attempt.provider_job_id, status=JobStatus.CANCELED, provider_updated_at=now,
-                    billed=billed, event_id=f"cancel:{attempt.id}"), EventSource.POLLING, now)
+                observations.record(
+                    conn,
+                    attempt.provider,
+                    Observation(
+                        job_id=attempt.provider_job_id,
+                        status=JobStatus.CANCELED,
+                        provider_updated_at=now,
+                        billed=billed,
+                        event_id=f"cancel:{attempt.id}",
+                    ),
+                    EventSource.POLLING,
+                    now,
+                )
             return "canceled"
         # too late, unsupported or failed: poll soon; completion or cancellation arrives through the reducer
         with write_tx(self._engine) as conn:
             conn.execute(task_attempts.update().where(_a.id == attempt.id).values(next_poll_at=now))
-            conn.execute(generation_tasks.update().where(_t.id == task_id)
-                         .values(next_action_at=now + timedelta(seconds=30)))
+            conn.execute(
+                generation_tasks.update().where(_t.id == task_id).values(next_action_at=now + timedelta(seconds=30))
+            )
         return "too-late" if isinstance(result, TooLate) else "retry-later"
 
     def cancel_job(self, attempt: Any) -> None:
@@ -373,7 +476,13 @@ class ProviderSync:
         with write_tx(self._engine) as conn:
             conn.execute(generation_tasks.update().where(_t.id == task_id).values(next_action_at=at))
 
-    def _apply(self, conn: Connection, task: Any, event: TaskEvent, now: datetime, payload: dict[str, Any],
-               extra: dict[str, Any] | None = None) -> Decision:
-        return tasks.decide_and_apply(conn, task, event, now, source=EventSource.SWEEPER, payload=payload,
-                                      extra=extra)
+    def _apply(
+        self,
+        conn: Connection,
+        task: Any,
+        event: TaskEvent,
+        now: datetime,
+        payload: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+    ) -> Decision:
+        return tasks.decide_and_apply(conn, task, event, now, source=EventSource.SWEEPER, payload=payload, extra=extra)

@@ -53,8 +53,9 @@ def parse_status(text: str) -> TaskStatus:
     try:
         return TaskStatus(text.strip().upper())
     except ValueError:
-        raise InvalidInput(f"unknown status {text!r} (one of: {', '.join(s.value for s in TaskStatus)})",
-                           field="status") from None
+        raise InvalidInput(
+            f"unknown status {text!r} (one of: {', '.join(s.value for s in TaskStatus)})", field="status"
+        ) from None
 
 
 def jsonable(value: Any) -> Any:
@@ -113,14 +114,22 @@ class TaskOps:
         self._clock = clock
 
     # --------------------------------------------------------------------------------------------- list
-    def list(self, *, status: str | None = None, tenant: str | None = None, provider: str | None = None,
-             older_than: timedelta | None = None, limit: int = 50) -> list[TaskRow]:
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        tenant: str | None = None,
+        provider: str | None = None,
+        older_than: timedelta | None = None,
+        limit: int = 50,
+    ) -> list[TaskRow]:
         """Most recently changed first. `older_than` compares `updated_at`: a task nothing touched for that long
         (the question on-call asks: what is stuck?), not merely one created long ago."""
         if limit < 1:
             raise InvalidInput("limit must be at least 1", field="limit")
-        stmt = (sa.select(generation_tasks, tenants.c.name.label("tenant_name"))
-                .join(tenants, tenants.c.id == _t.tenant_id))
+        stmt = sa.select(generation_tasks, tenants.c.name.label("tenant_name")).join(
+            tenants, tenants.c.id == _t.tenant_id
+        )
         if status is not None:
             stmt = stmt.where(_t.status == parse_status(status).value)
         if provider is not None:
@@ -131,11 +140,24 @@ class TaskOps:
             if tenant is not None:
                 stmt = stmt.where(_t.tenant_id == self._tenant_id(conn, tenant))
             rows = conn.execute(stmt.order_by(_t.updated_at.desc(), _t.id.desc()).limit(limit)).all()
-        return [TaskRow(task_id=r.id, tenant_id=r.tenant_id, tenant=r.tenant_name, status=r.status,
-                        version=int(r.version), model=r.requested_model, provider=r.selected_provider,
-                        attempts=int(r.current_attempt_no), progress=int(r.progress), parked_reason=r.parked_reason,
-                        last_error_class=r.last_error_class, created_at=r.created_at, updated_at=r.updated_at)
-                for r in rows]
+        return [
+            TaskRow(
+                task_id=r.id,
+                tenant_id=r.tenant_id,
+                tenant=r.tenant_name,
+                status=r.status,
+                version=int(r.version),
+                model=r.requested_model,
+                provider=r.selected_provider,
+                attempts=int(r.current_attempt_no),
+                progress=int(r.progress),
+                parked_reason=r.parked_reason,
+                last_error_class=r.last_error_class,
+                created_at=r.created_at,
+                updated_at=r.updated_at,
+            )
+            for r in rows
+        ]
 
     @staticmethod
     def _tenant_id(conn: sa.Connection, tenant: str) -> uuid.UUID:
@@ -159,8 +181,7 @@ class TaskOps:
 
     # --------------------------------------------------------------------------------------------- tail
     def tail(self, *, after: uuid.UUID | None = None, status: str | None = None, last: int = 10) -> EventTail:
-        return EventTail(self._engine, after=after, to_status=parse_status(status).value if status else None,
-                         last=last)
+        return EventTail(self._engine, after=after, to_status=parse_status(status).value if status else None, last=last)
 
     # ------------------------------------------------------------------------------------------- cancel
     def cancel_preview(self, task_id: uuid.UUID) -> CancelResult:
@@ -183,9 +204,15 @@ class TaskOps:
             now = self._clock.now()
             result, decision = self._decide_cancel(row, dry_run=op.dry_run)
             if decision is not None and not op.dry_run:
-                released = apply_cancel(conn, row, decision, now, source=EventSource.ADMIN,
-                                        created_by=f"operator:{op.actor}"[:128],
-                                        payload={"requested_by": op.actor, "reason": reason})
+                released = apply_cancel(
+                    conn,
+                    row,
+                    decision,
+                    now,
+                    source=EventSource.ADMIN,
+                    created_by=f"operator:{op.actor}"[:128],
+                    payload={"requested_by": op.actor, "reason": reason},
+                )
                 if released is not None:
                     result = replace(result, released=Decimal(row.reserved_amount) - released)
             record(conn, op, affected_ids=[task_id], outcome=result.outcome, now=now)
@@ -200,8 +227,11 @@ class TaskOps:
             why = "finished" if decision.kind is RejectionKind.TERMINAL else "past the point of cancellation"
             raise IllegalState(f"task {row.id} is {row.status}: {why}", current_status=row.status)
         direct = decision.to_status is TaskStatus.CANCELED
-        outcome = ("would_cancel" if direct else "would_request_cancel") if dry_run else \
-            ("canceled" if direct else "cancel_requested")
+        outcome = (
+            ("would_cancel" if direct else "would_request_cancel")
+            if dry_run
+            else ("canceled" if direct else "cancel_requested")
+        )
         return CancelResult(**base, to_status=decision.to_status.value, outcome=outcome), decision
 
 
@@ -228,8 +258,13 @@ class EventTail:
         with self._engine.connect() as conn:
             if not self._started:
                 rows = list(reversed(conn.execute(stmt.order_by(_e.id.desc()).limit(self._last)).all()))
-                self._start = rows[-1].id if rows else conn.execute(  # PostgreSQL has no max(uuid)
-                    sa.select(_e.id).order_by(_e.id.desc()).limit(1)).scalar()
+                self._start = (
+                    rows[-1].id
+                    if rows
+                    else conn.execute(  # PostgreSQL has no max(uuid)
+                        sa.select(_e.id).order_by(_e.id.desc()).limit(1)
+                    ).scalar()
+                )
                 self.cursor = self._start
                 self._started = True
             else:
@@ -254,6 +289,15 @@ def _grace_floor(cursor: uuid.UUID | None) -> uuid.UUID | None:
 
 
 def _event(r: Any) -> dict[str, Any]:
-    return {"cursor": r.id, "at": r.created_at, "task_id": r.task_id, "attempt_id": r.attempt_id,
-            "source": r.source, "event_type": r.event_type, "from_status": r.from_status, "to_status": r.to_status,
-            "task_version": int(r.task_version), "outcome": r.outcome}
+    return {
+        "cursor": r.id,
+        "at": r.created_at,
+        "task_id": r.task_id,
+        "attempt_id": r.attempt_id,
+        "source": r.source,
+        "event_type": r.event_type,
+        "from_status": r.from_status,
+        "to_status": r.to_status,
+        "task_version": int(r.task_version),
+        "outcome": r.outcome,
+    }

@@ -86,8 +86,14 @@ class TenantService:
         self._settings = settings
         self._auth = _AuthCache(settings.api.auth_cache_ttl_s)
 
-    def create(self, name: str, credits: Decimal | None = None, max_concurrency: int | None = None,
-               op: Operation | None = None, max_upload_bytes: int | None = None) -> TenantView:
+    def create(
+        self,
+        name: str,
+        credits: Decimal | None = None,
+        max_concurrency: int | None = None,
+        op: Operation | None = None,
+        max_upload_bytes: int | None = None,
+    ) -> TenantView:
         name = name.strip()
         if not name or len(name) > 128:
             raise InvalidInput("tenant name must be 1-128 characters")
@@ -104,30 +110,48 @@ class TenantService:
             if op is not None and op.dry_run:
                 record(conn, op, affected_ids=[], outcome="would_create", now=now)
                 return TenantView(tenant_id, name, TenantStatus.ACTIVE.value, amount, 0)
-            conn.execute(tenants.insert().values(
-                id=tenant_id, name=name, status=TenantStatus.ACTIVE.value, credit_balance=0,
-                max_concurrency=max_concurrency, max_upload_bytes=max_upload_bytes, created_at=now, updated_at=now,
-            ))
+            conn.execute(
+                tenants.insert().values(
+                    id=tenant_id,
+                    name=name,
+                    status=TenantStatus.ACTIVE.value,
+                    credit_balance=0,
+                    max_concurrency=max_concurrency,
+                    max_upload_bytes=max_upload_bytes,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
             if amount:
-                ledger.post(conn, tenant_id=tenant_id, entry_type=LedgerEntryType.ADJUSTMENT, amount=amount,
-                            business_key=f"adjustment:tenant:{tenant_id}:initial", now=now,
-                            created_by=op.actor if op else "cli", reason="initial credits")
+                ledger.post(
+                    conn,
+                    tenant_id=tenant_id,
+                    entry_type=LedgerEntryType.ADJUSTMENT,
+                    amount=amount,
+                    business_key=f"adjustment:tenant:{tenant_id}:initial",
+                    now=now,
+                    created_by=op.actor if op else "cli",
+                    reason="initial credits",
+                )
             if op is not None:
                 record(conn, op, affected_ids=[tenant_id], outcome="created", now=now)
         return TenantView(tenant_id, name, TenantStatus.ACTIVE.value, amount, 0)
 
     def list(self) -> list[TenantView]:
         live_keys = (
-            sa.select(sa.func.count()).where(api_keys.c.tenant_id == tenants.c.id, api_keys.c.revoked_at.is_(None))
+            sa.select(sa.func.count())
+            .where(api_keys.c.tenant_id == tenants.c.id, api_keys.c.revoked_at.is_(None))
             .scalar_subquery()
         )
-        stmt = sa.select(tenants.c.id, tenants.c.name, tenants.c.status, tenants.c.credit_balance, live_keys) \
-            .order_by(tenants.c.created_at)
+        stmt = sa.select(tenants.c.id, tenants.c.name, tenants.c.status, tenants.c.credit_balance, live_keys).order_by(
+            tenants.c.created_at
+        )
         with self._engine.connect() as conn:
             return [TenantView(*row) for row in conn.execute(stmt)]
 
-    def create_key(self, tenant_id: uuid.UUID, name: str | None = None,
-                   op: Operation | None = None) -> tuple[uuid.UUID, str]:
+    def create_key(
+        self, tenant_id: uuid.UUID, name: str | None = None, op: Operation | None = None
+    ) -> tuple[uuid.UUID, str]:
         """Returns (key id, the key itself). The key is not stored and cannot be shown again."""
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         key_id = new_id()
@@ -137,10 +161,16 @@ class TenantService:
             if op is not None and op.dry_run:
                 record(conn, op, affected_ids=[tenant_id], outcome="would_create", now=self._clock.now())
                 return key_id, ""
-            conn.execute(api_keys.insert().values(
-                id=key_id, tenant_id=tenant_id, key_hash=hash_key(key), prefix=key[:12], name=name,
-                created_at=self._clock.now(),
-            ))
+            conn.execute(
+                api_keys.insert().values(
+                    id=key_id,
+                    tenant_id=tenant_id,
+                    key_hash=hash_key(key),
+                    prefix=key[:12],
+                    name=name,
+                    created_at=self._clock.now(),
+                )
+            )
             if op is not None:  # the key itself is never recorded, only its id
                 record(conn, op, affected_ids=[tenant_id, key_id], outcome="created", now=self._clock.now())
         return key_id, key
@@ -155,17 +185,21 @@ class TenantService:
             if changed and not (op and op.dry_run):
                 conn.execute(api_keys.update().where(api_keys.c.id == key_id).values(revoked_at=self._clock.now()))
             if op is not None:
-                record(conn, op, affected_ids=[key_id], outcome="revoked" if changed else "already",
-                       now=self._clock.now())
+                record(
+                    conn, op, affected_ids=[key_id], outcome="revoked" if changed else "already", now=self._clock.now()
+                )
         self._auth.forget(key_id=key_id)
         return changed
 
     def local_principal(self, name: str = "local") -> Principal:
         """Embedded mode's own user: the tenant `name` with a key, created with the default credits on first use."""
-        stmt = (sa.select(api_keys.c.id, tenants.c.id.label("tenant_id"))
-                .join(api_keys, sa.and_(api_keys.c.tenant_id == tenants.c.id, api_keys.c.revoked_at.is_(None)),
-                      isouter=True)
-                .where(tenants.c.name == name))
+        stmt = (
+            sa.select(api_keys.c.id, tenants.c.id.label("tenant_id"))
+            .join(
+                api_keys, sa.and_(api_keys.c.tenant_id == tenants.c.id, api_keys.c.revoked_at.is_(None)), isouter=True
+            )
+            .where(tenants.c.name == name)
+        )
         with self._engine.connect() as conn:
             row = conn.execute(stmt).first()
         if row is None:
@@ -192,8 +226,11 @@ class TenantService:
         stmt = (
             sa.select(api_keys.c.id, api_keys.c.tenant_id)
             .join(tenants, tenants.c.id == api_keys.c.tenant_id)
-            .where(api_keys.c.key_hash == digest, api_keys.c.revoked_at.is_(None),
-                   tenants.c.status == TenantStatus.ACTIVE.value)
+            .where(
+                api_keys.c.key_hash == digest,
+                api_keys.c.revoked_at.is_(None),
+                tenants.c.status == TenantStatus.ACTIVE.value,
+            )
         )
         with read_conn(self._engine) as conn:
             row = conn.execute(stmt).first()

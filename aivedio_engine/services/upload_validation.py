@@ -55,8 +55,9 @@ class UploadValidator:
         gone (the client may upload again) and Unavailable when ffprobe itself is broken (our fault)."""
         declared = int(session.declared_size_bytes)
         if head.size != declared:
-            return Outcome(AssetStatus.REJECTED, f"size mismatch: declared {declared} bytes, uploaded {head.size}",
-                           size=head.size)
+            return Outcome(
+                AssetStatus.REJECTED, f"size mismatch: declared {declared} bytes, uploaded {head.size}", size=head.size
+            )
         self._work_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="validate-", dir=self._work_dir) as tmp:
             local = Path(tmp) / "input"  # no extension: ffprobe must pick the demuxer from the bytes alone
@@ -67,11 +68,19 @@ class UploadValidator:
             with open(local, "rb") as f:
                 digest, head_bytes = _sha256_and_head(f)
             if size != declared:  # replaced between HEAD and download
-                return Outcome(AssetStatus.REJECTED, f"size mismatch: declared {declared} bytes, uploaded {size}",
-                               size=size, sha256=digest)
+                return Outcome(
+                    AssetStatus.REJECTED,
+                    f"size mismatch: declared {declared} bytes, uploaded {size}",
+                    size=size,
+                    sha256=digest,
+                )
             if session.declared_sha256 and session.declared_sha256 != digest:
-                return Outcome(AssetStatus.REJECTED, "sha256 mismatch: the uploaded bytes differ from the declared "
-                               "checksum", size=size, sha256=digest)
+                return Outcome(
+                    AssetStatus.REJECTED,
+                    "sha256 mismatch: the uploaded bytes differ from the declared checksum",
+                    size=size,
+                    sha256=digest,
+                )
             found, reason = sniff.check_declared(head_bytes, session.declared_content_type)
             if reason:
                 return Outcome(AssetStatus.REJECTED, reason, size=size, sha256=digest, mime=found.mime)
@@ -80,19 +89,20 @@ class UploadValidator:
             except ProbeUnavailable as exc:
                 raise Unavailable(f"media validation unavailable: {exc}") from None
             except ProbeError as exc:
-                return Outcome(AssetStatus.REJECTED, f"media rejected: {exc}", size=size, sha256=digest,
-                               mime=found.mime)
+                return Outcome(
+                    AssetStatus.REJECTED, f"media rejected: {exc}", size=size, sha256=digest, mime=found.mime
+                )
             published = self._publish(asset, session, local, digest, revision)
-        return Outcome(AssetStatus.READY, size=size, sha256=digest, mime=found.mime, probe=result,
-                       published=published)
+        return Outcome(AssetStatus.READY, size=size, sha256=digest, mime=found.mime, probe=result, published=published)
 
     def _publish(self, asset: Any, session: Any, local: Path, digest: str, revision: uuid.UUID) -> str:
         """Stored with our content type and no Content-Encoding, whatever the client sent with its upload, so
         nothing downstream ever decompresses client-chosen bytes (U29)."""
         key = keys.asset_original_key(asset.tenant_id, asset.id, session.declared_content_type, revision)
         with open(local, "rb") as f:
-            stored = self._store.put_stream(key, iter_file(f), session.declared_content_type,
-                                            max_bytes=int(session.declared_size_bytes))
+            stored = self._store.put_stream(
+                key, iter_file(f), session.declared_content_type, max_bytes=int(session.declared_size_bytes)
+            )
         if stored.sha256 != digest:  # the local copy changed under us: publish nothing rather than the unknown
             discard(self._store, key)
             raise StoreError(f"published copy of {asset.id} does not match the validated bytes")

@@ -17,8 +17,9 @@ def build_slot_store(settings: Settings, fence_floor: Callable[[], int] | None =
     if settings.mode == "distributed":
         from aivedio_engine.slots.redis import RedisSlotStore  # redis is only loaded when it is used
 
-        return RedisSlotStore.from_url(settings.redis.url, key_prefix=settings.redis.key_prefix,
-                                       fence_floor=fence_floor)
+        return RedisSlotStore.from_url(
+            settings.redis.url, key_prefix=settings.redis.key_prefix, fence_floor=fence_floor
+        )
     return MemorySlotStore(fence_floor=fence_floor)
 
 

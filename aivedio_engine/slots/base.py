@@ -107,9 +107,7 @@ class SlotStore(Protocol):
         """Live leases per scope (scopes with none are omitted)."""
         ...
 
-    def rebuild(
-        self, active: Mapping[str, Sequence[str]], *, ttl_s: float, fence_floor: int = 0
-    ) -> RebuildReport:
+    def rebuild(self, active: Mapping[str, Sequence[str]], *, ttl_s: float, fence_floor: int = 0) -> RebuildReport:
         """Reconcile with the database: `active` maps each scope to the holders (attempt ids) in flight in it."""
         ...
 

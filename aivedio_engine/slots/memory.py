@@ -89,9 +89,7 @@ class MemorySlotStore:
         with self._lock:
             return self._seed(floor)
 
-    def rebuild(
-        self, active: Mapping[str, Sequence[str]], *, ttl_s: float, fence_floor: int = 0
-    ) -> RebuildReport:
+    def rebuild(self, active: Mapping[str, Sequence[str]], *, ttl_s: float, fence_floor: int = 0) -> RebuildReport:
         _check_ttl(ttl_s)
         want = holders_by_scope_inverted(active)
         with self._lock:

@@ -125,5 +125,6 @@ def reconcile_slots(engine: Engine, store: SlotStore, *, ttl_s: float) -> Reconc
             fenced = raise_fences(conn, report.added)
             high_water = record_high_water(conn, store.current_fence())
     holders = {h for hs in active.values() for h in hs}
-    return ReconcileReport(len(holders), report.kept, report.dropped, report.added, fenced, floor, high_water,
-                           report.counts)
+    return ReconcileReport(
+        len(holders), report.kept, report.dropped, report.added, fenced, floor, high_water, report.counts
+    )

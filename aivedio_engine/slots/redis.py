@@ -48,7 +48,9 @@ end
 
 # KEYS: fence, scopes, zset 1..n   ARGV: holder, ttl_ms, limit 1..n, name 1..n
 # -> {1, fence} granted | {0, i} scope i full | {-1, 0} fence counter missing
-_ACQUIRE = _NOW + """
+_ACQUIRE = (
+    _NOW
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end
 local n = #KEYS - 2
 for i = 1, n do
@@ -65,6 +67,7 @@ for i = 1, n do
 end
 return {1, fence}
 """
+)
 
 _LIVE = """
 local function live_everywhere(first, last, token)
@@ -77,7 +80,10 @@ end
 """
 
 # KEYS: zsets   ARGV: token, ttl_ms -> 1 renewed | 0 gone (its own remnants are removed)
-_RENEW = _NOW + _LIVE + """
+_RENEW = (
+    _NOW
+    + _LIVE
+    + """
 if not live_everywhere(1, #KEYS, ARGV[1]) then
   for i = 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[1]) end
   return 0
@@ -86,23 +92,34 @@ local exp = ms(now + tonumber(ARGV[2]))
 for i = 1, #KEYS do redis.call('ZADD', KEYS[i], 'XX', exp, ARGV[1]) end
 return 1
 """
+)
 
 # KEYS: backed, zsets   ARGV: token -> 1 if it was live; only this token is ever removed
-_RELEASE = _NOW + _LIVE + """
+_RELEASE = (
+    _NOW
+    + _LIVE
+    + """
 local was = live_everywhere(2, #KEYS, ARGV[1])
 for i = 2, #KEYS do redis.call('ZREM', KEYS[i], ARGV[1]) end
 redis.call('SREM', KEYS[1], ARGV[1])
 if was then return 1 end
 return 0
 """
+)
 
-_IS_CURRENT = _NOW + _LIVE + """
+_IS_CURRENT = (
+    _NOW
+    + _LIVE
+    + """
 if live_everywhere(1, #KEYS, ARGV[1]) then return 1 end
 return 0
 """
+)
 
 # KEYS: zsets -> live count of each, after purging expired members
-_COUNTS = _NOW + """
+_COUNTS = (
+    _NOW
+    + """
 local out = {}
 for i = 1, #KEYS do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ms(now))
@@ -110,15 +127,23 @@ for i = 1, #KEYS do
 end
 return out
 """
+)
 
 # KEYS: fence   ARGV: floor, gap
-_SEED_SCRIPT = _NOW + _SEED + """
+_SEED_SCRIPT = (
+    _NOW
+    + _SEED
+    + """
 return seed(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))
 """
+)
 
 # KEYS: fence, scopes, backed, zset 1..n   ARGV: ttl_ms, floor, gap, json [names, [[holder, [idx...]], ...]]
 # -> {kept, dropped, {holder, fence, ...added}, {count per zset}}; the rules are those of MemorySlotStore.rebuild
-_REBUILD = _NOW + _SEED + """
+_REBUILD = (
+    _NOW
+    + _SEED
+    + """
 seed(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
 local spec = cjson.decode(ARGV[4])
 local names, want = spec[1], spec[2]
@@ -184,6 +209,7 @@ local counts = {}
 for i = 1, #names do counts[i] = redis.call('ZCARD', KEYS[3 + i]) end
 return {kept, dropped, added, counts}
 """
+)
 
 
 class RedisSlotStore:
@@ -254,9 +280,7 @@ class RedisSlotStore:
     def seed_fence(self, floor: int) -> int:
         return int(self._seed(keys=[self._fence_key], args=[int(floor), self._gap]))
 
-    def rebuild(
-        self, active: Mapping[str, Sequence[str]], *, ttl_s: float, fence_floor: int = 0
-    ) -> RebuildReport:
+    def rebuild(self, active: Mapping[str, Sequence[str]], *, ttl_s: float, fence_floor: int = 0) -> RebuildReport:
         want = holders_by_scope_inverted(active)
         known = {_text(n) for n in self._r.smembers(self._scopes_key)}
         names = sorted(known | {s for scopes in want.values() for s in scopes})
@@ -267,11 +291,11 @@ class RedisSlotStore:
             keys=keys, args=[_ms(ttl_s), int(fence_floor), self._gap, spec]
         )
         added = tuple(
-            Lease(h, int(f), want[h])
-            for h, f in zip(map(_text, added_flat[0::2]), added_flat[1::2], strict=True)
+            Lease(h, int(f), want[h]) for h, f in zip(map(_text, added_flat[0::2]), added_flat[1::2], strict=True)
         )
-        return RebuildReport(added, int(kept), int(dropped),
-                             {n: int(c) for n, c in zip(names, counts, strict=True) if int(c)})
+        return RebuildReport(
+            added, int(kept), int(dropped), {n: int(c) for n, c in zip(names, counts, strict=True) if int(c)}
+        )
 
     def delete_all(self) -> int:
         """Remove every key of this store (tests, `aivedio` operators resetting a staging Redis)."""

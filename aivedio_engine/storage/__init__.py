@@ -14,10 +14,16 @@ def build_store(settings: Settings, clock: Clock | None = None) -> ObjectStore:
     if cfg.kind == "s3":
         from aivedio_engine.storage.s3 import S3Store  # boto3 is only loaded when S3 is configured
 
-        client = S3Store.client_from(cfg.endpoint_url, cfg.region, cfg.access_key_id.get_secret_value(),
-                                     cfg.secret_access_key.get_secret_value())
-        return S3Store(client, cfg.bucket, spool_dir=Path(settings.data_dir) / "spool",
-                       part_bytes=cfg.multipart_part_bytes, clock=clock)
+        client = S3Store.client_from(
+            cfg.endpoint_url, cfg.region, cfg.access_key_id.get_secret_value(), cfg.secret_access_key.get_secret_value()
+        )
+        return S3Store(
+            client,
+            cfg.bucket,
+            spool_dir=Path(settings.data_dir) / "spool",
+            part_bytes=cfg.multipart_part_bytes,
+            clock=clock,
+        )
     from aivedio_engine.storage.fs import FsStore, load_signing_key
 
     root = Path(cfg.root) if cfg.root else Path(settings.data_dir) / "objects"

@@ -111,13 +111,13 @@ class ObjectStore(Protocol):
         """Every object whose key starts with `prefix` (plain string prefix, S3 semantics), streamed."""
         ...
 
-    def signed_get_url(self, key: str, ttl_s: int, filename: str | None = None, *,
-                       now: datetime | None = None) -> str:
+    def signed_get_url(self, key: str, ttl_s: int, filename: str | None = None, *, now: datetime | None = None) -> str:
         """A URL that downloads the object (as an attachment) until `now + ttl_s`."""
         ...
 
-    def upload_target(self, key: str, size_bytes: int, content_type: str, ttl_s: int, *, upload_id: str,
-                      now: datetime | None = None) -> UploadTarget:
+    def upload_target(
+        self, key: str, size_bytes: int, content_type: str, ttl_s: int, *, upload_id: str, now: datetime | None = None
+    ) -> UploadTarget:
         """Direct-upload instructions for exactly `size_bytes` bytes of `content_type` under `key`."""
         ...
 
@@ -126,8 +126,16 @@ class ObjectStore(Protocol):
 class LocallySignedStore(ObjectStore, Protocol):
     """A store whose signed URLs are served by the API itself (fs): the API verifies the signature."""
 
-    def verify(self, method: str, resource: str, expires: int, sig: str, *, filename: str | None = None,
-               now: datetime | None = None) -> bool: ...
+    def verify(
+        self,
+        method: str,
+        resource: str,
+        expires: int,
+        sig: str,
+        *,
+        filename: str | None = None,
+        now: datetime | None = None,
+    ) -> bool: ...
 
 
 @runtime_checkable

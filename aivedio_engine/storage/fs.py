@@ -85,8 +85,15 @@ def load_signing_key(configured: str, data_dir: Path) -> bytes:
 class FsStore:
     kind = "fs"
 
-    def __init__(self, root: Path, signing_key: bytes, *, bucket: str = "local", public_base_url: str = "",
-                 clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        signing_key: bytes,
+        *,
+        bucket: str = "local",
+        public_base_url: str = "",
+        clock: Clock | None = None,
+    ) -> None:
         self.root = Path(root).resolve()
         self.bucket = bucket
         self._signer = UrlSigner(signing_key, clock)
@@ -202,12 +209,19 @@ class FsStore:
     def sign(self, method: str, resource: str, expires: int, filename: str | None = None) -> str:
         return self._signer.sign(method, resource, expires, filename)
 
-    def verify(self, method: str, resource: str, expires: int, sig: str, *, filename: str | None = None,
-               now: datetime | None = None) -> bool:
+    def verify(
+        self,
+        method: str,
+        resource: str,
+        expires: int,
+        sig: str,
+        *,
+        filename: str | None = None,
+        now: datetime | None = None,
+    ) -> bool:
         return self._signer.verify(method, resource, expires, sig, filename=filename, now=self._now(now))
 
-    def signed_get_url(self, key: str, ttl_s: int, filename: str | None = None, *,
-                       now: datetime | None = None) -> str:
+    def signed_get_url(self, key: str, ttl_s: int, filename: str | None = None, *, now: datetime | None = None) -> str:
         validate_key(key)
         expires = int(self._now(now).timestamp()) + int(ttl_s)
         query = {"expires": str(expires), "sig": self.sign("GET", f"objects/{key}", expires, filename)}
@@ -215,8 +229,9 @@ class FsStore:
             query["filename"] = filename
         return f"{self._base}{OBJECT_PATH}{quote(key)}?{urlencode(query)}"
 
-    def upload_target(self, key: str, size_bytes: int, content_type: str, ttl_s: int, *, upload_id: str,
-                      now: datetime | None = None) -> UploadTarget:
+    def upload_target(
+        self, key: str, size_bytes: int, content_type: str, ttl_s: int, *, upload_id: str, now: datetime | None = None
+    ) -> UploadTarget:
         validate_key(key)
         upload_id = str(uuid.UUID(str(upload_id)))
         expires = int(self._now(now).timestamp()) + int(ttl_s)

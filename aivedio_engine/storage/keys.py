@@ -55,8 +55,9 @@ def tenant_prefix(tenant_id: uuid.UUID | str) -> str:
     return f"{TENANTS_PREFIX}{_id(tenant_id)}/"
 
 
-def asset_original_key(tenant_id: uuid.UUID | str, asset_id: uuid.UUID | str, content_type: str,
-                       revision: uuid.UUID | str | None = None) -> str:
+def asset_original_key(
+    tenant_id: uuid.UUID | str, asset_id: uuid.UUID | str, content_type: str, revision: uuid.UUID | str | None = None
+) -> str:
     """Where validated bytes live. Each validation publishes under its own `revision`, so a slow validator
     that lost the race can never overwrite the bytes the winner recorded (reliability_anchors U5/U25)."""
     try:
@@ -110,7 +111,8 @@ def derivative_key(
 
 _DERIVATIVE_FILE = re.compile(
     r"tenants/[0-9a-f-]{36}/assets/(?P<asset>[0-9a-f-]{36})/(?P<profile>[a-z0-9_]+)/v(?P<version>[1-9][0-9]*)/"
-    + _SEGMENT)
+    + _SEGMENT
+)
 
 
 def derivative_owner(key: str) -> tuple[uuid.UUID, str, int] | None:

@@ -66,8 +66,15 @@ def _missing(exc: Exception) -> bool:
 class S3Store:
     kind = "s3"
 
-    def __init__(self, client: Any, bucket: str, *, spool_dir: Path, part_bytes: int = 8 * 1024 * 1024,
-                 clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        *,
+        spool_dir: Path,
+        part_bytes: int = 8 * 1024 * 1024,
+        clock: Clock | None = None,
+    ) -> None:
         self._client = client
         self.bucket = bucket
         self._spool_dir = Path(spool_dir)
@@ -78,8 +85,13 @@ class S3Store:
     @classmethod
     def client_from(cls, endpoint_url: str, region: str, access_key_id: str, secret_access_key: str) -> Any:
         s3_options = {"addressing_style": "path"} if endpoint_url else {}
-        config = Config(signature_version="s3v4", s3=s3_options, connect_timeout=5, read_timeout=60,
-                        retries={"max_attempts": 3, "mode": "standard"})
+        config = Config(
+            signature_version="s3v4",
+            s3=s3_options,
+            connect_timeout=5,
+            read_timeout=60,
+            retries={"max_attempts": 3, "mode": "standard"},
+        )
         with _SESSION_LOCK:  # a boto3 Session is not thread-safe; the clients it makes are
             return _session().client(
                 "s3",
@@ -102,7 +114,10 @@ class S3Store:
                 spool.write(chunk)
             spool.seek(0)
             self._client.upload_fileobj(
-                spool, self.bucket, key, Config=self._transfer,
+                spool,
+                self.bucket,
+                key,
+                Config=self._transfer,
                 ExtraArgs={"ContentType": content_type, "Metadata": {"sha256": counter.hexdigest}},
             )
         return StoredObject(key, counter.size, counter.hexdigest, content_type)
@@ -141,24 +156,27 @@ class S3Store:
     def iter_objects(self, prefix: str = "") -> Iterator[ListedObject]:
         """ListObjectsV2 page by page (1,000 keys a request). In-progress multipart uploads are not objects yet
         and are not listed; the bucket's abort rule (`ensure_multipart_lifecycle`) is what reclaims them."""
-        pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
-                                                                       Prefix=validate_prefix(prefix))
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=validate_prefix(prefix)
+        )
         for page in pages:
             for item in page.get("Contents", ()):
                 yield ListedObject(str(item["Key"]), int(item["Size"]), item["LastModified"].astimezone(UTC))
 
     # --- presigning (local computation, no network) ------------------------------------------------------
 
-    def signed_get_url(self, key: str, ttl_s: int, filename: str | None = None, *,
-                       now: datetime | None = None) -> str:
+    def signed_get_url(self, key: str, ttl_s: int, filename: str | None = None, *, now: datetime | None = None) -> str:
         """`now` is accepted for interface parity; SigV4 presigning always uses the real clock."""
-        params = {"Bucket": self.bucket, "Key": validate_key(key),
-                  "ResponseContentDisposition": content_disposition(filename)}
-        return self._client.generate_presigned_url(
-            "get_object", Params=params, ExpiresIn=int(ttl_s))
+        params = {
+            "Bucket": self.bucket,
+            "Key": validate_key(key),
+            "ResponseContentDisposition": content_disposition(filename),
+        }
+        return self._client.generate_presigned_url("get_object", Params=params, ExpiresIn=int(ttl_s))
 
-    def upload_target(self, key: str, size_bytes: int, content_type: str, ttl_s: int, *, upload_id: str,
-                      now: datetime | None = None) -> UploadTarget:
+    def upload_target(
+        self, key: str, size_bytes: int, content_type: str, ttl_s: int, *, upload_id: str, now: datetime | None = None
+    ) -> UploadTarget:
         post = self._client.generate_presigned_post(
             Bucket=self.bucket,
             Key=validate_key(key),
@@ -166,14 +184,18 @@ class S3Store:
             Conditions=[{"Content-Type": content_type}, ["content-length-range", size_bytes, size_bytes]],
             ExpiresIn=int(ttl_s),
         )
-        return UploadTarget(method="POST", url=post["url"], fields=dict(post["fields"]), headers={},
-                            expires_at=(now or self._clock.now()) + timedelta(seconds=int(ttl_s)))
+        return UploadTarget(
+            method="POST",
+            url=post["url"],
+            fields=dict(post["fields"]),
+            headers={},
+            expires_at=(now or self._clock.now()) + timedelta(seconds=int(ttl_s)),
+        )
 
     # --- multipart ---------------------------------------------------------------------------------------
 
     def create_multipart(self, key: str, content_type: str) -> str:
-        resp = self._client.create_multipart_upload(Bucket=self.bucket, Key=validate_key(key),
-                                                    ContentType=content_type)
+        resp = self._client.create_multipart_upload(Bucket=self.bucket, Key=validate_key(key), ContentType=content_type)
         return str(resp["UploadId"])
 
     def presign_parts(self, key: str, upload_id: str, part_count: int, ttl_s: int) -> list[str]:
@@ -192,7 +214,9 @@ class S3Store:
     def complete_multipart(self, key: str, upload_id: str, parts: list[CompletedPart]) -> StoredObject:
         ordered = sorted(parts, key=lambda p: p.part_number)
         self._client.complete_multipart_upload(
-            Bucket=self.bucket, Key=validate_key(key), UploadId=upload_id,
+            Bucket=self.bucket,
+            Key=validate_key(key),
+            UploadId=upload_id,
             MultipartUpload={"Parts": [{"PartNumber": p.part_number, "ETag": p.etag} for p in ordered]},
         )
         stored = self.head(key)
@@ -225,8 +249,12 @@ class S3Store:
     def ensure_multipart_lifecycle(self, days: int = 1) -> None:
         """Bucket rule that aborts incomplete multipart uploads after `days` (reliability_anchors U23): the
         backstop for uploads whose session row is gone. Merged by rule ID, keeping the operator's rules."""
-        rule = {"ID": ABORT_RULE_ID, "Status": "Enabled", "Filter": {"Prefix": "tenants/"},
-                "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": int(days)}}
+        rule = {
+            "ID": ABORT_RULE_ID,
+            "Status": "Enabled",
+            "Filter": {"Prefix": "tenants/"},
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": int(days)},
+        }
         try:
             rules = self._client.get_bucket_lifecycle_configuration(Bucket=self.bucket).get("Rules", [])
         except ClientError as exc:
@@ -234,8 +262,7 @@ class S3Store:
                 raise
             rules = []
         rules = [r for r in rules if r.get("ID") != ABORT_RULE_ID] + [rule]
-        self._client.put_bucket_lifecycle_configuration(Bucket=self.bucket,
-                                                        LifecycleConfiguration={"Rules": rules})
+        self._client.put_bucket_lifecycle_configuration(Bucket=self.bucket, LifecycleConfiguration={"Rules": rules})
 
     def abort_multipart(self, key: str, upload_id: str) -> None:
         try:

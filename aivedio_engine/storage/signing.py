@@ -28,8 +28,16 @@ class UrlSigner:
         digest = hmac.new(self._key, message, hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
-    def verify(self, method: str, resource: str, expires: int, sig: str, *, filename: str | None = None,
-               now: datetime | None = None) -> bool:
+    def verify(
+        self,
+        method: str,
+        resource: str,
+        expires: int,
+        sig: str,
+        *,
+        filename: str | None = None,
+        now: datetime | None = None,
+    ) -> bool:
         if (now or self._clock.now()).timestamp() > expires:
             return False
         return hmac.compare_digest(self.sign(method, resource, expires, filename), sig)

@@ -72,8 +72,7 @@ def on_generation_queued(ctx: AppContext, envelope: Envelope) -> None:
     intake.mark_ready_for_dispatch(ctx.engine, envelope, now=ctx.clock.now())
 
 
-@consumes(EventType.PROVIDER_SUBMIT_REQUESTED, max_retries=0, min_backoff=1_000, max_backoff=1_000,
-          time_limit=120_000)
+@consumes(EventType.PROVIDER_SUBMIT_REQUESTED, max_retries=0, min_backoff=1_000, max_backoff=1_000, time_limit=120_000)
 def submit_to_provider(ctx: AppContext, envelope: Envelope) -> None:
     # max_retries=0: a paid call is never repeated by the broker; the attempt logic owns submit retries, and a
     # duplicate delivery is harmless because only the NEW → SENDING winner calls the provider
@@ -101,8 +100,7 @@ def fetch_output(ctx: AppContext, envelope: Envelope) -> None:
     ctx.output_fetch.handle(envelope)
 
 
-@consumes(EventType.MEDIA_PROCESS_REQUESTED, max_retries=3, min_backoff=1_000, max_backoff=60_000,
-          time_limit=1_800_000)
+@consumes(EventType.MEDIA_PROCESS_REQUESTED, max_retries=3, min_backoff=1_000, max_backoff=60_000, time_limit=1_800_000)
 def process_media(ctx: AppContext, envelope: Envelope) -> None:
     ctx.media.handle(envelope)
 

@@ -49,8 +49,9 @@ def _middleware() -> list[dramatiq.Middleware]:
         ShutdownNotifications(),
         Callbacks(),
         Pipelines(),
-        Retries(max_retries=DEFAULT_MAX_RETRIES, min_backoff=DEFAULT_MIN_BACKOFF_MS,
-                max_backoff=DEFAULT_MAX_BACKOFF_MS),
+        Retries(
+            max_retries=DEFAULT_MAX_RETRIES, min_backoff=DEFAULT_MIN_BACKOFF_MS, max_backoff=DEFAULT_MAX_BACKOFF_MS
+        ),
     ]
 
 

@@ -51,9 +51,7 @@ def record(engine: Engine, message: MessageProxy | dramatiq.Message, now: dateti
     """Insert or bump the dead-letter row of `message`."""
     exc: BaseException | None = getattr(message, "_exception", None)
     options = dict(message.options)
-    tb = options.pop("traceback", None) or (
-        "".join(traceback.format_exception(exc)) if exc is not None else None
-    )
+    tb = options.pop("traceback", None) or ("".join(traceback.format_exception(exc)) if exc is not None else None)
     body = {
         "queue_name": message.queue_name,
         "actor_name": message.actor_name,

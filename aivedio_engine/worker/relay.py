@@ -45,7 +45,10 @@ try:  # the Redis client is only present with dramatiq[redis]; embedded mode doe
     from redis.exceptions import TimeoutError as _RedisTimeoutError
 
     _BROKER_DOWN: tuple[type[BaseException], ...] = (
-        BrokerConnectionError, _RedisConnectionError, _RedisTimeoutError, ConnectionError,
+        BrokerConnectionError,
+        _RedisConnectionError,
+        _RedisTimeoutError,
+        ConnectionError,
     )
 except ImportError:  # pragma: no cover
     _BROKER_DOWN = (BrokerConnectionError, ConnectionError)
@@ -180,8 +183,14 @@ class Relay:
                 available_at=now if dead else now + timedelta(seconds=delay),
             )
         )
-        log.warning("outbox %s: publish attempt %d/%d failed%s: %s", row.id, attempts,
-                    self.max_publish_attempts, " — marked DEAD" if dead else "", error)
+        log.warning(
+            "outbox %s: publish attempt %d/%d failed%s: %s",
+            row.id,
+            attempts,
+            self.max_publish_attempts,
+            " — marked DEAD" if dead else "",
+            error,
+        )
 
     # --- the loop ----------------------------------------------------------------------------------------------
 

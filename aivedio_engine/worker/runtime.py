@@ -49,17 +49,25 @@ def parse_roles(text: str) -> set[str]:
         raise ValueError("--role: give at least one of " + ", ".join((*ROLES, "all")))
     unknown = parts - set(ROLES) - {"all"}
     if unknown:
-        raise ValueError(f"--role: unknown role {', '.join(sorted(unknown))} "
-                         f"(choose from {', '.join((*ROLES, 'all'))})")
+        raise ValueError(
+            f"--role: unknown role {', '.join(sorted(unknown))} (choose from {', '.join((*ROLES, 'all'))})"
+        )
     return set(ROLES) if "all" in parts else parts
 
 
 class Runtime:
     """The started components of one process; `start()` then `shutdown()`. Tests drive it directly."""
 
-    def __init__(self, ctx: AppContext, roles: Iterable[str], stop: threading.Event,
-                 *, api_host: str | None = None, api_port: int | None = None,
-                 queues: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        ctx: AppContext,
+        roles: Iterable[str],
+        stop: threading.Event,
+        *,
+        api_host: str | None = None,
+        api_port: int | None = None,
+        queues: Iterable[str] | None = None,
+    ) -> None:
         self.ctx = ctx
         self.roles = set(roles)
         #: the worker role consumes only these queues (None: all), so a process can be given one kind of work
@@ -95,8 +103,12 @@ class Runtime:
             self.worker.start()
         if "relay" in self.roles:
             assert self.broker is not None
-            relay = Relay(self.ctx.engine, self.broker, self.ctx.clock,
-                          wakeup=None if settings.is_postgres else self.ctx.outbox_wakeup)
+            relay = Relay(
+                self.ctx.engine,
+                self.broker,
+                self.ctx.clock,
+                wakeup=None if settings.is_postgres else self.ctx.outbox_wakeup,
+            )
             self.relays.append(relay)
             self._spawn("aivedio-relay", relay.run_forever, self.stop)
         if "scheduler" in self.roles:
@@ -188,14 +200,22 @@ def parse_queues(text: str | None) -> set[str] | None:
     known = [q.value for q in Queue]
     unknown = parts - set(known)
     if unknown or not parts:
-        raise ValueError(f"--queues: unknown queue {', '.join(sorted(unknown)) or '(none)'} "
-                         f"(known: {', '.join(known)})")
+        raise ValueError(
+            f"--queues: unknown queue {', '.join(sorted(unknown)) or '(none)'} (known: {', '.join(known)})"
+        )
     return parts
 
 
-def run(ctx: AppContext, roles: Iterable[str], stop: threading.Event,
-        *, api_host: str | None = None, api_port: int | None = None, queues: Iterable[str] | None = None,
-        on_tick: Callable[[], None] | None = None) -> int:
+def run(
+    ctx: AppContext,
+    roles: Iterable[str],
+    stop: threading.Event,
+    *,
+    api_host: str | None = None,
+    api_port: int | None = None,
+    queues: Iterable[str] | None = None,
+    on_tick: Callable[[], None] | None = None,
+) -> int:
     """Run `roles` until `stop` is set or SIGTERM/SIGINT arrives; returns a process exit code (0 clean).
     `on_tick` runs on the main thread between signal checks (the worker supervisor watches its children)."""
     runtime = Runtime(ctx, roles, stop, api_host=api_host, api_port=api_port, queues=queues)

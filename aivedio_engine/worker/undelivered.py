@@ -77,7 +77,9 @@ def hand_back(engine: Engine, broker: dramatiq.Broker, now: datetime) -> int:
         return 0
     o = outbox_events.c
     with engine.begin() as conn:
-        changed = conn.execute(sa.update(outbox_events)
-                               .where(o.id.in_(ids), o.status == OutboxStatus.PUBLISHED.value)
-                               .values(status=OutboxStatus.PENDING.value, available_at=now, published_at=None))
+        changed = conn.execute(
+            sa.update(outbox_events)
+            .where(o.id.in_(ids), o.status == OutboxStatus.PUBLISHED.value)
+            .values(status=OutboxStatus.PENDING.value, available_at=now, published_at=None)
+        )
     return int(changed.rowcount or 0)

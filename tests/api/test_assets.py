@@ -160,8 +160,7 @@ def test_complete_before_upload_is_422_and_the_asset_can_still_be_uploaded(api: 
 
 REJECTIONS = {
     # name: (bytes builder, create overrides, expected reason fragment)
-    "size-mismatch-short-U1": (lambda m: m["clip.mp4"].read_bytes()[:20_000], {"size_bytes": 40_000},
-                               "size mismatch"),
+    "size-mismatch-short-U1": (lambda m: m["clip.mp4"].read_bytes()[:20_000], {"size_bytes": 40_000}, "size mismatch"),
     "sha256-mismatch-U21": (lambda m: m["clip.mp4"].read_bytes(), {"sha256": "0" * 64}, "sha256 mismatch"),
     "hls-as-mp4-U8": (lambda m: hls_playlist("http://127.0.0.1:9/x.ts"), {}, "HLS playlist"),
     "ffconcat-as-mp4-U9": (lambda m: FFCONCAT, {}, "ffconcat"),
@@ -185,9 +184,13 @@ def test_abuse_corpus_is_rejected_at_complete_and_deleted(api: Api, media: dict[
         created = api.create(data, **overrides).json()
         api.upload(created, data)  # every body is <= the declared size here, or the store ignores the cap
         asset = api.complete(created["id"]).json()
-        outcomes[case] = (asset["status"], reason if reason in (asset["error"] or "") else asset["error"],
-                          asset["ready_at"], api.ctx.storage.head(api.object_key(created["id"])),  # bytes not kept
-                          api.complete(created["id"]).json() == asset)  # replay: no second validation
+        outcomes[case] = (
+            asset["status"],
+            reason if reason in (asset["error"] or "") else asset["error"],
+            asset["ready_at"],
+            api.ctx.storage.head(api.object_key(created["id"])),  # bytes not kept
+            api.complete(created["id"]).json() == asset,
+        )  # replay: no second validation
         expected[case] = ("REJECTED", reason, None, None, True)
     # U1 against storage that ignores the declared size (moto, some S3-compatibles): complete() still catches it
     created = api.create(b"x" * 100).json()
@@ -210,17 +213,20 @@ def test_too_long_video_is_rejected(tmp_path: Path, media: dict[str, Path]) -> N
 # --- create-time validation ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"content_type": "image/gif"}, "content_type"),
-    ({"content_type": "application/vnd.apple.mpegurl"}, "content_type"),
-    ({"content_type": "text/html"}, "content_type"),
-    ({"size_bytes": 0}, "size_bytes"),  # zero-byte file (U20)
-    ({"size_bytes": "12"}, "size_bytes"),
-    ({"sha256": "xyz"}, "sha256"),
-    ({"filename": "x" * 1000}, "filename"),  # U7
-    ({"filename": ""}, "filename"),
-    ({"bucket": "other", "key": "tenants/b/x"}, "bucket"),  # U6: clients never name storage locations
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"content_type": "image/gif"}, "content_type"),
+        ({"content_type": "application/vnd.apple.mpegurl"}, "content_type"),
+        ({"content_type": "text/html"}, "content_type"),
+        ({"size_bytes": 0}, "size_bytes"),  # zero-byte file (U20)
+        ({"size_bytes": "12"}, "size_bytes"),
+        ({"sha256": "xyz"}, "sha256"),
+        ({"filename": "x" * 1000}, "filename"),  # U7
+        ({"filename": ""}, "filename"),
+        ({"bucket": "other", "key": "tenants/b/x"}, "bucket"),  # U6: clients never name storage locations
+    ],
+)
 def test_invalid_create_requests_are_422(local: Api, body: dict[str, Any], field: str) -> None:
     r = local.create(**{"size_bytes": 10, **body})
     assert r.status_code == 422, r.text
@@ -264,8 +270,9 @@ def test_fs_upload_with_bad_or_expired_signature_is_403(local: Api) -> None:
     other = local.row(upload_sessions, asset_id=uuid.UUID(local.create(b"y" * 10).json()["id"]))
     assert str(session.id) in url  # a valid signature for one upload does not transfer to another
     assert local.client.put(url.replace(str(session.id), str(other.id)), content=b"x" * 10).status_code == 403
-    expired = local.ctx.storage.upload_target(session.object_key, 10, "video/mp4", 60, upload_id=str(session.id),
-                                              now=datetime.now(UTC) - timedelta(hours=1))
+    expired = local.ctx.storage.upload_target(
+        session.object_key, 10, "video/mp4", 60, upload_id=str(session.id), now=datetime.now(UTC) - timedelta(hours=1)
+    )
     r = local.client.put(expired.url, content=b"x" * 10)
     assert r.status_code == 403 and r.json()["type"].endswith("/forbidden")  # U4
     assert local.ctx.storage.head(session.object_key) is None

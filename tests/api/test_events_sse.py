@@ -41,23 +41,42 @@ class Api:
     alice: TenantKey
 
     def create(self, key: str = "k1") -> str:
-        r = httpx.post(self.base + "/v1/generations", json=BODY,
-                       headers={**self.alice.headers, "Idempotency-Key": key}, timeout=READ_TIMEOUT_S)
+        r = httpx.post(
+            self.base + "/v1/generations",
+            json=BODY,
+            headers={**self.alice.headers, "Idempotency-Key": key},
+            timeout=READ_TIMEOUT_S,
+        )
         assert r.status_code == 202, r.text
         return str(r.json()["id"])
 
     @contextmanager
-    def stream(self, task_id: str, who: TenantKey | None = None, headers: dict[str, str] | None = None,
-               params: dict[str, Any] | None = None) -> Iterator[httpx.Response]:
-        with httpx.stream("GET", f"{self.base}/v1/generations/{task_id}/events", params=params,
-                          headers={**(who or self.alice).headers, **(headers or {})},
-                          timeout=httpx.Timeout(READ_TIMEOUT_S)) as r:
+    def stream(
+        self,
+        task_id: str,
+        who: TenantKey | None = None,
+        headers: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> Iterator[httpx.Response]:
+        with httpx.stream(
+            "GET",
+            f"{self.base}/v1/generations/{task_id}/events",
+            params=params,
+            headers={**(who or self.alice).headers, **(headers or {})},
+            timeout=httpx.Timeout(READ_TIMEOUT_S),
+        ) as r:
             yield r
 
 
 @contextmanager
-def api_with_workers(tmp_path: Path, *, heartbeat_s: float = QUIET_HEARTBEAT_S, database_url: str | None = None,
-                     workers: bool = True, **overrides: Any) -> Iterator[Api]:
+def api_with_workers(
+    tmp_path: Path,
+    *,
+    heartbeat_s: float = QUIET_HEARTBEAT_S,
+    database_url: str | None = None,
+    workers: bool = True,
+    **overrides: Any,
+) -> Iterator[Api]:
     ctx = make_context(tmp_path / "data", database_url, api={"sse_heartbeat_s": heartbeat_s}, **overrides)
     stop = threading.Event()
     # relay + worker only: no scheduler, so nothing but the test moves a task past QUEUED
@@ -129,15 +148,22 @@ def test_stream_sends_history_then_each_change_live_and_ends_after_the_terminal_
 ) -> None:
     extra: dict[str, Any] = {}
     if mode == "distributed":
-        extra = {"database_url": request.getfixturevalue("pg_url"), "mode": "distributed",
-                 "redis": {"key_prefix": f"aivedio-test-{uuid.uuid4().hex[:8]}:"}}
+        extra = {
+            "database_url": request.getfixturevalue("pg_url"),
+            "mode": "distributed",
+            "redis": {"key_prefix": f"aivedio-test-{uuid.uuid4().hex[:8]}:"},
+        }
     with api_with_workers(tmp_path, **extra) as api:
         task_id = api.create()
         with api.stream(task_id) as r:
             sse = SSE(r)
             history = sse.events(4)
             assert [(e["status"], e["version"]) for e in history] == [
-                ("CREATED", 0), ("VALIDATING", 1), ("QUOTA_RESERVED", 2), ("QUEUED", 3)]
+                ("CREATED", 0),
+                ("VALIDATING", 1),
+                ("QUOTA_RESERVED", 2),
+                ("QUEUED", 3),
+            ]
             assert all(e["id"] == task_id and e["at"] for e in history)
             assert history[-1]["progress"] == 0
 
@@ -194,8 +220,11 @@ def test_foreign_missing_and_anonymous_requests_get_no_stream(api: Api) -> None:
         assert r.headers["content-type"].startswith("application/problem+json")
         assert r.json()["type"].endswith("/not-found")
     assert httpx.get(f"{api.base}/v1/generations/{task_id}/events", timeout=READ_TIMEOUT_S).status_code == 401
-    r = httpx.get(f"{api.base}/v1/generations/{task_id}/events", headers={**api.alice.headers, "Last-Event-ID": "x"},
-                  timeout=READ_TIMEOUT_S)
+    r = httpx.get(
+        f"{api.base}/v1/generations/{task_id}/events",
+        headers={**api.alice.headers, "Last-Event-ID": "x"},
+        timeout=READ_TIMEOUT_S,
+    )
     assert r.status_code == 422
 
 

@@ -65,12 +65,18 @@ def test_create_reserves_records_and_queues_in_one_go(ctx: AppContext, client: T
     assert "idempotent-replayed" not in r.headers
     tid = uuid.UUID(task["id"])
     assert count(ctx, credit_ledger, credit_ledger.c.task_id == tid, credit_ledger.c.entry_type == "RESERVE") == 1
-    assert count(ctx, outbox_events, outbox_events.c.aggregate_id == tid,
-                 outbox_events.c.event_type == "generation.queued") == 1
+    assert (
+        count(
+            ctx, outbox_events, outbox_events.c.aggregate_id == tid, outbox_events.c.event_type == "generation.queued"
+        )
+        == 1
+    )
     with ctx.engine.connect() as conn:
-        history = conn.execute(sa.select(task_state_events.c.to_status, task_state_events.c.task_version)
-                               .where(task_state_events.c.task_id == tid)
-                               .order_by(task_state_events.c.task_version)).all()
+        history = conn.execute(
+            sa.select(task_state_events.c.to_status, task_state_events.c.task_version)
+            .where(task_state_events.c.task_id == tid)
+            .order_by(task_state_events.c.task_version)
+        ).all()
     assert [tuple(h) for h in history] == [("CREATED", 0), ("VALIDATING", 1), ("QUOTA_RESERVED", 2), ("QUEUED", 3)]
     assert str(balance(ctx, alice.tenant_id)).startswith("98")
 
@@ -79,8 +85,15 @@ def test_same_key_same_request_replays_even_reordered_with_defaults_spelled_out(
     ctx: AppContext, client: TestClient, alice: TenantKey
 ) -> None:
     first = post(client, alice, "same", BODY).json()
-    spelled = {"resolution": "360p", "model": "local-v1", "aspect_ratio": "16:9", "duration_s": 5,
-               "prompt": "  a red fox running through snow ", "priority": 0, "provider": "local"}
+    spelled = {
+        "resolution": "360p",
+        "model": "local-v1",
+        "aspect_ratio": "16:9",
+        "duration_s": 5,
+        "prompt": "  a red fox running through snow ",
+        "priority": 0,
+        "provider": "local",
+    }
     again = post(client, alice, "same", spelled)
     assert again.status_code == 202 and again.json()["id"] == first["id"]
     assert again.headers["idempotent-replayed"] == "true"
@@ -148,11 +161,23 @@ def test_assets_must_be_ready_and_the_tenants_own(ctx: AppContext, client: TestC
     now = ctx.clock.now()
     ids = {}
     with ctx.engine.begin() as conn:
-        for name, owner, status in (("ready", alice, "READY"), ("uploading", alice, "UPLOADING"),
-                                    ("bobs", bob, "READY")):
+        for name, owner, status in (
+            ("ready", alice, "READY"),
+            ("uploading", alice, "UPLOADING"),
+            ("bobs", bob, "READY"),
+        ):
             ids[name] = new_id()
-            conn.execute(assets.insert().values(id=ids[name], tenant_id=owner.tenant_id, kind="INPUT_IMAGE",
-                                                status=status, bucket="b", object_key=f"k/{name}", created_at=now))
+            conn.execute(
+                assets.insert().values(
+                    id=ids[name],
+                    tenant_id=owner.tenant_id,
+                    kind="INPUT_IMAGE",
+                    status=status,
+                    bucket="b",
+                    object_key=f"k/{name}",
+                    created_at=now,
+                )
+            )
     ok = post(client, alice, "a1", {**BODY, "asset_ids": [str(ids["ready"])]})
     assert ok.status_code == 202, ok.text
     not_ready = post(client, alice, "a2", {**BODY, "asset_ids": [str(ids["uploading"])]})
@@ -199,15 +224,20 @@ def test_cancel_before_dispatch_releases_the_reservation(ctx: AppContext, client
         conn.execute(generation_tasks.update().values(status="SUCCEEDED"))
     other = post(client, alice, "d", {**BODY, "seed": 7}).json()
     with ctx.engine.begin() as conn:
-        conn.execute(generation_tasks.update().where(generation_tasks.c.id == uuid.UUID(other["id"]))
-                     .values(status="SUCCEEDED"))
+        conn.execute(
+            generation_tasks.update().where(generation_tasks.c.id == uuid.UUID(other["id"])).values(status="SUCCEEDED")
+        )
     done = client.post(f"/v1/generations/{other['id']}/cancel", headers=alice.headers)
     assert done.status_code == 409 and done.json()["type"].endswith("illegal-state")
 
 
 def test_authentication(ctx: AppContext, client: TestClient, alice: TenantKey) -> None:
-    for headers in ({}, {"Authorization": "Bearer avk_nope"}, {"Authorization": "Basic abc"},
-                    {"Authorization": alice.key}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer avk_nope"},
+        {"Authorization": "Basic abc"},
+        {"Authorization": alice.key},
+    ):
         r = client.get("/v1/generations", headers=headers)
         assert r.status_code == 401 and r.headers["content-type"].startswith("application/problem+json")
     key_id, key = ctx.tenants.create_key(alice.tenant_id)
@@ -222,11 +252,17 @@ def test_health_request_id_and_body_cap(client: TestClient, alice: TenantKey) ->
     r = client.get("/healthz", headers={"X-Request-Id": "abc-123"})
     assert r.headers["x-request-id"] == "abc-123"
     assert len(client.get("/healthz").headers["x-request-id"]) == 32
-    big = client.post("/v1/generations", content=b"{" + b" " * 2_000_000 + b"}",
-                      headers={**alice.headers, "Idempotency-Key": "big", "Content-Type": "application/json"})
+    big = client.post(
+        "/v1/generations",
+        content=b"{" + b" " * 2_000_000 + b"}",
+        headers={**alice.headers, "Idempotency-Key": "big", "Content-Type": "application/json"},
+    )
     assert big.status_code == 413
-    bad_json = client.post("/v1/generations", content=b"{not json",
-                           headers={**alice.headers, "Idempotency-Key": "j", "Content-Type": "application/json"})
+    bad_json = client.post(
+        "/v1/generations",
+        content=b"{not json",
+        headers={**alice.headers, "Idempotency-Key": "j", "Content-Type": "application/json"},
+    )
     assert bad_json.status_code == 422 and bad_json.headers["content-type"].startswith("application/problem+json")
     spec = client.get("/openapi.json").json()
     assert "/v1/generations" in spec["paths"] and "/v1/generations/{task_id}/cancel" in spec["paths"]
@@ -248,8 +284,7 @@ def stalled(tmp_path: Path) -> Iterator[AppContext]:
     context.close()
 
 
-def test_new_work_is_shed_with_503_while_the_outbox_is_stalled_and_resumes_when_it_drains(
-        stalled: AppContext) -> None:
+def test_new_work_is_shed_with_503_while_the_outbox_is_stalled_and_resumes_when_it_drains(stalled: AppContext) -> None:
     """Seed 000 §4.11.2: no unbounded acceptance of paid work the broker cannot carry; replays of keys already
     in are still answered, a tier exempted by config is still admitted, and nothing is reserved for a refusal."""
     client = TestClient(create_app(stalled))

@@ -26,8 +26,11 @@ def test_signed_outputs_of_a_succeeded_generation_play(tmp_path: Path) -> None:
     runtime.start()
     try:
         with running_api(ctx) as base:
-            created = httpx.post(f"{base}/v1/generations", headers={**who.headers, "Idempotency-Key": "p1"},
-                                 json={"prompt": "waves", "model": "local-v1", "duration_s": 2}).json()
+            created = httpx.post(
+                f"{base}/v1/generations",
+                headers={**who.headers, "Idempotency-Key": "p1"},
+                json={"prompt": "waves", "model": "local-v1", "duration_s": 2},
+            ).json()
 
             def status() -> str:
                 with ctx.engine.connect() as conn:

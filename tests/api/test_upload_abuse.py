@@ -53,8 +53,18 @@ def _ffmpeg(out: Path, *args: str) -> bytes:
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     media = shared_media(tmp_path_factory)
     d = tmp_path_factory.mktemp("hostile")
-    tiny = ("-f", "lavfi", "-i", "testsrc=size=64x48:rate=25:duration=0.2", "-c:v", "libx264", "-preset",
-            "ultrafast", "-pix_fmt", "yuv420p")
+    tiny = (
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc=size=64x48:rate=25:duration=0.2",
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-pix_fmt",
+        "yuv420p",
+    )
     clip = media["clip.mp4"].read_bytes()
     zipped = io.BytesIO()
     with zipfile.ZipFile(zipped, "w") as z:
@@ -65,16 +75,44 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
         "png16k": png(16000, 16000),
         "png20k": png(20000, 20000, rows=2),
         "y4m32k": b"YUV4MPEG2 W32768 H32768 F25:1 Ip A1:1 C420jpeg\nFRAME\n" + b"\x80" * 4096,
-        "8k.mp4": _ffmpeg(d / "8k.mp4", "-f", "lavfi", "-i", "color=s=7680x4320:d=0.1:r=10", "-c:v", "libx264",
-                          "-preset", "ultrafast", "-pix_fmt", "yuv420p"),
+        "8k.mp4": _ffmpeg(
+            d / "8k.mp4",
+            "-f",
+            "lavfi",
+            "-i",
+            "color=s=7680x4320:d=0.1:r=10",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+        ),
         "fps1000.mp4": _ffmpeg(d / "fps1000.mp4", *tiny, "-r", "1000"),
         "fps0.001.mp4": _ffmpeg(d / "slow.mp4", *tiny, "-r", "0.001"),
-        "streams100.mkv": _ffmpeg(d / "s100.mkv", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=10:duration=0.3",
-                                  "-f", "lavfi", "-i", "sine=duration=0.3", "-map", "0:v",
-                                  *[a for _ in range(99) for a in ("-map", "1:a")], "-c:v", "libx264",
-                                  "-preset", "ultrafast", "-c:a", "libopus", "-b:a", "6k"),
-        "avi": _ffmpeg(d / "x.avi", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=10:duration=0.3",
-                       "-c:v", "mpeg4"),
+        "streams100.mkv": _ffmpeg(
+            d / "s100.mkv",
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc=size=64x48:rate=10:duration=0.3",
+            "-f",
+            "lavfi",
+            "-i",
+            "sine=duration=0.3",
+            "-map",
+            "0:v",
+            *[a for _ in range(99) for a in ("-map", "1:a")],
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-c:a",
+            "libopus",
+            "-b:a",
+            "6k",
+        ),
+        "avi": _ffmpeg(d / "x.avi", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=10:duration=0.3", "-c:v", "mpeg4"),
         "long.mp4": with_huge_duration(clip),
         "polyglot.mp4": clip + zipped.getvalue() + b"<html><script>alert(document.domain)</script></html>",
         "gzip.mp4": gzip.compress(clip),
@@ -86,8 +124,9 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
 
 @pytest.fixture(params=["embedded", "postgres"])
 def ctx(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AppContext]:
-    context = _context(request.param, request, tmp_path / "data", clock=FakeClock(),
-                       limits={"uploads_per_tenant_per_min": 5})
+    context = _context(
+        request.param, request, tmp_path / "data", clock=FakeClock(), limits={"uploads_per_tenant_per_min": 5}
+    )
     yield context
     context.close()
 
@@ -129,8 +168,7 @@ def _published(api: Api, asset_id: str) -> list[str]:
 CORPUS = {
     # case: (file, declared content type, reason fragment)
     "U8-hls-playlist-as-mp4": (None, "video/mp4", "HLS playlist"),
-    "U10-svg-as-png": (b"<svg xmlns='http://www.w3.org/2000/svg'><script>alert(1)</script></svg>", "image/png",
-                       "SVG"),
+    "U10-svg-as-png": (b"<svg xmlns='http://www.w3.org/2000/svg'><script>alert(1)</script></svg>", "image/png", "SVG"),
     "U10-js-as-mp4": (b"<script>fetch('/v1/assets')</script>", "video/mp4", "HTML"),
     "U12-avi-gab2-playlist": ("avi-gab2", "video/mp4", "video/x-msvideo, not video/mp4"),
     "U13-png-16000x16000-bomb": ("png16k", "image/png", "pixel limit"),
@@ -161,8 +199,12 @@ def test_hostile_media_corpus_is_rejected_and_nothing_is_published(
         local.upload(created, data)
         asset = local.complete(created["id"]).json()
         staging = local.row(upload_sessions, asset_id=uuid.UUID(created["id"])).object_key
-        outcomes[case] = (asset["status"], reason if reason in (asset["error"] or "") else asset["error"],
-                          local.ctx.storage.head(staging), _published(local, created["id"]))
+        outcomes[case] = (
+            asset["status"],
+            reason if reason in (asset["error"] or "") else asset["error"],
+            local.ctx.storage.head(staging),
+            _published(local, created["id"]),
+        )
         expected[case] = ("REJECTED", reason, None, [])
     assert outcomes == expected
     assert _connections(sock) == 0  # U8/U12: no playlist was ever followed
@@ -230,8 +272,9 @@ def test_u5_upload_url_reused_after_validation_changes_nothing_processed(api: Ap
         assert created["upload"]["fields"]["key"] == session.object_key != key
 
 
-def test_u5_object_swapped_during_validation_is_not_what_gets_published(api: Api, hostile: dict[str, bytes],
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_u5_object_swapped_during_validation_is_not_what_gets_published(
+    api: Api, hostile: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A PUT that lands after the download and before the verdict (the TOCTOU window) is simply ignored."""
     good, store = hostile["clip.mp4"], api.ctx.storage
     created = api.create(good).json()
@@ -255,8 +298,9 @@ def test_u5_object_swapped_during_validation_is_not_what_gets_published(api: Api
 # --- U25: one validation per asset --------------------------------------------------------------------------
 
 
-def test_u25_concurrent_complete_runs_a_single_validation(api: Api, hostile: dict[str, bytes],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_u25_concurrent_complete_runs_a_single_validation(
+    api: Api, hostile: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = hostile["clip.mp4"]
     created = api.create(data).json()
     api.upload(created, data)
@@ -294,8 +338,9 @@ def test_u25_a_dead_validators_claim_is_taken_over_after_its_ttl(api: Api, hosti
     clock: FakeClock = api.ctx.clock  # type: ignore[assignment]
     claim = {"upload": {"filename": "clip.mp4"}, "validation": {"started_at": clock.now().isoformat()}}
     with api.ctx.engine.begin() as conn:  # as left by a process that died mid-validation
-        conn.execute(assets.update().where(assets.c.id == uuid.UUID(created["id"]))
-                     .values(status="VALIDATING", probe=claim))
+        conn.execute(
+            assets.update().where(assets.c.id == uuid.UUID(created["id"])).values(status="VALIDATING", probe=claim)
+        )
     assert api.complete(created["id"]).json()["status"] == "VALIDATING"  # still within the claim's lifetime
     clock.advance(api.ctx.assets._claim_ttl_s + 1)
     assert api.complete(created["id"]).json()["status"] == "READY"
@@ -320,12 +365,15 @@ def test_u30_presign_rate_limit_is_per_tenant(api: Api) -> None:
 # --- U22 / U23: multipart ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("size", "parts"), [
-    (12 * MIB, 4),  # > size / 5 MiB + 1 = 3
-    (12 * MIB, 0),
-    (2 * 1024 * MIB, 10_001),  # > S3's 10,000 (and > 410 by size)
-    (10, 2),
-])
+@pytest.mark.parametrize(
+    ("size", "parts"),
+    [
+        (12 * MIB, 4),  # > size / 5 MiB + 1 = 3
+        (12 * MIB, 0),
+        (2 * 1024 * MIB, 10_001),  # > S3's 10,000 (and > 410 by size)
+        (10, 2),
+    ],
+)
 def test_u22_multipart_part_count_is_checked_at_initiate(s3api: Api, size: int, parts: int) -> None:
     r = s3api.create(size_bytes=size, parts=parts)
     assert r.status_code == 400 and r.headers["content-type"] == "application/problem+json"
@@ -365,10 +413,13 @@ def test_u23_abandoned_uploads_are_expired_and_their_multipart_aborted(s3api: Ap
     s3api.upload(single, b"y" * 100)
     clock.advance(86_400 + 900 + 1)  # upload URLs (900 s) expired a day ago
     fresh = s3api.create(b"z" * 10).json()
-    staging = {a["id"]: s3api.row(upload_sessions, asset_id=uuid.UUID(a["id"])).object_key
-               for a in (multipart, single, fresh)}
-    assert any(u["Key"] == staging[multipart["id"]]
-               for u in client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", []))
+    staging = {
+        a["id"]: s3api.row(upload_sessions, asset_id=uuid.UUID(a["id"])).object_key for a in (multipart, single, fresh)
+    }
+    assert any(
+        u["Key"] == staging[multipart["id"]]
+        for u in client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])
+    )
 
     assert s3api.ctx.assets.expire_abandoned_uploads() == 2
     for asset in (multipart, single):
@@ -376,8 +427,10 @@ def test_u23_abandoned_uploads_are_expired_and_their_multipart_aborted(s3api: Ap
         assert view["status"] == "REJECTED" and "abandoned" in view["error"]
         assert s3api.row(upload_sessions, asset_id=uuid.UUID(asset["id"])).status == "EXPIRED"
         assert store.head(staging[asset["id"]]) is None
-    assert not any(u["Key"] == staging[multipart["id"]]
-                   for u in client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", []))
+    assert not any(
+        u["Key"] == staging[multipart["id"]]
+        for u in client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])
+    )
     assert s3api.get(fresh["id"]).json()["status"] == "UPLOADING"
     assert s3api.ctx.assets.expire_abandoned_uploads() == 0  # idempotent
 
@@ -466,21 +519,30 @@ def test_u28_memory_bomb_is_bounded_by_the_sandbox_not_by_luck(tmp_path: Path, h
     16000² PNG (1,054 MB RSS measured unbounded, §1.8): the child must stay under the 512 MiB cap."""
     bomb = tmp_path / "bomb.png"
     bomb.write_bytes(hostile["png16k"])
-    out = subprocess.run([sys.executable, "-c", _RSS_PROBE, str(bomb)], capture_output=True, text=True,
-                         timeout=60, check=True, cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", _RSS_PROBE, str(bomb)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert int(out.stdout.strip().splitlines()[-1]) * 1024 < 512 * 2**20
 
 
-@pytest.mark.parametrize(("script", "reasons"), [
-    ("echo 'Cannot allocate memory' >&2; exit 69", ("Cannot allocate memory",)),  # ENOMEM under prlimit --as
-    # CPU bomb: whichever fires first, the wall-clock kill or prlimit's soft CPU limit (SIGXCPU; the hard limit's
-    # SIGKILL is a CPU-second later, so after the wall-clock timeout)
-    ("while :; do :; done", ("timed out", "killed by SIGXCPU")),
-    ("kill -9 $$", ("killed by SIGKILL",)),  # the OOM killer
-])
-def test_u27_u28_resource_kills_are_media_rejections_made_once(tmp_path: Path, script: str, reasons: tuple[str, ...],
-                                                               hostile: dict[str, bytes],
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("script", "reasons"),
+    [
+        ("echo 'Cannot allocate memory' >&2; exit 69", ("Cannot allocate memory",)),  # ENOMEM under prlimit --as
+        # CPU bomb: whichever fires first, the wall-clock kill or prlimit's soft CPU limit (SIGXCPU; the hard limit's
+        # SIGKILL is a CPU-second later, so after the wall-clock timeout)
+        ("while :; do :; done", ("timed out", "killed by SIGXCPU")),
+        ("kill -9 $$", ("killed by SIGKILL",)),  # the OOM killer
+    ],
+)
+def test_u27_u28_resource_kills_are_media_rejections_made_once(
+    tmp_path: Path, script: str, reasons: tuple[str, ...], hostile: dict[str, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A probe that dies of a resource limit rejects the upload (non-retryable: the bytes are at fault), in
     one attempt: a replayed complete() does not run the probe again, and the process serving it survives."""
     fake = tmp_path / "bin" / "ffprobe"
@@ -498,4 +560,3 @@ def test_u27_u28_resource_kills_are_media_rejections_made_once(tmp_path: Path, s
         context.close()
     assert asset["status"] == "REJECTED" and any(r in asset["error"] for r in reasons), asset["error"]
     assert replay == asset and runs.read_text().count("run") == 1
-

@@ -88,8 +88,12 @@ def _imported_tops(path: Path) -> set[str]:
 
 
 def _importers(library: str, root: Path = REPO) -> set[Path]:
-    return {path for package in PRODUCT_PACKAGES for path in (root / package).rglob("*.py")
-            if library in _imported_tops(path)}
+    return {
+        path
+        for package in PRODUCT_PACKAGES
+        for path in (root / package).rglob("*.py")
+        if library in _imported_tops(path)
+    }
 
 
 @pytest.mark.parametrize("library", sorted(SWAPPABLE))
@@ -97,8 +101,15 @@ def test_swappable_library_is_imported_by_one_module_only(library: str) -> None:
     assert _importers(library) == {SWAPPABLE[library]}
 
 
-@pytest.mark.parametrize("source", ["import httpx", "import httpx._client as c", "from httpx import Client",
-                                    "def f():\n    from httpx._models import Response"])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import httpx",
+        "import httpx._client as c",
+        "from httpx import Client",
+        "def f():\n    from httpx._models import Response",
+    ],
+)
 def test_the_import_scan_sees_every_import_form(source: str, tmp_path: Path) -> None:
     stray = tmp_path / "aivedio_engine" / "fetch" / "stray.py"
     stray.parent.mkdir(parents=True)

@@ -51,29 +51,64 @@ def insert_tenant(conn: sa.Connection, now: datetime = T0) -> uuid.UUID:
     return tid
 
 
-def insert_tasks(conn: sa.Connection, tenant_id: uuid.UUID, n: int, *, version: int = 3,
-                 status: TaskStatus = TaskStatus.QUEUED, now: datetime = T0) -> list[uuid.UUID]:
+def insert_tasks(
+    conn: sa.Connection,
+    tenant_id: uuid.UUID,
+    n: int,
+    *,
+    version: int = 3,
+    status: TaskStatus = TaskStatus.QUEUED,
+    now: datetime = T0,
+) -> list[uuid.UUID]:
     ids = [new_id() for _ in range(n)]
-    conn.execute(generation_tasks.insert(), [
-        dict(id=i, tenant_id=tenant_id, client_idempotency_key=str(i), request_hash=b"h", status=status.value,
-             version=version, requested_model="local-v1", estimated_cost=Decimal("5"), prompt="a cat",
-             params={"seconds": 5}, created_at=now, updated_at=now)
-        for i in ids
-    ])
+    conn.execute(
+        generation_tasks.insert(),
+        [
+            dict(
+                id=i,
+                tenant_id=tenant_id,
+                client_idempotency_key=str(i),
+                request_hash=b"h",
+                status=status.value,
+                version=version,
+                requested_model="local-v1",
+                estimated_cost=Decimal("5"),
+                prompt="a cat",
+                params={"seconds": 5},
+                created_at=now,
+                updated_at=now,
+            )
+            for i in ids
+        ],
+    )
     return ids
 
 
-def insert_queued_events(conn: sa.Connection, tenant_id: uuid.UUID, task_ids: list[uuid.UUID], *,
-                         version: int = 3, now: datetime = T0) -> list[uuid.UUID]:
+def insert_queued_events(
+    conn: sa.Connection, tenant_id: uuid.UUID, task_ids: list[uuid.UUID], *, version: int = 3, now: datetime = T0
+) -> list[uuid.UUID]:
     """`generation.queued` rows in bulk (one statement), plus one NOTIFY on PostgreSQL like outbox.add does."""
     ids = [new_id() for _ in task_ids]
-    conn.execute(outbox_events.insert(), [
-        dict(id=eid, aggregate_type="generation_task", aggregate_id=tid, aggregate_version=version,
-             event_type=EventType.GENERATION_QUEUED.value, payload={"task_id": str(tid), "priority": 0},
-             status=OutboxStatus.PENDING.value, target=ROUTES[EventType.GENERATION_QUEUED].actor,
-             available_at=now, tenant_id=tenant_id, trace_id=f"trace-{tid.hex[:8]}", created_at=now)
-        for eid, tid in zip(ids, task_ids, strict=True)
-    ])
+    conn.execute(
+        outbox_events.insert(),
+        [
+            dict(
+                id=eid,
+                aggregate_type="generation_task",
+                aggregate_id=tid,
+                aggregate_version=version,
+                event_type=EventType.GENERATION_QUEUED.value,
+                payload={"task_id": str(tid), "priority": 0},
+                status=OutboxStatus.PENDING.value,
+                target=ROUTES[EventType.GENERATION_QUEUED].actor,
+                available_at=now,
+                tenant_id=tenant_id,
+                trace_id=f"trace-{tid.hex[:8]}",
+                created_at=now,
+            )
+            for eid, tid in zip(ids, task_ids, strict=True)
+        ],
+    )
     if conn.dialect.name == "postgresql":
         conn.execute(sa.text("SELECT pg_notify(:ch, '')"), {"ch": outbox.NOTIFY_CHANNEL})
     return ids

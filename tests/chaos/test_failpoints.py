@@ -73,8 +73,9 @@ def test_bad_specs_are_rejected(spec: str) -> None:
 def test_kill_counts_the_hit_before_the_process_dies(tmp_path: Path) -> None:
     log = tmp_path / "hits.log"
     env = {**os.environ, "AIVEDIO_FAILPOINTS": "k=kill@3", "AIVEDIO_FAILPOINTS_LOG": str(log)}
-    code = ("from aivedio_engine.testing.failpoints import failpoint\n"
-            "for _ in range(10): failpoint('k')\nprint('survived')")
+    code = (
+        "from aivedio_engine.testing.failpoints import failpoint\nfor _ in range(10): failpoint('k')\nprint('survived')"
+    )
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == -signal.SIGKILL and "survived" not in result.stdout
     lines = log.read_text().splitlines()

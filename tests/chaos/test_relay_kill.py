@@ -88,11 +88,25 @@ def test_killed_relay_mid_batch_loses_nothing_and_doubles_no_effect(
         insert_queued_events(conn, tenant, tasks)
 
     hits_log = tmp_path / "failpoint-hits.log"
-    cli = [sys.executable, "-m", "aivedio_cli",
-           "--set", f"database.url={pg_url}", "--set", "mode=distributed",
-           "--set", "broker.kind=redis", "--set", f"broker.url={REDIS_URL}",
-           "--set", f"redis.key_prefix={redis_prefix}", "--set", "broker.worker_threads=4",
-           "serve", "--role"]
+    cli = [
+        sys.executable,
+        "-m",
+        "aivedio_cli",
+        "--set",
+        f"database.url={pg_url}",
+        "--set",
+        "mode=distributed",
+        "--set",
+        "broker.kind=redis",
+        "--set",
+        f"broker.url={REDIS_URL}",
+        "--set",
+        f"redis.key_prefix={redis_prefix}",
+        "--set",
+        "broker.worker_threads=4",
+        "serve",
+        "--role",
+    ]
 
     def start(name: str, role: str, failpoints: str) -> Proc:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
@@ -121,8 +135,12 @@ def test_killed_relay_mid_batch_loses_nothing_and_doubles_no_effect(
         wait_until(lambda: inbox_count(engine, intake.CONSUMER_GROUP) == N, 90, f"{N} inbox rows", 0.1)
         wait_until(lambda: outbox_statuses(engine) == {OutboxStatus.PUBLISHED.value: N}, 30, "every row PUBLISHED")
         # every extra message must be delivered and recognised as a duplicate before we look at the effects
-        wait_until(lambda: total("consume.duplicate") == total("relay.after_enqueue") - N, 60,
-                   "each extra message to be deduplicated", 0.1)
+        wait_until(
+            lambda: total("consume.duplicate") == total("relay.after_enqueue") - N,
+            60,
+            "each extra message to be deduplicated",
+            0.1,
+        )
         elapsed = time.monotonic() - started
     except AssertionError:
         print("\n".join(p.tail() for p in procs))
@@ -148,6 +166,8 @@ def test_killed_relay_mid_batch_loses_nothing_and_doubles_no_effect(
         except subprocess.TimeoutExpired:
             pytest.fail(f"{p.name} did not stop within 20 s of SIGTERM\n{p.tail()}")
 
-    print(f"\nchaos: {N} events, relay A killed after {KILL_AT} enqueues, {extra} duplicate messages delivered "
-          f"and deduplicated, all consumed {elapsed:.1f}s after the first process started")
+    print(
+        f"\nchaos: {N} events, relay A killed after {KILL_AT} enqueues, {extra} duplicate messages delivered "
+        f"and deduplicated, all consumed {elapsed:.1f}s after the first process started"
+    )
     engine.dispose()

@@ -57,7 +57,8 @@ class Seeded:
 
     def create(self, name: str, prompt: str) -> uuid.UUID:
         self.tasks[name] = self.ctx.generations.create(
-            self.tenant_id, name, {"prompt": prompt, "model": "sim-v1", "duration_s": 2}).task.id
+            self.tenant_id, name, {"prompt": prompt, "model": "sim-v1", "duration_s": 2}
+        ).task.id
         return self.tasks[name]
 
     def run(self, max_rounds: int = 40) -> None:
@@ -89,9 +90,11 @@ class Seeded:
         return self.one(sa.select(review_items).where(review_items.c.task_id == self.tasks[name]))
 
     def ledger(self, name: str) -> list[tuple[str, Any]]:
-        rows = self.all(sa.select(credit_ledger.c.entry_type, credit_ledger.c.amount)
-                        .where(credit_ledger.c.task_id == self.tasks[name]).order_by(credit_ledger.c.created_at,
-                                                                                    credit_ledger.c.id))
+        rows = self.all(
+            sa.select(credit_ledger.c.entry_type, credit_ledger.c.amount)
+            .where(credit_ledger.c.task_id == self.tasks[name])
+            .order_by(credit_ledger.c.created_at, credit_ledger.c.id)
+        )
         return [(r.entry_type, r.amount) for r in rows]
 
     def balance(self) -> Any:
@@ -101,18 +104,35 @@ class Seeded:
         return self.all(sa.select(audit_log).where(audit_log.c.command == command).order_by(audit_log.c.created_at))
 
 
-def seed(tmp_path: Path, sim: SimHandle, database_url: str | None, monkeypatch: pytest.MonkeyPatch,
-         prompts: dict[str, str], *, max_concurrency: int = 50, duplicate_every: int = 0,
-         cli_settings: Iterable[str] = (), run: bool = True) -> Seeded:
+def seed(
+    tmp_path: Path,
+    sim: SimHandle,
+    database_url: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    prompts: dict[str, str],
+    *,
+    max_concurrency: int = 50,
+    duplicate_every: int = 0,
+    cli_settings: Iterable[str] = (),
+    run: bool = True,
+) -> Seeded:
     """A tenant with 1000 credits and one task per prompt, run through the whole pipeline (unless run=False);
     prompts mentioning REVIEW_TERM end in MANUAL_REVIEW with a review item."""
-    ctx = sim_context(tmp_path, sim, database_url, max_concurrency=max_concurrency,
-                      media={"review_prompt_terms": [REVIEW_TERM]})
+    ctx = sim_context(
+        tmp_path, sim, database_url, max_concurrency=max_concurrency, media={"review_prompt_terms": [REVIEW_TERM]}
+    )
     clock = ctx.clock
     monkeypatch.setattr(SystemClock, "now", lambda self: clock.now())
     who = tenant_with_key(ctx, "acme", credits=1000)
-    seeded = Seeded(ctx, sim, Driver(ctx, sim, Pump(ctx, duplicate_every=duplicate_every)), tmp_path / "data",
-                    database_url, who.tenant_id, cli_settings=tuple(cli_settings))
+    seeded = Seeded(
+        ctx,
+        sim,
+        Driver(ctx, sim, Pump(ctx, duplicate_every=duplicate_every)),
+        tmp_path / "data",
+        database_url,
+        who.tenant_id,
+        cli_settings=tuple(cli_settings),
+    )
     for name, prompt in prompts.items():
         seeded.create(name, prompt)
     if run:
@@ -121,8 +141,9 @@ def seed(tmp_path: Path, sim: SimHandle, database_url: str | None, monkeypatch: 
 
 
 @pytest.fixture
-def seeder(tmp_path: Path, sim: SimHandle, database_url: str | None,
-           monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Seeded]]:
+def seeder(
+    tmp_path: Path, sim: SimHandle, database_url: str | None, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Seeded]]:
     """`seeder(prompts, **seed_options)` → Seeded on the test's database; contexts are closed afterwards (before
     the PostgreSQL database is dropped)."""
     made: list[Seeded] = []

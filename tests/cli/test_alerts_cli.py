@@ -35,8 +35,16 @@ def _raise(data: Path, rule: Rule, key: str, at: datetime = T0) -> None:
     engine = _engine(data)
     try:
         with engine.begin() as conn:
-            raise_alert(conn, rule, AlertSeverity.WARNING, dedup_key=key, message=f"{rule.value} {key}", now=at,
-                        subject_type="task", subject_id=key)
+            raise_alert(
+                conn,
+                rule,
+                AlertSeverity.WARNING,
+                dedup_key=key,
+                message=f"{rule.value} {key}",
+                now=at,
+                subject_type="task",
+                subject_id=key,
+            )
     finally:
         engine.dispose()
 
@@ -74,12 +82,14 @@ def test_ack_absorbs_repeats_and_resolve_lets_the_condition_raise_again(tmp_path
     _raise(tmp_path, Rule.SUBMIT_UNKNOWN_PARKED, "t1", at=T0.replace(minute=5))  # the condition repeats
     (t1,) = [r for r in _rows(tmp_path, alerts) if r.dedup_key == "t1"]
     assert t1.status == "ACKNOWLEDGED" and t1.acknowledged_by and t1.last_seen_at.minute == 5
-    assert [a["subject_id"] for a in json.loads(_cli(tmp_path, "alerts", "list", "--status", "open",
-                                                     "--json").stdout)] == ["t2"]
+    assert [
+        a["subject_id"] for a in json.loads(_cli(tmp_path, "alerts", "list", "--status", "open", "--json").stdout)
+    ] == ["t2"]
 
     again = _cli(tmp_path, "alerts", "ack", str(ids["t1"]), "--reason", "again", "--yes", "--json")
     assert again.exit_code == 0 and json.loads(again.stdout)["skipped"] == [
-        {"id": str(ids["t1"]), "why": "already ACKNOWLEDGED"}]
+        {"id": str(ids["t1"]), "why": "already ACKNOWLEDGED"}
+    ]
 
     both = _cli(tmp_path, "alerts", "resolve", str(ids["t1"]), str(ids["t2"]), "--reason", "fixed", "--yes")
     assert both.exit_code == 0 and "resolved 2 alert(s)" in both.stdout

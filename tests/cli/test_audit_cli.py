@@ -46,8 +46,9 @@ def violated(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def test_a_clean_run_of_real_tasks_holds_every_invariant(seeder: Callable[..., Seeded]) -> None:
-    s = seeder({"ok1": "scene one", "ok2": "scene two", "fox1": "a fox", "fox2": "two foxes"},
-               duplicate_every=3, run=False)  # every third event is delivered twice, as a broker may
+    s = seeder(
+        {"ok1": "scene one", "ok2": "scene two", "fox1": "a fox", "fox2": "two foxes"}, duplicate_every=3, run=False
+    )  # every third event is delivered twice, as a broker may
     s.create("cx", "canceled before dispatch")
     s.ctx.generations.cancel(s.tenant_id, s.tasks["cx"])
     s.run()
@@ -58,8 +59,13 @@ def test_a_clean_run_of_real_tasks_holds_every_invariant(seeder: Callable[..., S
     s.run()
     s.driver.pump.run()  # deliver the notifications of the review decisions too
     assert {n: s.task(n).status for n in s.tasks} == {
-        "ok1": "SUCCEEDED", "ok2": "SUCCEEDED", "fox1": "SUCCEEDED", "fox2": "FAILED_FINAL", "cx": "CANCELED",
-        "bad": "FAILED_FINAL"}
+        "ok1": "SUCCEEDED",
+        "ok2": "SUCCEEDED",
+        "fox1": "SUCCEEDED",
+        "fox2": "FAILED_FINAL",
+        "cx": "CANCELED",
+        "bad": "FAILED_FINAL",
+    }
 
     code, report = audit(s)
 
@@ -100,8 +106,14 @@ class World:
 
     def event(self, name: str, from_status: str, to_status: str) -> Any:
         e = task_state_events.c
-        return self.s.one(sa.select(task_state_events).where(
-            e.task_id == self.id(name), e.outcome == "applied", e.from_status == from_status, e.to_status == to_status))
+        return self.s.one(
+            sa.select(task_state_events).where(
+                e.task_id == self.id(name),
+                e.outcome == "applied",
+                e.from_status == from_status,
+                e.to_status == to_status,
+            )
+        )
 
     def outbox(self, event_type: str, name: str | None = None, skip: int = 0) -> Any:
         o = outbox_events.c
@@ -151,8 +163,14 @@ def i3_4(s: Seeded, w: World) -> str:
     s.execute("DROP INDEX uq_task_attempts_one_in_flight")
     a = w.attempt("ok1")
     s.execute(upd(task_attempts, a.id, submit_state="RUNNING"))
-    w.copy(task_attempts, a, attempt_no=2, provider_request_key=a.provider_request_key + "-2", provider_job_id=None,
-           submit_state="RUNNING")
+    w.copy(
+        task_attempts,
+        a,
+        attempt_no=2,
+        provider_request_key=a.provider_request_key + "-2",
+        provider_job_id=None,
+        submit_state="RUNNING",
+    )
     return str(w.id("ok1"))
 
 
@@ -164,8 +182,13 @@ def i4_1(s: Seeded, w: World) -> str:
 
 
 def i4_2(s: Seeded, w: World) -> str:
-    w.ledger(tenant_id=s.tenant_id, task_id=w.id("ok3"), entry_type="RESERVE", amount=0,
-             business_key=f"reserve-again:{w.id('ok3')}")
+    w.ledger(
+        tenant_id=s.tenant_id,
+        task_id=w.id("ok3"),
+        entry_type="RESERVE",
+        amount=0,
+        business_key=f"reserve-again:{w.id('ok3')}",
+    )
     return str(w.id("ok3"))
 
 
@@ -180,8 +203,15 @@ def i4_4(s: Seeded, w: World) -> str:
 
 
 def i4_5(s: Seeded, w: World) -> str:
-    return str(w.ledger(tenant_id=w.other, task_id=w.id("ok1"), entry_type="ADJUSTMENT", amount=0,
-                        business_key="adjustment:wrong-tenant"))
+    return str(
+        w.ledger(
+            tenant_id=w.other,
+            task_id=w.id("ok1"),
+            entry_type="ADJUSTMENT",
+            amount=0,
+            business_key="adjustment:wrong-tenant",
+        )
+    )
 
 
 def i4_6(s: Seeded, w: World) -> str:
@@ -239,8 +269,13 @@ def i6_3(s: Seeded, w: World) -> str:
 def i6_4(s: Seeded, w: World) -> str:
     s.execute("ALTER TABLE task_attempts DROP CONSTRAINT uq_task_attempts_task_id_attempt_no")
     a = w.attempt("ok2")
-    w.copy(task_attempts, a, provider_request_key=a.provider_request_key + "-again", provider_job_id=None,
-           submit_state="FAILED")
+    w.copy(
+        task_attempts,
+        a,
+        provider_request_key=a.provider_request_key + "-again",
+        provider_job_id=None,
+        submit_state="FAILED",
+    )
     return str(w.id("ok2"))
 
 
@@ -252,11 +287,22 @@ def i6_5(s: Seeded, w: World) -> str:
 
 
 def i7_2(s: Seeded, w: World) -> str:
-    s.execute(slot_grants.insert().values(id=new_id(), scope="sim", holder="w1", fencing_token=100,
-                                          lease_expires_at=w.now, created_at=w.old))
+    s.execute(
+        slot_grants.insert().values(
+            id=new_id(), scope="sim", holder="w1", fencing_token=100, lease_expires_at=w.now, created_at=w.old
+        )
+    )
     late = new_id()
-    s.execute(slot_grants.insert().values(id=late, scope="sim", holder="w2", fencing_token=50,
-                                          lease_expires_at=w.now, created_at=w.old + timedelta(seconds=1)))
+    s.execute(
+        slot_grants.insert().values(
+            id=late,
+            scope="sim",
+            holder="w2",
+            fencing_token=50,
+            lease_expires_at=w.now,
+            created_at=w.old + timedelta(seconds=1),
+        )
+    )
     return str(late)
 
 
@@ -282,8 +328,11 @@ def i8_2(s: Seeded, w: World) -> str:
 
 def i9_1(s: Seeded, w: World) -> str:
     raw = s.task("ok3").output_asset_id
-    s.execute(assets.update().where(assets.c.parent_asset_id == raw, assets.c.kind.in_(["PROXY", "HLS"]))
-              .values(status="FAILED"))
+    s.execute(
+        assets.update()
+        .where(assets.c.parent_asset_id == raw, assets.c.kind.in_(["PROXY", "HLS"]))
+        .values(status="FAILED")
+    )
     return str(w.id("ok3"))
 
 
@@ -311,14 +360,35 @@ def i10_2(s: Seeded, w: World) -> str:
 
 #: check id → (corruption, needs PostgreSQL DDL)
 CORRUPTIONS: dict[str, tuple[Corruption, bool]] = {
-    "I1.2": (i1_2, True), "I2.1": (i2_1, False), "I2.2": (i2_2, False), "I2.3": (i2_3, False),
-    "I3.4": (i3_4, False), "I4.1": (i4_1, True), "I4.2": (i4_2, False), "I4.3": (i4_3, False),
-    "I4.4": (i4_4, False), "I4.5": (i4_5, False), "I4.6": (i4_6, False), "I5.1": (i5_1, False),
-    "I5.2": (i5_2, False), "I5.3": (i5_3, False), "I5.4": (i5_4, False), "I5.5": (i5_5, True),
-    "I6.1": (i6_1, False), "I6.2": (i6_2, False), "I6.3": (i6_3, False), "I6.4": (i6_4, True),
-    "I6.5": (i6_5, False), "I7.2": (i7_2, False), "I8.2": (i8_2, False), "I8.3": (i8_3, False),
+    "I1.2": (i1_2, True),
+    "I2.1": (i2_1, False),
+    "I2.2": (i2_2, False),
+    "I2.3": (i2_3, False),
+    "I3.4": (i3_4, False),
+    "I4.1": (i4_1, True),
+    "I4.2": (i4_2, False),
+    "I4.3": (i4_3, False),
+    "I4.4": (i4_4, False),
+    "I4.5": (i4_5, False),
+    "I4.6": (i4_6, False),
+    "I5.1": (i5_1, False),
+    "I5.2": (i5_2, False),
+    "I5.3": (i5_3, False),
+    "I5.4": (i5_4, False),
+    "I5.5": (i5_5, True),
+    "I6.1": (i6_1, False),
+    "I6.2": (i6_2, False),
+    "I6.3": (i6_3, False),
+    "I6.4": (i6_4, True),
+    "I6.5": (i6_5, False),
+    "I7.2": (i7_2, False),
+    "I8.2": (i8_2, False),
+    "I8.3": (i8_3, False),
     "I8.4": (i8_4, False),
-    "I9.1": (i9_1, False), "I9.2": (i9_2, False), "I9.3": (i9_3, False), "I10.1": (i10_1, False),
+    "I9.1": (i9_1, False),
+    "I9.2": (i9_2, False),
+    "I9.3": (i9_3, False),
+    "I10.1": (i10_1, False),
     "I10.2": (i10_2, False),
 }
 
@@ -328,10 +398,12 @@ def test_every_check_has_a_corruption_that_proves_it_fires() -> None:
     assert not SKIPPED_IDS & set(CHECKS) and {k.id for k in SKIPPED} == SKIPPED_IDS
 
 
-def test_each_kind_of_violation_is_reported_with_its_offending_row(seeder: Callable[..., Seeded],
-                                                                   database_url: str | None) -> None:
-    s = seeder({"ok1": "scene one", "ok2": "scene two", "ok3": "scene three", "ok4": "scene four",
-                "fox": "a fox"}, run=False)
+def test_each_kind_of_violation_is_reported_with_its_offending_row(
+    seeder: Callable[..., Seeded], database_url: str | None
+) -> None:
+    s = seeder(
+        {"ok1": "scene one", "ok2": "scene two", "ok3": "scene three", "ok4": "scene four", "fox": "a fox"}, run=False
+    )
     s.create("cx", "canceled before dispatch")
     s.ctx.generations.cancel(s.tenant_id, s.tasks["cx"])
     s.run()

@@ -28,8 +28,10 @@ def live(s: Seeded, *args: str) -> dict[str, Any]:
 
 
 def test_measured_rates_are_what_the_rows_say_and_slots_come_from_settings(seeder: Callable[..., Seeded]) -> None:
-    s = seeder({f"t{i}": f"scene {i}" for i in range(4)},
-               cli_settings=(*SIM_ONLY, "providers.sim.max_concurrency=7", "limits.platform_max_concurrency=5"))
+    s = seeder(
+        {f"t{i}": f"scene {i}" for i in range(4)},
+        cli_settings=(*SIM_ONLY, "providers.sim.max_concurrency=7", "limits.platform_max_concurrency=5"),
+    )
     attempts = s.all(sa.select(task_attempts))
     w = mean((a.completed_at - a.submitted_at).total_seconds() for a in attempts)
     sizes = [a.size_bytes for a in s.all(sa.select(assets).where(assets.c.kind == "RAW_OUTPUT"))]
@@ -51,9 +53,17 @@ def test_measured_rates_are_what_the_rows_say_and_slots_come_from_settings(seede
     # the platform cap (5) binds below the provider's own limit (7)
     assert report["platform"]["slots"] == 5 and report["providers"]["sim"]["slots"] == 7
     assert report["platform"]["time_to_saturation_s"] is None and report["platform"]["queue_growth_per_min"] == 0
-    inputs = CapacityInputs(arrival_rate=4 / 3600, avg_duration=m["provider_seconds"], provider_slots=5,
-                            success_rate=1.0, output_mb=mean(sizes) / 1e6, media_seconds=m["media_seconds"],
-                            transitions_per_task=transitions / 4, poll_interval=5, backlog=0)
+    inputs = CapacityInputs(
+        arrival_rate=4 / 3600,
+        avg_duration=m["provider_seconds"],
+        provider_slots=5,
+        success_rate=1.0,
+        output_mb=mean(sizes) / 1e6,
+        media_seconds=m["media_seconds"],
+        transitions_per_task=transitions / 4,
+        poll_interval=5,
+        backlog=0,
+    )
     assert report["figures"] == pytest.approx(estimate(inputs).figures())
 
     text = s.cli("capacity", "live", "--window", "1h")
@@ -61,8 +71,12 @@ def test_measured_rates_are_what_the_rows_say_and_slots_come_from_settings(seede
 
 
 def test_a_saturated_pool_reports_queue_growth_and_no_time_left(seeder: Callable[..., Seeded]) -> None:
-    s = seeder({f"t{i}": f"scene {i}" for i in range(10)}, max_concurrency=2, run=False,
-               cli_settings=(*SIM_ONLY, "providers.sim.max_concurrency=2"))
+    s = seeder(
+        {f"t{i}": f"scene {i}" for i in range(10)},
+        max_concurrency=2,
+        run=False,
+        cli_settings=(*SIM_ONLY, "providers.sim.max_concurrency=2"),
+    )
     for _ in range(3):  # two run and finish, two more take the freed slots, six wait
         s.driver.round()
     counts = s.driver.statuses()

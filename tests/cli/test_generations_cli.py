@@ -30,12 +30,19 @@ ORDER = ["QUEUED", "DISPATCHING", "SUBMITTED", "RUNNING", "OUTPUT_FETCHING", "PO
 DERIVATIVES = {"proxy_mp4", "hls", "thumbnail", "waveform"}
 
 
-def _aivedio(*args: str, data: Path | None = None, env: dict[str, str] | None = None, cwd: Path,
-             timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def _aivedio(
+    *args: str, data: Path | None = None, env: dict[str, str] | None = None, cwd: Path, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
     prefix = ["--set", f"data_dir={data}"] if data else []
-    return subprocess.run([sys.executable, "-m", "aivedio_cli", *prefix, *args], env={**clean, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "aivedio_cli", *prefix, *args],
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 def _ok(run: subprocess.CompletedProcess[str]) -> Any:
@@ -57,8 +64,11 @@ def _recorded(ctx: AppContext, task_id: str) -> dict[str, str]:
     """profile (or "original") → the sha256 on the task's asset rows, read straight from the database."""
     a = assets.c
     with ctx.engine.connect() as conn:
-        rows = conn.execute(sa.select(a.kind, a.profile, a.checksum_algorithm, a.checksum_value)
-                            .where(a.task_id == uuid.UUID(task_id), a.status == "READY")).all()
+        rows = conn.execute(
+            sa.select(a.kind, a.profile, a.checksum_algorithm, a.checksum_value).where(
+                a.task_id == uuid.UUID(task_id), a.status == "READY"
+            )
+        ).all()
     assert all(r.checksum_algorithm == "sha256" for r in rows)
     return {("original" if r.kind == "RAW_OUTPUT" else r.profile): r.checksum_value for r in rows}
 
@@ -93,8 +103,9 @@ def _stored(ctx: AppContext, task_id: str, profile: str) -> Path:
     root = Path(ctx.settings.data_dir) / "objects"
     a = assets.c
     with ctx.engine.connect() as conn:
-        key = conn.execute(sa.select(a.object_key).where(a.task_id == uuid.UUID(task_id),
-                                                         a.profile == profile)).scalar_one()
+        key = conn.execute(
+            sa.select(a.object_key).where(a.task_id == uuid.UUID(task_id), a.profile == profile)
+        ).scalar_one()
     return root / key
 
 
@@ -102,8 +113,11 @@ def _stored(ctx: AppContext, task_id: str, profile: str) -> Path:
 def test_embedded_generate_then_wait_get_list_download(tmp_path: Path) -> None:
     data = tmp_path / "data"
     image = sample_png(tmp_path / "ref.png")
-    made = _ok(_aivedio("generate", "a red fox in snow", "--image", str(image), "--duration", "2", "--json",
-                        data=data, cwd=tmp_path))
+    made = _ok(
+        _aivedio(
+            "generate", "a red fox in snow", "--image", str(image), "--duration", "2", "--json", data=data, cwd=tmp_path
+        )
+    )
     tid = made["id"]
     assert made["status"] not in ("SUCCEEDED", "FAILED_FINAL")
 
@@ -159,8 +173,9 @@ def test_embedded_cancel_of_a_queued_task_and_one_line_errors(tmp_path: Path) ->
     try:
         local = ctx.tenants.local_principal()
         # made without any engine running: it stays QUEUED until someone cancels it
-        task = ctx.generations.create(local.tenant_id, "queued-1", {"prompt": "still water", "model": "local-v1",
-                                                                    "duration_s": 2}).task
+        task = ctx.generations.create(
+            local.tenant_id, "queued-1", {"prompt": "still water", "model": "local-v1", "duration_s": 2}
+        ).task
         assert task.status == "QUEUED"
         tid = str(task.id)
         listed = _ok(_aivedio("generations", "list", "--status", "QUEUED", "--json", data=data, cwd=tmp_path))
@@ -171,8 +186,9 @@ def test_embedded_cancel_of_a_queued_task_and_one_line_errors(tmp_path: Path) ->
         again = _ok(_aivedio("generations", "cancel", tid, "--json", data=data, cwd=tmp_path))
         assert again["status"] == "CANCELED" and again["version"] == canceled["version"]
         with ctx.engine.connect() as conn:
-            entries = conn.execute(sa.select(credit_ledger.c.entry_type, credit_ledger.c.amount)
-                                   .where(credit_ledger.c.task_id == task.id)).all()
+            entries = conn.execute(
+                sa.select(credit_ledger.c.entry_type, credit_ledger.c.amount).where(credit_ledger.c.task_id == task.id)
+            ).all()
         assert sorted(e.entry_type for e in entries) == ["RELEASE", "RESERVE"] and sum(e.amount for e in entries) == 0
 
         waited = _aivedio("generations", "wait", tid, "--json", data=data, cwd=tmp_path)
@@ -203,8 +219,11 @@ def test_embedded_cancel_of_a_queued_task_and_one_line_errors(tmp_path: Path) ->
 
 @pytest.mark.timeout(600)
 def test_remote_verbs_against_the_api_on_a_loopback_port(tmp_path: Path) -> None:
-    ctx = make_context(tmp_path / "server", polling={"min_interval_s": 1, "max_interval_s": 2, "jitter": 0},
-                       sweeper={"interval_s": 0.5})
+    ctx = make_context(
+        tmp_path / "server",
+        polling={"min_interval_s": 1, "max_interval_s": 2, "jitter": 0},
+        sweeper={"interval_s": 0.5},
+    )
     who = tenant_with_key(ctx, "alice", credits=100)
     image = sample_png(tmp_path / "ref.png")
     runtime = Runtime(ctx, {"relay", "worker", "scheduler", "sweeper"}, threading.Event())
@@ -237,8 +256,19 @@ def test_remote_verbs_against_the_api_on_a_loopback_port(tmp_path: Path) -> None
             assert [m["model"] for m in models["data"]] == ["local-v1"]
 
             runtime.start()
-            made = _ok(_aivedio("generate", "waves on a beach", "--image", str(image), "--duration", "2", "--json",
-                                *flags, cwd=tmp_path))
+            made = _ok(
+                _aivedio(
+                    "generate",
+                    "waves on a beach",
+                    "--image",
+                    str(image),
+                    "--duration",
+                    "2",
+                    "--json",
+                    *flags,
+                    cwd=tmp_path,
+                )
+            )
             tid = made["id"]
             run = _aivedio("generations", "wait", tid, "--json", env=env, cwd=tmp_path)
             waited = _ok(run)

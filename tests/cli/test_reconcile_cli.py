@@ -23,10 +23,31 @@ from tests.support.pump import Pump
 from tests.support.sim import SimHandle, running_sim
 
 pytestmark = pytest.mark.postgres
-CANDIDATE_KEYS = {"task_id", "tenant_id", "attempt_id", "provider", "task_status", "sent_at", "lookup_count",
-                  "last_lookup_at", "next_action_at", "parked"}
-OUTCOME_KEYS = {"task_id", "attempt_id", "provider", "result", "action", "detail", "task_status", "provider_job_id",
-                "next_action_at", "parked", "alerts"}
+CANDIDATE_KEYS = {
+    "task_id",
+    "tenant_id",
+    "attempt_id",
+    "provider",
+    "task_status",
+    "sent_at",
+    "lookup_count",
+    "last_lookup_at",
+    "next_action_at",
+    "parked",
+}
+OUTCOME_KEYS = {
+    "task_id",
+    "attempt_id",
+    "provider",
+    "result",
+    "action",
+    "detail",
+    "task_status",
+    "provider_job_id",
+    "next_action_at",
+    "parked",
+    "alerts",
+}
 SUMMARY_KEYS = {"found", "not_created", "still_unknown", "skipped", "error"}
 
 
@@ -49,19 +70,31 @@ def config_file(ctx: AppContext, path: Path) -> Path:
     values["api_key"] = provider.api_key.get_secret_value()
     values["webhook_secrets"] = [s.get_secret_value() for s in provider.webhook_secrets]
     reconcile = ctx.settings.reconcile.model_dump(mode="json")
-    lines = ['default_provider = "sim"', "", "[providers.sim]", *(f"{k} = {_toml(v)}" for k, v in values.items()),
-             "", "[reconcile]", *(f"{k} = {_toml(v)}" for k, v in reconcile.items())]
+    lines = [
+        'default_provider = "sim"',
+        "",
+        "[providers.sim]",
+        *(f"{k} = {_toml(v)}" for k, v in values.items()),
+        "",
+        "[reconcile]",
+        *(f"{k} = {_toml(v)}" for k, v in reconcile.items()),
+    ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 
-def unknown_world(tmp_path: Path, pg_url: str, sim: SimHandle, monkeypatch: pytest.MonkeyPatch, n: int,
-                  **overrides: Any) -> tuple[AppContext, Driver, list[Any], Cli]:
+def unknown_world(
+    tmp_path: Path, pg_url: str, sim: SimHandle, monkeypatch: pytest.MonkeyPatch, n: int, **overrides: Any
+) -> tuple[AppContext, Driver, list[Any], Cli]:
     """`n` real generations driven until every one is SUBMIT_UNKNOWN (before their first scheduled lookup)."""
     ctx = sim_context(tmp_path, sim, pg_url, **overrides)
     who = tenant_with_key(ctx, "acme", 1000)
-    ids = [ctx.generations.create(who.tenant_id, f"k{i}", {"prompt": f"scene {i}", "model": "sim-v1",
-                                                             "duration_s": 2}).task.id for i in range(n)]
+    ids = [
+        ctx.generations.create(
+            who.tenant_id, f"k{i}", {"prompt": f"scene {i}", "model": "sim-v1", "duration_s": 2}
+        ).task.id
+        for i in range(n)
+    ]
     drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=1)
     drv.run_until(lambda: drv.all_in("SUBMIT_UNKNOWN"), max_rounds=5)
     return ctx, drv, ids, Cli(ctx, monkeypatch, config=config_file(ctx, tmp_path / "aivedio.toml"))
@@ -73,12 +106,16 @@ def by_task(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def attempts_of(ctx: AppContext, task_id: Any) -> list[Any]:
     with ctx.engine.connect() as conn:
-        return list(conn.execute(sa.select(task_attempts).where(task_attempts.c.task_id == task_id)
-                                 .order_by(task_attempts.c.attempt_no)))
+        return list(
+            conn.execute(
+                sa.select(task_attempts).where(task_attempts.c.task_id == task_id).order_by(task_attempts.c.attempt_no)
+            )
+        )
 
 
-def test_found_binds_the_lost_job_after_a_preview_and_a_confirmation(tmp_path: Path, pg_url: str,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_found_binds_the_lost_job_after_a_preview_and_a_confirmation(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with running_sim(seed=41, faults="ambiguous=1", job_seconds=3) as sim:
         ctx, drv, ids, cli = unknown_world(tmp_path, pg_url, sim, monkeypatch, 3)
         names = {str(t) for t in ids}
@@ -97,8 +134,13 @@ def test_found_binds_the_lost_job_after_a_preview_and_a_confirmation(tmp_path: P
         assert dry.dry_run and dry.outcome == "previewed" and set(dry.affected_ids) == names
 
         done = cli.json("reconcile", "--yes", "--reason", "INC-9 lost submit answers")
-        assert done["dry_run"] is False and done["summary"] == {"found": 3, "not_created": 0, "still_unknown": 0,
-                                                                "skipped": 0, "error": 0}
+        assert done["dry_run"] is False and done["summary"] == {
+            "found": 3,
+            "not_created": 0,
+            "still_unknown": 0,
+            "skipped": 0,
+            "error": 0,
+        }
         assert set(done["summary"]) == SUMMARY_KEYS and all(set(t) == OUTCOME_KEYS for t in done["tasks"])
         truth = sim.truth()
         assert {t["provider_job_id"] for t in done["tasks"]} == {j["id"] for j in truth["jobs"]}
@@ -109,7 +151,11 @@ def test_found_binds_the_lost_job_after_a_preview_and_a_confirmation(tmp_path: P
             assert status_of(ctx, task_id) != "SUBMIT_UNKNOWN"
         audit = audit_rows(ctx, "reconcile")[-1]
         assert (audit.actor, audit.reason, audit.dry_run, audit.outcome) == (
-            OPERATOR, "INC-9 lost submit answers", False, "ok")
+            OPERATOR,
+            "INC-9 lost submit answers",
+            False,
+            "ok",
+        )
         assert set(audit.affected_ids) == names and audit.args["results"] == {"found": 3}
 
         drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"))  # the pipeline goes on from the bound jobs
@@ -121,22 +167,25 @@ def test_found_binds_the_lost_job_after_a_preview_and_a_confirmation(tmp_path: P
         ctx.close()
 
 
-def test_not_created_is_only_believed_60_s_after_the_send(tmp_path: Path, pg_url: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_not_created_is_only_believed_60_s_after_the_send(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # `reset` drops the connection before any job exists: client-side it looks exactly like `ambiguous`
     with running_sim(seed=42, faults="reset=1", job_seconds=3) as sim:
         ctx, drv, ids, cli = unknown_world(tmp_path, pg_url, sim, monkeypatch, 2)
 
         early = cli.json("reconcile", "--yes", "--reason", "INC-10")
         assert {(t["result"], t["action"], t["detail"]) for t in early["tasks"]} == {
-            ("still_unknown", "next_lookup_scheduled", "not-found-yet")}
+            ("still_unknown", "next_lookup_scheduled", "not-found-yet")
+        }
         assert all(t["next_action_at"] and t["task_status"] == "SUBMIT_UNKNOWN" for t in early["tasks"])
         assert drv.all_in("SUBMIT_UNKNOWN") and sim.truth()["jobs"] == []
 
         ctx.clock.advance(61)  # type: ignore[attr-defined]
         late = cli.json("reconcile", "--yes", "--reason", "INC-10")
         assert {(t["result"], t["action"], t["task_status"]) for t in late["tasks"]} == {
-            ("not_created", "new_attempt_scheduled", "RETRY_WAIT")}
+            ("not_created", "new_attempt_scheduled", "RETRY_WAIT")
+        }
         assert late["summary"]["not_created"] == 2
 
         sim.set_faults("")
@@ -148,26 +197,32 @@ def test_not_created_is_only_believed_60_s_after_the_send(tmp_path: Path, pg_url
         ctx.close()
 
 
-def test_without_lookup_it_stays_unknown_then_parks_with_an_alert(tmp_path: Path, pg_url: str,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_lookup_it_stays_unknown_then_parks_with_an_alert(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with running_sim(seed=43, faults="ambiguous=1", job_seconds=3, lookup=False) as sim:
-        ctx, drv, ids, cli = unknown_world(tmp_path, pg_url, sim, monkeypatch, 2,
-                                           reconcile={"lookup_after_s": [10, 60], "park_after_s": 120})
+        ctx, drv, ids, cli = unknown_world(
+            tmp_path, pg_url, sim, monkeypatch, 2, reconcile={"lookup_after_s": [10, 60], "park_after_s": 120}
+        )
 
         waiting = cli.json("reconcile", "--yes", "--reason", "INC-11")
         assert {(t["result"], t["action"], t["parked"]) for t in waiting["tasks"]} == {
-            ("still_unknown", "next_lookup_scheduled", False)}
+            ("still_unknown", "next_lookup_scheduled", False)
+        }
 
         ctx.clock.advance(121)  # type: ignore[attr-defined]
         parked = cli.json("reconcile", "--yes", "--reason", "INC-11")
-        assert {(t["result"], t["action"], t["parked"]) for t in parked["tasks"]} == {
-            ("still_unknown", "parked", True)}
+        assert {(t["result"], t["action"], t["parked"]) for t in parked["tasks"]} == {("still_unknown", "parked", True)}
         assert all(t["alerts"] == ["submit_unknown_parked"] for t in parked["tasks"])
         with ctx.engine.connect() as conn:
-            reasons = conn.execute(sa.select(generation_tasks.c.parked_reason)
-                                   .where(generation_tasks.c.id.in_(ids))).scalars().all()
-            raised = {r.subject_id for r in conn.execute(sa.select(alerts)
-                                                         .where(alerts.c.rule == "submit_unknown_parked"))}
+            reasons = (
+                conn.execute(sa.select(generation_tasks.c.parked_reason).where(generation_tasks.c.id.in_(ids)))
+                .scalars()
+                .all()
+            )
+            raised = {
+                r.subject_id for r in conn.execute(sa.select(alerts).where(alerts.c.rule == "submit_unknown_parked"))
+            }
         assert all(reasons) and raised == {str(t) for t in ids}
         assert len(sim.truth()["jobs"]) == 2 and all(len(attempts_of(ctx, t)) == 1 for t in ids)  # no blind resubmit
 
@@ -194,8 +249,9 @@ def test_a_plan_applies_exactly_the_saved_set(tmp_path: Path, pg_url: str, monke
         assert saved["dry_run"] is True and saved["plan"] == str(plan) and set(by_task(saved)) == {str(a), str(b)}
         assert set(json.loads(plan.read_text())["ids"]) == {str(a), str(b)}
 
-        c = ctx.generations.create(tenant_of(ctx, a), "late", {"prompt": "later", "model": "sim-v1",
-                                                               "duration_s": 2}).task.id
+        c = ctx.generations.create(
+            tenant_of(ctx, a), "late", {"prompt": "later", "model": "sim-v1", "duration_s": 2}
+        ).task.id
         ctx.dispatcher.run_once()
         drv.pump.run()  # no sweep and no clock step: a and b keep waiting for their first lookup
         assert status_of(ctx, c) == "SUBMIT_UNKNOWN"
@@ -225,5 +281,6 @@ def test_a_plan_applies_exactly_the_saved_set(tmp_path: Path, pg_url: str, monke
 
 def tenant_of(ctx: AppContext, task_id: Any) -> Any:
     with ctx.engine.connect() as conn:
-        return conn.execute(sa.select(generation_tasks.c.tenant_id)
-                            .where(generation_tasks.c.id == task_id)).scalar_one()
+        return conn.execute(
+            sa.select(generation_tasks.c.tenant_id).where(generation_tasks.c.id == task_id)
+        ).scalar_one()

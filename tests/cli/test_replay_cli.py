@@ -57,8 +57,9 @@ def _disarm_failpoints() -> Iterator[None]:
 
 def cli(url: str, data_dir: Path, *args: str) -> Any:
     # a wide "terminal", so human tables show whole ids
-    return runner.invoke(app, ["--set", f"database.url={url}", "--set", f"data_dir={data_dir}", *args],
-                         env={"COLUMNS": "250"})
+    return runner.invoke(
+        app, ["--set", f"database.url={url}", "--set", f"data_dir={data_dir}", *args], env={"COLUMNS": "250"}
+    )
 
 
 def ok_json(result: Any, code: int = 0) -> dict[str, Any]:
@@ -73,8 +74,13 @@ def rows(ctx: AppContext, table: sa.Table, *where: Any) -> list[Any]:
 
 def audits(ctx: AppContext, command: str) -> list[Any]:
     with ctx.engine.connect() as conn:
-        return list(conn.execute(sa.select(audit_log).where(audit_log.c.command == command)
-                                 .order_by(audit_log.c.created_at, audit_log.c.id)).all())
+        return list(
+            conn.execute(
+                sa.select(audit_log)
+                .where(audit_log.c.command == command)
+                .order_by(audit_log.c.created_at, audit_log.c.id)
+            ).all()
+        )
 
 
 class Dramatiq:
@@ -104,12 +110,17 @@ class Dramatiq:
 
 def queue_tasks(ctx: AppContext, tenant: str, n: int) -> list[uuid.UUID]:
     who = tenant_with_key(ctx, tenant, credits=1000)
-    return [ctx.generations.create(who.tenant_id, f"{tenant}-{i}", {"prompt": f"shot {i}", "model": "local-v1",
-                                                                     "duration_s": 2}).task.id for i in range(n)]
+    return [
+        ctx.generations.create(
+            who.tenant_id, f"{tenant}-{i}", {"prompt": f"shot {i}", "model": "local-v1", "duration_s": 2}
+        ).task.id
+        for i in range(n)
+    ]
 
 
 def poison(failure: dict[str, Callable[[], BaseException] | None]) -> None:
     """Make every intake transaction fail just before its commit while `failure["make"]` is set."""
+
     def fire() -> None:
         make = failure["make"]
         if make is not None:
@@ -144,8 +155,17 @@ def test_dlq_preview_plan_apply_and_repeat(tmp_path: Path, pg_url: str) -> None:
         preview = ok_json(cli(pg_url, data, "replay", "dlq", "--dry-run", "--json"))
         assert preview["schema"] == "aivedio.replay.v1" and preview["kind"] == "dlq"
         assert (preview["total"], preview["selected"]) == (3, 3)
-        assert set(preview["items"][0]) == {"id", "message_id", "actor", "queue", "error", "seen_count",
-                                            "first_seen_at", "last_seen_at", "replayed_at"}
+        assert set(preview["items"][0]) == {
+            "id",
+            "message_id",
+            "actor",
+            "queue",
+            "error",
+            "seen_count",
+            "first_seen_at",
+            "last_seen_at",
+            "replayed_at",
+        }
         assert preview["result"]["outcome"] == "dry_run" and len(preview["result"]["replayed"]) == 3
         assert {r.status for r in rows(ctx, outbox_events)} == {"PUBLISHED"}
         assert all(r.replayed_at is None for r in rows(ctx, dead_letters))
@@ -159,8 +179,9 @@ def test_dlq_preview_plan_apply_and_repeat(tmp_path: Path, pg_url: str) -> None:
 
         # --error-class matches the class (or any part of the text), case-insensitively; save that set
         plan = tmp_path / "plan.json"
-        saved = ok_json(cli(pg_url, data, "replay", "dlq", "--error-class", "connectionreset",
-                            "--plan-out", str(plan), "--json"))
+        saved = ok_json(
+            cli(pg_url, data, "replay", "dlq", "--error-class", "connectionreset", "--plan-out", str(plan), "--json")
+        )
         planned = {letters[str(t)].id.hex for t in reset_tasks}
         assert saved["total"] == 2 and {uuid.UUID(i).hex for i in json.loads(plan.read_text())["ids"]} == planned
 
@@ -168,8 +189,10 @@ def test_dlq_preview_plan_apply_and_repeat(tmp_path: Path, pg_url: str) -> None:
         assert cli(pg_url, data, "replay", "dlq", "--plan", str(plan), "--yes").exit_code == 2
         refused = cli(pg_url, data, "replay", "dlq", "--plan", str(plan), "--reason", "db failover")
         assert refused.exit_code == 4 and "--yes" in refused.stderr
-        assert cli(pg_url, data, "replay", "dlq", "--plan", str(plan), "--actor", "x", "--reason", "r",
-                   "--yes").exit_code == 2
+        assert (
+            cli(pg_url, data, "replay", "dlq", "--plan", str(plan), "--actor", "x", "--reason", "r", "--yes").exit_code
+            == 2
+        )
         doc = json.loads(plan.read_text())
         tampered = tmp_path / "tampered.json"
         tampered.write_text(json.dumps({**doc, "ids": doc["ids"] + [str(letters[str(slow_task)].id)]}))
@@ -178,8 +201,9 @@ def test_dlq_preview_plan_apply_and_repeat(tmp_path: Path, pg_url: str) -> None:
         assert all(r.replayed_at is None for r in rows(ctx, dead_letters))
 
         # apply: exactly the planned letters, through the outbox, under their original event ids
-        applied = ok_json(cli(pg_url, data, "replay", "dlq", "--plan", str(plan), "--reason", "db failover",
-                              "--yes", "--json"))
+        applied = ok_json(
+            cli(pg_url, data, "replay", "dlq", "--plan", str(plan), "--reason", "db failover", "--yes", "--json")
+        )
         replayed = applied["result"]["replayed"]
         assert {uuid.UUID(r["id"]).hex for r in replayed} == planned and applied["result"]["outcome"] == "replayed"
         events = {uuid.UUID(r["event_id"]) for r in replayed}
@@ -202,17 +226,18 @@ def test_dlq_preview_plan_apply_and_repeat(tmp_path: Path, pg_url: str) -> None:
         assert len(rows(ctx, dead_letters)) == 3  # nothing died again
 
         # the same plan again: every letter is already replayed, nothing is re-published
-        again = ok_json(cli(pg_url, data, "replay", "dlq", "--plan", str(plan), "--reason", "db failover",
-                            "--yes", "--json"))
+        again = ok_json(
+            cli(pg_url, data, "replay", "dlq", "--plan", str(plan), "--reason", "db failover", "--yes", "--json")
+        )
         assert again["result"]["replayed"] == [] and again["result"]["outcome"] == "nothing"
         assert [s["reason"].startswith("already replayed") for s in again["result"]["skipped"]] == [True, True]
         assert d.relay.run_once() == 0
-        assert {r.event_id: r.processed_at for r in rows(ctx, inbox_dedup)} == \
-            {e: r.processed_at for e, r in inbox.items()}
+        assert {r.event_id: r.processed_at for r in rows(ctx, inbox_dedup)} == {
+            e: r.processed_at for e, r in inbox.items()
+        }
         remaining = ok_json(cli(pg_url, data, "replay", "dlq", "--dry-run", "--json"))
         assert remaining["total"] == 1 and remaining["items"][0]["actor"] == "on_generation_queued"
-        assert [a.outcome for a in audits(ctx, "replay dlq")] == \
-            ["dry_run"] * 4 + ["replayed", "nothing", "dry_run"]
+        assert [a.outcome for a in audits(ctx, "replay dlq")] == ["dry_run"] * 4 + ["replayed", "nothing", "dry_run"]
     ctx.close()
 
 
@@ -241,8 +266,9 @@ def test_dlq_replay_of_an_already_processed_message_has_no_second_effect(tmp_pat
         (before,) = rows(ctx, generation_tasks)
         lost.append(1)  # the database is back
 
-        out = ok_json(cli(pg_url, tmp_path / "data", "replay", "dlq", "--reason", "connection storm", "--yes",
-                          "--json"))
+        out = ok_json(
+            cli(pg_url, tmp_path / "data", "replay", "dlq", "--reason", "connection storm", "--yes", "--json")
+        )
         assert [r["event_id"] for r in out["result"]["replayed"]] == [letter.message_id]
         assert d.relay.run_once() == 1
         d.drain()
@@ -283,11 +309,34 @@ def test_outbox_dead_rows_are_republished_once(tmp_path: Path, pg_url: str) -> N
         assert {(r.status, r.publish_attempts) for r in dead} == {("DEAD", 10)}
         assert d.relay.run_once() == 0
 
-        preview = ok_json(cli(pg_url, data, "replay", "outbox", "--actor", "on_generation_queued",
-                              "--error-class", "Refused", "--since", "1h", "--dry-run", "--json"))
+        preview = ok_json(
+            cli(
+                pg_url,
+                data,
+                "replay",
+                "outbox",
+                "--actor",
+                "on_generation_queued",
+                "--error-class",
+                "Refused",
+                "--since",
+                "1h",
+                "--dry-run",
+                "--json",
+            )
+        )
         assert preview["total"] == 2
-        assert set(preview["items"][0]) == {"id", "event_type", "target", "aggregate_id", "status",
-                                            "publish_attempts", "last_error", "created_at", "available_at"}
+        assert set(preview["items"][0]) == {
+            "id",
+            "event_type",
+            "target",
+            "aggregate_id",
+            "status",
+            "publish_attempts",
+            "last_error",
+            "created_at",
+            "available_at",
+        }
         assert ok_json(cli(pg_url, data, "replay", "outbox", "--actor", "nobody", "--dry-run", "--json"))["total"] == 0
         assert cli(pg_url, data, "replay", "outbox", "--reason", "queue drained").exit_code == 4
         assert cli(pg_url, data, "replay", "outbox", "--since", "yesterday-ish", "--dry-run").exit_code == 2
@@ -296,16 +345,18 @@ def test_outbox_dead_rows_are_republished_once(tmp_path: Path, pg_url: str) -> N
         plan = tmp_path / "outbox-plan.json"
         saved = cli(pg_url, data, "replay", "outbox", "--plan-out", str(plan))
         assert saved.exit_code == 0 and f"plan saved to {plan}: 2 row(s)" in saved.stdout
-        out = ok_json(cli(pg_url, data, "replay", "outbox", "--plan", str(plan), "--reason", "queue drained",
-                          "--yes", "--json"))
+        out = ok_json(
+            cli(pg_url, data, "replay", "outbox", "--plan", str(plan), "--reason", "queue drained", "--yes", "--json")
+        )
         assert {r["id"] for r in out["result"]["republished"]} == {str(r.id) for r in dead}
         assert {(r.status, r.publish_attempts) for r in rows(ctx, outbox_events)} == {("PENDING", 0)}
         assert d.relay.run_once() == 2
         d.drain()
         assert {r.aggregate_id for r in rows(ctx, inbox_dedup)} == set(tasks)
 
-        again = ok_json(cli(pg_url, data, "replay", "outbox", "--plan", str(plan), "--reason", "queue drained",
-                            "--yes", "--json"))
+        again = ok_json(
+            cli(pg_url, data, "replay", "outbox", "--plan", str(plan), "--reason", "queue drained", "--yes", "--json")
+        )
         assert again["result"]["republished"] == []
         assert {s["reason"] for s in again["result"]["skipped"]} == {"status is PUBLISHED, not DEAD"}
         assert ok_json(cli(pg_url, data, "replay", "outbox", "--reason", "again", "--yes", "--json"))["total"] == 0
@@ -342,7 +393,8 @@ def test_orphans_rematch_the_raced_callback_and_report_the_foreign_job(tmp_path:
 
         def hold_the_insert(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
             if threading.current_thread() is caller.get("t") and statement.lstrip().upper().startswith(
-                    "INSERT INTO PROVIDER_EVENTS"):
+                "INSERT INTO PROVIDER_EVENTS"
+            ):
                 looked.set()
                 assert go.wait(30)
 
@@ -365,10 +417,18 @@ def test_orphans_rematch_the_raced_callback_and_report_the_foreign_job(tmp_path:
         assert raced.orphan and raced.provider_job_id == attempt.provider_job_id
 
         # a job another deployment created on the same vendor account: nothing here owns it
-        created = sim.http.request("POST", "/v1/jobs", json={"prompt": "not ours", "model": "sim-v1",
-                                                              "duration_s": 2, "resolution": "720p",
-                                                              "aspect_ratio": "16:9"},
-                                   headers={"Idempotency-Key": "other-deployment-1"})
+        created = sim.http.request(
+            "POST",
+            "/v1/jobs",
+            json={
+                "prompt": "not ours",
+                "model": "sim-v1",
+                "duration_s": 2,
+                "resolution": "720p",
+                "aspect_ratio": "16:9",
+            },
+            headers={"Idempotency-Key": "other-deployment-1"},
+        )
         assert created.status == 201, created.body
         foreign = created.json()["id"]
         _deliver(ctx, _job_body(sim, foreign, echo_request_key=True), f"msg-{foreign}")
@@ -380,15 +440,20 @@ def test_orphans_rematch_the_raced_callback_and_report_the_foreign_job(tmp_path:
         assert cli(pg_url, data, "replay", "orphans", "--actor", "x", "--dry-run").exit_code == 2
         assert len(rows(ctx, outbox_events)) == outbox_before
 
-        out = ok_json(cli(pg_url, data, "replay", "orphans", "--provider", "sim", "--reason", "callback race",
-                          "--yes", "--json"))
+        out = ok_json(
+            cli(pg_url, data, "replay", "orphans", "--provider", "sim", "--reason", "callback race", "--yes", "--json")
+        )
         (matched,) = out["result"]["rematched"]
         assert (matched["id"], matched["attempt_id"], matched["task_id"]) == (str(raced.id), str(attempt.id), str(task))
         assert [s["job_id"] for s in out["result"]["still_orphan"]] == [foreign]
         fixed = {r.id: r for r in rows(ctx, provider_events)}
         assert (fixed[raced.id].orphan, fixed[raced.id].matched_attempt_id) == (False, attempt.id)
-        emitted = rows(ctx, outbox_events, outbox_events.c.event_type == "provider.status.observed",
-                       outbox_events.c.status == "PENDING")
+        emitted = rows(
+            ctx,
+            outbox_events,
+            outbox_events.c.event_type == "provider.status.observed",
+            outbox_events.c.status == "PENDING",
+        )
         assert [e.payload["provider_event_id"] for e in emitted] == [str(raced.id)]
         drv.round()  # the reducer takes the re-emitted observation like any other
         raced_events = rows(ctx, task_state_events, task_state_events.c.source_event_id == raced.dedup_key)

@@ -44,16 +44,22 @@ def refused(result: Any, code: int, fragment: str) -> None:
 
 def history(s: Seeded, name: str) -> list[tuple[str, str, str]]:
     e = task_state_events.c
-    return [(r.from_status, r.to_status, r.source) for r in s.all(
-        sa.select(e.from_status, e.to_status, e.source).where(e.task_id == s.tasks[name], e.outcome == "applied")
-        .order_by(e.task_version))]
+    return [
+        (r.from_status, r.to_status, r.source)
+        for r in s.all(
+            sa.select(e.from_status, e.to_status, e.source)
+            .where(e.task_id == s.tasks[name], e.outcome == "applied")
+            .order_by(e.task_version)
+        )
+    ]
 
 
 def test_list_shows_the_held_outputs_and_filters_by_state(held: Seeded) -> None:
     items = ok(held.cli("review", "list", "--json"))
     assert sorted(i["task_id"] for i in items) == sorted(str(held.tasks[n]) for n in ("fox1", "fox2"))
     assert {(i["state"], i["task_status"], i["reason"]) for i in items} == {
-        ("pending", "MANUAL_REVIEW", "prompt matches review term 'fox'")}
+        ("pending", "MANUAL_REVIEW", "prompt matches review term 'fox'")
+    }
     assert ok(held.cli("review", "list", "--state", "claimed", "--json")) == []
     assert ok(held.cli("review", "list", "--state", "decided", "--json")) == []
     assert str(held.review_item("fox1").id) in ok(held.cli("review", "list"))
@@ -81,7 +87,9 @@ def test_claims_are_exclusive_until_they_expire_then_another_reviewer_takes_over
 
     rows = held.audit_rows("review claim")
     assert [(r.outcome, r.args["reviewer"], r.affected_ids) for r in rows] == [
-        ("claimed", "alice", [item]), ("claimed", "bob", [item])]  # refused claims change nothing
+        ("claimed", "alice", [item]),
+        ("claimed", "bob", [item]),
+    ]  # refused claims change nothing
 
 
 def race_for(service: ReviewService, item: Any, reviewers: tuple[str, ...]) -> dict[str, str]:
@@ -123,10 +131,17 @@ def test_approve_by_the_claimant_succeeds_the_task_and_settles_in_one_transactio
 
     assert decided["task_status"] == "SUCCEEDED" and decided["settled"] == str(COST.quantize(Decimal("1e-8")))
     assert (decided["item"]["state"], decided["item"]["decided_by"], decided["item"]["note"]) == (
-        "approved", "alice", "fine art")
+        "approved",
+        "alice",
+        "fine art",
+    )
     task = held.task("fox1")
     assert (task.status, task.review_state, task.actual_cost, task.reserved_amount) == (
-        "SUCCEEDED", "APPROVED", COST, 0)
+        "SUCCEEDED",
+        "APPROVED",
+        COST,
+        0,
+    )
     assert history(held, "fox1")[-1] == ("MANUAL_REVIEW", "SUCCEEDED", "admin")
     assert held.ledger("fox1") == [("RESERVE", -COST), ("SETTLE", 0)]  # +estimate − actual
     assert held.balance() == before  # the reservation already took the cost; settling moves nothing back
@@ -134,8 +149,11 @@ def test_approve_by_the_claimant_succeeds_the_task_and_settles_in_one_transactio
     assert (row.reason, row.outcome, row.dry_run) == ("fine art", "approved", False)
     assert row.affected_ids == [item, str(held.tasks["fox1"])]
 
-    refused(held.cli("review", "approve", item, "--as", "alice", "--reason", "again", "--yes"), 4,
-            "already approved by alice")
+    refused(
+        held.cli("review", "approve", item, "--as", "alice", "--reason", "again", "--yes"),
+        4,
+        "already approved by alice",
+    )
     assert ok(held.cli("review", "list", "--state", "decided", "--json"))[0]["id"] == item
 
 
@@ -143,8 +161,9 @@ def test_reject_of_an_unclaimed_item_claims_it_implicitly_fails_the_task_and_sti
     item = str(held.review_item("fox2").id)
     before = held.balance()
 
-    decided = ok(held.cli("review", "reject", str(held.tasks["fox2"]), "--as", "carol", "--reason", "gore",
-                          "--yes", "--json"))  # a task id finds its open item
+    decided = ok(
+        held.cli("review", "reject", str(held.tasks["fox2"]), "--as", "carol", "--reason", "gore", "--yes", "--json")
+    )  # a task id finds its open item
 
     assert decided["item"]["id"] == item and decided["task_status"] == "FAILED_FINAL"
     task = held.task("fox2")

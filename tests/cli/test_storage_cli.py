@@ -31,8 +31,9 @@ def test_scan_reports_the_orphan_a_crashed_fetch_leaves(seeder: Callable[..., Se
     s = seeder({"ok": "scene one"})
     assert s.task("ok").status == "SUCCEEDED"
     with s.ctx.engine.connect() as conn:
-        attempt_id = conn.execute(sa.select(task_attempts.c.id)
-                                  .where(task_attempts.c.task_id == s.tasks["ok"])).scalar_one()
+        attempt_id = conn.execute(
+            sa.select(task_attempts.c.id).where(task_attempts.c.task_id == s.tasks["ok"])
+        ).scalar_one()
         rows = conn.execute(sa.select(sa.func.count()).select_from(assets)).scalar_one()
     # the fetcher stored a second output, then died before its asset commit
     crashed = keys.raw_output_key(s.tenant_id, s.tasks["ok"], attempt_id, 1)
@@ -56,7 +57,10 @@ def test_scan_reports_the_orphan_a_crashed_fetch_leaves(seeder: Callable[..., Se
 
     recorded = s.all(sa.select(storage_scans).order_by(storage_scans.c.id))[scans_before:]
     assert [(str(r.id), r.orphans, r.sample) for r in recorded] == [
-        (young["scan_id"], 0, []), (old["scan_id"], 1, [crashed]), (longer["scan_id"], 0, [])]
+        (young["scan_id"], 0, []),
+        (old["scan_id"], 1, [crashed]),
+        (longer["scan_id"], 0, []),
+    ]
 
     text = s.cli("storage", "scan")
     assert text.exit_code == 0, text.output

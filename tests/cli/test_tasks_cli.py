@@ -28,10 +28,33 @@ from tests.support.sim import running_sim
 
 pytestmark = pytest.mark.postgres
 OPERATOR = "oncall@example.test"
-TASK_KEYS = {"task_id", "tenant_id", "tenant", "status", "version", "model", "provider", "attempts", "progress",
-             "parked_reason", "last_error_class", "created_at", "updated_at"}
-EVENT_KEYS = {"cursor", "at", "task_id", "attempt_id", "source", "event_type", "from_status", "to_status",
-              "task_version", "outcome"}
+TASK_KEYS = {
+    "task_id",
+    "tenant_id",
+    "tenant",
+    "status",
+    "version",
+    "model",
+    "provider",
+    "attempts",
+    "progress",
+    "parked_reason",
+    "last_error_class",
+    "created_at",
+    "updated_at",
+}
+EVENT_KEYS = {
+    "cursor",
+    "at",
+    "task_id",
+    "attempt_id",
+    "source",
+    "event_type",
+    "from_status",
+    "to_status",
+    "task_version",
+    "outcome",
+}
 
 
 class Cli:
@@ -41,8 +64,13 @@ class Cli:
     def __init__(self, ctx: AppContext, monkeypatch: pytest.MonkeyPatch, config: Path | None = None) -> None:
         monkeypatch.setattr(_services, "build_context", lambda settings: build_context(settings, clock=ctx.clock))
         monkeypatch.setenv("AIVEDIO_OPERATOR", OPERATOR)
-        self.args = [*(["--config", str(config)] if config else []),
-                     "--set", f"data_dir={ctx.settings.data_dir}", "--set", f"database.url={ctx.settings.database.url}"]
+        self.args = [
+            *(["--config", str(config)] if config else []),
+            "--set",
+            f"data_dir={ctx.settings.data_dir}",
+            "--set",
+            f"database.url={ctx.settings.database.url}",
+        ]
 
     def __call__(self, *args: str) -> Result:
         return CliRunner().invoke(app, [*self.args, *args])
@@ -63,14 +91,20 @@ class Cli:
 
 def status_of(ctx: AppContext, task_id: Any) -> str:
     with ctx.engine.connect() as conn:
-        return str(conn.execute(sa.select(generation_tasks.c.status).where(generation_tasks.c.id == task_id))
-                   .scalar_one())
+        return str(
+            conn.execute(sa.select(generation_tasks.c.status).where(generation_tasks.c.id == task_id)).scalar_one()
+        )
 
 
 def audit_rows(ctx: AppContext, command: str) -> list[Any]:
     with ctx.engine.connect() as conn:
-        return list(conn.execute(sa.select(audit_log).where(audit_log.c.command == command)
-                                 .order_by(audit_log.c.created_at, audit_log.c.id)))
+        return list(
+            conn.execute(
+                sa.select(audit_log)
+                .where(audit_log.c.command == command)
+                .order_by(audit_log.c.created_at, audit_log.c.id)
+            )
+        )
 
 
 def create(ctx: AppContext, tenant_id: Any, key: str, prompt: str = "a paper boat") -> Any:
@@ -80,8 +114,9 @@ def create(ctx: AppContext, tenant_id: Any, key: str, prompt: str = "a paper boa
 # --- list ----------------------------------------------------------------------------------------------------
 
 
-def test_list_filters_by_status_tenant_provider_age_and_limit(tmp_path: Path, pg_url: str,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_list_filters_by_status_tenant_provider_age_and_limit(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with running_sim(seed=31, job_seconds=600) as sim:
         ctx = sim_context(tmp_path, sim, pg_url)
         acme, globex = tenant_with_key(ctx, "acme", 1000), tenant_with_key(ctx, "globex", 1000)
@@ -98,7 +133,11 @@ def test_list_filters_by_status_tenant_provider_age_and_limit(tmp_path: Path, pg
         assert all(set(t) == TASK_KEYS for t in every["tasks"])
         assert every["tasks"][0]["task_id"] == str(mine[0])  # most recently updated first
         assert {t["task_id"]: t["status"] for t in every["tasks"]} == {
-            str(mine[0]): "CANCEL_REQUESTED", str(mine[1]): "RUNNING", str(mine[2]): "RUNNING", str(theirs): "RUNNING"}
+            str(mine[0]): "CANCEL_REQUESTED",
+            str(mine[1]): "RUNNING",
+            str(mine[2]): "RUNNING",
+            str(theirs): "RUNNING",
+        }
 
         def ids(*args: str) -> set[str]:
             return {t["task_id"] for t in cli.json("tasks", "list", *args)["tasks"]}
@@ -124,8 +163,9 @@ def test_list_filters_by_status_tenant_provider_age_and_limit(tmp_path: Path, pg
 # --- show ----------------------------------------------------------------------------------------------------
 
 
-def test_show_merges_the_whole_story_of_a_task_into_one_timeline(tmp_path: Path, pg_url: str,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_show_merges_the_whole_story_of_a_task_into_one_timeline(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with running_sim(seed=32, job_seconds=3) as sim:
         ctx = sim_context(tmp_path, sim, pg_url, media={"review_prompt_terms": ["lighthouse"]})
         who = tenant_with_key(ctx, "acme", 1000)
@@ -147,11 +187,17 @@ def test_show_merges_the_whole_story_of_a_task_into_one_timeline(tmp_path: Path,
         assert all({"at", "kind", "id"} <= set(i) for i in items)
 
         with ctx.engine.connect() as conn:
-            history = [(r.from_status, r.to_status, r.outcome, r.source) for r in conn.execute(
-                sa.select(task_state_events).where(task_state_events.c.task_id == done)
-                .order_by(task_state_events.c.task_version, task_state_events.c.id))]
-        events = [(i["from_status"], i["to_status"], i["outcome"], i["source"]) for i in items
-                  if i["kind"] == "state_event"]
+            history = [
+                (r.from_status, r.to_status, r.outcome, r.source)
+                for r in conn.execute(
+                    sa.select(task_state_events)
+                    .where(task_state_events.c.task_id == done)
+                    .order_by(task_state_events.c.task_version, task_state_events.c.id)
+                )
+            ]
+        events = [
+            (i["from_status"], i["to_status"], i["outcome"], i["source"]) for i in items if i["kind"] == "state_event"
+        ]
         assert sorted(events, key=str) == sorted(history, key=str) and events[-1][1] == "SUCCEEDED"
         assert [e[1] for e in events if e[2] == "applied"][:2] == ["CREATED", "VALIDATING"]
 
@@ -160,15 +206,19 @@ def test_show_merges_the_whole_story_of_a_task_into_one_timeline(tmp_path: Path,
         assert attempt["submit_state"] == "SUCCEEDED" and attempt["submitted_at"]
         assert job_id in {j["id"] for j in sim.truth()["jobs"]}
         provider_events = [i for i in items if i["kind"] == "provider_event"]
-        assert provider_events and all(p["provider_job_id"] == job_id and p["matched"] and not p["orphan"]
-                                       for p in provider_events)
+        assert provider_events and all(
+            p["provider_job_id"] == job_id and p["matched"] and not p["orphan"] for p in provider_events
+        )
         assert "succeeded" in {str(p["status"]).lower() for p in provider_events}
         assert [i["entry_type"] for i in items if i["kind"] == "ledger"] == ["RESERVE", "SETTLE"]
         assets = [i for i in items if i["kind"] == "asset"]
         raw = [a for a in assets if a["asset_kind"] == "RAW_OUTPUT"]
         assert len(raw) == 1 and raw[0]["status"] == "READY" and raw[0]["size_bytes"] > 0
-        assert {a["profile"] for a in assets if a["parent_asset_id"] == raw[0]["id"]} >= {"proxy_mp4", "hls",
-                                                                                           "thumbnail"}
+        assert {a["profile"] for a in assets if a["parent_asset_id"] == raw[0]["id"]} >= {
+            "proxy_mp4",
+            "hls",
+            "thumbnail",
+        }
         assert {"generation.queued", "task.status.changed"} <= {i["event_type"] for i in items if i["kind"] == "outbox"}
 
         review = cli.json("tasks", "show", str(held))
@@ -191,8 +241,9 @@ def _lines(result: Result) -> list[dict[str, Any]]:
     return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
 
 
-def test_tail_once_prints_what_is_new_and_resumes_after_a_cursor(tmp_path: Path, pg_url: str,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tail_once_prints_what_is_new_and_resumes_after_a_cursor(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with running_sim(seed=33, job_seconds=600) as sim:
         ctx = sim_context(tmp_path, sim, pg_url)
         who = tenant_with_key(ctx, "acme", 1000)
@@ -233,10 +284,24 @@ def test_a_live_tail_shows_an_event_whose_transaction_committed_late(tmp_path: P
         shown = follower.poll()
         assert [e["to_status"] for e in shown] == ["CREATED", "VALIDATING", "QUOTA_RESERVED", "QUEUED"]
         with ctx.engine.begin() as conn:
-            conn.execute(task_state_events.insert().values(**{**task_rows.event_row(
-                task_id=task_id, source=EventSource.ADMIN, source_event_id="late-commit", event_type="late",
-                from_status=None, to_status=None, task_version=3, outcome=StateEventOutcome.DUPLICATE,
-                now=ctx.clock.now()), "id": early_id}))
+            conn.execute(
+                task_state_events.insert().values(
+                    **{
+                        **task_rows.event_row(
+                            task_id=task_id,
+                            source=EventSource.ADMIN,
+                            source_event_id="late-commit",
+                            event_type="late",
+                            from_status=None,
+                            to_status=None,
+                            task_version=3,
+                            outcome=StateEventOutcome.DUPLICATE,
+                            now=ctx.clock.now(),
+                        ),
+                        "id": early_id,
+                    }
+                )
+            )
         assert [e["event_type"] for e in follower.poll()] == ["late"]
         assert follower.poll() == []  # once only
         ctx.close()
@@ -246,7 +311,8 @@ def test_a_live_tail_shows_an_event_whose_transaction_committed_late(tmp_path: P
 
 
 def test_cancel_as_an_operator_is_confirmed_audited_and_follows_the_cancel_rules(
-        tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with running_sim(seed=35, job_seconds=3) as sim:
         ctx = sim_context(tmp_path, sim, pg_url)
         acme, globex = tenant_with_key(ctx, "acme", 1000), tenant_with_key(ctx, "globex", 1000)
@@ -264,9 +330,15 @@ def test_cancel_as_an_operator_is_confirmed_audited_and_follows_the_cancel_rules
         assert "--reason" in cli.fails(2, "tasks", "cancel", str(running), "--yes")
 
         preview = cli.json("tasks", "cancel", str(running), "--dry-run")
-        assert preview == {"task_id": str(running), "tenant_id": str(acme.tenant_id), "from_status": "RUNNING",
-                           "to_status": "CANCEL_REQUESTED", "outcome": "would_request_cancel", "dry_run": True,
-                           "released": None}
+        assert preview == {
+            "task_id": str(running),
+            "tenant_id": str(acme.tenant_id),
+            "from_status": "RUNNING",
+            "to_status": "CANCEL_REQUESTED",
+            "outcome": "would_request_cancel",
+            "dry_run": True,
+            "released": None,
+        }
         assert status_of(ctx, running) == "RUNNING"
         (dry,) = audit_rows(ctx, "tasks cancel")
         assert dry.dry_run and dry.actor == OPERATOR and dry.affected_ids == [str(running)] and dry.reason is None
@@ -276,10 +348,18 @@ def test_cancel_as_an_operator_is_confirmed_audited_and_follows_the_cancel_rules
         assert status_of(ctx, running) == "CANCEL_REQUESTED"
         audit = audit_rows(ctx, "tasks cancel")[-1]
         assert (audit.actor, audit.reason, audit.affected_ids, audit.dry_run, audit.outcome) == (
-            OPERATOR, "INC-7 stuck render", [str(running)], False, "cancel_requested")
+            OPERATOR,
+            "INC-7 stuck render",
+            [str(running)],
+            False,
+            "cancel_requested",
+        )
         with ctx.engine.connect() as conn:
-            event = conn.execute(sa.select(task_state_events).where(
-                task_state_events.c.task_id == running, task_state_events.c.to_status == "CANCEL_REQUESTED")).one()
+            event = conn.execute(
+                sa.select(task_state_events).where(
+                    task_state_events.c.task_id == running, task_state_events.c.to_status == "CANCEL_REQUESTED"
+                )
+            ).one()
         assert event.source == "admin" and event.payload == {"requested_by": OPERATOR, "reason": "INC-7 stuck render"}
         drv.run_until(lambda: status_of(ctx, running) == "CANCELED")
         assert [j["canceled"] for j in sim.truth()["jobs"] if j["status"] == "canceled"] == [True]
@@ -291,8 +371,11 @@ def test_cancel_as_an_operator_is_confirmed_audited_and_follows_the_cancel_rules
         released = cli.json("tasks", "cancel", str(queued), "--yes", "--reason", "tenant asked")
         assert released["outcome"] == "canceled" and status_of(ctx, queued) == "CANCELED"
         with ctx.engine.connect() as conn:
-            (release,) = conn.execute(sa.select(credit_ledger).where(credit_ledger.c.task_id == queued,
-                                                                     credit_ledger.c.entry_type == "RELEASE")).all()
+            (release,) = conn.execute(
+                sa.select(credit_ledger).where(
+                    credit_ledger.c.task_id == queued, credit_ledger.c.entry_type == "RELEASE"
+                )
+            ).all()
         assert Decimal(released["released"]) == release.amount > 0 and release.created_by == f"operator:{OPERATOR}"
 
         assert "OUTPUT_FETCHING" in cli.fails(4, "tasks", "cancel", str(fetching), "--yes", "--reason", "late")

@@ -53,8 +53,11 @@ def test_tenant_and_key_lifecycle_is_audited(tmp_path: Path) -> None:
 
     audit = sorted(_rows(tmp_path, audit_log), key=lambda r: r.id)  # UUIDv7: creation order
     assert [(r.command, r.outcome, r.dry_run) for r in audit] == [
-        ("tenants create", "would_create", True), ("tenants create", "created", False),
-        ("keys create", "created", False), ("keys revoke", "revoked", False)]
+        ("tenants create", "would_create", True),
+        ("tenants create", "created", False),
+        ("keys create", "created", False),
+        ("keys revoke", "revoked", False),
+    ]
     assert audit[1].reason == "onboarding" and audit[3].reason == "leaked"
     assert key["api_key"] not in json.dumps([dict(r._mapping) for r in audit], default=str)  # never the key
 

@@ -60,9 +60,23 @@ def private_redis() -> Iterator[redis.Redis]:
     workdir = Path(tempfile.mkdtemp(prefix="avrds", dir="/tmp"))
     sock = workdir / "redis.sock"
     proc = subprocess.Popen(
-        [exe, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            exe,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     client = redis.Redis(unix_socket_path=str(sock))
     try:

@@ -29,23 +29,51 @@ AFTER = datetime(2026, 7, 1, 11, 57, 30, tzinfo=UTC)
 BEFORE = AFTER + timedelta(seconds=150)
 MODEL = "acme/video-model"
 VERSION = "5c7d5dc6dd8bf75c1acaa8565735e7986bc5b66206b55cca93cb72c9bf15ccaa"
-OURS = {"prompt": "a red fox in snow", "model": MODEL, "duration_s": 5, "resolution": "720p",
-        "aspect_ratio": "16:9", "seed": None}
+OURS = {
+    "prompt": "a red fox in snow",
+    "model": MODEL,
+    "duration_s": 5,
+    "resolution": "720p",
+    "aspect_ratio": "16:9",
+    "seed": None,
+}
 
 
-def prediction(pid: str, created: datetime, status: str = "processing", model: str = MODEL,
-               inp: dict[str, Any] | None = None, data_removed: bool = False) -> dict[str, Any]:
-    return {"id": pid, "model": model, "version": VERSION, "status": status, "source": "api",
-            "created_at": created.isoformat().replace("+00:00", "Z"), "started_at": None, "completed_at": None,
-            "input": {"prompt": "a red fox in snow", "duration": 5, "aspect_ratio": "16:9", "resolution": "720p"}
-            if inp is None else inp, "output": None, "error": None, "data_removed": data_removed,
-            "urls": {"get": f"https://api.replicate.com/v1/predictions/{pid}"}}
+def prediction(
+    pid: str,
+    created: datetime,
+    status: str = "processing",
+    model: str = MODEL,
+    inp: dict[str, Any] | None = None,
+    data_removed: bool = False,
+) -> dict[str, Any]:
+    return {
+        "id": pid,
+        "model": model,
+        "version": VERSION,
+        "status": status,
+        "source": "api",
+        "created_at": created.isoformat().replace("+00:00", "Z"),
+        "started_at": None,
+        "completed_at": None,
+        "input": {"prompt": "a red fox in snow", "duration": 5, "aspect_ratio": "16:9", "resolution": "720p"}
+        if inp is None
+        else inp,
+        "output": None,
+        "error": None,
+        "data_removed": data_removed,
+        "urls": {"get": f"https://api.replicate.com/v1/predictions/{pid}"},
+    }
 
 
 def settings(model: str = MODEL, **extra: Any) -> ProviderSettings:
-    return ProviderSettings(adapter="replicate", base_url="https://replicate.test", api_key=SecretStr("r8_key"),
-                            models={model: ModelSettings(max_duration_s=10, resolutions=["720p"],
-                                                         price_per_second={"720p": Decimal(1)})}, **extra)
+    return ProviderSettings(
+        adapter="replicate",
+        base_url="https://replicate.test",
+        api_key=SecretStr("r8_key"),
+        models={model: ModelSettings(max_duration_s=10, resolutions=["720p"], price_per_second={"720p": Decimal(1)})},
+        **extra,
+    )
 
 
 def replicate(pages: list[Any], model: str = MODEL) -> tuple[ReplicateProvider, list[httpx.Request]]:
@@ -64,15 +92,24 @@ def replicate(pages: list[Any], model: str = MODEL) -> tuple[ReplicateProvider, 
 
 def test_replicate_lists_every_page_with_the_created_filters() -> None:
     t = AFTER + timedelta(seconds=30)
-    page1 = {"next": "https://replicate.test/v1/predictions?cursor=cD0yMDI2", "previous": None,
-             "results": [prediction("p3", t + timedelta(seconds=2)), prediction("p2", t, status="succeeded")]}
-    page2 = {"next": None, "previous": "https://replicate.test/v1/predictions?cursor=x",
-             "results": [prediction("p1", t - timedelta(seconds=5), status="starting")]}
+    page1 = {
+        "next": "https://replicate.test/v1/predictions?cursor=cD0yMDI2",
+        "previous": None,
+        "results": [prediction("p3", t + timedelta(seconds=2)), prediction("p2", t, status="succeeded")],
+    }
+    page2 = {
+        "next": None,
+        "previous": "https://replicate.test/v1/predictions?cursor=x",
+        "results": [prediction("p1", t - timedelta(seconds=5), status="starting")],
+    }
     provider, calls = replicate([page1, page2])
     jobs = provider.list_jobs(AFTER, BEFORE)
     assert isinstance(jobs, list)
-    assert [(j.job_id, j.status) for j in jobs] == [("p3", JobStatus.RUNNING), ("p2", JobStatus.SUCCEEDED),
-                                                    ("p1", JobStatus.QUEUED)]
+    assert [(j.job_id, j.status) for j in jobs] == [
+        ("p3", JobStatus.RUNNING),
+        ("p2", JobStatus.SUCCEEDED),
+        ("p1", JobStatus.QUEUED),
+    ]
     assert all(j.fingerprint == request_fingerprint(OURS) for j in jobs)
     assert jobs[1].created_at == t
     first, second = (parse_qs(urlsplit(str(c.url)).query) for c in calls)
@@ -84,13 +121,26 @@ def test_replicate_lists_every_page_with_the_created_filters() -> None:
 
 def test_replicate_fingerprints_what_we_would_have_sent() -> None:
     t = AFTER + timedelta(seconds=10)
-    page = {"next": None, "results": [
-        prediction("seeded", t, inp={"prompt": "a red fox in snow", "duration": 5, "aspect_ratio": "16:9",
-                                     "resolution": "720p", "seed": 7, "image": "https://cdn/x.png"}),
-        prediction("removed", t, inp={}, data_removed=True),
-        prediction("playground", t, model="someone/image-model", inp={"prompt": "a cat"}),
-        prediction("outside", BEFORE + timedelta(seconds=1)),  # a vendor ignoring the filter is filtered here
-    ]}
+    page = {
+        "next": None,
+        "results": [
+            prediction(
+                "seeded",
+                t,
+                inp={
+                    "prompt": "a red fox in snow",
+                    "duration": 5,
+                    "aspect_ratio": "16:9",
+                    "resolution": "720p",
+                    "seed": 7,
+                    "image": "https://cdn/x.png",
+                },
+            ),
+            prediction("removed", t, inp={}, data_removed=True),
+            prediction("playground", t, model="someone/image-model", inp={"prompt": "a cat"}),
+            prediction("outside", BEFORE + timedelta(seconds=1)),  # a vendor ignoring the filter is filtered here
+        ],
+    }
     provider, _ = replicate([page])
     jobs = {j.job_id: j for j in provider.list_jobs(AFTER, BEFORE)}  # type: ignore[union-attr]
     assert set(jobs) == {"seeded", "removed", "playground"}
@@ -126,10 +176,17 @@ def test_vendors_without_a_documented_listing_say_unsupported() -> None:
         raise AssertionError(f"no call expected: {request.url}")
 
     http = HttpClient(base_url="https://x.test", transport=httpx.MockTransport(boom))
-    for cls, adapter, model, key in [(RunwayProvider, "runway", "gen4_turbo", "k"),
-                                     (FalProvider, "fal", "fal-ai/kling-video/v2/master/text-to-video", "k"),
-                                     (KlingProvider, "kling", "kling-v2-master", "ak:sk")]:
-        s = ProviderSettings(adapter=adapter, base_url="https://x.test", api_key=SecretStr(key),
-                             models={model: ModelSettings(max_duration_s=10, resolutions=["720p"],
-                                                          price_per_second={"720p": Decimal(1)})})
+    for cls, adapter, model, key in [
+        (RunwayProvider, "runway", "gen4_turbo", "k"),
+        (FalProvider, "fal", "fal-ai/kling-video/v2/master/text-to-video", "k"),
+        (KlingProvider, "kling", "kling-v2-master", "ak:sk"),
+    ]:
+        s = ProviderSettings(
+            adapter=adapter,
+            base_url="https://x.test",
+            api_key=SecretStr(key),
+            models={
+                model: ModelSettings(max_duration_s=10, resolutions=["720p"], price_per_second={"720p": Decimal(1)})
+            },
+        )
         assert cls(adapter, s, http).list_jobs(AFTER, BEFORE) == Unsupported()

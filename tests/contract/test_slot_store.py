@@ -75,8 +75,11 @@ def _redis_shared() -> Iterator[Harness]:
 def _redis_private() -> Iterator[Harness]:
     with private_redis() as client:
         h: Harness
-        h = Harness("redis", lambda: RedisSlotStore(client, key_prefix="aivedio:", fence_floor=lambda: h.db_floor),
-                    wipe=client.flushall)
+        h = Harness(
+            "redis",
+            lambda: RedisSlotStore(client, key_prefix="aivedio:", fence_floor=lambda: h.db_floor),
+            wipe=client.flushall,
+        )
         yield h
 
 
@@ -90,10 +93,10 @@ def flushable(request: pytest.FixtureRequest) -> Iterator[Harness]:
     yield from (_memory() if request.param == "memory" else _redis_private())
 
 
-def chain(tenant: str = "t1", *, platform: int = 10, tenant_limit: int = 10, provider: int = 10,
-          model: int = 10) -> list[tuple[str, int]]:
-    return [("platform", platform), (f"tenant:{tenant}", tenant_limit), ("provider:p", provider),
-            ("model:p/m", model)]
+def chain(
+    tenant: str = "t1", *, platform: int = 10, tenant_limit: int = 10, provider: int = 10, model: int = 10
+) -> list[tuple[str, int]]:
+    return [("platform", platform), (f"tenant:{tenant}", tenant_limit), ("provider:p", provider), ("model:p/m", model)]
 
 
 # --- acquire / release --------------------------------------------------------------------------------------
@@ -253,8 +256,10 @@ def test_limits_hold_under_concurrent_acquirers(harness: Harness) -> None:
     assert len(all_fences) == 1600 and len(set(all_fences)) == 1600  # every grant its own fence
     assert all(all(a < b for a, b in zip(fs, fs[1:], strict=False)) for fs in fences.values())
     assert s.counts() == {}
-    print(f"\n[{harness.kind}] max concurrent holders {dict(max_seen)} store samples {dict(store_max)}"
-          f" refused {sum(refused)} fences {min(all_fences)}..{max(all_fences)}")
+    print(
+        f"\n[{harness.kind}] max concurrent holders {dict(max_seen)} store samples {dict(store_max)}"
+        f" refused {sum(refused)} fences {min(all_fences)}..{max(all_fences)}"
+    )
 
 
 # --- rebuild (the reconciler's side) ------------------------------------------------------------------------

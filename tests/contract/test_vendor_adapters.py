@@ -98,13 +98,18 @@ class Router:
 
 def settings(adapter: str, model: str, api_key: str, secrets: list[str], **extra: Any) -> ProviderSettings:
     price = {"720p": Decimal("1"), "1080p": Decimal("2")}
-    return ProviderSettings(adapter=adapter, base_url=f"https://{adapter}.test", api_key=SecretStr(api_key),
-                            webhook_secrets=[SecretStr(s) for s in secrets],
-                            models={model: ModelSettings(max_duration_s=10, resolutions=["720p", "1080p"],
-                                                         price_per_second=price)}, **extra)
+    return ProviderSettings(
+        adapter=adapter,
+        base_url=f"https://{adapter}.test",
+        api_key=SecretStr(api_key),
+        webhook_secrets=[SecretStr(s) for s in secrets],
+        models={model: ModelSettings(max_duration_s=10, resolutions=["720p", "1080p"], price_per_second=price)},
+        **extra,
+    )
 
 
 # --- callback signing, per vendor ---------------------------------------------------------------------------------
+
 
 def sign_runway(body: bytes, when: datetime = NOW, secret: str = RUNWAY_SECRET) -> dict[str, str]:
     return {"X-Aivedio-Callback-Token": secret}
@@ -118,8 +123,12 @@ def sign_fal(body: bytes, when: datetime = NOW, key: Ed25519PrivateKey = FAL_KEY
     request_id = json.loads(body)["request_id"] if body.startswith(b"{") else "024ca5b1-45d3-4afd-883e-ad3abe2a1c4d"
     ts = str(int(when.timestamp()))
     message = f"{request_id}\nuser-123\n{ts}\n{hashlib.sha256(body).hexdigest()}".encode()
-    return {"X-Fal-Webhook-Request-Id": request_id, "X-Fal-Webhook-User-Id": "user-123",
-            "X-Fal-Webhook-Timestamp": ts, "X-Fal-Webhook-Signature": key.sign(message).hex()}
+    return {
+        "X-Fal-Webhook-Request-Id": request_id,
+        "X-Fal-Webhook-User-Id": "user-123",
+        "X-Fal-Webhook-Timestamp": ts,
+        "X-Fal-Webhook-Signature": key.sign(message).hex(),
+    }
 
 
 def sign_kling(body: bytes, when: datetime = NOW, secret: str = KLING_SECRET) -> dict[str, str]:
@@ -171,75 +180,136 @@ VENDORS = [
     Vendor(
         name="runway",
         make=lambda http: RunwayProvider("runway", settings("runway", "gen4_turbo", "rw_key", [RUNWAY_SECRET]), http),
-        model="gen4_turbo", job_id=RW_ID, submit_route=("POST", "/v1/text_to_video"),
-        query_routes=lambda name: {RW_TASK: name}, not_found_routes={RW_TASK: "not_found"},
-        statuses=[({RW_TASK: f"task_{s}"}, js) for s, js in [
-            ("PENDING", JobStatus.QUEUED), ("THROTTLED", JobStatus.THROTTLED), ("RUNNING", JobStatus.RUNNING),
-            ("SUCCEEDED", JobStatus.SUCCEEDED), ("FAILED", JobStatus.FAILED), ("CANCELLED", JobStatus.CANCELED)]],
+        model="gen4_turbo",
+        job_id=RW_ID,
+        submit_route=("POST", "/v1/text_to_video"),
+        query_routes=lambda name: {RW_TASK: name},
+        not_found_routes={RW_TASK: "not_found"},
+        statuses=[
+            ({RW_TASK: f"task_{s}"}, js)
+            for s, js in [
+                ("PENDING", JobStatus.QUEUED),
+                ("THROTTLED", JobStatus.THROTTLED),
+                ("RUNNING", JobStatus.RUNNING),
+                ("SUCCEEDED", JobStatus.SUCCEEDED),
+                ("FAILED", JobStatus.FAILED),
+                ("CANCELLED", JobStatus.CANCELED),
+            ]
+        ],
         gateway_timeout=Rejected,  # Runway documents 504 as safe to retry
-        cancels=[({RW_TASK: "task_RUNNING", ("DELETE", RW_TASK[1]): "cancel_deleted"}, Canceled),
-                 ({RW_TASK: "task_SUCCEEDED"}, TooLate)],
-        callback_fixture="callback_task", sign=sign_runway,
+        cancels=[
+            ({RW_TASK: "task_RUNNING", ("DELETE", RW_TASK[1]): "cancel_deleted"}, Canceled),
+            ({RW_TASK: "task_SUCCEEDED"}, TooLate),
+        ],
+        callback_fixture="callback_task",
+        sign=sign_runway,
         succeeded_routes={RW_TASK: "task_SUCCEEDED"},
         output_url="https://dnznrvs05pmza.cloudfront.net/output.mp4?_jwt=eyJhbGciOi",
-        output_expires_at=NOW + timedelta(hours=24), lookup=False, timestamped_signature=False,
+        output_expires_at=NOW + timedelta(hours=24),
+        lookup=False,
+        timestamped_signature=False,
         wrong_secret=lambda body: sign_runway(body, secret="not-the-secret"),
     ),
     Vendor(
         name="replicate",
-        make=lambda http: ReplicateProvider("replicate", settings("replicate", "acme/video-model", "r8_key",
-                                                                  [REPLICATE_SECRET]), http),
-        model="acme/video-model", job_id=R_ID, submit_route=("POST", "/v1/models/acme/video-model/predictions"),
-        query_routes=lambda name: {R_GET: name}, not_found_routes={R_GET: "not_found"},
-        statuses=[({R_GET: f"prediction_{s}"}, js) for s, js in [
-            ("starting", JobStatus.QUEUED), ("processing", JobStatus.RUNNING), ("succeeded", JobStatus.SUCCEEDED),
-            ("failed", JobStatus.FAILED), ("canceled", JobStatus.CANCELED), ("aborted", JobStatus.ABORTED)]],
+        make=lambda http: ReplicateProvider(
+            "replicate", settings("replicate", "acme/video-model", "r8_key", [REPLICATE_SECRET]), http
+        ),
+        model="acme/video-model",
+        job_id=R_ID,
+        submit_route=("POST", "/v1/models/acme/video-model/predictions"),
+        query_routes=lambda name: {R_GET: name},
+        not_found_routes={R_GET: "not_found"},
+        statuses=[
+            ({R_GET: f"prediction_{s}"}, js)
+            for s, js in [
+                ("starting", JobStatus.QUEUED),
+                ("processing", JobStatus.RUNNING),
+                ("succeeded", JobStatus.SUCCEEDED),
+                ("failed", JobStatus.FAILED),
+                ("canceled", JobStatus.CANCELED),
+                ("aborted", JobStatus.ABORTED),
+            ]
+        ],
         gateway_timeout=Ambiguous,
-        cancels=[({("POST", f"/v1/predictions/{R_ID}/cancel"): "cancel_canceled"}, Canceled),
-                 ({("POST", f"/v1/predictions/{R_ID}/cancel"): "cancel_too_late"}, TooLate)],
-        callback_fixture="callback_prediction", sign=sign_replicate,
+        cancels=[
+            ({("POST", f"/v1/predictions/{R_ID}/cancel"): "cancel_canceled"}, Canceled),
+            ({("POST", f"/v1/predictions/{R_ID}/cancel"): "cancel_too_late"}, TooLate),
+        ],
+        callback_fixture="callback_prediction",
+        sign=sign_replicate,
         succeeded_routes={R_GET: "prediction_succeeded"},
         output_url="https://replicate.delivery/xezq/abc123/output.mp4",
-        output_expires_at=CREATED + timedelta(hours=1), lookup=False, timestamped_signature=True,
+        output_expires_at=CREATED + timedelta(hours=1),
+        lookup=False,
+        timestamped_signature=True,
         wrong_secret=lambda body: sign_replicate(body, secret=new_secret(b"some-other-secret-of-32-bytes!!!")),
     ),
     Vendor(
         name="fal",
-        make=lambda http: FalProvider("fal", settings("fal", "fal-ai/kling-video/v2/master/text-to-video", "fal_key",
-                                                      [FAL_PUBLIC], output_url_ttl_s=7200), http),
-        model="fal-ai/kling-video/v2/master/text-to-video", job_id=F_ID,
+        make=lambda http: FalProvider(
+            "fal",
+            settings(
+                "fal", "fal-ai/kling-video/v2/master/text-to-video", "fal_key", [FAL_PUBLIC], output_url_ttl_s=7200
+            ),
+            http,
+        ),
+        model="fal-ai/kling-video/v2/master/text-to-video",
+        job_id=F_ID,
         submit_route=("POST", "/fal-ai/kling-video/v2/master/text-to-video"),
-        query_routes=lambda name: {F_STATUS: name}, not_found_routes={F_STATUS: "not_found"},
-        statuses=[({F_STATUS: "status_IN_QUEUE"}, JobStatus.QUEUED),
-                  ({F_STATUS: "status_IN_PROGRESS"}, JobStatus.RUNNING),
-                  ({F_STATUS: "status_COMPLETED", F_RESULT: "result_ok"}, JobStatus.SUCCEEDED),
-                  ({F_STATUS: "status_COMPLETED", F_RESULT: "result_server_error"}, JobStatus.FAILED)],
+        query_routes=lambda name: {F_STATUS: name},
+        not_found_routes={F_STATUS: "not_found"},
+        statuses=[
+            ({F_STATUS: "status_IN_QUEUE"}, JobStatus.QUEUED),
+            ({F_STATUS: "status_IN_PROGRESS"}, JobStatus.RUNNING),
+            ({F_STATUS: "status_COMPLETED", F_RESULT: "result_ok"}, JobStatus.SUCCEEDED),
+            ({F_STATUS: "status_COMPLETED", F_RESULT: "result_server_error"}, JobStatus.FAILED),
+        ],
         gateway_timeout=Ambiguous,
-        cancels=[({("PUT", f"{F_RESULT[1]}/cancel"): "cancel_requested"}, Canceled),
-                 ({("PUT", f"{F_RESULT[1]}/cancel"): "cancel_already_completed"}, TooLate)],
-        callback_fixture="webhook_ok", sign=sign_fal,
+        cancels=[
+            ({("PUT", f"{F_RESULT[1]}/cancel"): "cancel_requested"}, Canceled),
+            ({("PUT", f"{F_RESULT[1]}/cancel"): "cancel_already_completed"}, TooLate),
+        ],
+        callback_fixture="webhook_ok",
+        sign=sign_fal,
         succeeded_routes={F_STATUS: "status_COMPLETED", F_RESULT: "result_ok"},
         output_url="https://v3.fal.media/files/rabbit/abc123_output.mp4",
-        output_expires_at=NOW + timedelta(seconds=7200), lookup=False, timestamped_signature=True,
+        output_expires_at=NOW + timedelta(seconds=7200),
+        lookup=False,
+        timestamped_signature=True,
         wrong_secret=lambda body: sign_fal(body, key=Ed25519PrivateKey.generate()),
     ),
     Vendor(
         name="kling",
-        make=lambda http: KlingProvider("kling", settings("kling", "kling-v2-master", "ak_test:sk_test",
-                                                          [KLING_SECRET]), http, clock=FixedClock()),
-        model="kling-v2-master", job_id=K_ID, submit_route=("POST", "/v1/videos/text2video"),
-        query_routes=lambda name: {K_T2V: name}, not_found_routes={K_T2V: "not_found", K_I2V: "not_found"},
-        statuses=[({K_T2V: f"task_{s}"}, js) for s, js in [
-            ("submitted", JobStatus.QUEUED), ("processing", JobStatus.RUNNING), ("succeed", JobStatus.SUCCEEDED),
-            ("failed", JobStatus.FAILED)]],
+        make=lambda http: KlingProvider(
+            "kling", settings("kling", "kling-v2-master", "ak_test:sk_test", [KLING_SECRET]), http, clock=FixedClock()
+        ),
+        model="kling-v2-master",
+        job_id=K_ID,
+        submit_route=("POST", "/v1/videos/text2video"),
+        query_routes=lambda name: {K_T2V: name},
+        not_found_routes={K_T2V: "not_found", K_I2V: "not_found"},
+        statuses=[
+            ({K_T2V: f"task_{s}"}, js)
+            for s, js in [
+                ("submitted", JobStatus.QUEUED),
+                ("processing", JobStatus.RUNNING),
+                ("succeed", JobStatus.SUCCEEDED),
+                ("failed", JobStatus.FAILED),
+            ]
+        ],
         gateway_timeout=Ambiguous,
         cancels=[({}, Unsupported)],
-        callback_fixture="callback_succeed", sign=sign_kling,
+        callback_fixture="callback_succeed",
+        sign=sign_kling,
         succeeded_routes={K_T2V: "task_succeed"},
         output_url="https://v15-kling.klingai.com/bs2/upload-ylab-stunt/abc123.mp4",
-        output_expires_at=CREATED + timedelta(days=30), lookup=True, timestamped_signature=False,
+        output_expires_at=CREATED + timedelta(days=30),
+        lookup=True,
+        timestamped_signature=False,
         wrong_secret=lambda body: sign_kling(body, secret="not-the-secret"),
-        key_in_body=True, gateway_timeout_fixture="submit_timeout",
+        key_in_body=True,
+        gateway_timeout_fixture="submit_timeout",
     ),
 ]
 BY_NAME = {v.name: v for v in VENDORS}
@@ -252,9 +322,14 @@ def provider(vendor: Vendor, routes: R) -> tuple[Provider, Router]:
 
 
 def request_for(vendor: Vendor, **overrides: Any) -> GenerationRequest:
-    fields: dict[str, Any] = {"prompt": "a red fox in snow", "model": vendor.model, "duration_s": 5,
-                              "resolution": "720p", "aspect_ratio": "16:9",
-                              "callback_url": "https://hooks.example.com/v1/callbacks/x"}
+    fields: dict[str, Any] = {
+        "prompt": "a red fox in snow",
+        "model": vendor.model,
+        "duration_s": 5,
+        "resolution": "720p",
+        "aspect_ratio": "16:9",
+        "callback_url": "https://hooks.example.com/v1/callbacks/x",
+    }
     fields.update(overrides)
     return GenerationRequest(**fields)
 
@@ -273,6 +348,7 @@ vendors = pytest.mark.parametrize("vendor", VENDORS, ids=lambda v: v.name)
 
 # --- shape and capabilities ---------------------------------------------------------------------------------------
 
+
 @vendors
 def test_implements_the_protocol_with_vendor_capabilities(vendor: Vendor) -> None:
     p, _ = provider(vendor, {})
@@ -284,6 +360,7 @@ def test_implements_the_protocol_with_vendor_capabilities(vendor: Vendor) -> Non
 
 
 # --- submit -------------------------------------------------------------------------------------------------------
+
 
 @vendors
 def test_submit_accepted_returns_the_vendor_job_id_and_places_the_request_key(vendor: Vendor) -> None:
@@ -307,8 +384,9 @@ def test_submit_client_errors_are_final_rejections(vendor: Vendor, name: str) ->
 @vendors
 def test_submit_429_is_rate_limited_with_retry_after(vendor: Vendor) -> None:
     result, _ = submit_with(vendor, "submit_rate_limited")
-    assert result == Rejected(ErrorClass.PROVIDER_RATE_LIMITED, code=result.code, message=result.message,
-                              retry_after_s=7.0)
+    assert result == Rejected(
+        ErrorClass.PROVIDER_RATE_LIMITED, code=result.code, message=result.message, retry_after_s=7.0
+    )
 
 
 @vendors
@@ -345,6 +423,7 @@ def test_submit_2xx_without_a_job_id_is_ambiguous(vendor: Vendor) -> None:
 
 # --- query --------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(("vendor", "routes", "expected"), cases(lambda v: v.statuses))
 def test_query_maps_every_documented_status(vendor: Vendor, routes: R, expected: JobStatus) -> None:
     p, _ = provider(vendor, routes)
@@ -362,8 +441,11 @@ def test_query_early_404_is_not_found(vendor: Vendor) -> None:
 
 
 @vendors
-@pytest.mark.parametrize("action", [httpx.Response(503, text="upstream"), httpx.ConnectError("down"),
-                                    httpx.ReadTimeout("slow")], ids=["5xx", "connect", "timeout"])
+@pytest.mark.parametrize(
+    "action",
+    [httpx.Response(503, text="upstream"), httpx.ConnectError("down"), httpx.ReadTimeout("slow")],
+    ids=["5xx", "connect", "timeout"],
+)
 def test_query_failures_change_nothing(vendor: Vendor, action: Any) -> None:
     routes = {route: action for route in vendor.statuses[0][0]}
     p, _ = provider(vendor, routes)
@@ -387,8 +469,11 @@ def test_query_never_guesses_an_unknown_status(vendor: Vendor) -> None:
 
 
 def test_retry_after_as_an_http_date_is_measured_on_the_vendor_clock() -> None:
-    late = httpx.Response(429, headers={"Date": "Wed, 01 Jul 2026 12:00:00 GMT",
-                                        "Retry-After": "Wed, 01 Jul 2026 12:00:30 GMT"}, json={"error": "slow down"})
+    late = httpx.Response(
+        429,
+        headers={"Date": "Wed, 01 Jul 2026 12:00:00 GMT", "Retry-After": "Wed, 01 Jul 2026 12:00:30 GMT"},
+        json={"error": "slow down"},
+    )
     result, _ = submit_with(BY_NAME["runway"], late)
     assert isinstance(result, Rejected) and result.retry_after_s == 30.0
     undated = httpx.Response(429, headers={"Retry-After": "Wed, 01 Jul 2026 12:00:30 GMT"}, json={})
@@ -414,6 +499,7 @@ def test_succeeded_outputs_carry_their_expiry(vendor: Vendor) -> None:
 
 # --- find and cancel ----------------------------------------------------------------------------------------------
 
+
 @vendors
 def test_find_by_request_key(vendor: Vendor) -> None:
     routes = {("GET", "/v1/videos/text2video"): "task_succeed"} if vendor.lookup else {}
@@ -434,6 +520,7 @@ def test_cancel(vendor: Vendor, routes: R, expected: type) -> None:
 
 
 # --- callbacks ----------------------------------------------------------------------------------------------------
+
 
 def callback_body(vendor: Vendor) -> bytes:
     return json.dumps(fixture(vendor.name, vendor.callback_fixture)["body"]).encode()
@@ -478,8 +565,10 @@ def test_callback_forgeries_are_rejected(vendor: Vendor, name: str, forge: Calla
 
 # --- vendor specifics: billing ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("name", "billed"), [("prediction_aborted", False), ("prediction_canceled", True),
-                                              ("prediction_failed", None)])
+
+@pytest.mark.parametrize(
+    ("name", "billed"), [("prediction_aborted", False), ("prediction_canceled", True), ("prediction_failed", None)]
+)
 def test_replicate_billing_hints(name: str, billed: bool | None) -> None:
     p, _ = provider(BY_NAME["replicate"], {R_GET: name})
     obs = p.query(R_ID)
@@ -506,6 +595,7 @@ def test_kling_reports_final_unit_deduction() -> None:
 
 
 # --- vendor specifics: encoding -----------------------------------------------------------------------------------
+
 
 def test_runway_sends_the_version_header_and_pixel_ratio() -> None:
     vendor = BY_NAME["runway"]
@@ -543,8 +633,9 @@ def test_fal_passes_the_webhook_and_tries_each_configured_app() -> None:
     assert router.calls[0].headers["authorization"] == "Key fal_key"
     two_apps = settings("fal", "fal-ai/veo3", "fal_key", [FAL_PUBLIC])
     two_apps.models["fal-ai/kling-video/v2/master/text-to-video"] = two_apps.models["fal-ai/veo3"]
-    router = Router("fal", {("GET", f"/fal-ai/veo3/requests/{F_ID}/status"): "not_found",
-                            F_STATUS: "status_IN_PROGRESS"})
+    router = Router(
+        "fal", {("GET", f"/fal-ai/veo3/requests/{F_ID}/status"): "not_found", F_STATUS: "status_IN_PROGRESS"}
+    )
     fal = FalProvider("fal", two_apps, HttpClient(base_url="https://fal.test", transport=httpx.MockTransport(router)))
     obs = fal.query(F_ID)
     assert isinstance(obs, Observation) and obs.status is JobStatus.RUNNING and len(router.calls) == 2
@@ -592,6 +683,7 @@ def test_kling_finds_image2video_tasks_and_misses_cleanly() -> None:
     # a lookup answer that names another request key is not ours
     other = fixture("kling", "task_succeed")
     other["body"]["data"]["task_info"]["external_task_id"] = "someone-else"
-    p, _ = provider(vendor, {("GET", "/v1/videos/text2video"): reply(other),
-                             ("GET", "/v1/videos/image2video"): "not_found"})
+    p, _ = provider(
+        vendor, {("GET", "/v1/videos/text2video"): reply(other), ("GET", "/v1/videos/image2video"): "not_found"}
+    )
     assert isinstance(p.find(KEY), NotFound)

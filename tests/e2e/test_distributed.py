@@ -36,7 +36,7 @@ def _config(tmp: Path, pg_url: str, s3: MotoS3, sim_url: str, api_port: int) -> 
     storage = s3.storage_settings()
     text = f"""
 mode = "distributed"
-data_dir = "{tmp / 'data'}"
+data_dir = "{tmp / "data"}"
 [database]
 url = "{pg_url}"
 [broker]
@@ -48,11 +48,11 @@ url = "redis://127.0.0.1:6379/0"
 key_prefix = "{prefix}"
 [storage]
 kind = "s3"
-bucket = "{storage['bucket']}"
-endpoint_url = "{storage['endpoint_url']}"
-region = "{storage['region']}"
-access_key_id = "{storage['access_key_id']}"
-secret_access_key = "{storage['secret_access_key']}"
+bucket = "{storage["bucket"]}"
+endpoint_url = "{storage["endpoint_url"]}"
+region = "{storage["region"]}"
+access_key_id = "{storage["access_key_id"]}"
+secret_access_key = "{storage["secret_access_key"]}"
 [api]
 port = {api_port}
 public_base_url = "http://127.0.0.1:{api_port}"
@@ -84,8 +84,12 @@ price_per_second = {{ "720p" = "1" }}
 def _serve(config: Path, roles: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "aivedio_cli", "--config", str(config), "serve",
-                                 "--role", roles], env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aivedio_cli", "--config", str(config), "serve", "--role", roles],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         yield proc
     finally:
@@ -128,23 +132,76 @@ def test_fifty_generations_through_distributed_serve(tmp_path: Path, pg_url: str
 
         image = sample_png(tmp_path / "ref.png")
         batch = tmp_path / "batch.jsonl"
-        batch.write_text("".join(json.dumps({"prompt": f"scene {i}", "model": "sim-v1", "duration_s": 2,
-                                             **({"images": [image.name]} if i % 10 == 0 else {})}) + "\n"
-                                 for i in range(TASKS)))
+        batch.write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "prompt": f"scene {i}",
+                        "model": "sim-v1",
+                        "duration_s": 2,
+                        **({"images": [image.name]} if i % 10 == 0 else {}),
+                    }
+                )
+                + "\n"
+                for i in range(TASKS)
+            )
+        )
         results = tmp_path / "results.jsonl"
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
-        run = subprocess.run([sys.executable, "-m", "aivedio_cli", "batch", "run", str(batch), "--concurrency", "25",
-                              "--out", str(results), "--api-url", f"http://127.0.0.1:{api_port}", "--api-key", key,
-                              "--timeout", "300"], env=env, capture_output=True, text=True, timeout=420)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "aivedio_cli",
+                "batch",
+                "run",
+                str(batch),
+                "--concurrency",
+                "25",
+                "--out",
+                str(results),
+                "--api-url",
+                f"http://127.0.0.1:{api_port}",
+                "--api-key",
+                key,
+                "--timeout",
+                "300",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=420,
+        )
         assert run.returncode == 0, run.stderr[-3000:] + _tail(tmp_path)
         lines = [json.loads(line) for line in results.read_text().splitlines()]
         assert len(lines) == TASKS and {r["status"] for r in lines} == {"SUCCEEDED"}
 
         # the main job as a client of the running server: reference upload by presigned POST, signed URLs back
-        one = subprocess.run([sys.executable, "-m", "aivedio_cli", "generate", "a red fox running through snow",
-                              "--image", str(image), "--model", "sim-v1", "--duration", "2", "--wait", "--json",
-                              "--api-url", f"http://127.0.0.1:{api_port}", "--api-key", key],
-                             env=env, capture_output=True, text=True, timeout=180)
+        one = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "aivedio_cli",
+                "generate",
+                "a red fox running through snow",
+                "--image",
+                str(image),
+                "--model",
+                "sim-v1",
+                "--duration",
+                "2",
+                "--wait",
+                "--json",
+                "--api-url",
+                f"http://127.0.0.1:{api_port}",
+                "--api-key",
+                key,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert one.returncode == 0, one.stderr[-2000:]
         single = json.loads(one.stdout)
         assert single["status"] == "SUCCEEDED" and single["outputs"]["proxy_mp4"].startswith("http")
@@ -152,19 +209,41 @@ def test_fifty_generations_through_distributed_serve(tmp_path: Path, pg_url: str
         assert ffprobe_duration(tmp_path / "single.mp4") > 0.5  # the sim serves the same 1 s sample clip
 
         # a re-run resumes every line: no upload, no new task
-        again = subprocess.run([sys.executable, "-m", "aivedio_cli", "batch", "run", str(batch), "--json",
-                                "--api-url", f"http://127.0.0.1:{api_port}", "--api-key", key],
-                               env=env, capture_output=True, text=True, timeout=120)
+        again = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "aivedio_cli",
+                "batch",
+                "run",
+                str(batch),
+                "--json",
+                "--api-url",
+                f"http://127.0.0.1:{api_port}",
+                "--api-key",
+                key,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert again.returncode == 0, again.stderr[-2000:]
         assert json.loads(again.stdout)["resumed"] == TASKS
 
         with ctx.engine.connect() as conn:
             count = conn.execute(sa.select(sa.func.count()).select_from(generation_tasks)).scalar_one()
             reserved = conn.execute(sa.select(sa.func.sum(generation_tasks.c.reserved_amount))).scalar_one()
-            settles = conn.execute(sa.select(sa.func.count()).select_from(credit_ledger)
-                                   .where(credit_ledger.c.entry_type == "SETTLE")).scalar_one()
-            hls = conn.execute(sa.select(assets.c.object_key).where(assets.c.profile == "hls",
-                                                                    assets.c.status == "READY")).scalars().all()
+            settles = conn.execute(
+                sa.select(sa.func.count()).select_from(credit_ledger).where(credit_ledger.c.entry_type == "SETTLE")
+            ).scalar_one()
+            hls = (
+                conn.execute(
+                    sa.select(assets.c.object_key).where(assets.c.profile == "hls", assets.c.status == "READY")
+                )
+                .scalars()
+                .all()
+            )
         assert count == TASKS + 1 and reserved == 0 and settles == TASKS + 1 and len(hls) == TASKS + 1
 
         for i, line in enumerate(lines):
@@ -210,5 +289,4 @@ def _download(url: str, dest: Path) -> None:
 
 
 def _tail(tmp: Path) -> str:
-    return "".join(f"\n--- {log.name}\n" + log.read_text(errors="replace")[-3000:]
-                   for log in tmp.glob("*.log"))
+    return "".join(f"\n--- {log.name}\n" + log.read_text(errors="replace")[-3000:] for log in tmp.glob("*.log"))

@@ -18,15 +18,32 @@ TASKS = 50
 
 def _aivedio(data_dir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
-    return subprocess.run([sys.executable, "-m", "aivedio_cli", "--set", f"data_dir={data_dir}", *args],
-                          env=env, capture_output=True, text=True, timeout=timeout, cwd=data_dir.parent)
+    return subprocess.run(
+        [sys.executable, "-m", "aivedio_cli", "--set", f"data_dir={data_dir}", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=data_dir.parent,
+    )
 
 
 def test_generate_with_a_reference_image_on_a_fresh_data_dir(tmp_path: Path) -> None:
     data = tmp_path / "fresh"  # does not exist yet: the command makes dir, schema and tenant
     image = sample_png(tmp_path / "fox.png")
-    run = _aivedio(data, "generate", "a red fox running through snow", "--image", str(image), "--duration", "2",
-                   "--idempotency-key", "fox-1", "--wait", "--json")
+    run = _aivedio(
+        data,
+        "generate",
+        "a red fox running through snow",
+        "--image",
+        str(image),
+        "--duration",
+        "2",
+        "--idempotency-key",
+        "fox-1",
+        "--wait",
+        "--json",
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(run.stdout)
     assert doc["status"] == "SUCCEEDED" and doc["id"]
@@ -36,13 +53,26 @@ def test_generate_with_a_reference_image_on_a_fresh_data_dir(tmp_path: Path) -> 
     assert Path(doc["outputs"]["thumbnail"]).read_bytes()[:3] == b"\xff\xd8\xff"
     # the live progress display went to stderr (every transition, from the history); stdout holds only the JSON
     shown = [line.strip() for line in run.stderr.splitlines()]
-    assert [s for s in ("QUEUED", "DISPATCHING", "SUBMITTED", "OUTPUT_FETCHING", "POST_PROCESSING", "SUCCEEDED")
-            if s in shown] == ["QUEUED", "DISPATCHING", "SUBMITTED", "OUTPUT_FETCHING", "POST_PROCESSING",
-                               "SUCCEEDED"]
+    assert [
+        s
+        for s in ("QUEUED", "DISPATCHING", "SUBMITTED", "OUTPUT_FETCHING", "POST_PROCESSING", "SUCCEEDED")
+        if s in shown
+    ] == ["QUEUED", "DISPATCHING", "SUBMITTED", "OUTPUT_FETCHING", "POST_PROCESSING", "SUCCEEDED"]
 
     # the same key again: the original task comes back, nothing is uploaded or created twice
-    again = _aivedio(data, "generate", "a red fox running through snow", "--image", str(image), "--duration", "2",
-                     "--idempotency-key", "fox-1", "--wait", "--json")
+    again = _aivedio(
+        data,
+        "generate",
+        "a red fox running through snow",
+        "--image",
+        str(image),
+        "--duration",
+        "2",
+        "--idempotency-key",
+        "fox-1",
+        "--wait",
+        "--json",
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads(again.stdout)["id"] == doc["id"]
 
@@ -64,12 +94,22 @@ def test_fifty_generations_in_embedded_mode(tmp_path: Path) -> None:
     data = tmp_path / "data"
     sample_png(tmp_path / "ref.png")
     batch = tmp_path / "batch.jsonl"
-    batch.write_text("".join(json.dumps({"prompt": f"shot {i}", "duration_s": 1, "resolution": "360p",
-                                         **({"images": ["ref.png"]} if i % 10 == 0 else {})}) + "\n"
-                             for i in range(TASKS)))
+    batch.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "prompt": f"shot {i}",
+                    "duration_s": 1,
+                    "resolution": "360p",
+                    **({"images": ["ref.png"]} if i % 10 == 0 else {}),
+                }
+            )
+            + "\n"
+            for i in range(TASKS)
+        )
+    )
     out = tmp_path / "results.jsonl"
-    run = _aivedio(data, "batch", "run", str(batch), "--concurrency", "8", "--out", str(out), "--json",
-                   timeout=840)
+    run = _aivedio(data, "batch", "run", str(batch), "--concurrency", "8", "--out", str(out), "--json", timeout=840)
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads(run.stdout)
     assert summary["succeeded"] == TASKS and summary["failed"] == 0

@@ -67,9 +67,26 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _argv(data: Path, stage: Stage, key: str) -> list[str]:
-    return [sys.executable, "-m", "aivedio_cli", "--set", f"data_dir={data}", *FAST, "generate",
-            "a heron lifting off a misty lake", "--duration", stage.duration, "--resolution", stage.resolution,
-            "--idempotency-key", key, "--wait", "--json", "--timeout", "240"]
+    return [
+        sys.executable,
+        "-m",
+        "aivedio_cli",
+        "--set",
+        f"data_dir={data}",
+        *FAST,
+        "generate",
+        "a heron lifting off a misty lake",
+        "--duration",
+        stage.duration,
+        "--resolution",
+        stage.resolution,
+        "--idempotency-key",
+        key,
+        "--wait",
+        "--json",
+        "--timeout",
+        "240",
+    ]
 
 
 def _status(db: Path) -> tuple[str, str | None] | None:
@@ -125,10 +142,18 @@ def test_ctrl_c_in_each_stage_leaves_the_task_to_succeed_later(tmp_path: Path, n
     stage = STAGES[name]
     data, db, hits = tmp_path / "data", tmp_path / "data" / "aivedio.db", tmp_path / "failpoints.log"
     key = f"interrupt-{name.lower()}"
-    env = _env(**({"AIVEDIO_FAILPOINTS": stage.failpoint, "AIVEDIO_FAILPOINTS_LOG": str(hits)}
-                  if stage.failpoint else {}))
-    cmd = subprocess.Popen(_argv(data, stage, key), env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = _env(
+        **({"AIVEDIO_FAILPOINTS": stage.failpoint, "AIVEDIO_FAILPOINTS_LOG": str(hits)} if stage.failpoint else {})
+    )
+    cmd = subprocess.Popen(
+        _argv(data, stage, key),
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         seen: dict[int, str] = {}
         if stage.failpoint:
@@ -169,8 +194,9 @@ def test_ctrl_c_in_each_stage_leaves_the_task_to_succeed_later(tmp_path: Path, n
     if name == "RUNNING":  # the render was stopped; the next engine learns so from the tombstone
         assert list((data / "local-provider" / ".aborted").glob("loc_*")), "no aborted render recorded"
 
-    resumed = subprocess.run(_argv(data, stage, key), env=_env(), cwd=tmp_path, capture_output=True, text=True,
-                             timeout=300)
+    resumed = subprocess.run(
+        _argv(data, stage, key), env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = json.loads(resumed.stdout)
     assert final["id"] == doc["id"] and final["status"] == "SUCCEEDED", final
@@ -191,13 +217,35 @@ def _task_count(db: Path) -> int:
 def test_ctrl_c_in_batch_run_submits_nothing_more_and_a_re_run_finishes_the_batch(tmp_path: Path) -> None:
     data, db = tmp_path / "data", tmp_path / "data" / "aivedio.db"
     batch = tmp_path / "batch.jsonl"
-    batch.write_text("".join(json.dumps({"prompt": f"lantern {i}", "duration_s": 2, "resolution": "360p"}) + "\n"
-                             for i in range(3)))
+    batch.write_text(
+        "".join(json.dumps({"prompt": f"lantern {i}", "duration_s": 2, "resolution": "360p"}) + "\n" for i in range(3))
+    )
     out = tmp_path / "results.jsonl"
-    argv = [sys.executable, "-m", "aivedio_cli", "--set", f"data_dir={data}", *FAST, "batch", "run", str(batch),
-            "--concurrency", "2", "--out", str(out), "--json"]
-    cmd = subprocess.Popen(argv, env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "aivedio_cli",
+        "--set",
+        f"data_dir={data}",
+        *FAST,
+        "batch",
+        "run",
+        str(batch),
+        "--concurrency",
+        "2",
+        "--out",
+        str(out),
+        "--json",
+    ]
+    cmd = subprocess.Popen(
+        argv,
+        env=_env(),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _until(lambda: _task_count(db) == 2, "two tasks submitted", cmd)
         os.killpg(cmd.pid, signal.SIGINT)
@@ -212,13 +260,16 @@ def test_ctrl_c_in_batch_run_submits_nothing_more_and_a_re_run_finishes_the_batc
     assert summary["interrupted"] == 3 and summary["failed"] == 0
     assert [r["status"] for r in summary["results"]][2] == "NOT_SUBMITTED"
     lines = [line for line in err.splitlines() if line.startswith("interrupted")]
-    assert lines == [f"interrupted — the 2 unfinished task(s) continue; run `aivedio batch run {batch}` again to "
-                     "follow them and submit the rest (nothing is submitted twice)"]
+    assert lines == [
+        f"interrupted — the 2 unfinished task(s) continue; run `aivedio batch run {batch}` again to "
+        "follow them and submit the rest (nothing is submitted twice)"
+    ]
     assert out.read_text() == ""  # no task ended, so no result line was written
     assert _task_count(db) == 2  # nothing was submitted after Ctrl-C
 
-    rerun = subprocess.run([*argv[:-1], "--json"], env=_env(), cwd=tmp_path, capture_output=True, text=True,
-                           timeout=300)
+    rerun = subprocess.run(
+        [*argv[:-1], "--json"], env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     again = json.loads(rerun.stdout)
     assert again["succeeded"] == 3 and again["resumed"] == 2 and _task_count(db) == 3

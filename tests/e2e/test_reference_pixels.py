@@ -30,16 +30,47 @@ MAX_DISTANCE = 40.0  # RGB Euclidean; yuv420 + x264 round trips of flat colours 
 def quadrant_png(path: Path) -> Path:
     colors = [f"0x{r:02x}{g:02x}{b:02x}" for r, g, b in QUADRANTS.values()]
     inputs = [arg for c in colors for arg in ("-f", "lavfi", "-i", f"color=c={c}:s=320x180")]
-    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", *inputs, "-filter_complex",
-                    "[0][1][2][3]xstack=inputs=4:layout=0_0|w0_0|0_h0|w0_h0", "-frames:v", "1", str(path)],
-                   check=True)
+    subprocess.run(
+        [
+            "ffmpeg",
+            "-loglevel",
+            "error",
+            "-y",
+            *inputs,
+            "-filter_complex",
+            "[0][1][2][3]xstack=inputs=4:layout=0_0|w0_0|0_h0|w0_h0",
+            "-frames:v",
+            "1",
+            str(path),
+        ],
+        check=True,
+    )
     return path
 
 
 def frame_at(video: Path, seconds: float) -> bytes:
-    out = subprocess.run(["ffmpeg", "-loglevel", "error", "-ss", f"{seconds}", "-i", str(video), "-frames:v", "1",
-                          "-vf", f"scale={W}:{H}", "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
-                         check=True, capture_output=True).stdout
+    out = subprocess.run(
+        [
+            "ffmpeg",
+            "-loglevel",
+            "error",
+            "-ss",
+            f"{seconds}",
+            "-i",
+            str(video),
+            "-frames:v",
+            "1",
+            "-vf",
+            f"scale={W}:{H}",
+            "-f",
+            "rawvideo",
+            "-pix_fmt",
+            "rgb24",
+            "-",
+        ],
+        check=True,
+        capture_output=True,
+    ).stdout
     assert len(out) == W * H * 3
     return out
 
@@ -49,7 +80,7 @@ def mean_rgb(frame: bytes, cx: float, cy: float, half: float = 0.06) -> tuple[fl
     y0, y1 = int((cy - half) * H), int((cy + half) * H)
     sums, n = [0, 0, 0], 0
     for y in range(y0, y1):
-        row = frame[(y * W + x0) * 3:(y * W + x1) * 3]
+        row = frame[(y * W + x0) * 3 : (y * W + x1) * 3]
         for c in range(3):
             sums[c] += sum(row[c::3])
         n += x1 - x0
@@ -62,9 +93,27 @@ def distances(frame: bytes) -> list[float]:
 
 def _generate(data: Path, *args: str) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
-    run = subprocess.run([sys.executable, "-m", "aivedio_cli", "--set", f"data_dir={data}", "generate",
-                          "a quadrant test card", "--duration", "3", "--wait", "--json", *args],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=data.parent)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aivedio_cli",
+            "--set",
+            f"data_dir={data}",
+            "generate",
+            "a quadrant test card",
+            "--duration",
+            "3",
+            "--wait",
+            "--json",
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=data.parent,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(run.stdout)
     assert doc["status"] == "SUCCEEDED"
@@ -78,8 +127,10 @@ def renders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     data = root / "data"
     with_ref = _generate(data, "--image", str(image), "--idempotency-key", "with-ref")
     without = _generate(data, "--idempotency-key", "without-ref")
-    return {"with": Path(with_ref["outputs"]["proxy_mp4"]),  # type: ignore[index]
-            "without": Path(without["outputs"]["proxy_mp4"])}  # type: ignore[index]
+    return {
+        "with": Path(with_ref["outputs"]["proxy_mp4"]),  # type: ignore[index]
+        "without": Path(without["outputs"]["proxy_mp4"]),
+    }  # type: ignore[index]
 
 
 def test_a_middle_frame_shows_each_quadrant_of_the_reference(renders: dict[str, Path]) -> None:

@@ -29,13 +29,25 @@ def _key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, issuer_key: ec.EllipticCurvePrivateKey,
-          *, ca: bool) -> x509.Certificate:
+def _cert(
+    subject: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: x509.Name,
+    issuer_key: ec.EllipticCurvePrivateKey,
+    *,
+    ca: bool,
+) -> x509.Certificate:
     now = dt.datetime.now(dt.UTC)
-    builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-               .issuer_name(issuer).public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     if not ca:
         builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(subject)]), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
@@ -60,15 +72,20 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     def write(name: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> tuple[Path, Path]:
         c, k = d / f"{name}.crt", d / f"{name}.key"
         c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        k.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                        serialization.NoEncryption()))
+        k.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
         return c, k
 
     k1, k2, k3 = _key(), _key(), _key()
-    return Pki(d / "ca.pem", write("good", _cert(HOST, k1, ca_name, ca_key, ca=False), k1),
-               write("other", _cert("evil.example", k2, ca_name, ca_key, ca=False), k2),
-               write("self", _cert(HOST, k3, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)]), k3,
-                                   ca=False), k3))
+    return Pki(
+        d / "ca.pem",
+        write("good", _cert(HOST, k1, ca_name, ca_key, ca=False), k1),
+        write("other", _cert("evil.example", k2, ca_name, ca_key, ca=False), k2),
+        write("self", _cert(HOST, k3, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)]), k3, ca=False), k3),
+    )
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -102,24 +119,26 @@ def _fetch(server: ThreadingHTTPServer, verify: str | bool) -> bytes:
     port = server.server_address[1]
     # a loopback origin stands in for the vendor's CDN: the test needs a reachable TLS server
     policy = FetchPolicy(origin_scheme="https", origin_host=HOST, origin_port=port, allow_loopback_origin=True)
-    fetcher = Fetcher(FetchSettings(connect_timeout_s=2, idle_timeout_s=2, min_bytes_per_s=0),
-                      StaticResolver({HOST: ["127.0.0.1"]}), verify=verify)
+    fetcher = Fetcher(
+        FetchSettings(connect_timeout_s=2, idle_timeout_s=2, min_bytes_per_s=0),
+        StaticResolver({HOST: ["127.0.0.1"]}),
+        verify=verify,
+    )
     with fetcher.open(f"https://{HOST}:{port}/o.mp4?sig=secret", policy) as download:
         return b"".join(download.chunks())
 
 
-@pytest.mark.parametrize("https_server", ["good"], indirect=True,
-                         ids=["cert for the host, trusted CA"])
+@pytest.mark.parametrize("https_server", ["good"], indirect=True, ids=["cert for the host, trusted CA"])
 def test_pinned_https_verifies_the_name_from_the_url(https_server: ThreadingHTTPServer, pki: Pki) -> None:
     assert _fetch(https_server, str(pki.ca_file)) == BODY
     assert https_server.hosts == [f"{HOST}:{https_server.server_address[1]}"]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("https_server", ["other", "self"], indirect=True,
-                         ids=["S52 cert for another name", "S52 self-signed cert"])
+@pytest.mark.parametrize(
+    "https_server", ["other", "self"], indirect=True, ids=["S52 cert for another name", "S52 self-signed cert"]
+)
 def test_a_certificate_that_does_not_prove_the_host_fails(https_server: ThreadingHTTPServer, pki: Pki) -> None:
     with pytest.raises(FetchError) as info:
         _fetch(https_server, str(pki.ca_file))
     assert info.value.reason == "connect_failed"
     assert "secret" not in str(info.value)  # signed query strings never reach error text (S52 log half)
-

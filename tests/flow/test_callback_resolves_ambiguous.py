@@ -25,11 +25,14 @@ def test_a_callback_with_our_request_key_binds_the_ambiguous_job(tmp_path: Path)
             drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"), max_rounds=40)
         truth = sim.truth()
         with ctx.engine.connect() as conn:
-            via_callback = conn.execute(sa.select(sa.func.count()).select_from(task_state_events).where(
-                task_state_events.c.event_type == "provider_job_found",
-                task_state_events.c.source == "callback")).scalar_one()
-            resubmits = conn.execute(sa.select(sa.func.count()).select_from(task_attempts)
-                                     .where(task_attempts.c.resubmitted_after_unknown)).scalar_one()
+            via_callback = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(task_state_events)
+                .where(task_state_events.c.event_type == "provider_job_found", task_state_events.c.source == "callback")
+            ).scalar_one()
+            resubmits = conn.execute(
+                sa.select(sa.func.count()).select_from(task_attempts).where(task_attempts.c.resubmitted_after_unknown)
+            ).scalar_one()
             parked = conn.execute(sa.select(sa.func.count()).select_from(alerts)).scalar_one()
         assert via_callback == 5  # every ambiguous submit was resolved by the vendor's own callback
         assert resubmits == 0 and truth["duplicate_paid_jobs"] == 0 and len(truth["jobs"]) == 5

@@ -27,12 +27,17 @@ def test_faulty_callbacks_converge(tmp_path: Path, pg_url: str) -> None:
             stats = sim.truth()["callbacks"]
         assert stats["duplicates"] > 0 and stats["dropped"] > 0 and stats["reordered"] > 0 and stats["early"] > 0
         with ctx.engine.connect() as conn:
-            cb = conn.execute(sa.select(sa.func.count()).select_from(provider_events)
-                              .where(provider_events.c.source == "callback")).scalar_one()
-            orphans_left = conn.execute(sa.select(sa.func.count()).select_from(provider_events)
-                                        .where(provider_events.c.orphan)).scalar_one()
-            applied_success = conn.execute(sa.select(sa.func.count()).select_from(task_state_events).where(
-                task_state_events.c.to_status == "OUTPUT_FETCHING")).scalar_one()
+            cb = conn.execute(
+                sa.select(sa.func.count()).select_from(provider_events).where(provider_events.c.source == "callback")
+            ).scalar_one()
+            orphans_left = conn.execute(
+                sa.select(sa.func.count()).select_from(provider_events).where(provider_events.c.orphan)
+            ).scalar_one()
+            applied_success = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(task_state_events)
+                .where(task_state_events.c.to_status == "OUTPUT_FETCHING")
+            ).scalar_one()
         assert cb > 0
         assert orphans_left == 0  # early callbacks were kept, then rematched once the job id was recorded
         assert applied_success == 80  # one success transition per task, despite duplicate deliveries
@@ -54,8 +59,11 @@ def test_callback_endpoint_rejects_forgeries_with_4xx(tmp_path: Path) -> None:
             cases = [
                 ({}, body, {400, 401}),
                 ({"webhook-id": "msg_1", "webhook-timestamp": ts, "webhook-signature": "v1,AAAA"}, body, {401}),
-                ({"webhook-id": "msg_1", "webhook-timestamp": "yesterday", "webhook-signature": "v1,AAAA"},
-                 body, {401}),
+                (
+                    {"webhook-id": "msg_1", "webhook-timestamp": "yesterday", "webhook-signature": "v1,AAAA"},
+                    body,
+                    {401},
+                ),
                 ({"webhook-id": "msg_1", "webhook-timestamp": ts, "webhook-signature": good}, body + b" ", {401}),
                 ({"webhook-id": "msg_1", "webhook-timestamp": ts, "webhook-signature": good}, b"\xff\xfe", {401}),
             ]
@@ -66,11 +74,13 @@ def test_callback_endpoint_rejects_forgeries_with_4xx(tmp_path: Path) -> None:
             assert httpx.post(f"{base}/v1/callbacks/nope", content=body).status_code == 404
             big = httpx.post(url, content=b"x" * (300 * 1024))
             assert big.status_code == 413
-            ok = httpx.post(url, content=body, headers={"webhook-id": "msg_1", "webhook-timestamp": ts,
-                                                        "webhook-signature": good})
+            ok = httpx.post(
+                url, content=body, headers={"webhook-id": "msg_1", "webhook-timestamp": ts, "webhook-signature": good}
+            )
             assert ok.status_code == 200 and ok.json() == {"received": 1, "stored": 1}
-            again = httpx.post(url, content=body, headers={"webhook-id": "msg_1", "webhook-timestamp": ts,
-                                                           "webhook-signature": good})
+            again = httpx.post(
+                url, content=body, headers={"webhook-id": "msg_1", "webhook-timestamp": ts, "webhook-signature": good}
+            )
             assert again.status_code == 200 and again.json()["stored"] == 0  # a replay stores nothing
         with ctx.engine.connect() as conn:
             rows = conn.execute(sa.select(provider_events.c.orphan)).all()

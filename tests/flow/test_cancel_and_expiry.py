@@ -23,8 +23,10 @@ def _task(ctx, task_id):  # type: ignore[no-untyped-def]
 
 def _ledger(ctx, task_id):  # type: ignore[no-untyped-def]
     with ctx.engine.connect() as conn:
-        return {r.entry_type: r.amount for r in conn.execute(
-            sa.select(credit_ledger).where(credit_ledger.c.task_id == task_id))}
+        return {
+            r.entry_type: r.amount
+            for r in conn.execute(sa.select(credit_ledger).where(credit_ledger.c.task_id == task_id))
+        }
 
 
 def test_cancel_a_running_job_confirms_and_settles_by_billing(tmp_path: Path, pg_url: str) -> None:
@@ -75,8 +77,9 @@ def test_deadline_expires_a_queued_task_and_releases_credits(tmp_path: Path, pg_
         ctx = sim_context(tmp_path, sim, pg_url, max_concurrency=1)
         [a, b] = create_tasks(ctx, 2)
         with ctx.engine.begin() as conn:  # b's deadline is near; a holds the only slot
-            conn.execute(generation_tasks.update().where(generation_tasks.c.id == b)
-                         .values(deadline_at=ctx.clock.now()))
+            conn.execute(
+                generation_tasks.update().where(generation_tasks.c.id == b).values(deadline_at=ctx.clock.now())
+            )
         sim.configure(job_seconds=600)
         drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=1)
         drv.round()
@@ -101,19 +104,29 @@ def test_stale_and_contradicting_observations_are_recorded_not_applied(tmp_path:
         from datetime import timedelta
 
         old = ctx.clock.now() - timedelta(hours=1)
-        late_success = Observation(job_id=job_id, status=JobStatus.SUCCEEDED, event_id="late-1",
-                                   provider_updated_at=ctx.clock.now() + timedelta(seconds=1))
-        stale_running = Observation(job_id=job_id, status=JobStatus.RUNNING, event_id="stale-1",
-                                    provider_updated_at=old)
+        late_success = Observation(
+            job_id=job_id,
+            status=JobStatus.SUCCEEDED,
+            event_id="late-1",
+            provider_updated_at=ctx.clock.now() + timedelta(seconds=1),
+        )
+        stale_running = Observation(
+            job_id=job_id, status=JobStatus.RUNNING, event_id="stale-1", provider_updated_at=old
+        )
         with ctx.engine.begin() as conn:
             observations.record(conn, "sim", late_success, EventSource.CALLBACK, ctx.clock.now())
             observations.record(conn, "sim", stale_running, EventSource.CALLBACK, ctx.clock.now())
         drv.pump.run()
         assert _task(ctx, tid).status == "CANCELED" and _task(ctx, tid).version == version
         with ctx.engine.connect() as conn:
-            outcomes = {r.source_event_id: r.outcome for r in conn.execute(
-                sa.select(task_state_events).where(task_state_events.c.source_event_id.in_(["wh:late-1",
-                                                                                              "wh:stale-1"])))}
+            outcomes = {
+                r.source_event_id: r.outcome
+                for r in conn.execute(
+                    sa.select(task_state_events).where(
+                        task_state_events.c.source_event_id.in_(["wh:late-1", "wh:stale-1"])
+                    )
+                )
+            }
             rules = [r.rule for r in conn.execute(sa.select(alerts))]
         assert outcomes == {"wh:late-1": "anomaly", "wh:stale-1": "stale"}
         assert "late_event_after_terminal" in rules

@@ -24,11 +24,16 @@ def pg(pg_url: str) -> str:
     return pg_url
 
 
-def _context(tmp_path: Path, sim: SimHandle, pg: str, *, resubmit: bool = True,
-             park_after_s: float = 900) -> AppContext:
-    return sim_context(tmp_path, sim, pg, provider=NO_LOOKUP,
-                       reconcile={"lookup_after_s": [10, 60, 300], "park_after_s": park_after_s,
-                                  "resubmit_without_lookup": resubmit})
+def _context(
+    tmp_path: Path, sim: SimHandle, pg: str, *, resubmit: bool = True, park_after_s: float = 900
+) -> AppContext:
+    return sim_context(
+        tmp_path,
+        sim,
+        pg,
+        provider=NO_LOOKUP,
+        reconcile={"lookup_after_s": [10, 60, 300], "park_after_s": park_after_s, "resubmit_without_lookup": resubmit},
+    )
 
 
 def _count(ctx: AppContext, stmt: Any) -> int:
@@ -37,8 +42,9 @@ def _count(ctx: AppContext, stmt: Any) -> int:
 
 
 def _resubmits(ctx: AppContext) -> int:
-    return _count(ctx, sa.select(sa.func.count()).select_from(task_attempts)
-                  .where(task_attempts.c.resubmitted_after_unknown))
+    return _count(
+        ctx, sa.select(sa.func.count()).select_from(task_attempts).where(task_attempts.c.resubmitted_after_unknown)
+    )
 
 
 def _alerts(ctx: AppContext, rule: str) -> list[Any]:
@@ -47,8 +53,9 @@ def _alerts(ctx: AppContext, rule: str) -> list[Any]:
 
 
 def _went_unknown(ctx: AppContext) -> int:
-    return _count(ctx, sa.text("SELECT count(DISTINCT task_id) FROM task_state_events "
-                               "WHERE to_status = 'SUBMIT_UNKNOWN'"))
+    return _count(
+        ctx, sa.text("SELECT count(DISTINCT task_id) FROM task_state_events WHERE to_status = 'SUBMIT_UNKNOWN'")
+    )
 
 
 def test_list_and_match_resolves_every_ambiguous_submit_without_duplicates(tmp_path: Path, pg: str) -> None:
@@ -81,8 +88,11 @@ def test_a_job_the_listing_does_not_show_yet_is_not_taken_for_absent(tmp_path: P
         assert len(sim.truth()["jobs"]) == 5 and _resubmits(ctx) == 0
         assert sim.truth()["calls"]["list"] >= 10  # at least two listings per task
         with ctx.engine.connect() as conn:
-            rows = conn.execute(sa.select(task_attempts.c.submitted_at, task_attempts.c.last_not_found_at,
-                                          task_attempts.c.provider_job_id)).all()
+            rows = conn.execute(
+                sa.select(
+                    task_attempts.c.submitted_at, task_attempts.c.last_not_found_at, task_attempts.c.provider_job_id
+                )
+            ).all()
         # each missed once, early enough not to be believed, then was found
         assert all(r.provider_job_id and r.last_not_found_at is not None for r in rows), rows
         assert all((r.last_not_found_at - r.submitted_at).total_seconds() < 60 for r in rows)
@@ -111,22 +121,26 @@ def test_identical_requests_sent_ambiguously_together_are_parked_not_guessed(tmp
         sim.configure(listing=True)
         ctx = _context(tmp_path, sim, pg, resubmit=True)  # even with resubmits allowed: never on a known match
         params = {"prompt": "the same harbour at dawn", "model": "sim-v1", "duration_s": 2}
-        twins = [ctx.generations.create(tenant_with_key(ctx, name, credits=1000).tenant_id, "same-key", params).task.id
-                 for name in ("tenant-a", "tenant-b")]
+        twins = [
+            ctx.generations.create(tenant_with_key(ctx, name, credits=1000).tenant_id, "same-key", params).task.id
+            for name in ("tenant-a", "tenant-b")
+        ]
         [single] = create_tasks(ctx, 1, prefix="solo")
         drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
 
         def settled() -> bool:
             with ctx.engine.connect() as conn:
-                parked = conn.execute(sa.select(sa.func.count()).select_from(generation_tasks).where(
-                    generation_tasks.c.id.in_(twins), generation_tasks.c.parked_reason.is_not(None))).scalar_one()
+                parked = conn.execute(
+                    sa.select(sa.func.count())
+                    .select_from(generation_tasks)
+                    .where(generation_tasks.c.id.in_(twins), generation_tasks.c.parked_reason.is_not(None))
+                ).scalar_one()
             return parked == 2 and drv.statuses()["OUTPUT_FETCHING"] == 1
 
         drv.run_until(settled, max_rounds=60)
         truth = sim.truth()
         assert len(truth["jobs"]) == 3 and truth["duplicate_paid_jobs"] == 0 and _resubmits(ctx) == 0
-        twin_jobs = sorted(j["id"] for j in truth["jobs"]
-                           if j["request_key"] not in _keys(ctx, [single]))
+        twin_jobs = sorted(j["id"] for j in truth["jobs"] if j["request_key"] not in _keys(ctx, [single]))
         raised = _alerts(ctx, "ambiguous_list_match")
         assert {r.subject_id for r in raised} == {str(t) for t in twins}
         for alert in raised:
@@ -134,9 +148,11 @@ def test_identical_requests_sent_ambiguously_together_are_parked_not_guessed(tmp
             assert sorted(alert.details["candidate_job_ids"]) == twin_jobs
             assert all(job in alert.message for job in twin_jobs)
         with ctx.engine.connect() as conn:
-            rows = conn.execute(sa.select(task_attempts.c.task_id, task_attempts.c.submit_state,
-                                          task_attempts.c.provider_job_id)
-                                .where(task_attempts.c.task_id.in_(twins))).all()
+            rows = conn.execute(
+                sa.select(task_attempts.c.task_id, task_attempts.c.submit_state, task_attempts.c.provider_job_id).where(
+                    task_attempts.c.task_id.in_(twins)
+                )
+            ).all()
         assert sorted(r.submit_state for r in rows) == ["UNKNOWN", "UNKNOWN"]
         assert all(r.provider_job_id is None for r in rows)  # neither job was guessed onto a task
         assert not _alerts(ctx, "resubmit_without_lookup")
@@ -145,8 +161,12 @@ def test_identical_requests_sent_ambiguously_together_are_parked_not_guessed(tmp
 
 def _keys(ctx: AppContext, task_ids: list[Any]) -> set[str]:
     with ctx.engine.connect() as conn:
-        return {r[0] for r in conn.execute(sa.select(task_attempts.c.provider_request_key)
-                                           .where(task_attempts.c.task_id.in_(task_ids)))}
+        return {
+            r[0]
+            for r in conn.execute(
+                sa.select(task_attempts.c.provider_request_key).where(task_attempts.c.task_id.in_(task_ids))
+            )
+        }
 
 
 def test_a_vendor_that_can_neither_look_up_nor_list_waits_out_the_window_then_parks(tmp_path: Path, pg: str) -> None:
@@ -157,8 +177,14 @@ def test_a_vendor_that_can_neither_look_up_nor_list_waits_out_the_window_then_pa
 
         def parked() -> bool:
             with ctx.engine.connect() as conn:
-                return conn.execute(sa.select(sa.func.count()).select_from(generation_tasks)
-                                    .where(generation_tasks.c.parked_reason.is_not(None))).scalar_one() == 5
+                return (
+                    conn.execute(
+                        sa.select(sa.func.count())
+                        .select_from(generation_tasks)
+                        .where(generation_tasks.c.parked_reason.is_not(None))
+                    ).scalar_one()
+                    == 5
+                )
 
         rounds = drv.run_until(parked, max_rounds=60)
         assert rounds * drv.step_s >= 120  # not before the window ended

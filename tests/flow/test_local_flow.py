@@ -27,8 +27,9 @@ from tests.support.pump import Pump
 def test_local_provider_drives_a_task_to_succeeded(tmp_path: Path) -> None:
     ctx = make_context(tmp_path / "data", polling={"min_interval_s": 1, "max_interval_s": 2, "jitter": 0})
     who = tenant_with_key(ctx, "alice", credits=100)
-    task = ctx.generations.create(who.tenant_id, "k1", {"prompt": "a paper boat", "model": "local-v1",
-                                                        "duration_s": 2}).task
+    task = ctx.generations.create(
+        who.tenant_id, "k1", {"prompt": "a paper boat", "model": "local-v1", "duration_s": 2}
+    ).task
     pump = Pump(ctx)
     assert ctx.dispatcher.run_once() == 1
     pump.run()
@@ -49,12 +50,18 @@ def test_local_provider_drives_a_task_to_succeeded(tmp_path: Path) -> None:
     assert status == "SUCCEEDED", status
     assert pump.seen["fetch.requested"] == 1 and pump.seen["media.process.requested"] == 1
     with ctx.engine.connect() as conn:
-        history = [r.to_status for r in conn.execute(
-            sa.select(task_state_events.c.to_status).where(task_state_events.c.outcome == "applied")
-            .order_by(task_state_events.c.task_version))]
+        history = [
+            r.to_status
+            for r in conn.execute(
+                sa.select(task_state_events.c.to_status)
+                .where(task_state_events.c.outcome == "applied")
+                .order_by(task_state_events.c.task_version)
+            )
+        ]
         attempt = conn.execute(sa.select(task_attempts)).one()
-        reserves = conn.execute(sa.select(sa.func.count()).select_from(credit_ledger)
-                                .where(credit_ledger.c.entry_type == "RESERVE")).scalar_one()
+        reserves = conn.execute(
+            sa.select(sa.func.count()).select_from(credit_ledger).where(credit_ledger.c.entry_type == "RESERVE")
+        ).scalar_one()
     assert history[:6] == ["CREATED", "VALIDATING", "QUOTA_RESERVED", "QUEUED", "DISPATCHING", "SUBMITTED"]
     assert history[-3:] == ["OUTPUT_FETCHING", "POST_PROCESSING", "SUCCEEDED"]
     assert attempt.submit_state == "SUCCEEDED" and attempt.provider_job_id
@@ -81,8 +88,9 @@ def test_polls_are_counted_by_outcome_and_their_observations_carry_the_task_trac
     ctx = make_context(tmp_path / "data", polling={"min_interval_s": 1, "max_interval_s": 2, "jitter": 0})
     try:
         who = tenant_with_key(ctx, "alice", credits=100)
-        ctx.generations.create(who.tenant_id, "k1", {"prompt": "a kite", "model": "local-v1", "duration_s": 2},
-                               trace_id="req-kite")
+        ctx.generations.create(
+            who.tenant_id, "k1", {"prompt": "a kite", "model": "local-v1", "duration_s": 2}, trace_id="req-kite"
+        )
         assert ctx.dispatcher.run_once() == 1
         Pump(ctx, stop_at_fetch=True).run()
 

@@ -55,7 +55,8 @@ def _media_stopped_mid_encode(s: Any, started: Path) -> str:
 
 
 def test_an_encode_interrupted_by_a_shutdown_is_retried_at_once_and_then_succeeds(
-        tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     s = staged(tmp_path, sim, retry={"media": {"max_attempts": 3, "base_delay_s": 60, "max_delay_s": 60}})
     started = _slow_ffmpeg(tmp_path, monkeypatch)
 
@@ -81,7 +82,8 @@ def test_an_encode_interrupted_by_a_shutdown_is_retried_at_once_and_then_succeed
 
 
 def test_interruptions_spend_the_media_budget_and_end_with_a_human_not_a_failure(
-        tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     s = staged(tmp_path, sim, retry={"media": {"max_attempts": 2}})
     started = _slow_ffmpeg(tmp_path, monkeypatch)
 
@@ -96,7 +98,8 @@ def test_interruptions_spend_the_media_budget_and_end_with_a_human_not_a_failure
 
 
 def test_an_interrupted_probe_is_retried_without_judging_the_output(
-        tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     s = staged(tmp_path, sim)
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:

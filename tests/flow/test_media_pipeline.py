@@ -84,8 +84,9 @@ def assert_rejected(s: Staged, result: str, reason: str) -> None:
     assert_settled(s.ctx, s.task_id)
 
 
-def replace_result(monkeypatch: pytest.MonkeyPatch, profile: DerivativeProfile, *, retryable: bool,
-                   error: str = "encoder crashed") -> list[int]:
+def replace_result(
+    monkeypatch: pytest.MonkeyPatch, profile: DerivativeProfile, *, retryable: bool, error: str = "encoder crashed"
+) -> list[int]:
     """Make `profile` fail in every build (the other profiles are built for real); returns a call counter."""
     real = derive.build_derivatives
     calls: list[int] = []
@@ -127,7 +128,8 @@ def test_valid_video_over_the_duration_limit_is_refused_by_the_gate(tmp_path: Pa
 
 
 def test_provider_output_that_is_not_a_video_is_refused_by_the_gate(
-        tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     garbage = b"<html>oops, an error page served with status 200</html>" * 20
     monkeypatch.setattr(sim_app, "sample_mp4", lambda: garbage)  # the vendor's CDN serves junk
     s = staged(tmp_path, sim)
@@ -169,7 +171,8 @@ def test_prompt_matching_a_review_term_holds_the_output_for_a_human(tmp_path: Pa
 
 @pytest.mark.parametrize("manual", [True, False])
 def test_retryable_derivative_failure_retries_then_escalates_past_the_budget(
-        tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch, manual: bool) -> None:
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch, manual: bool
+) -> None:
     budget = {"max_attempts": 2, "base_delay_s": 5, "max_delay_s": 5, "manual_confirmation_required": manual}
     s = staged(tmp_path, sim, retry={"media": budget})
     calls = replace_result(monkeypatch, DerivativeProfile.PROXY_MP4, retryable=True)
@@ -215,7 +218,8 @@ def test_retryable_derivative_failure_retries_then_escalates_past_the_budget(
 
 
 def test_retryable_derivative_failure_recovers_on_the_next_run(
-        tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     s = staged(tmp_path, sim, retry={"media": {"max_attempts": 3, "base_delay_s": 5, "max_delay_s": 5}})
     replace_result(monkeypatch, DerivativeProfile.HLS, retryable=True)
     assert s.media().startswith("retry: ")
@@ -236,7 +240,8 @@ def test_retryable_derivative_failure_recovers_on_the_next_run(
 
 
 def test_non_retryable_derivative_failure_fails_the_task_at_once(
-        tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     s = staged(tmp_path, sim)
     replace_result(monkeypatch, DerivativeProfile.THUMBNAIL, retryable=False, error="no decodable frame")
 
@@ -254,7 +259,8 @@ def test_non_retryable_derivative_failure_fails_the_task_at_once(
 
 
 def test_optional_derivative_failure_does_not_hold_the_task(
-        tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     s = staged(tmp_path, sim)
     replace_result(monkeypatch, DerivativeProfile.WAVEFORM, retryable=False)
 
@@ -277,7 +283,8 @@ def _store_down(self: Any, key: str, path: Path) -> int:
 
 @pytest.mark.parametrize("breakage", ["probe", "store"])
 def test_failures_on_our_side_retry_without_judging_the_output(
-        tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch, breakage: str) -> None:
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch, breakage: str
+) -> None:
     s = staged(tmp_path, sim)
     if breakage == "probe":
         monkeypatch.setattr(media_module, "probe_file", _probe_unavailable)
@@ -312,8 +319,7 @@ def _assert_one_row_per_profile(s: Staged) -> None:
     assert raw.status == "READY" and raw.duration_ms == 1000 and (raw.width, raw.height) == (160, 90)
 
 
-def test_derivative_rows_are_one_per_profile_and_a_duplicate_delivery_adds_none(
-        tmp_path: Path, sim: SimHandle) -> None:
+def test_derivative_rows_are_one_per_profile_and_a_duplicate_delivery_adds_none(tmp_path: Path, sim: SimHandle) -> None:
     s = staged(tmp_path, sim)
     (row,) = pending(s.ctx, MEDIA)
     env = envelope(row)
@@ -353,8 +359,7 @@ def test_two_runs_racing_on_one_envelope_record_once(tmp_path: Path, sim: SimHan
     _assert_one_row_per_profile(s)
     assert history(s.ctx, s.task_id).count(("POST_PROCESSING", "SUCCEEDED")) == 1
     assert_settled(s.ctx, s.task_id)
-    assert len([r for r in outbox_of(s.ctx, STATUS_CHANGED, s.task_id)
-                if r.payload["status"] == "SUCCEEDED"]) == 1
+    assert len([r for r in outbox_of(s.ctx, STATUS_CHANGED, s.task_id) if r.payload["status"] == "SUCCEEDED"]) == 1
     s.ctx.close()
 
 

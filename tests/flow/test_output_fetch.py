@@ -94,22 +94,37 @@ def pending(ctx: AppContext, event_type: str | None = None, *, due_only: bool = 
 def outbox_of(ctx: AppContext, event_type: str, task_id: uuid.UUID) -> list[Any]:
     o = outbox_events.c
     with ctx.engine.connect() as conn:
-        return list(conn.execute(sa.select(outbox_events).where(o.event_type == event_type,
-                                                                 o.aggregate_id == task_id)
-                                 .order_by(o.created_at, o.id)).all())
+        return list(
+            conn.execute(
+                sa.select(outbox_events)
+                .where(o.event_type == event_type, o.aggregate_id == task_id)
+                .order_by(o.created_at, o.id)
+            ).all()
+        )
 
 
 def envelope(row: Any) -> Envelope:
-    return Envelope(event_id=row.id, event_type=row.event_type, schema_version=row.schema_version,
-                    aggregate_id=row.aggregate_id, aggregate_version=row.aggregate_version, tenant_id=row.tenant_id,
-                    trace_id=row.trace_id, causation_id=row.causation_id, occurred_at=row.created_at,
-                    payload=row.payload)
+    return Envelope(
+        event_id=row.id,
+        event_type=row.event_type,
+        schema_version=row.schema_version,
+        aggregate_id=row.aggregate_id,
+        aggregate_version=row.aggregate_version,
+        tenant_id=row.tenant_id,
+        trace_id=row.trace_id,
+        causation_id=row.causation_id,
+        occurred_at=row.created_at,
+        payload=row.payload,
+    )
 
 
 def mark_published(ctx: AppContext, event_id: uuid.UUID) -> None:
     with ctx.engine.begin() as conn:
-        conn.execute(outbox_events.update().where(outbox_events.c.id == event_id)
-                     .values(status=OutboxStatus.PUBLISHED.value, published_at=ctx.clock.now()))
+        conn.execute(
+            outbox_events.update()
+            .where(outbox_events.c.id == event_id)
+            .values(status=OutboxStatus.PUBLISHED.value, published_at=ctx.clock.now())
+        )
 
 
 def deliver_one(ctx: AppContext, event_type: str, handle: Callable[[Envelope], str]) -> str:
@@ -134,16 +149,25 @@ def attempt_row(ctx: AppContext, task_id: uuid.UUID) -> Any:
 def history(ctx: AppContext, task_id: uuid.UUID) -> list[tuple[str | None, str | None]]:
     e = task_state_events.c
     with ctx.engine.connect() as conn:
-        return [(r.from_status, r.to_status) for r in conn.execute(
-            sa.select(e.from_status, e.to_status).where(e.task_id == task_id, e.outcome == "applied")
-            .order_by(e.task_version))]
+        return [
+            (r.from_status, r.to_status)
+            for r in conn.execute(
+                sa.select(e.from_status, e.to_status)
+                .where(e.task_id == task_id, e.outcome == "applied")
+                .order_by(e.task_version)
+            )
+        ]
 
 
 def ledger(ctx: AppContext, task_id: uuid.UUID) -> list[tuple[str, Decimal]]:
     c = credit_ledger.c
     with ctx.engine.connect() as conn:
-        return [(r.entry_type, Decimal(r.amount)) for r in conn.execute(
-            sa.select(c.entry_type, c.amount).where(c.task_id == task_id).order_by(c.created_at, c.id))]
+        return [
+            (r.entry_type, Decimal(r.amount))
+            for r in conn.execute(
+                sa.select(c.entry_type, c.amount).where(c.task_id == task_id).order_by(c.created_at, c.id)
+            )
+        ]
 
 
 def assert_settled(ctx: AppContext, task_id: uuid.UUID) -> None:
@@ -216,8 +240,9 @@ class Staged:
         return Pump(self.ctx).run()
 
 
-def stage(tmp_path: Path, sim: SimHandle, *, hold: Iterable[str] = (FETCH,), prompt: str = "a paper boat",
-          **overrides: Any) -> Staged:
+def stage(
+    tmp_path: Path, sim: SimHandle, *, hold: Iterable[str] = (FETCH,), prompt: str = "a paper boat", **overrides: Any
+) -> Staged:
     """One task driven through submit and polling until the sim job succeeded: the task is OUTPUT_FETCHING
     (or further, for what `hold` does not hold back) and the held rows are PENDING."""
     ctx = sim_context(tmp_path, sim, **overrides)
@@ -231,8 +256,15 @@ def stage(tmp_path: Path, sim: SimHandle, *, hold: Iterable[str] = (FETCH,), pro
 def use_fetcher(ctx: AppContext, *, resolver: Any = None, rng: random.Random | None = None) -> None:
     """Replace the context's OutputFetchService by one with a seeded rng and/or a spy resolver."""
     fetcher = Fetcher(ctx.settings.fetch, resolver=resolver, clock=ctx.clock)
-    ctx.output_fetch = OutputFetchService(ctx.engine, ctx.clock, ctx.settings, ctx.providers,  # type: ignore[misc]
-                                          ctx.storage, fetcher, rng=rng or random.Random(7))
+    ctx.output_fetch = OutputFetchService(
+        ctx.engine,
+        ctx.clock,
+        ctx.settings,
+        ctx.providers,  # type: ignore[misc]
+        ctx.storage,
+        fetcher,
+        rng=rng or random.Random(7),
+    )
 
 
 def set_fetch_payload(ctx: AppContext, **changes: Any) -> dict[str, Any]:
@@ -277,7 +309,8 @@ def test_expired_url_is_refreshed_through_the_provider_once_and_stored(tmp_path:
 
 
 def test_all_expired_outputs_of_a_job_use_the_one_fresh_answer(
-        tmp_path: Path, sim_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A job with two outputs whose URLs both expired: the single refresh of this try serves both of them."""
     sim = sim_factory(output_url_ttl_s=60)
     s = stage(tmp_path, sim)
@@ -322,7 +355,8 @@ def test_success_observed_without_urls_asks_the_provider_for_them(tmp_path: Path
 
 
 def test_expired_url_without_a_fresh_one_from_the_provider_retries_later(
-        tmp_path: Path, sim_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sim = sim_factory(output_url_ttl_s=60)
     s = stage(tmp_path, sim)
     use_fetcher(s.ctx)
@@ -342,7 +376,8 @@ def test_expired_url_without_a_fresh_one_from_the_provider_retries_later(
 
 
 def test_url_still_refused_after_refresh_retries_later_with_one_query_per_try(
-        tmp_path: Path, sim_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sim_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sim = sim_factory()
     s = stage(tmp_path, sim, retry={"output_fetch": {"max_attempts": 2, "base_delay_s": 5, "max_delay_s": 5}})
     use_fetcher(s.ctx)
@@ -410,11 +445,19 @@ class SpyResolver:
         raise AssertionError(f"the fetcher resolved {host}")
 
 
-@pytest.mark.parametrize("url", ["https://example.invalid/out.mp4?sig=s3cr3t", "https://10.0.0.1/out.mp4",
-                                 "http://127.0.0.1:6379/",  # the sim host, another port
-                                 "http://169.254.169.254/latest/meta-data", "file:///etc/passwd"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://example.invalid/out.mp4?sig=s3cr3t",
+        "https://10.0.0.1/out.mp4",
+        "http://127.0.0.1:6379/",  # the sim host, another port
+        "http://169.254.169.254/latest/meta-data",
+        "file:///etc/passwd",
+    ],
+)
 def test_output_url_refused_by_the_fetch_policy_fails_without_any_network_call(
-        tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
     s = stage(tmp_path, sim)
     resolver = SpyResolver()
     use_fetcher(s.ctx, resolver=resolver)
@@ -444,7 +487,8 @@ def test_output_url_refused_by_the_fetch_policy_fails_without_any_network_call(
 
 
 def test_transient_cdn_failure_retries_through_a_delayed_row_then_recovers(
-        tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     s = stage(tmp_path, sim, retry={"output_fetch": {"max_attempts": 3, "base_delay_s": 10, "max_delay_s": 10}})
     use_fetcher(s.ctx)
     broken = {"on": True}
@@ -477,7 +521,8 @@ def test_transient_cdn_failure_retries_through_a_delayed_row_then_recovers(
 
 
 def test_transient_failure_past_the_budget_fails_the_task_and_settles(
-        tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     s = stage(tmp_path, sim, retry={"output_fetch": {"max_attempts": 3, "base_delay_s": 2, "max_delay_s": 2}})
     use_fetcher(s.ctx)
     monkeypatch.setattr(sim.state, "output_allowed", lambda *a: 500)
@@ -522,9 +567,11 @@ def test_duplicate_delivery_of_one_envelope_stores_once_and_moves_once(tmp_path:
     assert history(s.ctx, s.task_id).count(("OUTPUT_FETCHING", "POST_PROCESSING")) == 1
     assert len(outbox_of(s.ctx, MEDIA, s.task_id)) == 1
     with s.ctx.engine.connect() as conn:
-        inbox = conn.execute(sa.select(sa.func.count()).select_from(inbox_dedup)
-                             .where(inbox_dedup.c.consumer_group == "output-fetch",
-                                    inbox_dedup.c.event_id == env.event_id)).scalar_one()
+        inbox = conn.execute(
+            sa.select(sa.func.count())
+            .select_from(inbox_dedup)
+            .where(inbox_dedup.c.consumer_group == "output-fetch", inbox_dedup.c.event_id == env.event_id)
+        ).scalar_one()
     assert inbox == 1
     s.ctx.close()
 
@@ -579,7 +626,8 @@ def test_existing_object_with_the_same_bytes_is_reused_without_alert(tmp_path: P
 
 
 def test_existing_object_with_other_bytes_is_kept_and_the_new_one_stored_beside_it(
-        tmp_path: Path, sim: SimHandle) -> None:
+    tmp_path: Path, sim: SimHandle
+) -> None:
     s = stage(tmp_path, sim)
     key = s.raw_key()
     planted = b"\x00\x00\x00\x18ftypmp42 not the provider's bytes"
@@ -608,8 +656,7 @@ def test_late_delivery_after_the_task_left_output_fetching_does_nothing(tmp_path
     s = stage(tmp_path, sim)
     (row,) = pending(s.ctx, FETCH)
     with s.ctx.engine.begin() as conn:  # e.g. an operator failed it meanwhile
-        conn.execute(generation_tasks.update().where(generation_tasks.c.id == s.task_id)
-                     .values(status="FAILED_FINAL"))
+        conn.execute(generation_tasks.update().where(generation_tasks.c.id == s.task_id).values(status="FAILED_FINAL"))
     outputs = sim.state.calls["output"]
     assert s.ctx.output_fetch.handle(envelope(row)) == "skipped: task is FAILED_FINAL"
     assert sim.state.calls["output"] == outputs

@@ -11,8 +11,13 @@ from tests.support.sim import running_sim
 
 def test_breaker_opens_after_5_failures_and_probes_after_30s(tmp_path: Path, pg_url: str) -> None:
     with running_sim(seed=51, faults="5xx=1", job_seconds=2) as sim:
-        ctx = sim_context(tmp_path, sim, pg_url, max_concurrency=20,
-                          retry={"submit": {"max_attempts": 10, "base_delay_s": 1, "max_delay_s": 1}})
+        ctx = sim_context(
+            tmp_path,
+            sim,
+            pg_url,
+            max_concurrency=20,
+            retry={"submit": {"max_attempts": 10, "base_delay_s": 1, "max_delay_s": 1}},
+        )
         create_tasks(ctx, 20)
         drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=2)
         drv.round()  # 20 dispatched together, all fail: ≥ 5 consecutive failures open the breaker
@@ -31,8 +36,13 @@ def test_breaker_opens_after_5_failures_and_probes_after_30s(tmp_path: Path, pg_
 
 def test_429_with_retry_after_pauses_submits(tmp_path: Path, pg_url: str) -> None:
     with running_sim(seed=52, faults="429=1,retry_after=20s", job_seconds=2) as sim:
-        ctx = sim_context(tmp_path, sim, pg_url, max_concurrency=8,
-                          retry={"submit": {"max_attempts": 10, "base_delay_s": 1, "max_delay_s": 1}})
+        ctx = sim_context(
+            tmp_path,
+            sim,
+            pg_url,
+            max_concurrency=8,
+            retry={"submit": {"max_attempts": 10, "base_delay_s": 1, "max_delay_s": 1}},
+        )
         create_tasks(ctx, 8)
         drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=2)
         drv.round()

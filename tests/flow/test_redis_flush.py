@@ -13,8 +13,14 @@ from tests.support.sim import running_sim
 def test_flushall_mid_run(tmp_path: Path, pg_url: str) -> None:
     with private_redis() as client, running_sim(seed=31, job_seconds=20) as sim:
         sock = client.connection_pool.connection_kwargs["path"]
-        ctx = sim_context(tmp_path, sim, pg_url, max_concurrency=3, mode="distributed",
-                          redis={"url": f"unix://{sock}", "key_prefix": "flush-test:"})
+        ctx = sim_context(
+            tmp_path,
+            sim,
+            pg_url,
+            max_concurrency=3,
+            mode="distributed",
+            redis={"url": f"unix://{sock}", "key_prefix": "flush-test:"},
+        )
         create_tasks(ctx, 12)
         drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=6)
         drv.run_until(lambda: drv.statuses()["OUTPUT_FETCHING"] >= 3)

@@ -21,10 +21,12 @@ def _lost(ctx, event_type: str) -> int:  # type: ignore[no-untyped-def]
     broker retries (or a parked one in the Pump) leaves behind."""
     o = outbox_events.c
     with ctx.engine.connect() as conn:
-        pending = conn.execute(sa.select(sa.func.count()).where(
-            o.event_type == event_type, o.status == OutboxStatus.PENDING.value)).scalar_one()
-        sent = conn.execute(sa.select(sa.func.count()).where(
-            o.event_type == event_type, o.status == OutboxStatus.PUBLISHED.value)).scalar_one()
+        pending = conn.execute(
+            sa.select(sa.func.count()).where(o.event_type == event_type, o.status == OutboxStatus.PENDING.value)
+        ).scalar_one()
+        sent = conn.execute(
+            sa.select(sa.func.count()).where(o.event_type == event_type, o.status == OutboxStatus.PUBLISHED.value)
+        ).scalar_one()
     assert pending == 0
     return int(sent)
 

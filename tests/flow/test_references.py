@@ -27,10 +27,21 @@ def _ready_input(ctx: AppContext, tenant_id: Any, kind: str = "INPUT_IMAGE") -> 
     key = f"tenants/{tenant_id}/uploads/{asset_id}/ref.png"
     stored = ctx.storage.put_stream(key, [PNG], "image/png", 1 << 20)
     with ctx.engine.begin() as conn:
-        conn.execute(assets.insert().values(
-            id=asset_id, tenant_id=tenant_id, kind=kind, status="READY", bucket=ctx.storage.bucket, object_key=key,
-            size_bytes=stored.size, checksum_algorithm="sha256", checksum_value=stored.sha256,
-            mime_detected="image/png", created_at=ctx.clock.now()))
+        conn.execute(
+            assets.insert().values(
+                id=asset_id,
+                tenant_id=tenant_id,
+                kind=kind,
+                status="READY",
+                bucket=ctx.storage.bucket,
+                object_key=key,
+                size_bytes=stored.size,
+                checksum_algorithm="sha256",
+                checksum_value=stored.sha256,
+                mime_detected="image/png",
+                created_at=ctx.clock.now(),
+            )
+        )
     return str(asset_id), key
 
 
@@ -52,8 +63,9 @@ def recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
 
 
 def _submit(ctx: AppContext, tenant_id: Any, key: str, asset_ids: list[str]) -> Any:
-    task = ctx.generations.create(tenant_id, key, {"prompt": "a fox", "model": "sim-v1", "duration_s": 2,
-                                                    "asset_ids": asset_ids}).task
+    task = ctx.generations.create(
+        tenant_id, key, {"prompt": "a fox", "model": "sim-v1", "duration_s": 2, "asset_ids": asset_ids}
+    ).task
     assert ctx.dispatcher.run_once() == 1
     Pump(ctx, stop_at_fetch=True).run()
     with ctx.engine.connect() as conn:
@@ -76,12 +88,14 @@ def test_a_vendor_gets_a_short_lived_signed_url_for_each_reference(recorded: Any
         ttl = ctx.settings.storage.reference_url_ttl_s
         assert expires - ttl - 1 <= ctx.clock.now().timestamp() <= expires - ttl + 1
         assert unquote(parts.path) == f"/v1/objects/{key}"
-        assert ctx.storage.verify("GET", f"objects/{key}", expires, query["sig"], filename=query.get("filename"),
-                                  now=ctx.clock.now())
+        assert ctx.storage.verify(
+            "GET", f"objects/{key}", expires, query["sig"], filename=query.get("filename"), now=ctx.clock.now()
+        )
     # the signed URLs are credentials: no row of the task, its history or its messages holds one
     with ctx.engine.connect() as conn:
-        stored = [str(r) for t in (generation_tasks, task_state_events, outbox_events)
-                  for r in conn.execute(sa.select(t))]
+        stored = [
+            str(r) for t in (generation_tasks, task_state_events, outbox_events) for r in conn.execute(sa.select(t))
+        ]
     assert not any("sig=" in row for row in stored)
 
 
@@ -106,8 +120,9 @@ def test_a_reference_gone_before_submit_fails_the_task_and_releases_the_credits(
     ctx, sent = recorded
     who = tenant_with_key(ctx, "carol", credits=100)
     image, key = _ready_input(ctx, who.tenant_id)
-    task = ctx.generations.create(who.tenant_id, "k1", {"prompt": "a fox", "model": "sim-v1", "duration_s": 2,
-                                                        "asset_ids": [image]}).task
+    task = ctx.generations.create(
+        who.tenant_id, "k1", {"prompt": "a fox", "model": "sim-v1", "duration_s": 2, "asset_ids": [image]}
+    ).task
     if how == "object deleted":
         ctx.storage.delete(key)
     else:
@@ -117,8 +132,9 @@ def test_a_reference_gone_before_submit_fails_the_task_and_releases_the_credits(
     Pump(ctx, stop_at_fetch=True).run()
     with ctx.engine.connect() as conn:
         row = conn.execute(sa.select(generation_tasks).where(generation_tasks.c.id == task.id)).one()
-        ledger = sorted(r.entry_type for r in conn.execute(sa.select(credit_ledger)
-                                                            .where(credit_ledger.c.task_id == task.id)))
+        ledger = sorted(
+            r.entry_type for r in conn.execute(sa.select(credit_ledger).where(credit_ledger.c.task_id == task.id))
+        )
     assert sent == []  # the provider was never called
     assert row.status == "FAILED_FINAL" and row.last_error_code == "reference_unavailable"
     assert row.last_error_class == "local_invalid" and row.reserved_amount == 0

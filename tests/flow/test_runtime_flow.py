@@ -15,26 +15,30 @@ from tests.support.sim import wait_until
 
 
 def test_embedded_roles_take_a_task_to_succeeded(tmp_path: Path) -> None:
-    ctx = make_context(tmp_path / "data", polling={"min_interval_s": 1, "max_interval_s": 2, "jitter": 0},
-                       sweeper={"interval_s": 0.5})
+    ctx = make_context(
+        tmp_path / "data", polling={"min_interval_s": 1, "max_interval_s": 2, "jitter": 0}, sweeper={"interval_s": 0.5}
+    )
     who = tenant_with_key(ctx, "alice", credits=100)
     stop = threading.Event()
     runtime = Runtime(ctx, {"relay", "worker", "scheduler", "sweeper"}, stop)
     runtime.start()
     try:
-        task = ctx.generations.create(who.tenant_id, "k", {"prompt": "rain on a window", "model": "local-v1",
-                                                           "duration_s": 2}).task
+        task = ctx.generations.create(
+            who.tenant_id, "k", {"prompt": "rain on a window", "model": "local-v1", "duration_s": 2}
+        ).task
 
         def status() -> str:
             with ctx.engine.connect() as conn:
-                return conn.execute(sa.select(generation_tasks.c.status)
-                                    .where(generation_tasks.c.id == task.id)).scalar_one()
+                return conn.execute(
+                    sa.select(generation_tasks.c.status).where(generation_tasks.c.id == task.id)
+                ).scalar_one()
 
         wait_until(lambda: status() == "SUCCEEDED", timeout_s=90, what="SUCCEEDED")
         with ctx.engine.connect() as conn:
             attempt = conn.execute(sa.select(task_attempts)).one()
-            submits = conn.execute(sa.select(outbox_events.c.status)
-                                   .where(outbox_events.c.event_type == "provider.submit.requested")).all()
+            submits = conn.execute(
+                sa.select(outbox_events.c.status).where(outbox_events.c.event_type == "provider.submit.requested")
+            ).all()
         assert attempt.submit_state == "SUCCEEDED"
         assert [s.status for s in submits] == ["PUBLISHED"]
         assert set(ctx.outputs.local_paths(who.tenant_id, task.id)) >= {"proxy_mp4", "hls", "thumbnail"}

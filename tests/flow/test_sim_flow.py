@@ -49,11 +49,12 @@ def test_ambiguous_submits_with_lookup_make_no_duplicate_jobs(tmp_path: Path, pg
         truth = sim.truth()
         assert truth["duplicate_paid_jobs"] == 0 and len(truth["jobs"]) == 100
         with ctx.engine.connect() as conn:
-            unknown_seen = conn.execute(sa.text(
-                "SELECT count(DISTINCT task_id) FROM task_state_events WHERE to_status = 'SUBMIT_UNKNOWN'"
-            )).scalar_one()
-            resubmits = conn.execute(sa.select(sa.func.count()).select_from(task_attempts)
-                                     .where(task_attempts.c.resubmitted_after_unknown)).scalar_one()
+            unknown_seen = conn.execute(
+                sa.text("SELECT count(DISTINCT task_id) FROM task_state_events WHERE to_status = 'SUBMIT_UNKNOWN'")
+            ).scalar_one()
+            resubmits = conn.execute(
+                sa.select(sa.func.count()).select_from(task_attempts).where(task_attempts.c.resubmitted_after_unknown)
+            ).scalar_one()
         assert unknown_seen >= 10  # ~20 % of 100 went through SUBMIT_UNKNOWN and were resolved
         assert resubmits == 0
         _close(ctx)
@@ -61,18 +62,24 @@ def test_ambiguous_submits_with_lookup_make_no_duplicate_jobs(tmp_path: Path, pg
 
 def test_without_lookup_duplicates_equal_recorded_resubmits_each_alerted(tmp_path: Path, pg: str) -> None:
     with running_sim(seed=3, faults="ambiguous=0.2", job_seconds=3, lookup=False) as sim:
-        ctx = sim_context(tmp_path, sim, pg, provider={"supports_lookup_by_request_key": False},
-                          reconcile={"lookup_after_s": [10, 60, 300], "park_after_s": 120,
-                                     "resubmit_without_lookup": True})
+        ctx = sim_context(
+            tmp_path,
+            sim,
+            pg,
+            provider={"supports_lookup_by_request_key": False},
+            reconcile={"lookup_after_s": [10, 60, 300], "park_after_s": 120, "resubmit_without_lookup": True},
+        )
         create_tasks(ctx, 60)
         drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
         drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"))
         truth = sim.truth()
         with ctx.engine.connect() as conn:
-            resubmits = conn.execute(sa.select(sa.func.count()).select_from(task_attempts)
-                                     .where(task_attempts.c.resubmitted_after_unknown)).scalar_one()
-            alert_count = conn.execute(sa.select(sa.func.count()).select_from(alerts)
-                                       .where(alerts.c.rule == "resubmit_without_lookup")).scalar_one()
+            resubmits = conn.execute(
+                sa.select(sa.func.count()).select_from(task_attempts).where(task_attempts.c.resubmitted_after_unknown)
+            ).scalar_one()
+            alert_count = conn.execute(
+                sa.select(sa.func.count()).select_from(alerts).where(alerts.c.rule == "resubmit_without_lookup")
+            ).scalar_one()
         # each resubmit carries a new request key, so the sim sees a new job: duplicates = paid jobs − tasks
         paid = sum(1 for j in truth["jobs"] if j["billed"])
         assert resubmits > 0
@@ -93,8 +100,7 @@ def test_provider_concurrency_limit_is_never_exceeded(tmp_path: Path, pg: str) -
 
 def test_rejections_retry_then_fail_with_credits_released(tmp_path: Path, pg: str) -> None:
     with running_sim(seed=5, faults="5xx=1", job_seconds=1) as sim:
-        ctx = sim_context(tmp_path, sim, pg, retry={"submit": {"base_delay_s": 1, "max_delay_s": 2,
-                                                                "max_attempts": 3}})
+        ctx = sim_context(tmp_path, sim, pg, retry={"submit": {"base_delay_s": 1, "max_delay_s": 2, "max_attempts": 3}})
         create_tasks(ctx, 5, credits=1000)
         drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
         drv.run_until(lambda: drv.all_in("FAILED_FINAL"))

@@ -14,11 +14,14 @@ from aivedio_engine.bootstrap import AppContext, build_context
 from aivedio_engine.config import load_settings
 
 
-@pytest.mark.parametrize("grab", [
-    pytest.param(lambda ctx: ctx.providers["local"], id="local provider"),
-    pytest.param(lambda ctx: ctx.providers, id="provider registry"),
-    pytest.param(lambda ctx: ctx.storage, id="object store"),
-])
+@pytest.mark.parametrize(
+    "grab",
+    [
+        pytest.param(lambda ctx: ctx.providers["local"], id="local provider"),
+        pytest.param(lambda ctx: ctx.providers, id="provider registry"),
+        pytest.param(lambda ctx: ctx.storage, id="object store"),
+    ],
+)
 def test_threads_racing_for_a_component_get_one_instance(tmp_path: Path, grab: Callable[[AppContext], Any]) -> None:
     ctx = build_context(load_settings(None, {"data_dir": str(tmp_path)}))
     start = threading.Barrier(8)

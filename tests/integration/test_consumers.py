@@ -83,8 +83,14 @@ def drain(broker: dramatiq.Broker, worker: dramatiq.Worker, *queues: str) -> Non
     worker.join()
 
 
-def seed(ctx: AppContext, n: int = 1, *, task_version: int = 3, event_version: int = 3,
-         status: TaskStatus = TaskStatus.QUEUED) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+def seed(
+    ctx: AppContext,
+    n: int = 1,
+    *,
+    task_version: int = 3,
+    event_version: int = 3,
+    status: TaskStatus = TaskStatus.QUEUED,
+) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
     with ctx.engine.begin() as conn:
         tenant = insert_tenant(conn)
         tasks = insert_tasks(conn, tenant, n, version=task_version, status=status)
@@ -102,8 +108,9 @@ def inbox_rows(ctx: AppContext) -> list[sa.Row[Any]]:
         return conn.execute(sa.select(inbox_dedup)).all()
 
 
-def test_same_envelope_delivered_twice_has_one_effect(ctx: AppContext, broker: dramatiq.Broker,
-                                                      worker: dramatiq.Worker) -> None:
+def test_same_envelope_delivered_twice_has_one_effect(
+    ctx: AppContext, broker: dramatiq.Broker, worker: dramatiq.Worker
+) -> None:
     (task,), (event,) = seed(ctx)
     duplicates: list[int] = []
     failpoints.enable("consume.duplicate", lambda: duplicates.append(1))
@@ -118,19 +125,32 @@ def test_same_envelope_delivered_twice_has_one_effect(ctx: AppContext, broker: d
 
     assert len(duplicates) == 1
     (inbox,) = inbox_rows(ctx)
-    assert (inbox.consumer_group, inbox.event_id, inbox.aggregate_id, inbox.result_digest) \
-        == (GROUP, event, task, "ready")
+    assert (inbox.consumer_group, inbox.event_id, inbox.aggregate_id, inbox.result_digest) == (
+        GROUP,
+        event,
+        task,
+        "ready",
+    )
     assert effects_per_task(ctx.engine) == {task.hex: 1}
     row = task_row(ctx, task)
     assert row.next_action_at is not None and (row.status, row.version) == (TaskStatus.QUEUED, 3)
 
 
-@pytest.mark.parametrize(("task_version", "status", "digest"), [
-    (4, TaskStatus.QUEUED, "skipped: status=QUEUED version=4"),
-    (3, TaskStatus.CANCELED, "skipped: status=CANCELED version=3"),
-])
-def test_stale_event_is_consumed_without_effect(ctx: AppContext, broker: dramatiq.Broker, worker: dramatiq.Worker,
-                                                task_version: int, status: TaskStatus, digest: str) -> None:
+@pytest.mark.parametrize(
+    ("task_version", "status", "digest"),
+    [
+        (4, TaskStatus.QUEUED, "skipped: status=QUEUED version=4"),
+        (3, TaskStatus.CANCELED, "skipped: status=CANCELED version=3"),
+    ],
+)
+def test_stale_event_is_consumed_without_effect(
+    ctx: AppContext,
+    broker: dramatiq.Broker,
+    worker: dramatiq.Worker,
+    task_version: int,
+    status: TaskStatus,
+    digest: str,
+) -> None:
     (task,), _ = seed(ctx, task_version=task_version, status=status)
     assert Relay(ctx.engine, broker, ctx.clock).run_once() == 1
     drain(broker, worker)
@@ -156,8 +176,9 @@ def test_exception_in_fn_leaves_no_inbox_row_and_no_effect(ctx: AppContext) -> N
     assert [r.result_digest for r in inbox_rows(ctx)] == ["second try"]
 
 
-def test_always_failing_actor_lands_in_dead_letters_once(ctx: AppContext, broker: dramatiq.Broker,
-                                                         worker: dramatiq.Worker) -> None:
+def test_always_failing_actor_lands_in_dead_letters_once(
+    ctx: AppContext, broker: dramatiq.Broker, worker: dramatiq.Worker
+) -> None:
     calls: list[int] = []
 
     def always_fails(n: int) -> None:
@@ -165,9 +186,16 @@ def test_always_failing_actor_lands_in_dead_letters_once(ctx: AppContext, broker
         raise RuntimeError(f"boom {n}\nsecond line")
 
     actors = {
-        retries: dramatiq.actor(always_fails, broker=broker, actor_name=f"always_fails_{retries}",
-                                queue_name="maintenance", max_retries=retries, min_backoff=10, max_backoff=10,
-                                time_limit=5_000)
+        retries: dramatiq.actor(
+            always_fails,
+            broker=broker,
+            actor_name=f"always_fails_{retries}",
+            queue_name="maintenance",
+            max_retries=retries,
+            min_backoff=10,
+            max_backoff=10,
+            time_limit=5_000,
+        )
         for retries in (0, 1)
     }
     # a worker started before the queue existed picks it up when it is declared
@@ -187,8 +215,16 @@ def test_always_failing_actor_lands_in_dead_letters_once(ctx: AppContext, broker
     assert letters["always_fails_1"].message["options"]["retries"] == 2
 
     # the same message dead again (e.g. after a replay) bumps the row instead of adding one
-    broker.enqueue(dramatiq.Message(queue_name="maintenance", actor_name="always_fails_0", args=(0,), kwargs={},
-                                    options={}, message_id=first.message_id))
+    broker.enqueue(
+        dramatiq.Message(
+            queue_name="maintenance",
+            actor_name="always_fails_0",
+            args=(0,),
+            kwargs={},
+            options={},
+            message_id=first.message_id,
+        )
+    )
     wait_until(lambda: _seen_count(ctx, first.message_id) == 2, 10, "seen_count 2")
     assert count(ctx.engine, dead_letters) == 2
 
@@ -196,13 +232,20 @@ def test_always_failing_actor_lands_in_dead_letters_once(ctx: AppContext, broker
 def _seen_count(ctx: AppContext, message_id: str) -> int:
     with ctx.engine.connect() as conn:
         return conn.execute(
-            sa.select(dead_letters.c.seen_count).where(dead_letters.c.message_id == message_id)).scalar()
+            sa.select(dead_letters.c.seen_count).where(dead_letters.c.message_id == message_id)
+        ).scalar()
 
 
-def test_invalid_envelope_is_dead_lettered_without_retries(ctx: AppContext, broker: dramatiq.Broker,
-                                                           worker: dramatiq.Worker) -> None:
-    message = dramatiq.Message(queue_name="dispatch", actor_name="on_generation_queued",
-                               args=({"event_id": "not-a-uuid"},), kwargs={}, options={})
+def test_invalid_envelope_is_dead_lettered_without_retries(
+    ctx: AppContext, broker: dramatiq.Broker, worker: dramatiq.Worker
+) -> None:
+    message = dramatiq.Message(
+        queue_name="dispatch",
+        actor_name="on_generation_queued",
+        args=({"event_id": "not-a-uuid"},),
+        kwargs={},
+        options={},
+    )
     broker.enqueue(message)
     drain(broker, worker)
     with ctx.engine.connect() as conn:

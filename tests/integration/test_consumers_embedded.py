@@ -61,8 +61,9 @@ def test_embedded_relay_and_workers_consume_every_event_once_despite_republished
         wait_until(lambda: outbox_statuses(ctx.engine) == {OutboxStatus.PUBLISHED.value: N}, 30, "all PUBLISHED")
         enqueued = failpoints.hits("relay.after_enqueue")
         # every extra enqueue must reach a consumer and be recognised as a duplicate
-        wait_until(lambda: failpoints.hits("consume.duplicate") == enqueued - N, 30,
-                   f"{enqueued - N} duplicate deliveries")
+        wait_until(
+            lambda: failpoints.hits("consume.duplicate") == enqueued - N, 30, f"{enqueued - N} duplicate deliveries"
+        )
         elapsed = time.monotonic() - started
     finally:
         runtime.shutdown()

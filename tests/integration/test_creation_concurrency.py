@@ -47,8 +47,12 @@ def test_50_concurrent_identical_posts_make_one_task_and_one_reservation(ctx: Ap
     assert sum(r.headers.get("idempotent-replayed") == "true" for r in responses) == 49
     with ctx.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(generation_tasks)).scalar_one() == 1
-        assert conn.execute(sa.select(sa.func.count()).select_from(credit_ledger)
-                            .where(credit_ledger.c.entry_type == "RESERVE")).scalar_one() == 1
+        assert (
+            conn.execute(
+                sa.select(sa.func.count()).select_from(credit_ledger).where(credit_ledger.c.entry_type == "RESERVE")
+            ).scalar_one()
+            == 1
+        )
 
 
 def test_8_threads_reserving_against_a_balance_for_10_tasks(ctx: AppContext) -> None:
@@ -67,8 +71,9 @@ def test_8_threads_reserving_against_a_balance_for_10_tasks(ctx: AppContext) -> 
             except InsufficientCredits:
                 result = "402"
             with ctx.engine.connect() as conn:
-                bal = conn.execute(sa.select(tenants.c.credit_balance)
-                                   .where(tenants.c.id == who.tenant_id)).scalar_one()
+                bal = conn.execute(
+                    sa.select(tenants.c.credit_balance).where(tenants.c.id == who.tenant_id)
+                ).scalar_one()
             with lock:
                 outcomes.append(result)
                 low_water[0] = min(low_water[0], bal)
@@ -82,8 +87,9 @@ def test_8_threads_reserving_against_a_balance_for_10_tasks(ctx: AppContext) -> 
     assert low_water[0] >= 0
     with ctx.engine.connect() as conn:
         final = conn.execute(sa.select(tenants.c.credit_balance).where(tenants.c.id == who.tenant_id)).scalar_one()
-        ledger_sum = conn.execute(sa.select(sa.func.sum(credit_ledger.c.amount))
-                                  .where(credit_ledger.c.tenant_id == who.tenant_id)).scalar_one()
+        ledger_sum = conn.execute(
+            sa.select(sa.func.sum(credit_ledger.c.amount)).where(credit_ledger.c.tenant_id == who.tenant_id)
+        ).scalar_one()
     assert final == 0 and ledger_sum == 0
 
 
@@ -98,9 +104,11 @@ def test_a_key_still_being_created_is_409_in_flight(ctx: AppContext, pg_dsn: str
             "INSERT INTO generation_tasks (id, tenant_id, client_idempotency_key, request_hash, status, "
             "requested_model, estimated_cost, prompt, params, created_at, updated_at) "
             "VALUES (gen_random_uuid(), %s, 'slow', '\\x00', 'QUEUED', 'sim-v1', 1, 'p', '{}', now(), now())",
-            (who.tenant_id,))
-        r = TestClient(create_app(ctx)).post("/v1/generations", json=BODY,
-                                             headers={**who.headers, "Idempotency-Key": "slow"})
+            (who.tenant_id,),
+        )
+        r = TestClient(create_app(ctx)).post(
+            "/v1/generations", json=BODY, headers={**who.headers, "Idempotency-Key": "slow"}
+        )
         holder.rollback()
     assert r.status_code == 409 and r.json()["type"].endswith("idempotency-key-in-flight")
 
@@ -135,8 +143,7 @@ def test_database_down_means_503_within_2s_never_202(tmp_path: Path, failure: st
     client = TestClient(create_app(ctx))
     try:
         started = time.monotonic()
-        r = client.post("/v1/generations", json=BODY,
-                        headers={"Authorization": "Bearer avk_x", "Idempotency-Key": "k"})
+        r = client.post("/v1/generations", json=BODY, headers={"Authorization": "Bearer avk_x", "Idempotency-Key": "k"})
         elapsed = time.monotonic() - started
         assert r.status_code == 503 and r.json()["type"].endswith("database-unavailable"), r.text
         assert elapsed < 2.0, elapsed

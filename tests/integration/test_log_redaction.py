@@ -34,23 +34,45 @@ WEBHOOK_SECRET = new_secret(os.urandom(32))
 
 
 def _cli(data: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "aivedio_cli", "--config", str(REPO / "aivedio.toml"), "--set", f"data_dir={data}",
-            "--set", "logging.format=json", "--set", "logging.level=DEBUG", *args]
+    return [
+        sys.executable,
+        "-m",
+        "aivedio_cli",
+        "--config",
+        str(REPO / "aivedio.toml"),
+        "--set",
+        f"data_dir={data}",
+        "--set",
+        "logging.format=json",
+        "--set",
+        "logging.level=DEBUG",
+        *args,
+    ]
 
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
     # configured secrets of the provider that runs: masked wherever they would appear
-    env.update(AIVEDIO_PROVIDERS__LOCAL__API_KEY=VENDOR_KEY,
-               AIVEDIO_PROVIDERS__LOCAL__WEBHOOK_SECRETS=json.dumps([WEBHOOK_SECRET]), PYTHONUNBUFFERED="1")
+    env.update(
+        AIVEDIO_PROVIDERS__LOCAL__API_KEY=VENDOR_KEY,
+        AIVEDIO_PROVIDERS__LOCAL__WEBHOOK_SECRETS=json.dumps([WEBHOOK_SECRET]),
+        PYTHONUNBUFFERED="1",
+    )
     return env
 
 
 def assert_nothing_secret(text: str, *literals: str) -> None:
     for literal in (PROMPT, quote(PROMPT), VENDOR_KEY, WEBHOOK_SECRET, *literals):
         assert literal not in text, literal
-    leaks = [re.search(p, text) for p in (r"avk_[A-Za-z0-9_\-]{8,}", r"whsec_[A-Za-z0-9+/=_\-]{8,}",
-                                           r"(?i)\bsig=[A-Za-z0-9_\-%]{4,}", r"(?i)X-Amz-(Signature|Credential)=\w")]
+    leaks = [
+        re.search(p, text)
+        for p in (
+            r"avk_[A-Za-z0-9_\-]{8,}",
+            r"whsec_[A-Za-z0-9+/=_\-]{8,}",
+            r"(?i)\bsig=[A-Za-z0-9_\-%]{4,}",
+            r"(?i)X-Amz-(Signature|Credential)=\w",
+        )
+    ]
     assert not [m.group(0) for m in leaks if m]
 
 
@@ -61,9 +83,26 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 @pytest.mark.timeout(300)
 def test_generate_logs_json_with_task_ids_and_no_secrets(tmp_path: Path) -> None:
     image = sample_png(tmp_path / "img.png")
-    run = subprocess.run(_cli(tmp_path / "data", "generate", PROMPT, "--image", str(image), "--duration", "1",
-                              "--resolution", "360p", "--wait", "--json"),
-                         env=_env(), capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    run = subprocess.run(
+        _cli(
+            tmp_path / "data",
+            "generate",
+            PROMPT,
+            "--image",
+            str(image),
+            "--duration",
+            "1",
+            "--resolution",
+            "360p",
+            "--wait",
+            "--json",
+        ),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     task_id = json.loads(run.stdout)["id"]
     assert_nothing_secret(run.stdout + run.stderr)
@@ -91,16 +130,23 @@ def test_serve_access_and_worker_logs_carry_trace_ids_and_no_secrets(tmp_path: P
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(_cli(data, "--set", f"api.port={port}", "serve"), env=_env(), stdout=out,
-                                stderr=subprocess.STDOUT, cwd=tmp_path)
+        proc = subprocess.Popen(
+            _cli(data, "--set", f"api.port={port}", "serve"),
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
     signatures: list[str] = []
     try:
         with httpx.Client(base_url=base, timeout=10) as http:
             wait_until(lambda: proc.poll() is not None or _up(http), 60, "the API to answer")
             assert proc.poll() is None, log.read_text()[-3000:]
-            created = http.post("/v1/generations", headers={**who.headers, "Idempotency-Key": "obs-1",
-                                                            "X-Request-Id": "trace-obs-1"},
-                                json={"prompt": PROMPT, "model": "local-v1", "duration_s": 1, "resolution": "360p"})
+            created = http.post(
+                "/v1/generations",
+                headers={**who.headers, "Idempotency-Key": "obs-1", "X-Request-Id": "trace-obs-1"},
+                json={"prompt": PROMPT, "model": "local-v1", "duration_s": 1, "resolution": "360p"},
+            )
             assert created.status_code == 202, created.text
             url = f"/v1/generations/{created.json()['id']}"
             done = wait_until(lambda: _finished(http, url, who.headers), 120, "the generation to finish")
@@ -113,8 +159,10 @@ def test_serve_access_and_worker_logs_carry_trace_ids_and_no_secrets(tmp_path: P
             segment = next(line for line in playlist.splitlines() if line and not line.startswith("#"))
             signatures += parse_qs(urlsplit(segment).query)["sig"]
             assert http.get(segment).status_code == 200
-            forged = http.get("/v1/objects/x.mp4?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAEXAMPLE"
-                              "&X-Amz-Signature=" + "ab" * 32)
+            forged = http.get(
+                "/v1/objects/x.mp4?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAEXAMPLE"
+                "&X-Amz-Signature=" + "ab" * 32
+            )
             assert forged.status_code == 403
             assert http.get("/v1/generations", params={"prompt": PROMPT}, headers=who.headers).status_code == 200
             metrics = http.get("/metrics").text

@@ -57,12 +57,15 @@ def test_repository_migrations_are_well_formed() -> None:
     assert all(len(m.sha256) == 64 for m in migrate.discover())
 
 
-@pytest.mark.parametrize(("name", "text", "match"), [
-    ("1_short.sql", "SELECT 1;", "bad migration file name"),
-    ("9997_Upper.sql", "SELECT 1;", "bad migration file name"),
-    ("0001_again.sql", "SELECT 1;", "two migrations numbered 0001"),
-    ("9998_tx.sql", "BEGIN;\nCREATE TABLE x (id int);\nCOMMIT;\n", "transaction control"),
-])
+@pytest.mark.parametrize(
+    ("name", "text", "match"),
+    [
+        ("1_short.sql", "SELECT 1;", "bad migration file name"),
+        ("9997_Upper.sql", "SELECT 1;", "bad migration file name"),
+        ("0001_again.sql", "SELECT 1;", "two migrations numbered 0001"),
+        ("9998_tx.sql", "BEGIN;\nCREATE TABLE x (id int);\nCOMMIT;\n", "transaction control"),
+    ],
+)
 def test_discover_rejects_bad_files(migrations: Path, name: str, text: str, match: str) -> None:
     (migrations / name).write_text(text)
     with pytest.raises(migrate.InvalidMigration, match=match):
@@ -242,11 +245,20 @@ def test_sqlite_engine_can_take_the_write_lock_up_front(sqlite_engine: sa.Engine
     migrate.upgrade(sqlite_engine)
     with sqlite_engine.connect().execution_options(sqlite_begin="IMMEDIATE") as a, a.begin():
         a.execute(tables.tenants.delete())  # holds the write lock until commit
-        other = make_engine(load_settings(overrides={
-            "data_dir": str(Path(sqlite_engine.url.database or "").parent), "database": {"statement_timeout_ms": 100}}))
+        other = make_engine(
+            load_settings(
+                overrides={
+                    "data_dir": str(Path(sqlite_engine.url.database or "").parent),
+                    "database": {"statement_timeout_ms": 100},
+                }
+            )
+        )
         try:
-            with pytest.raises(sa.exc.OperationalError, match="locked"), \
-                    other.connect().execution_options(sqlite_begin="IMMEDIATE") as b, b.begin():
+            with (
+                pytest.raises(sa.exc.OperationalError, match="locked"),
+                other.connect().execution_options(sqlite_begin="IMMEDIATE") as b,
+                b.begin(),
+            ):
                 pass
         finally:
             other.dispose()

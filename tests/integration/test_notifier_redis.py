@@ -124,9 +124,15 @@ def test_an_unreachable_redis_never_breaks_a_waiter_and_publish_raises_for_the_a
 def test_the_mode_picks_the_notifier() -> None:
     embedded = build_notifier(load_settings(overrides={"mode": "embedded"}))
     assert isinstance(embedded, InProcessNotifier)
-    distributed = build_notifier(load_settings(overrides={
-        "mode": "distributed", "database": {"url": "postgresql+psycopg://u@127.0.0.1/db"},
-        "redis": {"key_prefix": "tenant-a:"}}))
+    distributed = build_notifier(
+        load_settings(
+            overrides={
+                "mode": "distributed",
+                "database": {"url": "postgresql+psycopg://u@127.0.0.1/db"},
+                "redis": {"key_prefix": "tenant-a:"},
+            }
+        )
+    )
     try:
         assert isinstance(distributed, RedisNotifier) and distributed.channel == "tenant-a:task-status"
     finally:

@@ -70,8 +70,9 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 def count(ctx: AppContext, status: str) -> int:
     with ctx.engine.connect() as conn:
-        return conn.execute(sa.select(sa.func.count()).select_from(generation_tasks)
-                            .where(generation_tasks.c.status == status)).scalar_one()
+        return conn.execute(
+            sa.select(sa.func.count()).select_from(generation_tasks).where(generation_tasks.c.status == status)
+        ).scalar_one()
 
 
 def test_metrics_follow_the_tasks(tmp_path: Path, db_url: str | None) -> None:
@@ -85,11 +86,28 @@ def test_metrics_follow_the_tasks(tmp_path: Path, db_url: str | None) -> None:
         sim.advance(120)
         with ctx.engine.begin() as conn:  # a message the worker gave up on, and an event for a job we never made
             now = ctx.clock.now()
-            conn.execute(dead_letters.insert().values(id=new_id(), message_id="m-1", actor="fetch_output",
-                                                      queue="fetch", message={}, first_seen_at=now, last_seen_at=now))
-            conn.execute(provider_events.insert().values(id=new_id(), provider="sim", source="callback",
-                                                         dedup_key="ghost", orphan=True, received_at=now,
-                                                         expires_at=now))
+            conn.execute(
+                dead_letters.insert().values(
+                    id=new_id(),
+                    message_id="m-1",
+                    actor="fetch_output",
+                    queue="fetch",
+                    message={},
+                    first_seen_at=now,
+                    last_seen_at=now,
+                )
+            )
+            conn.execute(
+                provider_events.insert().values(
+                    id=new_id(),
+                    provider="sim",
+                    source="callback",
+                    dedup_key="ghost",
+                    orphan=True,
+                    received_at=now,
+                    expires_at=now,
+                )
+            )
         with running_api(ctx) as base:
             m, docs = scrape(base)
             assert value(m, "aivedio_queue_depth") == 3
@@ -141,17 +159,26 @@ def test_broker_queue_depth_is_read_from_redis(tmp_path: Path) -> None:
 
 
 def test_actor_calls_are_counted_and_logged_with_their_task_ids(
-        tmp_path: Path, restore_logging: None) -> None:  # the imported fixture
+    tmp_path: Path, restore_logging: None
+) -> None:  # the imported fixture
     with running_sim() as sim:
         ctx = sim_context(tmp_path, sim, logging={"format": "json", "level": "DEBUG"})
         out = io.StringIO()
         configure_logging(ctx.settings, stream=out)
         actor = declare_actors(StubBroker(), ctx)["notify_status_changed"]
         task_id = new_id()
-        envelope = Envelope(event_id=new_id(), event_type="task.status.changed", schema_version=1,
-                            aggregate_id=task_id, aggregate_version=2, tenant_id=None, trace_id="req-42",
-                            causation_id=None, occurred_at=ctx.clock.now(),
-                            payload={"task_id": str(task_id), "version": 2, "status": "QUEUED", "progress": 0})
+        envelope = Envelope(
+            event_id=new_id(),
+            event_type="task.status.changed",
+            schema_version=1,
+            aggregate_id=task_id,
+            aggregate_version=2,
+            tenant_id=None,
+            trace_id="req-42",
+            causation_id=None,
+            occurred_at=ctx.clock.now(),
+            payload={"task_id": str(task_id), "version": 2, "status": "QUEUED", "progress": 0},
+        )
         with running_api(ctx) as base:
             before, _ = scrape(base)
             actor.fn(envelope.to_dict())
@@ -168,14 +195,26 @@ def test_actor_calls_are_counted_and_logged_with_their_task_ids(
 
 
 #: the threshold rules; the engine's own per-event alerts (e.g. media_failed per task) are not these tests' concern
-THRESHOLD_RULES = [r.value for r in (Rule.FAILED_TASKS_HIGH, Rule.PROVIDER_CONSECUTIVE_FAILURES, Rule.QUEUE_BACKLOG,
-                                     Rule.MEDIA_FAILURE_RATE, Rule.COST_ANOMALY, Rule.STORAGE_CAPACITY_LOW)]
+THRESHOLD_RULES = [
+    r.value
+    for r in (
+        Rule.FAILED_TASKS_HIGH,
+        Rule.PROVIDER_CONSECUTIVE_FAILURES,
+        Rule.QUEUE_BACKLOG,
+        Rule.MEDIA_FAILURE_RATE,
+        Rule.COST_ANOMALY,
+        Rule.STORAGE_CAPACITY_LOW,
+    )
+]
 
 
 def open_alerts(ctx: AppContext) -> dict[tuple[str, str], Any]:
     with ctx.engine.connect() as conn:
-        rows = conn.execute(sa.select(alerts_table).where(alerts_table.c.status == AlertStatus.OPEN.value,
-                                                          alerts_table.c.rule.in_(THRESHOLD_RULES))).all()
+        rows = conn.execute(
+            sa.select(alerts_table).where(
+                alerts_table.c.status == AlertStatus.OPEN.value, alerts_table.c.rule.in_(THRESHOLD_RULES)
+            )
+        ).all()
     return {(r.rule, r.dedup_key): r for r in rows}
 
 
@@ -194,14 +233,23 @@ def evaluate_twice(ctx: AppContext) -> tuple[dict[tuple[str, str], Any], dict[tu
     return first, second
 
 
-QUIET = {"failed_tasks": 1000, "provider_consecutive_failures": 1000, "queue_depth": 1000, "queue_age_s": 86400,
-         "media_min_samples": 1000, "cost_min_per_hour": "1000000", "min_free_bytes": 0, "min_free_ratio": 0}
+QUIET = {
+    "failed_tasks": 1000,
+    "provider_consecutive_failures": 1000,
+    "queue_depth": 1000,
+    "queue_age_s": 86400,
+    "media_min_samples": 1000,
+    "cost_min_per_hour": "1000000",
+    "min_free_bytes": 0,
+    "min_free_ratio": 0,
+}
 
 
 def test_failures_raise_failed_tasks_and_provider_streak_once(tmp_path: Path, db_url: str | None) -> None:
     with running_sim(seed=5, faults="fail=1", job_seconds=3) as sim:
-        ctx = sim_context(tmp_path, sim, db_url, alerts={**QUIET, "failed_tasks": 3,
-                                                         "provider_consecutive_failures": 3})
+        ctx = sim_context(
+            tmp_path, sim, db_url, alerts={**QUIET, "failed_tasks": 3, "provider_consecutive_failures": 3}
+        )
         create_tasks(ctx, 3)
         drv = Driver(ctx, sim, Pump(ctx))
         drv.run_until(lambda: drv.all_in("FAILED_FINAL"))
@@ -215,8 +263,13 @@ def test_failures_raise_failed_tasks_and_provider_streak_once(tmp_path: Path, db
 def test_media_failure_rate(tmp_path: Path, db_url: str | None) -> None:
     with running_sim(seed=6, job_seconds=1) as sim:
         # every clip is over the media gate's pixel limit: the media step fails, the provider did its job
-        ctx = sim_context(tmp_path, sim, db_url, media={"max_pixels": 1},
-                          alerts={**QUIET, "media_min_samples": 2, "media_failure_rate": 0.5})
+        ctx = sim_context(
+            tmp_path,
+            sim,
+            db_url,
+            media={"max_pixels": 1},
+            alerts={**QUIET, "media_min_samples": 2, "media_failure_rate": 0.5},
+        )
         create_tasks(ctx, 2)
         drv = Driver(ctx, sim, Pump(ctx))
         drv.run_until(lambda: drv.all_in("FAILED_FINAL"))
@@ -253,8 +306,13 @@ def _spend(ctx: AppContext, tenant_id: Any, tasks: int, tag: str) -> None:
 def test_cost_over_budget_and_against_the_previous_day(tmp_path: Path, db_url: str | None) -> None:
     with running_sim() as sim:
         # nothing relays here, so the first task's outbox row stays due: shedding (its own test) is turned off
-        ctx = sim_context(tmp_path, sim, db_url, alerts={**QUIET, "cost_budget_per_hour": "5", "cost_factor": 5,
-                                                         "cost_min_per_hour": "10"}, limits={"shed_outbox_age_s": 0})
+        ctx = sim_context(
+            tmp_path,
+            sim,
+            db_url,
+            alerts={**QUIET, "cost_budget_per_hour": "5", "cost_factor": 5, "cost_min_per_hour": "10"},
+            limits={"shed_outbox_age_s": 0},
+        )
         steady, burst = tenant_with_key(ctx, "steady", 1000).tenant_id, tenant_with_key(ctx, "burst", 1000).tenant_id
         _spend(ctx, steady, 1, "a")  # 2 credits, then a quiet day
         ctx.clock.advance(2 * 3600)  # type: ignore[attr-defined]
@@ -262,12 +320,15 @@ def test_cost_over_budget_and_against_the_previous_day(tmp_path: Path, db_url: s
         _spend(ctx, steady, 6, "c")  # 12 credits in the hour: over the budget, and 144 × its mean of the day before
         first, _ = evaluate_twice(ctx)
         assert set(first) == {("cost_anomaly", f"tenant:{burst}"), ("cost_anomaly", f"tenant:{steady}")}
-        assert "6 credits committed in the last hour, over the budget of 5" in \
-            first[("cost_anomaly", f"tenant:{burst}")].message
+        assert (
+            "6 credits committed in the last hour, over the budget of 5"
+            in first[("cost_anomaly", f"tenant:{burst}")].message
+        )
 
         # without a budget, only the deviation from the day before is an anomaly
-        no_budget = ctx.settings.model_copy(update={"alerts": ctx.settings.alerts.model_copy(
-            update={"cost_budget_per_hour": Decimal(0)})})
+        no_budget = ctx.settings.model_copy(
+            update={"alerts": ctx.settings.alerts.model_copy(update={"cost_budget_per_hour": Decimal(0)})}
+        )
         findings = AlertEvaluator(ctx.engine, ctx.clock, no_budget).evaluate_now()
         assert [(f.dedup_key, f.subject_id) for f in findings] == [(f"tenant:{steady}", str(steady))]
         assert "over 5 × its hourly mean of 0.08 the day before" in findings[0].message
@@ -276,9 +337,8 @@ def test_cost_over_budget_and_against_the_previous_day(tmp_path: Path, db_url: s
 
 def test_storage_capacity_low(tmp_path: Path) -> None:
     with running_sim() as sim:
-        ctx = sim_context(tmp_path, sim, alerts={**QUIET, "min_free_bytes": 2 ** 62})  # more than any disk has
+        ctx = sim_context(tmp_path, sim, alerts={**QUIET, "min_free_bytes": 2**62})  # more than any disk has
         first, _ = evaluate_twice(ctx)
         assert set(first) == {("storage_capacity_low", str(tmp_path / "data"))}
         assert first[("storage_capacity_low", str(tmp_path / "data"))].severity == "critical"
         ctx.close()
-

@@ -29,14 +29,27 @@ TASKS = 30
 
 def _envelope(attempt: sa.Row, status: JobStatus, at_s: int, now: object) -> Envelope:
     outputs = (Output(url="https://cdn.example/out.mp4"),) if status is JobStatus.SUCCEEDED else ()
-    obs = Observation(job_id=attempt.provider_job_id, status=status, outputs=outputs,
-                      provider_updated_at=attempt.submitted_at + timedelta(seconds=at_s),
-                      event_id=f"{attempt.provider_job_id}:{status.value}")
+    obs = Observation(
+        job_id=attempt.provider_job_id,
+        status=status,
+        outputs=outputs,
+        provider_updated_at=attempt.submitted_at + timedelta(seconds=at_s),
+        event_id=f"{attempt.provider_job_id}:{status.value}",
+    )
     event_id = new_id()
     payload = to_payload(attempt.provider, obs, EventSource.CALLBACK, f"wh:{obs.event_id}", event_id)
-    return Envelope(event_id=event_id, event_type=EventType.PROVIDER_STATUS_OBSERVED.value, schema_version=1,
-                    aggregate_id=attempt.task_id, aggregate_version=0, tenant_id=None, trace_id=None,
-                    causation_id=None, occurred_at=now, payload=payload)  # type: ignore[arg-type]
+    return Envelope(
+        event_id=event_id,
+        event_type=EventType.PROVIDER_STATUS_OBSERVED.value,
+        schema_version=1,
+        aggregate_id=attempt.task_id,
+        aggregate_version=0,
+        tenant_id=None,
+        trace_id=None,
+        causation_id=None,
+        occurred_at=now,
+        payload=payload,
+    )  # type: ignore[arg-type]
 
 
 @pytest.mark.postgres
@@ -50,8 +63,11 @@ def test_racing_running_and_succeeded_never_leave_the_attempt_behind(tmp_path: P
             acked = conn.execute(sa.select(task_attempts).where(task_attempts.c.submit_state == "ACKED")).all()
         assert len(acked) == TASKS and ctx.slots.counts().get("provider:sim") == TASKS
         now = ctx.clock.now()
-        work = [e for a in acked for e in (_envelope(a, JobStatus.RUNNING, 1, now),
-                                           _envelope(a, JobStatus.SUCCEEDED, 2, now))]
+        work = [
+            e
+            for a in acked
+            for e in (_envelope(a, JobStatus.RUNNING, 1, now), _envelope(a, JobStatus.SUCCEEDED, 2, now))
+        ]
         start, lock, errors = threading.Barrier(16), threading.Lock(), []
         take = iter(range(len(work)))
 
@@ -75,8 +91,11 @@ def test_racing_running_and_succeeded_never_leave_the_attempt_behind(tmp_path: P
         for t in threads:
             t.join(120)
         with ctx.engine.connect() as conn:
-            rows = conn.execute(sa.select(generation_tasks.c.status, task_attempts.c.submit_state)
-                                .join(task_attempts, task_attempts.c.task_id == generation_tasks.c.id)).all()
+            rows = conn.execute(
+                sa.select(generation_tasks.c.status, task_attempts.c.submit_state).join(
+                    task_attempts, task_attempts.c.task_id == generation_tasks.c.id
+                )
+            ).all()
         ctx.close()
     assert errors == []
     assert {(r.status, r.submit_state) for r in rows} == {("OUTPUT_FETCHING", "SUCCEEDED")}, rows

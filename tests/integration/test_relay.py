@@ -111,9 +111,16 @@ def test_claims_only_due_pending_rows_and_builds_the_envelope(engine: sa.Engine)
     assert (message.message_id, message.actor_name, message.queue_name) == (str(row.id), row.target, QUEUE)
     envelope = Envelope.parse(message.args[0])
     assert envelope == Envelope(
-        event_id=row.id, event_type=EventType.GENERATION_QUEUED.value, schema_version=1,
-        aggregate_id=row.aggregate_id, aggregate_version=3, tenant_id=row.tenant_id, trace_id=row.trace_id,
-        causation_id=None, occurred_at=T0, payload=row.payload,
+        event_id=row.id,
+        event_type=EventType.GENERATION_QUEUED.value,
+        schema_version=1,
+        aggregate_id=row.aggregate_id,
+        aggregate_version=3,
+        tenant_id=row.tenant_id,
+        trace_id=row.trace_id,
+        causation_id=None,
+        occurred_at=T0,
+        payload=row.payload,
     )
 
     assert relay.run_once() == 0  # the future row is not due yet
@@ -242,8 +249,17 @@ def _latencies(relay: Relay, log: EnqueueLog, commit_one: Any, n: int = 5) -> li
 def _commit_one(engine: sa.Engine, tenant: uuid.UUID, task: uuid.UUID) -> Any:
     def commit() -> None:
         with engine.begin() as conn:
-            outbox.add(conn, EventType.GENERATION_QUEUED, aggregate_type="generation_task", aggregate_id=task,
-                       aggregate_version=3, payload={"task_id": str(task)}, now=T0, tenant_id=tenant)
+            outbox.add(
+                conn,
+                EventType.GENERATION_QUEUED,
+                aggregate_type="generation_task",
+                aggregate_id=task,
+                aggregate_version=3,
+                payload={"task_id": str(task)},
+                now=T0,
+                tenant_id=tenant,
+            )
+
     return commit
 
 
@@ -255,16 +271,19 @@ def test_listen_notify_wakes_the_relay_without_polling(engine: sa.Engine) -> Non
     # a 10 s fallback: anything published within 0.5 s was woken by NOTIFY
     relay = Relay(engine, stub_broker(log), MutableClock(T0 + timedelta(hours=1)), fallback_interval_s=10)
     latencies = _latencies(relay, log, _commit_one(engine, tenant, task))
-    print(f"\nNOTIFY wake-up latency: median {statistics.median(latencies) * 1000:.1f} ms, "
-          f"max {max(latencies) * 1000:.1f} ms")
+    print(
+        f"\nNOTIFY wake-up latency: median {statistics.median(latencies) * 1000:.1f} ms, "
+        f"max {max(latencies) * 1000:.1f} ms"
+    )
     assert max(latencies) < 0.5
 
 
 def test_embedded_commit_wakes_the_relay_without_polling(tmp_path: Any) -> None:
     from aivedio_engine.bootstrap import build_context
 
-    ctx = build_context(load_settings(overrides={"data_dir": str(tmp_path)}),
-                        clock=MutableClock(T0 + timedelta(hours=1)))
+    ctx = build_context(
+        load_settings(overrides={"data_dir": str(tmp_path)}), clock=MutableClock(T0 + timedelta(hours=1))
+    )
     migrate.upgrade(ctx.engine)
     with ctx.engine.begin() as conn:
         tenant = insert_tenant(conn)
@@ -272,8 +291,10 @@ def test_embedded_commit_wakes_the_relay_without_polling(tmp_path: Any) -> None:
     log = EnqueueLog()
     relay = Relay(ctx.engine, stub_broker(log), ctx.clock, wakeup=ctx.outbox_wakeup, fallback_interval_s=10)
     latencies = _latencies(relay, log, _commit_one(ctx.engine, tenant, task))
-    print(f"\nembedded wake-up latency: median {statistics.median(latencies) * 1000:.1f} ms, "
-          f"max {max(latencies) * 1000:.1f} ms")
+    print(
+        f"\nembedded wake-up latency: median {statistics.median(latencies) * 1000:.1f} ms, "
+        f"max {max(latencies) * 1000:.1f} ms"
+    )
     assert max(latencies) < 0.5
     ctx.close()
 
@@ -284,10 +305,27 @@ def test_a_row_targeted_at_the_urgent_fetch_route_goes_to_its_queue(engine: sa.E
     clock = MutableClock()
     with engine.begin() as conn:
         tenant = insert_tenant(conn)
-        urgent = outbox.add(conn, EventType.FETCH_REQUESTED, aggregate_type="task", aggregate_id=uuid.uuid4(),
-                            aggregate_version=1, payload={}, now=T0, tenant_id=tenant, route=URGENT_FETCH)
-        normal = outbox.add(conn, EventType.FETCH_REQUESTED, aggregate_type="task", aggregate_id=uuid.uuid4(),
-                            aggregate_version=1, payload={}, now=T0, tenant_id=tenant)
+        urgent = outbox.add(
+            conn,
+            EventType.FETCH_REQUESTED,
+            aggregate_type="task",
+            aggregate_id=uuid.uuid4(),
+            aggregate_version=1,
+            payload={},
+            now=T0,
+            tenant_id=tenant,
+            route=URGENT_FETCH,
+        )
+        normal = outbox.add(
+            conn,
+            EventType.FETCH_REQUESTED,
+            aggregate_type="task",
+            aggregate_id=uuid.uuid4(),
+            aggregate_version=1,
+            payload={},
+            now=T0,
+            tenant_id=tenant,
+        )
     broker = StubBroker(middleware=[])
     for queue in ("fetch", "fetch_urgent"):
         broker.declare_queue(queue)

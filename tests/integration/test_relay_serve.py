@@ -30,12 +30,15 @@ from tests.chaos.support import (
 )
 
 
-@pytest.mark.parametrize(("text", "roles"), [
-    ("all", set(ROLES)),
-    ("relay", {"relay"}),
-    (" Relay , worker,", {"relay", "worker"}),
-    ("api,all", set(ROLES)),
-])
+@pytest.mark.parametrize(
+    ("text", "roles"),
+    [
+        ("all", set(ROLES)),
+        ("relay", {"relay"}),
+        (" Relay , worker,", {"relay", "worker"}),
+        ("api,all", set(ROLES)),
+    ],
+)
 def test_parse_roles(text: str, roles: set[str]) -> None:
     assert parse_roles(text) == roles
 
@@ -54,8 +57,9 @@ def test_serve_rejects_an_unknown_role_as_a_usage_error() -> None:
 
 @pytest.mark.postgres
 def test_serve_refuses_a_postgres_schema_that_is_not_migrated(pg_empty_url: str) -> None:
-    result = CliRunner().invoke(app, ["--set", f"database.url={pg_empty_url}", "--set", "mode=distributed",
-                                      "serve", "--role", "relay"])
+    result = CliRunner().invoke(
+        app, ["--set", f"database.url={pg_empty_url}", "--set", "mode=distributed", "serve", "--role", "relay"]
+    )
     assert result.exit_code == 1
     assert "aivedio db upgrade" in result.output
 
@@ -73,11 +77,16 @@ def test_embedded_serve_consumes_the_outbox_and_stops_cleanly_on_sigterm(tmp_pat
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "aivedio_cli", "--set", f"data_dir={tmp_path}", "serve", "--role", "relay,worker"],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
-        wait_until(lambda: inbox_count(ctx.engine, intake.CONSUMER_GROUP) == n or proc.poll() is not None, 30,
-                   "the embedded process to consume every event")
+        wait_until(
+            lambda: inbox_count(ctx.engine, intake.CONSUMER_GROUP) == n or proc.poll() is not None,
+            30,
+            "the embedded process to consume every event",
+        )
         assert proc.poll() is None, log.read_text()
         wait_until(lambda: outbox_statuses(ctx.engine) == {OutboxStatus.PUBLISHED.value: n}, 10, "all PUBLISHED")
         proc.send_signal(signal.SIGTERM)

@@ -44,8 +44,11 @@ def _pg_type(t: Any) -> str:
 
 def _mirror_indexes(table: sa.Table) -> dict[str, tuple[tuple[str, ...], bool, bool]]:
     return {
-        ix.name: (tuple(c.name for c in ix.columns), bool(ix.unique),
-                  ix.dialect_options["postgresql"]["where"] is not None)
+        ix.name: (
+            tuple(c.name for c in ix.columns),
+            bool(ix.unique),
+            ix.dialect_options["postgresql"]["where"] is not None,
+        )
         for ix in table.indexes
     }
 
@@ -78,11 +81,14 @@ def test_keys_and_constraints_match_mirror(engine: sa.Engine) -> None:
         }
         assert uniques == mirror_uniques, table.name
 
-        fks = {f["name"]: (f["constrained_columns"], f["referred_table"], f["referred_columns"])
-               for f in insp.get_foreign_keys(table.name)}
-        mirror_fks = {fk.name: ([c.name for c in fk.columns], fk.referred_table.name,
-                                [e.column.name for e in fk.elements])
-                      for fk in table.foreign_key_constraints}
+        fks = {
+            f["name"]: (f["constrained_columns"], f["referred_table"], f["referred_columns"])
+            for f in insp.get_foreign_keys(table.name)
+        }
+        mirror_fks = {
+            fk.name: ([c.name for c in fk.columns], fk.referred_table.name, [e.column.name for e in fk.elements])
+            for fk in table.foreign_key_constraints
+        }
         assert fks == mirror_fks, table.name
 
         checks = {c["name"] for c in insp.get_check_constraints(table.name)}
@@ -93,8 +99,11 @@ def test_indexes_match_mirror(engine: sa.Engine) -> None:
     insp = sa.inspect(engine)
     for table in tables.metadata.sorted_tables:
         reflected = {
-            ix["name"]: (tuple(ix["column_names"]), bool(ix["unique"]),
-                         bool(ix.get("dialect_options", {}).get("postgresql_where")))
+            ix["name"]: (
+                tuple(ix["column_names"]),
+                bool(ix["unique"]),
+                bool(ix.get("dialect_options", {}).get("postgresql_where")),
+            )
             for ix in insp.get_indexes(table.name)
             if "duplicates_constraint" not in ix  # the index behind a UNIQUE / PRIMARY KEY constraint
         }
@@ -103,22 +112,31 @@ def test_indexes_match_mirror(engine: sa.Engine) -> None:
 
 def _catalog(conn: sa.Connection, schema: str) -> dict[str, Any]:
     """Columns, constraints and indexes of every table in `schema`, as PostgreSQL prints them."""
+
     def strip(text: str) -> str:
         return text.replace(f"{schema}.", "")
 
-    columns = conn.execute(sa.text("""
+    columns = conn.execute(
+        sa.text("""
         SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid)
         FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
         LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
         WHERE n.nspname = :s AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
-        ORDER BY c.relname, a.attnum"""), {"s": schema}).all()
-    constraints = conn.execute(sa.text("""
+        ORDER BY c.relname, a.attnum"""),
+        {"s": schema},
+    ).all()
+    constraints = conn.execute(
+        sa.text("""
         SELECT c.relname, con.conname, pg_get_constraintdef(con.oid)
         FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = :s ORDER BY 1, 2"""), {"s": schema}).all()
-    indexes = conn.execute(sa.text("""
+        WHERE n.nspname = :s ORDER BY 1, 2"""),
+        {"s": schema},
+    ).all()
+    indexes = conn.execute(
+        sa.text("""
         SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = :s ORDER BY 1, 2"""),
-        {"s": schema}).all()
+        {"s": schema},
+    ).all()
     return {
         "columns": [tuple(r) for r in columns],
         "constraints": [(t, n, strip(d)) for t, n, d in constraints],
@@ -140,12 +158,18 @@ def test_catalog_definitions_match_mirror_created_by_sqlalchemy(engine: sa.Engin
 
 
 def _check_values(conn: sa.Connection, table: str, column: str) -> set[str]:
-    defs = conn.execute(sa.text("""
+    defs = (
+        conn.execute(
+            sa.text("""
         SELECT pg_get_constraintdef(con.oid)
         FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid
         JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = ANY (con.conkey)
         WHERE con.contype = 'c' AND c.relname = :t AND a.attname = :c AND cardinality(con.conkey) = 1"""),
-        {"t": table, "c": column}).scalars().all()
+            {"t": table, "c": column},
+        )
+        .scalars()
+        .all()
+    )
     lists = [d for d in defs if "= ANY" in d]
     assert len(lists) == 1, f"{table}.{column}: expected one CHECK (... IN (...)), found {defs}"
     return {v.replace("''", "'") for v in re.findall(r"'((?:[^']|'')*)'::", lists[0])}
@@ -182,19 +206,48 @@ def _tenant(conn: sa.Connection) -> uuid.UUID:
 
 def _task(conn: sa.Connection, tenant_id: uuid.UUID) -> uuid.UUID:
     task_id = uuid.uuid4()
-    conn.execute(tables.generation_tasks.insert().values(
-        id=task_id, tenant_id=tenant_id, client_idempotency_key=str(task_id), request_hash=b"h",
-        status=TaskStatus.QUEUED.value, requested_model="local-v1", estimated_cost=Decimal("5"), prompt="a cat",
-        params={"seconds": 5}, created_at=NOW, updated_at=NOW))
+    conn.execute(
+        tables.generation_tasks.insert().values(
+            id=task_id,
+            tenant_id=tenant_id,
+            client_idempotency_key=str(task_id),
+            request_hash=b"h",
+            status=TaskStatus.QUEUED.value,
+            requested_model="local-v1",
+            estimated_cost=Decimal("5"),
+            prompt="a cat",
+            params={"seconds": 5},
+            created_at=NOW,
+            updated_at=NOW,
+        )
+    )
     return task_id
 
 
-def _attempt(conn: sa.Connection, task_id: uuid.UUID, no: int, state: AttemptStatus, job: str | None = None,
-             provider: str = "sim") -> uuid.UUID:
+def _attempt(
+    conn: sa.Connection,
+    task_id: uuid.UUID,
+    no: int,
+    state: AttemptStatus,
+    job: str | None = None,
+    provider: str = "sim",
+) -> uuid.UUID:
     aid = uuid.uuid4()
-    conn.execute(tables.task_attempts.insert().values(
-        id=aid, task_id=task_id, attempt_no=no, provider=provider, model="m", provider_request_key=f"req-{aid}",
-        provider_job_id=job, submit_state=state.value, request_fingerprint=b"f", created_at=NOW, updated_at=NOW))
+    conn.execute(
+        tables.task_attempts.insert().values(
+            id=aid,
+            task_id=task_id,
+            attempt_no=no,
+            provider=provider,
+            model="m",
+            provider_request_key=f"req-{aid}",
+            provider_job_id=job,
+            submit_state=state.value,
+            request_fingerprint=b"f",
+            created_at=NOW,
+            updated_at=NOW,
+        )
+    )
     return aid
 
 
@@ -205,9 +258,17 @@ def _violation(exc: pytest.ExceptionInfo[sa.exc.DBAPIError]) -> tuple[type, str 
 def test_ledger_is_append_only(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         tid = _tenant(conn)
-        conn.execute(tables.credit_ledger.insert().values(
-            id=uuid.uuid4(), tenant_id=tid, entry_type=LedgerEntryType.ADJUSTMENT.value, amount=Decimal("10"),
-            business_key="adjustment:x:1", created_by="test", created_at=NOW))
+        conn.execute(
+            tables.credit_ledger.insert().values(
+                id=uuid.uuid4(),
+                tenant_id=tid,
+                entry_type=LedgerEntryType.ADJUSTMENT.value,
+                amount=Decimal("10"),
+                business_key="adjustment:x:1",
+                created_by="test",
+                created_at=NOW,
+            )
+        )
     for statement in ("UPDATE credit_ledger SET amount = 0", "DELETE FROM credit_ledger", "TRUNCATE credit_ledger"):
         with pytest.raises(sa.exc.DBAPIError, match="append-only") as exc, engine.begin() as conn:
             conn.exec_driver_sql(statement)
@@ -218,9 +279,17 @@ def test_ledger_is_append_only(engine: sa.Engine) -> None:
 
 def test_ledger_sign_convention_is_enforced(engine: sa.Engine) -> None:
     with pytest.raises(sa.exc.IntegrityError) as exc, engine.begin() as conn:
-        conn.execute(tables.credit_ledger.insert().values(
-            id=uuid.uuid4(), tenant_id=_tenant(conn), entry_type=LedgerEntryType.RESERVE.value, amount=Decimal("5"),
-            business_key="reserve:x", created_by="test", created_at=NOW))
+        conn.execute(
+            tables.credit_ledger.insert().values(
+                id=uuid.uuid4(),
+                tenant_id=_tenant(conn),
+                entry_type=LedgerEntryType.RESERVE.value,
+                amount=Decimal("5"),
+                business_key="reserve:x",
+                created_by="test",
+                created_at=NOW,
+            )
+        )
     assert _violation(exc) == (psycopg.errors.CheckViolation, "ck_credit_ledger_amount_sign")
 
 
@@ -232,8 +301,11 @@ def test_at_most_one_in_flight_attempt_per_task(engine: sa.Engine) -> None:
         _attempt(conn, task_id, 2, AttemptStatus.NEW)
     assert _violation(exc) == (psycopg.errors.UniqueViolation, "uq_task_attempts_one_in_flight")
     with engine.begin() as conn:  # once the first attempt is settled, a new one may start
-        conn.execute(tables.task_attempts.update().where(tables.task_attempts.c.id == first)
-                     .values(submit_state=AttemptStatus.FAILED_BEFORE_ACCEPT.value))
+        conn.execute(
+            tables.task_attempts.update()
+            .where(tables.task_attempts.c.id == first)
+            .values(submit_state=AttemptStatus.FAILED_BEFORE_ACCEPT.value)
+        )
         _attempt(conn, task_id, 2, AttemptStatus.NEW)
 
 
@@ -252,6 +324,7 @@ def test_provider_job_id_unique_per_provider_but_nulls_allowed(engine: sa.Engine
 def test_enum_check_rejects_unknown_status(engine: sa.Engine) -> None:
     with pytest.raises(sa.exc.IntegrityError) as exc, engine.begin() as conn:
         task_id = _task(conn, _tenant(conn))
-        conn.execute(tables.generation_tasks.update().where(tables.generation_tasks.c.id == task_id)
-                     .values(status="DONE"))
+        conn.execute(
+            tables.generation_tasks.update().where(tables.generation_tasks.c.id == task_id).values(status="DONE")
+        )
     assert _violation(exc) == (psycopg.errors.CheckViolation, "ck_generation_tasks_status")

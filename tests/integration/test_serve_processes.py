@@ -63,8 +63,21 @@ def test_processes_need_a_distributed_broker() -> None:
 
 def test_child_argv_forwards_the_configuration() -> None:
     argv = processes.child_argv("/etc/aivedio.toml", ["database.url=x", "broker.kind=redis"], "state")
-    assert argv[1:] == ["-m", "aivedio_cli", "--config", "/etc/aivedio.toml", "--set", "database.url=x",
-                        "--set", "broker.kind=redis", "serve", "--role", "worker", "--queues", "state"]
+    assert argv[1:] == [
+        "-m",
+        "aivedio_cli",
+        "--config",
+        "/etc/aivedio.toml",
+        "--set",
+        "database.url=x",
+        "--set",
+        "broker.kind=redis",
+        "serve",
+        "--role",
+        "worker",
+        "--queues",
+        "state",
+    ]
 
 
 @pytest.fixture
@@ -87,7 +100,8 @@ def _children(pid: int) -> set[int]:
 
 @pytest.mark.postgres
 def test_three_worker_processes_share_the_queue_and_stop_together(
-        pg_url: str, redis_prefix: str, tmp_path: Path) -> None:
+    pg_url: str, redis_prefix: str, tmp_path: Path
+) -> None:
     n = 300
     engine = make_engine(load_settings(overrides={"database": {"url": pg_url}}))
     migrate.upgrade(engine)
@@ -97,25 +111,54 @@ def test_three_worker_processes_share_the_queue_and_stop_together(
         tasks = insert_tasks(conn, tenant, n)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
     log = tmp_path / "serve.log"
-    argv = [sys.executable, "-m", "aivedio_cli", "--set", f"database.url={pg_url}", "--set", "mode=distributed",
-            "--set", "broker.kind=redis", "--set", f"broker.url={REDIS_URL}",
-            "--set", f"redis.key_prefix={redis_prefix}", "--set", "broker.worker_threads=2",
-            "serve", "--role", "relay,worker", "--processes", "3", "--queues", "dispatch"]
+    argv = [
+        sys.executable,
+        "-m",
+        "aivedio_cli",
+        "--set",
+        f"database.url={pg_url}",
+        "--set",
+        "mode=distributed",
+        "--set",
+        "broker.kind=redis",
+        "--set",
+        f"broker.url={REDIS_URL}",
+        "--set",
+        f"redis.key_prefix={redis_prefix}",
+        "--set",
+        "broker.worker_threads=2",
+        "serve",
+        "--role",
+        "relay,worker",
+        "--processes",
+        "3",
+        "--queues",
+        "dispatch",
+    ]
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         kids = wait_until(lambda: len(_children(proc.pid)) == 2 and _children(proc.pid), 60, "two worker children")
-        wait_until(lambda: log.read_text().count("running roles: worker") == 2 or proc.poll() is not None, 60,
-                   "both children running the worker role")
+        wait_until(
+            lambda: log.read_text().count("running roles: worker") == 2 or proc.poll() is not None,
+            60,
+            "both children running the worker role",
+        )
         with engine.begin() as conn:  # the work arrives once all three processes consume the queue
             insert_queued_events(conn, tenant, tasks)
-        wait_until(lambda: inbox_count(engine, intake.CONSUMER_GROUP) == n or proc.poll() is not None, 120,
-                   "every event consumed")
+        wait_until(
+            lambda: inbox_count(engine, intake.CONSUMER_GROUP) == n or proc.poll() is not None,
+            120,
+            "every event consumed",
+        )
         assert proc.poll() is None, log.read_text()[-3000:]
         victim = min(kids)
         os.kill(victim, signal.SIGKILL)  # a worker process dies: the command starts another
-        kids = wait_until(lambda: (now := _children(proc.pid)) and len(now) == 2 and victim not in now and now,
-                          30, "a replacement worker process")
+        kids = wait_until(
+            lambda: (now := _children(proc.pid)) and len(now) == 2 and victim not in now and now,
+            30,
+            "a replacement worker process",
+        )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(90) == 0, log.read_text()[-3000:]
     finally:

@@ -59,21 +59,44 @@ def add_tenant(engine: sa.Engine) -> str:
     return str(tid)
 
 
-def dispatch(engine: sa.Engine, store: object, tenant: str, *, model: str = "m1",
-             state: AttemptStatus = AttemptStatus.NEW) -> tuple[uuid.UUID, Lease | None]:
+def dispatch(
+    engine: sa.Engine, store: object, tenant: str, *, model: str = "m1", state: AttemptStatus = AttemptStatus.NEW
+) -> tuple[uuid.UUID, Lease | None]:
     """What the dispatcher does: attempt id first, acquire, then record the attempt with the lease's fence."""
     task_id, attempt_id = new_id(), new_id()
     lease = store.acquire(LIMITS.chain(tenant, "sim", model), str(attempt_id), TTL)  # type: ignore[attr-defined]
     with engine.begin() as conn:
-        conn.execute(generation_tasks.insert().values(
-            id=task_id, tenant_id=uuid.UUID(tenant), client_idempotency_key=str(task_id), request_hash=b"h",
-            status=TaskStatus.DISPATCHING.value, requested_model=model, estimated_cost=Decimal("1"),
-            prompt="a lighthouse", params={}, created_at=T0, updated_at=T0))
+        conn.execute(
+            generation_tasks.insert().values(
+                id=task_id,
+                tenant_id=uuid.UUID(tenant),
+                client_idempotency_key=str(task_id),
+                request_hash=b"h",
+                status=TaskStatus.DISPATCHING.value,
+                requested_model=model,
+                estimated_cost=Decimal("1"),
+                prompt="a lighthouse",
+                params={},
+                created_at=T0,
+                updated_at=T0,
+            )
+        )
         if lease is not None:
-            conn.execute(task_attempts.insert().values(
-                id=attempt_id, task_id=task_id, attempt_no=1, provider="sim", model=model,
-                provider_request_key=str(attempt_id), submit_state=state.value, request_fingerprint=b"f",
-                fencing_token=lease.fence, created_at=T0, updated_at=T0))
+            conn.execute(
+                task_attempts.insert().values(
+                    id=attempt_id,
+                    task_id=task_id,
+                    attempt_no=1,
+                    provider="sim",
+                    model=model,
+                    provider_request_key=str(attempt_id),
+                    submit_state=state.value,
+                    request_fingerprint=b"f",
+                    fencing_token=lease.fence,
+                    created_at=T0,
+                    updated_at=T0,
+                )
+            )
     return attempt_id, lease
 
 
@@ -84,8 +107,9 @@ def set_state(engine: sa.Engine, attempt_id: uuid.UUID, state: AttemptStatus) ->
 
 def attempt_fence(engine: sa.Engine, attempt_id: uuid.UUID) -> int:
     with engine.connect() as conn:
-        return conn.execute(sa.select(task_attempts.c.fencing_token)
-                            .where(task_attempts.c.id == attempt_id)).scalar_one()
+        return conn.execute(
+            sa.select(task_attempts.c.fencing_token).where(task_attempts.c.id == attempt_id)
+        ).scalar_one()
 
 
 def guarded_send(engine: sa.Engine, attempt_id: uuid.UUID, fence: int) -> int:
@@ -101,8 +125,7 @@ def guarded_send(engine: sa.Engine, attempt_id: uuid.UUID, fence: int) -> int:
 def test_in_flight_attempts_map_to_their_four_scopes(engine: sa.Engine) -> None:
     store = MemorySlotStore(FakeClock())
     a, b = add_tenant(engine), add_tenant(engine)
-    ids = {state: dispatch(engine, store, a, state=state)[0]
-           for state in (AttemptStatus.NEW, AttemptStatus.RUNNING)}
+    ids = {state: dispatch(engine, store, a, state=state)[0] for state in (AttemptStatus.NEW, AttemptStatus.RUNNING)}
     unknown, _ = dispatch(engine, store, b, model="m2", state=AttemptStatus.UNKNOWN)
     done, _ = dispatch(engine, store, b, state=AttemptStatus.NEW)
     set_state(engine, done, AttemptStatus.SUCCEEDED)
@@ -123,8 +146,16 @@ def test_fence_floor_is_the_largest_fence_the_database_knows(engine: sa.Engine) 
     assert lease is not None
     with engine.begin() as conn:
         assert fence_floor(conn) == lease.fence
-        conn.execute(slot_grants.insert().values(id=new_id(), scope="platform", holder="h",
-                                                 fencing_token=lease.fence + 7, lease_expires_at=T0, created_at=T0))
+        conn.execute(
+            slot_grants.insert().values(
+                id=new_id(),
+                scope="platform",
+                holder="h",
+                fencing_token=lease.fence + 7,
+                lease_expires_at=T0,
+                created_at=T0,
+            )
+        )
         assert fence_floor(conn) == lease.fence + 7
 
 
@@ -200,8 +231,9 @@ def test_redis_flushall_then_reconcile_restores_counts_and_limits_hold(pg_engine
         for attempt, _ in held:
             set_state(engine, attempt, AttemptStatus.SUCCEEDED)
             with engine.connect() as conn:
-                row = conn.execute(sa.select(task_attempts.c.fencing_token)
-                                   .where(task_attempts.c.id == attempt)).scalar_one()
+                row = conn.execute(
+                    sa.select(task_attempts.c.fencing_token).where(task_attempts.c.id == attempt)
+                ).scalar_one()
             assert store.release(Lease.of(str(attempt), row, scope_names(full, "sim", "m1")))
         assert f"tenant:{full}" not in store.counts()
 

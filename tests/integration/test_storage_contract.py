@@ -154,11 +154,13 @@ def test_listing_streams_every_object_under_a_string_prefix(h: Harness) -> None:
         assert o.modified_at.tzinfo is not None and o.modified_at.utcoffset() == timedelta(0)
         assert before <= o.modified_at <= after
     # a prefix is a string prefix (S3 semantics), not only a directory
-    assert {o.key for o in h.store.iter_objects(f"{base}assets/{str(asset)[:-3]}")} == \
-        {k for k in written if "/assets/" in k}
+    assert {o.key for o in h.store.iter_objects(f"{base}assets/{str(asset)[:-3]}")} == {
+        k for k in written if "/assets/" in k
+    }
     assert {o.key for o in h.store.iter_objects(base[:-1])} == set(written)
-    assert [o.key for o in h.store.iter_objects(f"{base}assets/{asset}/hls/v1/seg")] == \
-        [f"{base}assets/{asset}/hls/v1/seg_000.m4s"]
+    assert [o.key for o in h.store.iter_objects(f"{base}assets/{asset}/hls/v1/seg")] == [
+        f"{base}assets/{asset}/hls/v1/seg_000.m4s"
+    ]
     assert list(h.store.iter_objects(f"tenants/{new_id()}/")) == []
     h.store.delete(f"{base}assets/{asset}/original.mp4")
     assert len(list(h.store.iter_objects(base))) == 3
@@ -270,14 +272,16 @@ def test_fs_signing_key_is_generated_once_private_and_reused(tmp_path: Path) -> 
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and len(key_file.read_bytes()) == 32
     when = datetime(2030, 1, 1, tzinfo=UTC)
     assert first.signed_get_url("a/b", 60, now=when) == second.signed_get_url("a/b", 60, now=when)
-    configured = build_store(load_settings(None, {"data_dir": str(tmp_path / "data"),
-                                                  "storage": {"signing_key": "x" * 40}}))
+    configured = build_store(
+        load_settings(None, {"data_dir": str(tmp_path / "data"), "storage": {"signing_key": "x" * 40}})
+    )
     assert configured.signed_get_url("a/b", 60, now=when) != first.signed_get_url("a/b", 60, now=when)
 
 
 def test_fs_upload_target_is_a_signed_put_for_one_upload(tmp_path: Path) -> None:
-    store = build_store(load_settings(None, {"data_dir": str(tmp_path / "data"),
-                                             "api": {"public_base_url": "https://media.example/"}}))
+    store = build_store(
+        load_settings(None, {"data_dir": str(tmp_path / "data"), "api": {"public_base_url": "https://media.example/"}})
+    )
     upload_id, now = str(new_id()), datetime.now(UTC)
     target = store.upload_target(key(), 123, "image/png", 900, upload_id=upload_id, now=now)
     assert target.method == "PUT" and target.headers == {"Content-Type": "image/png"} and target.fields == {}

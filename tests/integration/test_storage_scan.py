@@ -85,14 +85,14 @@ def upload(ctx: AppContext, who: Principal, data: bytes, *, complete: bool) -> u
 
 def staging_key(ctx: AppContext, asset_id: uuid.UUID) -> str:
     with ctx.engine.connect() as conn:
-        return conn.execute(sa.select(upload_sessions.c.object_key)
-                            .where(upload_sessions.c.asset_id == asset_id)).scalar_one()
+        return conn.execute(
+            sa.select(upload_sessions.c.object_key).where(upload_sessions.c.asset_id == asset_id)
+        ).scalar_one()
 
 
 def scan_rows(ctx: AppContext) -> list[Any]:
     with ctx.engine.connect() as conn:
-        return list(conn.execute(sa.select(storage_scans).order_by(storage_scans.c.finished_at,
-                                                                   storage_scans.c.id)))
+        return list(conn.execute(sa.select(storage_scans).order_by(storage_scans.c.finished_at, storage_scans.c.id)))
 
 
 def execute(ctx: AppContext, stmt: Any) -> None:
@@ -117,20 +117,28 @@ def test_an_orphan_is_an_unreferenced_object_older_than_the_grace(ctx: AppContex
     assert set(listed) == {published, staging_key(ctx, pending), crashed_fetch, failed_media}
 
     young = ctx.storage_scanner.scan()  # everything was written moments ago: its rows may still be coming
-    assert (young.ok, young.objects, young.bytes, young.orphans, young.grace_s) == \
-        (True, 4, sum(listed.values()), 0, GRACE)
+    assert (young.ok, young.objects, young.bytes, young.orphans, young.grace_s) == (
+        True,
+        4,
+        sum(listed.values()),
+        0,
+        GRACE,
+    )
 
     ctx.clock.advance(PAST_GRACE)  # type: ignore[attr-defined]
     old = ctx.storage_scanner.scan()
     assert (old.objects, old.orphans, old.orphan_bytes) == (4, 2, 3700)
-    assert sorted((o.key, o.size_bytes) for o in old.orphan_objects) == sorted([(crashed_fetch, 3000),
-                                                                               (failed_media, 700)])
+    assert sorted((o.key, o.size_bytes) for o in old.orphan_objects) == sorted(
+        [(crashed_fetch, 3000), (failed_media, 700)]
+    )
     assert all(o.modified_at < ctx.clock.now() for o in old.orphan_objects)
     assert not old.truncated and old.error is None
 
     rows = scan_rows(ctx)
     assert [(r.id, r.objects, r.bytes, r.orphans, r.orphan_bytes, r.error) for r in rows] == [
-        (young.id, 4, sum(listed.values()), 0, 0, None), (old.id, 4, sum(listed.values()), 2, 3700, None)]
+        (young.id, 4, sum(listed.values()), 0, 0, None),
+        (old.id, 4, sum(listed.values()), 2, 3700, None),
+    ]
     assert sorted(rows[1].sample) == sorted([crashed_fetch, failed_media]) and rows[0].sample == []
     assert rows[1].started_at == rows[1].finished_at == ctx.clock.now()  # the FakeClock did not move
 
@@ -138,8 +146,11 @@ def test_an_orphan_is_an_unreferenced_object_older_than_the_grace(ctx: AppContex
     execute(ctx, assets.update().where(assets.c.id == pending).values(object_key=f"{published}-elsewhere"))
     assert ctx.storage_scanner.scan().orphans == 2
     execute(ctx, upload_sessions.update().where(upload_sessions.c.asset_id == pending).values(status="EXPIRED"))
-    assert {o.key for o in ctx.storage_scanner.scan().orphan_objects} == \
-        {crashed_fetch, failed_media, staging_key(ctx, pending)}
+    assert {o.key for o in ctx.storage_scanner.scan().orphan_objects} == {
+        crashed_fetch,
+        failed_media,
+        staging_key(ctx, pending),
+    }
 
 
 def test_the_files_of_a_recorded_derivative_are_not_orphans(embedded: AppContext) -> None:
@@ -149,24 +160,48 @@ def test_the_files_of_a_recorded_derivative_are_not_orphans(embedded: AppContext
     raw, now = new_id(), embedded.clock.now()
     playlist = keys.derivative_key(tenant, raw, "hls", 2, "index.m3u8")
     written = [playlist] + [keys.derivative_key(tenant, raw, "hls", 2, n) for n in ("init.mp4", "seg_000.m4s")]
-    strays = [keys.derivative_key(tenant, raw, "hls", 1, "seg_000.m4s"),
-              keys.derivative_key(tenant, raw, "proxy_mp4", 2, "proxy.mp4")]
+    strays = [
+        keys.derivative_key(tenant, raw, "hls", 1, "seg_000.m4s"),
+        keys.derivative_key(tenant, raw, "proxy_mp4", 2, "proxy.mp4"),
+    ]
     for key in written + strays:
         ctx.storage.put_stream(key, [b"x"], "application/octet-stream", max_bytes=1)
-    execute(ctx, assets.insert().values(id=raw, tenant_id=tenant, kind="INPUT_VIDEO", status="READY",
-                                        bucket=ctx.storage.bucket, object_key=f"tenants/{tenant}/gone.mp4",
-                                        created_at=now))
+    execute(
+        ctx,
+        assets.insert().values(
+            id=raw,
+            tenant_id=tenant,
+            kind="INPUT_VIDEO",
+            status="READY",
+            bucket=ctx.storage.bucket,
+            object_key=f"tenants/{tenant}/gone.mp4",
+            created_at=now,
+        ),
+    )
     ctx.clock.advance(PAST_GRACE)  # type: ignore[attr-defined]
     assert {o.key for o in ctx.storage_scanner.scan().orphan_objects} == set(written + strays)
-    execute(ctx, assets.insert().values(id=new_id(), tenant_id=tenant, kind="HLS", status="READY",
-                                        parent_asset_id=raw, profile="hls", pipeline_version=2,
-                                        bucket=ctx.storage.bucket, object_key=playlist, created_at=now))
+    execute(
+        ctx,
+        assets.insert().values(
+            id=new_id(),
+            tenant_id=tenant,
+            kind="HLS",
+            status="READY",
+            parent_asset_id=raw,
+            profile="hls",
+            pipeline_version=2,
+            bucket=ctx.storage.bucket,
+            object_key=playlist,
+            created_at=now,
+        ),
+    )
     result = ctx.storage_scanner.scan()
     assert {o.key for o in result.orphan_objects} == set(strays) and result.objects == 5
 
 
-def test_a_listing_that_fails_is_recorded_with_zero_counts(request: pytest.FixtureRequest, tmp_path: Path,
-                                                           moto_s3: MotoS3) -> None:
+def test_a_listing_that_fails_is_recorded_with_zero_counts(
+    request: pytest.FixtureRequest, tmp_path: Path, moto_s3: MotoS3
+) -> None:
     gone = {**moto_s3.storage_settings(), "bucket": f"missing-{uuid.uuid4().hex[:12]}"}
     ctx = make_context(tmp_path / "data", clock=FakeClock(), storage=gone)
     try:
@@ -174,7 +209,13 @@ def test_a_listing_that_fails_is_recorded_with_zero_counts(request: pytest.Fixtu
         assert not result.ok and "NoSuchBucket" in (result.error or "")
         (row,) = scan_rows(ctx)
         assert (row.id, row.objects, row.bytes, row.orphans, row.orphan_bytes, row.sample) == (
-            result.id, 0, 0, 0, 0, None)
+            result.id,
+            0,
+            0,
+            0,
+            0,
+            None,
+        )
         assert row.error == result.error
         report = ctx.sweeper.sweep()  # the sweeper carries on; its scan is not due yet (a failed row counts)
         assert report.storage_scan == {} and len(scan_rows(ctx)) == 1
@@ -182,8 +223,9 @@ def test_a_listing_that_fails_is_recorded_with_zero_counts(request: pytest.Fixtu
         ctx.close()
 
 
-def test_the_sweeper_scans_only_when_the_last_scan_is_old(embedded: AppContext,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_the_sweeper_scans_only_when_the_last_scan_is_old(
+    embedded: AppContext, caplog: pytest.LogCaptureFixture
+) -> None:
     ctx, clock = embedded, embedded.clock
     interval = ctx.settings.sweeper.storage_scan_interval_s
     assert interval == 3600
@@ -222,8 +264,13 @@ def metrics(ctx: AppContext) -> dict[str, float]:
     return {name: v for (name, labels), v in samples.items() if not labels}
 
 
-STORAGE_GAUGES = {"aivedio_orphan_objects", "aivedio_orphan_object_bytes", "aivedio_storage_objects",
-                  "aivedio_storage_object_bytes", "aivedio_storage_scan_age_seconds"}
+STORAGE_GAUGES = {
+    "aivedio_orphan_objects",
+    "aivedio_orphan_object_bytes",
+    "aivedio_storage_objects",
+    "aivedio_storage_object_bytes",
+    "aivedio_storage_scan_age_seconds",
+}
 
 
 @pytest.mark.parametrize("db", ["sqlite", "postgres"])
@@ -232,17 +279,23 @@ def test_metrics_expose_the_newest_completed_scan(request: pytest.FixtureRequest
     try:
         clock = ctx.clock
         assert not STORAGE_GAUGES & set(metrics(ctx))  # never counted is not "no orphans"
-        ctx.storage.put_stream(keys.raw_output_key(new_id(), new_id(), new_id(), 0), [b"o" * 4096], "video/mp4",
-                               max_bytes=4096)
+        ctx.storage.put_stream(
+            keys.raw_output_key(new_id(), new_id(), new_id(), 0), [b"o" * 4096], "video/mp4", max_bytes=4096
+        )
         clock.advance(PAST_GRACE)  # type: ignore[attr-defined]
-        ctx.storage.put_stream(keys.raw_output_key(new_id(), new_id(), new_id(), 0), [b"n" * 10], "video/mp4",
-                               max_bytes=10)  # written "now" by the wall clock: long before the FakeClock's now
+        ctx.storage.put_stream(
+            keys.raw_output_key(new_id(), new_id(), new_id(), 0), [b"n" * 10], "video/mp4", max_bytes=10
+        )  # written "now" by the wall clock: long before the FakeClock's now
         ctx.storage_scanner.scan()
         clock.advance(90)  # type: ignore[attr-defined]
         m = metrics(ctx)
         assert {k: m[k] for k in STORAGE_GAUGES} == {
-            "aivedio_orphan_objects": 2, "aivedio_orphan_object_bytes": 4106, "aivedio_storage_objects": 2,
-            "aivedio_storage_object_bytes": 4106, "aivedio_storage_scan_age_seconds": 90}
+            "aivedio_orphan_objects": 2,
+            "aivedio_orphan_object_bytes": 4106,
+            "aivedio_storage_objects": 2,
+            "aivedio_storage_object_bytes": 4106,
+            "aivedio_storage_scan_age_seconds": 90,
+        }
 
         def down(prefix: str = "") -> Any:
             raise OSError("store unreachable")

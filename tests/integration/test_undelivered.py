@@ -31,8 +31,9 @@ def test_messages_nobody_consumed_are_pending_again_after_shutdown(tmp_path: Pat
     runtime = Runtime(ctx, {"relay"}, threading.Event())  # no worker: every published message stays queued
     runtime.start()
     try:
-        ctx.generations.create(who.tenant_id, "k", {"prompt": "fog over a harbour", "model": "local-v1",
-                                                    "duration_s": 1})
+        ctx.generations.create(
+            who.tenant_id, "k", {"prompt": "fog over a harbour", "model": "local-v1", "duration_s": 1}
+        )
         wait_until(lambda: set(_statuses(ctx).values()) == {"PUBLISHED"}, timeout_s=30, what="published")
         published = set(_statuses(ctx))
         assert runtime.broker is not None
@@ -55,8 +56,11 @@ def test_messages_the_worker_finished_stay_published(tmp_path: Path) -> None:
         assert runtime.broker is not None
         tracker = undelivered.of(runtime.broker)
         assert tracker is not None
-        wait_until(lambda: set(_statuses(ctx).values()) == {"PUBLISHED"} and not tracker.open_ids(),
-                   timeout_s=30, what="every message consumed")
+        wait_until(
+            lambda: set(_statuses(ctx).values()) == {"PUBLISHED"} and not tracker.open_ids(),
+            timeout_s=30,
+            what="every message consumed",
+        )
     finally:
         runtime.shutdown()
     try:

@@ -25,20 +25,39 @@ from aivedio_engine.media.derive import (
 from aivedio_engine.media.probe import MediaLimits, ProbeResult, StreamInfo, probe_file
 
 LIMITS = MediaLimits(timeout_s=60)
-BUILDERS = (derive.proxy_mp4_argv, derive.hls_argv, derive.hls_from_proxy_argv, derive.thumbnail_argv,
-            derive.waveform_argv)
+BUILDERS = (
+    derive.proxy_mp4_argv,
+    derive.hls_argv,
+    derive.hls_from_proxy_argv,
+    derive.thumbnail_argv,
+    derive.waveform_argv,
+)
 
 
 def _ffmpeg(*args: str) -> None:
-    subprocess.run(["ffmpeg", "-nostdin", "-hide_banner", "-v", "error", "-y", *args], check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        ["ffmpeg", "-nostdin", "-hide_banner", "-v", "error", "-y", *args], check=True, capture_output=True, timeout=60
+    )
 
 
 def _clip(dst: Path, size: str, seconds: int, audio: bool) -> Path:
     sine = ["-f", "lavfi", "-i", f"sine=frequency=440:duration={seconds}"] if audio else []
-    _ffmpeg("-f", "lavfi", "-i", f"testsrc2=size={size}:rate=25:duration={seconds}", *sine,
-            "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", *(["-c:a", "aac"] if audio else []),
-            "-shortest", str(dst))
+    _ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        f"testsrc2=size={size}:rate=25:duration={seconds}",
+        *sine,
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-pix_fmt",
+        "yuv420p",
+        *(["-c:a", "aac"] if audio else []),
+        "-shortest",
+        str(dst),
+    )
     return dst
 
 
@@ -60,15 +79,30 @@ def probes(clips: dict[str, Path]) -> dict[str, ProbeResult]:
 
 
 @pytest.fixture(scope="module")
-def av(clips: dict[str, Path], probes: dict[str, ProbeResult],
-       tmp_path_factory: pytest.TempPathFactory) -> dict[P, DerivativeResult]:
+def av(
+    clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path_factory: pytest.TempPathFactory
+) -> dict[P, DerivativeResult]:
     return build_derivatives(clips["av"], probes["av"], tmp_path_factory.mktemp("av-out"), list(P), LIMITS)
 
 
 def _ffprobe(path: Path) -> dict:
-    out = subprocess.run(["ffprobe", "-v", "error", "-protocol_whitelist", "file", "-print_format", "json",
-                          "-show_format", "-show_streams", f"file:{path}"],
-                         check=True, capture_output=True, timeout=30)
+    out = subprocess.run(
+        [
+            "ffprobe",
+            "-v",
+            "error",
+            "-protocol_whitelist",
+            "file",
+            "-print_format",
+            "json",
+            "-show_format",
+            "-show_streams",
+            f"file:{path}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
     return json.loads(out.stdout)
 
 
@@ -80,9 +114,9 @@ def _top_level_boxes(path: Path) -> list[str]:
     data = path.read_bytes()
     boxes, pos = [], 0
     while pos + 8 <= len(data):
-        size, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        size, kind = struct.unpack(">I4s", data[pos : pos + 8])
         if size == 1:
-            size = struct.unpack(">Q", data[pos + 8:pos + 16])[0]
+            size = struct.unpack(">Q", data[pos + 8 : pos + 16])[0]
         elif size == 0:
             size = len(data) - pos
         assert size >= 8, f"malformed box at {pos}"
@@ -113,8 +147,9 @@ def test_proxy_is_faststart_h264_aac_without_upscaling(av: dict[P, DerivativeRes
 
 
 @pytest.mark.parametrize(("clip", "size"), [("hd", (1280, 720)), ("tall", (720, 978))])
-def test_proxy_short_side_is_at_most_720_with_even_sides(clip: str, size: tuple[int, int], clips: dict[str, Path],
-                                                        probes: dict[str, ProbeResult], tmp_path: Path) -> None:
+def test_proxy_short_side_is_at_most_720_with_even_sides(
+    clip: str, size: tuple[int, int], clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path
+) -> None:
     proxy = _ready(build_derivatives(clips[clip], probes[clip], tmp_path, [P.PROXY_MP4], LIMITS)[P.PROXY_MP4])
     (video,) = _streams(proxy.main, "video")
     width, height = video["width"], video["height"]
@@ -137,15 +172,19 @@ def test_hls_is_fmp4_vod_with_relative_names(av: dict[P, DerivativeResult]) -> N
     assert hls.files == [playlist, playlist.parent / "init.mp4", *(playlist.parent / s for s in segments)]
     assert all(f.is_file() and f.stat().st_size > 0 for f in hls.files)
     assert [content_type_for(f) for f in hls.files[:3]] == [
-        "application/vnd.apple.mpegurl", "video/mp4", "video/iso.segment"]
+        "application/vnd.apple.mpegurl",
+        "video/mp4",
+        "video/iso.segment",
+    ]
     assert hls.content_type == "application/vnd.apple.mpegurl"
     doc = _ffprobe(playlist)
     assert abs(float(doc["format"]["duration"]) - 3) <= 0.5
     assert {s["codec_name"] for s in doc["streams"]} == {"h264", "aac"}
 
 
-def test_thumbnail_is_a_jpeg_at_most_640_wide(av: dict[P, DerivativeResult], clips: dict[str, Path],
-                                             probes: dict[str, ProbeResult], tmp_path: Path) -> None:
+def test_thumbnail_is_a_jpeg_at_most_640_wide(
+    av: dict[P, DerivativeResult], clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path
+) -> None:
     thumb = _ready(av[P.THUMBNAIL])
     assert thumb.content_type == "image/jpeg" and thumb.main.read_bytes()[:3] == b"\xff\xd8\xff"
     (small,) = _streams(thumb.main, "video")
@@ -155,8 +194,9 @@ def test_thumbnail_is_a_jpeg_at_most_640_wide(av: dict[P, DerivativeResult], cli
     assert (scaled["width"], scaled["height"]) == (640, 360)
 
 
-def test_waveform_is_a_png_only_when_there_is_audio(av: dict[P, DerivativeResult], clips: dict[str, Path],
-                                                   probes: dict[str, ProbeResult], tmp_path: Path) -> None:
+def test_waveform_is_a_png_only_when_there_is_audio(
+    av: dict[P, DerivativeResult], clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path
+) -> None:
     wave = _ready(av[P.WAVEFORM])
     assert wave.content_type == "image/png" and wave.main.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (picture,) = _streams(wave.main, "video")
@@ -172,7 +212,8 @@ def test_waveform_is_a_png_only_when_there_is_audio(av: dict[P, DerivativeResult
 
 
 def test_truncated_source_fails_every_profile_without_leaking_paths(
-        clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path) -> None:
+    clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path
+) -> None:
     good = clips["av"].read_bytes()
     broken = tmp_path / "src" / "broken.mp4"
     broken.parent.mkdir()
@@ -187,8 +228,9 @@ def test_truncated_source_fails_every_profile_without_leaking_paths(
     assert "moov atom not found" in results[P.PROXY_MP4].error
 
 
-def test_one_failing_profile_does_not_stop_the_others(clips: dict[str, Path], probes: dict[str, ProbeResult],
-                                                      tmp_path: Path) -> None:
+def test_one_failing_profile_does_not_stop_the_others(
+    clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path
+) -> None:
     # a probe that claims audio for a silent file: every audio mapping fails, the picture-only ones do not
     lying = dataclasses.replace(probes["silent"], streams=probes["av"].streams)
     results = build_derivatives(clips["silent"], lying, tmp_path, [P.PROXY_MP4, P.THUMBNAIL, P.WAVEFORM], LIMITS)
@@ -197,8 +239,9 @@ def test_one_failing_profile_does_not_stop_the_others(clips: dict[str, Path], pr
     assert results[P.THUMBNAIL].main.is_file()
 
 
-def test_timeout_is_a_non_retryable_media_error(clips: dict[str, Path], probes: dict[str, ProbeResult],
-                                               tmp_path: Path) -> None:
+def test_timeout_is_a_non_retryable_media_error(
+    clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path
+) -> None:
     tiny = dataclasses.replace(LIMITS, timeout_s=0.01)
     argv = derive.proxy_mp4_argv(clips["hd"], tmp_path / "p.mp4", probes["hd"], tiny)
     with pytest.raises(MediaError, match="timed out after 0.01s") as caught:
@@ -208,8 +251,9 @@ def test_timeout_is_a_non_retryable_media_error(clips: dict[str, Path], probes: 
     assert result.status == "FAILED" and "timed out" in (result.error or "") and not result.retryable
 
 
-def test_memory_cap_is_a_non_retryable_media_error(clips: dict[str, Path], probes: dict[str, ProbeResult],
-                                                  tmp_path: Path) -> None:
+def test_memory_cap_is_a_non_retryable_media_error(
+    clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path
+) -> None:
     if shutil.which("prlimit") is None:
         pytest.skip("no prlimit: the address-space cap cannot be applied")
     # enough to load ffmpeg's libraries, too little for a 720p x264 encoder and its threads
@@ -226,13 +270,16 @@ def test_missing_ffmpeg_is_ours_to_retry(tmp_path: Path) -> None:
     assert caught.value.retryable and str(tmp_path) not in caught.value.message
 
 
-@pytest.mark.parametrize(("script", "reason"), [
-    ("kill -KILL $$", "SIGKILL"),
-    ("kill -XCPU $$", "SIGXCPU"),
-    ("exit 255", "stopped by a signal"),  # ffmpeg's own exit after it caught SIGXCPU from the CPU cap
-    ("echo 'x264 [error]: malloc of size 16388 failed' >&2; exit 1", "out of memory"),
-    ("echo 'Failed to inject frame into filter network: Cannot allocate memory' >&2; exit 1", "out of memory"),
-])
+@pytest.mark.parametrize(
+    ("script", "reason"),
+    [
+        ("kill -KILL $$", "SIGKILL"),
+        ("kill -XCPU $$", "SIGXCPU"),
+        ("exit 255", "stopped by a signal"),  # ffmpeg's own exit after it caught SIGXCPU from the CPU cap
+        ("echo 'x264 [error]: malloc of size 16388 failed' >&2; exit 1", "out of memory"),
+        ("echo 'Failed to inject frame into filter network: Cannot allocate memory' >&2; exit 1", "out of memory"),
+    ],
+)
 def test_resource_limits_are_not_retried(script: str, reason: str) -> None:
     with pytest.raises(MediaError, match="resource limit") as caught:
         run_ffmpeg(["/bin/sh", "-c", script], LIMITS)
@@ -242,8 +289,23 @@ def test_resource_limits_are_not_retried(script: str, reason: str) -> None:
 def test_error_messages_name_no_local_path(tmp_path: Path) -> None:
     missing = tmp_path / "nothing-here.mp4"
     with pytest.raises(MediaError) as caught:
-        run_ffmpeg(["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-protocol_whitelist", "file",
-                    "-i", f"file:{missing}", "-f", "null", "-"], LIMITS)
+        run_ffmpeg(
+            [
+                "ffmpeg",
+                "-nostdin",
+                "-hide_banner",
+                "-loglevel",
+                "error",
+                "-protocol_whitelist",
+                "file",
+                "-i",
+                f"file:{missing}",
+                "-f",
+                "null",
+                "-",
+            ],
+            LIMITS,
+        )
     assert "No such file or directory" in caught.value.message and not caught.value.retryable
     assert str(tmp_path) not in caught.value.message
 
@@ -279,7 +341,7 @@ def test_every_input_is_a_whitelisted_local_file(builder, tmp_path: Path) -> Non
     assert _values(argv, "-map_metadata") == ["-1"] and _values(argv, "-map_chapters") == ["-1"]
     assert _values(argv, "-t") == ["3"]
     outputs = [a for a in argv if a.startswith("file:")][1:]
-    assert outputs and all(Path(o[len("file:"):]).is_absolute() for o in outputs)
+    assert outputs and all(Path(o[len("file:") :]).is_absolute() for o in outputs)
 
 
 @pytest.mark.parametrize("duration", [1e9, None, float("inf"), -5.0])
@@ -331,23 +393,24 @@ def _recording(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return runs
 
 
-def test_hls_is_cut_from_the_proxy_instead_of_encoded_twice(clips: dict[str, Path], probes: dict[str, ProbeResult],
-                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hls_is_cut_from_the_proxy_instead_of_encoded_twice(
+    clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runs = _recording(monkeypatch)
     results = build_derivatives(clips["av"], probes["av"], tmp_path, [P.HLS, P.PROXY_MP4], LIMITS)
     assert [_values(r, "-f") for r in runs] == [["mp4"], ["hls"]]  # the proxy first, whatever the config order
     assert sum("libx264" in r for r in runs) == 1 and _values(runs[1], "-c") == ["copy"]
     hls = _ready(results[P.HLS])
     segments = [line for line in hls.main.read_text().splitlines() if line.startswith("#EXTINF:")]
-    assert len(segments) >= 2 and all(float(s[len("#EXTINF:"):].rstrip(",")) <= 2.1 for s in segments)
+    assert len(segments) >= 2 and all(float(s[len("#EXTINF:") :].rstrip(",")) <= 2.1 for s in segments)
     doc = _ffprobe(hls.main)
     assert abs(float(doc["format"]["duration"]) - 3) <= 0.5
     assert {s["codec_name"] for s in doc["streams"]} == {"h264", "aac"}
 
 
-def test_hls_is_encoded_from_the_source_when_there_is_no_proxy(clips: dict[str, Path],
-                                                               probes: dict[str, ProbeResult], tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hls_is_encoded_from_the_source_when_there_is_no_proxy(
+    clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runs: list[list[str]] = []
     real = derive.run_ffmpeg
 
@@ -382,9 +445,17 @@ def test_job_dir_is_removed_even_when_the_job_raises(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("proxy.mp4", "video/mp4"), ("index.m3u8", "application/vnd.apple.mpegurl"), ("seg_007.m4s", "video/iso.segment"),
-    ("thumb.JPG", "image/jpeg"), ("waveform.png", "image/png"), ("notes.txt", "application/octet-stream")])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("proxy.mp4", "video/mp4"),
+        ("index.m3u8", "application/vnd.apple.mpegurl"),
+        ("seg_007.m4s", "video/iso.segment"),
+        ("thumb.JPG", "image/jpeg"),
+        ("waveform.png", "image/png"),
+        ("notes.txt", "application/octet-stream"),
+    ],
+)
 def test_content_type_for(name: str, expected: str) -> None:
     assert content_type_for(Path(name)) == expected
 
@@ -393,11 +464,34 @@ def test_u26_source_metadata_never_reaches_a_derivative(tmp_path: Path) -> None:
     """reliability_anchors U26: location and other tags of the source (a phone's GPS, a comment, a title) are
     not copied into anything we serve; the thumbnail JPEG carries no EXIF at all."""
     src = tmp_path / "tagged.mp4"
-    _ffmpeg("-f", "lavfi", "-i", "testsrc2=size=320x240:rate=25:duration=2", "-f", "lavfi", "-i",
-            "sine=frequency=440:duration=2", "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p",
-            "-c:a", "aac", "-shortest", "-metadata", "location=+40.6892-074.0445/",
-            "-metadata", "comment=secret-gps-note", "-metadata", "title=private title",
-            "-metadata:s:v", "handler_name=SecretCam", str(src))
+    _ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=size=320x240:rate=25:duration=2",
+        "-f",
+        "lavfi",
+        "-i",
+        "sine=frequency=440:duration=2",
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-pix_fmt",
+        "yuv420p",
+        "-c:a",
+        "aac",
+        "-shortest",
+        "-metadata",
+        "location=+40.6892-074.0445/",
+        "-metadata",
+        "comment=secret-gps-note",
+        "-metadata",
+        "title=private title",
+        "-metadata:s:v",
+        "handler_name=SecretCam",
+        str(src),
+    )
     assert _ffprobe(src)["format"]["tags"]["location"]  # the source really carries them
     results = build_derivatives(src, probe_file(src, "video", LIMITS), tmp_path / "out", list(P), LIMITS)
     for profile in (P.PROXY_MP4, P.HLS):

@@ -51,8 +51,24 @@ class FakeClock:
 @pytest.fixture(scope="module")
 def png(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("ref") / "reference.png"
-    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i", "testsrc2=size=480x320",
-                    "-frames:v", "1", "-y", str(path)], check=True, timeout=30)
+    subprocess.run(
+        [
+            "ffmpeg",
+            "-nostdin",
+            "-v",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc2=size=480x320",
+            "-frames:v",
+            "1",
+            "-y",
+            str(path),
+        ],
+        check=True,
+        timeout=30,
+    )
     return path
 
 
@@ -83,8 +99,14 @@ def provider(make_provider: Callable[..., LocalProvider], clock: FakeClock) -> L
 
 
 def _request(prompt: str = "a lighthouse at dusk", **fields: Any) -> GenerationRequest:
-    values: dict[str, Any] = {"model": "local-v1", "duration_s": 2, "resolution": "360p", "aspect_ratio": "16:9",
-                              "seed": 3, **fields}
+    values: dict[str, Any] = {
+        "model": "local-v1",
+        "duration_s": 2,
+        "resolution": "360p",
+        "aspect_ratio": "16:9",
+        "seed": 3,
+        **fields,
+    }
     return GenerationRequest(prompt=prompt, **values)
 
 
@@ -94,8 +116,9 @@ def _submit(provider: LocalProvider, request: GenerationRequest, key: str) -> st
     return result.job_id
 
 
-def wait_for(provider: LocalProvider, job_id: str, *statuses: JobStatus,
-             until: Callable[[Observation], bool] | None = None) -> Observation:
+def wait_for(
+    provider: LocalProvider, job_id: str, *statuses: JobStatus, until: Callable[[Observation], bool] | None = None
+) -> Observation:
     """Poll the job until it reaches one of `statuses` (and `until` holds), failing at the deadline."""
     deadline = time.monotonic() + DEADLINE_S
     while True:
@@ -134,8 +157,12 @@ def _raw_get(provider: LocalProvider, path: str, method: str = "GET") -> int:
 
 
 def _probe(path: Path) -> dict[str, Any]:
-    out = subprocess.run(["ffprobe", "-v", "error", "-print_format", "json", "-show_format", "-show_streams",
-                          str(path)], capture_output=True, check=True, timeout=30)
+    out = subprocess.run(
+        ["ffprobe", "-v", "error", "-print_format", "json", "-show_format", "-show_streams", str(path)],
+        capture_output=True,
+        check=True,
+        timeout=30,
+    )
     doc: dict[str, Any] = json.loads(out.stdout)
     return doc
 
@@ -186,13 +213,17 @@ def test_renders_from_a_reference_image(provider: LocalProvider, png: Path, tmp_
     print(f"360p 2 s from image: {elapsed:.2f} s")
 
 
-@pytest.mark.parametrize(("seed", "aspect", "size"), [
-    (0, "16:9", (640, 360)),   # gradients
-    (1, "9:16", (360, 640)),   # testsrc2
-    (5, "1:1", (360, 360)),    # mandelbrot
-])
-def test_renders_a_generated_background(provider: LocalProvider, tmp_path: Path, seed: int, aspect: str,
-                                        size: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    ("seed", "aspect", "size"),
+    [
+        (0, "16:9", (640, 360)),  # gradients
+        (1, "9:16", (360, 640)),  # testsrc2
+        (5, "1:1", (360, 360)),  # mandelbrot
+    ],
+)
+def test_renders_a_generated_background(
+    provider: LocalProvider, tmp_path: Path, seed: int, aspect: str, size: tuple[int, int]
+) -> None:
     started = time.monotonic()
     job_id = _submit(provider, _request(seed=seed, aspect_ratio=aspect), f"key-gen-{seed}")
     obs = wait_for(provider, job_id, JobStatus.SUCCEEDED, JobStatus.FAILED)
@@ -204,8 +235,10 @@ def test_renders_a_generated_background(provider: LocalProvider, tmp_path: Path,
 def test_a_hostile_prompt_renders_literally(make_provider: Callable[..., LocalProvider], tmp_path: Path) -> None:
     """Quotes, colons, brackets, %{...} and newlines in the prompt; filtergraph syntax in the data dir path."""
     provider = make_provider(data_dir=tmp_path / "data: it's [odd],dir;x")
-    prompt = ("He said \"don't\": 50% off; [in]drawtext=text='x':fontfile=/etc/passwd[out]\n"
-              "%{eif\\:1/0\\:d} %{pts} %{localtime} \\ back\\slash\r\nthird\tline\x00 日本")
+    prompt = (
+        "He said \"don't\": 50% off; [in]drawtext=text='x':fontfile=/etc/passwd[out]\n"
+        "%{eif\\:1/0\\:d} %{pts} %{localtime} \\ back\\slash\r\nthird\tline\x00 日本"
+    )
     job_id = _submit(provider, _request(prompt, seed=None), "key-hostile")
     obs = wait_for(provider, job_id, JobStatus.SUCCEEDED, JobStatus.FAILED)
     _assert_clip(_fetch_output(obs, tmp_path / "hostile.mp4"), (640, 360), 2.0)
@@ -281,17 +314,21 @@ def test_finished_jobs_are_forgotten_after_the_retention(provider: LocalProvider
     assert not (provider.root / f"{job_id}.mp4").exists()
 
 
-@pytest.mark.parametrize(("fields", "code"), [
-    ({"model": "gen-9"}, "unsupported_model"),
-    ({"resolution": "1080p"}, "unsupported_resolution"),
-    ({"duration_s": 11}, "unsupported_duration"),
-    ({"duration_s": 0}, "unsupported_duration"),
-    ({"aspect_ratio": "wide"}, "unsupported_aspect_ratio"),
-    ({"reference_urls": ["https://example.com/cat.png"]}, "reference_unreadable"),
-    ({"reference_urls": ["file:///nonexistent/cat.png"]}, "reference_unreadable"),
-])
-def test_invalid_requests_are_rejected_before_any_job(provider: LocalProvider, fields: dict[str, Any],
-                                                      code: str) -> None:
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"model": "gen-9"}, "unsupported_model"),
+        ({"resolution": "1080p"}, "unsupported_resolution"),
+        ({"duration_s": 11}, "unsupported_duration"),
+        ({"duration_s": 0}, "unsupported_duration"),
+        ({"aspect_ratio": "wide"}, "unsupported_aspect_ratio"),
+        ({"reference_urls": ["https://example.com/cat.png"]}, "reference_unreadable"),
+        ({"reference_urls": ["file:///nonexistent/cat.png"]}, "reference_unreadable"),
+    ],
+)
+def test_invalid_requests_are_rejected_before_any_job(
+    provider: LocalProvider, fields: dict[str, Any], code: str
+) -> None:
     result = provider.submit(_request(**fields), "key-bad")
     assert isinstance(result, Rejected) and result.code == code
     assert result.error_class is ErrorClass.PROVIDER_REJECTED
@@ -377,11 +414,22 @@ def test_only_finished_outputs_are_served(provider: LocalProvider) -> None:
     url = provider.output_url(job_id)
     query = url.split("?", 1)[1]
     assert _raw_get(provider, url.split(provider.base_url, 1)[1]) == 200
-    for path in ["/", "/outputs/", "/outputs", "/secret.txt", "/.work/", f"/{job_id}.mp4?{query}",
-                 f"/outputs/../../../../etc/passwd?{query}", f"/outputs/..%2f..%2f..%2fetc%2fpasswd?{query}",
-                 f"/outputs/%2e%2e/secret.txt?{query}", f"/outputs/{job_id}.mp4/../secret.txt?{query}",
-                 f"/outputs/{job_id.upper()}.mp4?{query}", f"/outputs/{job_id}.MP4?{query}",
-                 f"/outputs/{job_id}.mp4%00.txt?{query}", f"/outputs/{job_id}.mp4/?{query}"]:
+    for path in [
+        "/",
+        "/outputs/",
+        "/outputs",
+        "/secret.txt",
+        "/.work/",
+        f"/{job_id}.mp4?{query}",
+        f"/outputs/../../../../etc/passwd?{query}",
+        f"/outputs/..%2f..%2f..%2fetc%2fpasswd?{query}",
+        f"/outputs/%2e%2e/secret.txt?{query}",
+        f"/outputs/{job_id}.mp4/../secret.txt?{query}",
+        f"/outputs/{job_id.upper()}.mp4?{query}",
+        f"/outputs/{job_id}.MP4?{query}",
+        f"/outputs/{job_id}.mp4%00.txt?{query}",
+        f"/outputs/{job_id}.mp4/?{query}",
+    ]:
         assert _raw_get(provider, path) == 404, path
     missing = "loc_" + "a" * 32  # a well-signed URL for a job that has no file
     assert _raw_get(provider, provider.output_url(missing).split(provider.base_url, 1)[1]) == 404
@@ -418,14 +466,19 @@ def test_a_relative_data_dir_renders_too(tmp_path, monkeypatch) -> None:  # type
     monkeypatch.chdir(tmp_path)
     provider = LocalProvider("local", ProviderSettings(adapter="local"), data_dir=Path(".aivedio"))
     try:
-        accepted = provider.submit(GenerationRequest(prompt="relative", model="local-v1", duration_s=1,
-                                                     resolution="360p", aspect_ratio="16:9"), "rel-1")
+        accepted = provider.submit(
+            GenerationRequest(
+                prompt="relative", model="local-v1", duration_s=1, resolution="360p", aspect_ratio="16:9"
+            ),
+            "rel-1",
+        )
         assert isinstance(accepted, Accepted)
 
         def finished() -> Observation | None:
             obs = provider.query(accepted.job_id)
-            return obs if isinstance(obs, Observation) and obs.status in (JobStatus.SUCCEEDED, JobStatus.FAILED) \
-                else None
+            return (
+                obs if isinstance(obs, Observation) and obs.status in (JobStatus.SUCCEEDED, JobStatus.FAILED) else None
+            )
 
         obs = wait_until(finished, timeout_s=60, what="render finished")
         assert obs.status is JobStatus.SUCCEEDED, obs.error_message

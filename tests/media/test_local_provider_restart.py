@@ -42,7 +42,8 @@ def test_a_render_runs_in_its_own_session(make_provider: Callable[..., LocalProv
 
 
 def test_a_render_the_engine_stops_is_aborted_not_failed_and_a_new_instance_says_so_too(
-        make_provider: Callable[..., LocalProvider], tmp_path: Path) -> None:
+    make_provider: Callable[..., LocalProvider], tmp_path: Path
+) -> None:
     provider = make_provider(realtime=True)
     job_id = _submit(provider, _request(duration_s=10), "key-stopped")
     _rendering(provider, job_id)
@@ -59,7 +60,8 @@ def test_a_render_the_engine_stops_is_aborted_not_failed_and_a_new_instance_says
 
 
 def test_a_stop_signal_nobody_here_sent_is_read_from_the_status_as_before(
-        make_provider: Callable[..., LocalProvider]) -> None:
+    make_provider: Callable[..., LocalProvider],
+) -> None:
     """ffmpeg traps SIGTERM and exits 255, as on SIGXCPU: without our own record, that is a failed render."""
     provider = make_provider(realtime=True)
     job_id = _submit(provider, _request(duration_s=10), "key-term")
@@ -71,7 +73,8 @@ def test_a_stop_signal_nobody_here_sent_is_read_from_the_status_as_before(
 
 
 def test_renders_in_flight_when_the_provider_closes_are_aborted_for_the_next_instance(
-        make_provider: Callable[..., LocalProvider], tmp_path: Path) -> None:
+    make_provider: Callable[..., LocalProvider], tmp_path: Path
+) -> None:
     provider = make_provider(realtime=True)
     running = _submit(provider, _request(duration_s=10), "key-running")
     _rendering(provider, running)
@@ -84,7 +87,8 @@ def test_renders_in_flight_when_the_provider_closes_are_aborted_for_the_next_ins
 
 
 def test_a_render_that_finished_before_the_restart_is_served_by_the_new_instance(
-        make_provider: Callable[..., LocalProvider], tmp_path: Path) -> None:
+    make_provider: Callable[..., LocalProvider], tmp_path: Path
+) -> None:
     provider = make_provider()
     job_id = _submit(provider, _request(duration_s=1), "key-done")
     done = wait_for(provider, job_id, JobStatus.SUCCEEDED, JobStatus.FAILED)

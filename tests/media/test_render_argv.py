@@ -19,26 +19,28 @@ def _argv(tmp_path: Path, seed: int = 1, image: Path | None = None, **options: o
     spec = make_spec("360p", "16:9", 2, seed, **options)
     caption = tmp_path / "caption.txt"
     caption.write_text(caption_text(HOSTILE, spec.width, spec.height), encoding="utf-8")
-    return clip_argv(spec, tmp_path / "out.mp4", image=image, caption_file=caption,
-                     font_file=Path("/fonts/Sans.ttf"))
+    return clip_argv(spec, tmp_path / "out.mp4", image=image, caption_file=caption, font_file=Path("/fonts/Sans.ttf"))
 
 
 def _after(argv: list[str], flag: str) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
 
 
-@pytest.mark.parametrize(("resolution", "aspect", "size"), [
-    ("360p", "16:9", (640, 360)),
-    ("720p", "16:9", (1280, 720)),
-    ("720p", "9:16", (720, 1280)),
-    ("360p", "9:16", (360, 640)),
-    ("360p", "1:1", (360, 360)),
-    ("720p", "4:3", (960, 720)),
-    ("360p", "3:4", (360, 480)),
-    ("720p", "21:9", (1680, 720)),
-    ("480p", "16:10", (768, 480)),
-    (" 720P ", " 16:9 ", (1280, 720)),
-])
+@pytest.mark.parametrize(
+    ("resolution", "aspect", "size"),
+    [
+        ("360p", "16:9", (640, 360)),
+        ("720p", "16:9", (1280, 720)),
+        ("720p", "9:16", (720, 1280)),
+        ("360p", "9:16", (360, 640)),
+        ("360p", "1:1", (360, 360)),
+        ("720p", "4:3", (960, 720)),
+        ("360p", "3:4", (360, 480)),
+        ("720p", "21:9", (1680, 720)),
+        ("480p", "16:10", (768, 480)),
+        (" 720P ", " 16:9 ", (1280, 720)),
+    ],
+)
 def test_frame_size(resolution: str, aspect: str, size: tuple[int, int]) -> None:
     assert frame_size(resolution, aspect) == size
 
@@ -54,8 +56,9 @@ def test_every_reasonable_aspect_gives_even_sides_close_to_the_ratio() -> None:
                 assert abs(w / h - a / b) <= 2 / short + 1e-9, (a, b, resolution, w, h)
 
 
-@pytest.mark.parametrize("aspect", ["16/9", "16:", ":9", "0:9", "16:0", "-16:9", "16:9:1", "a:b", "100:1",
-                                    "1:5", "99999:1", "", "1.5:1"])
+@pytest.mark.parametrize(
+    "aspect", ["16/9", "16:", ":9", "0:9", "16:0", "-16:9", "16:9:1", "a:b", "100:1", "1:5", "99999:1", "", "1.5:1"]
+)
 def test_bad_aspect_ratios_are_refused(aspect: str) -> None:
     with pytest.raises(RenderSpecError):
         frame_size("360p", aspect)
@@ -161,7 +164,7 @@ def test_realtime_throttles_the_tone_input(tmp_path: Path) -> None:
     assert "-re" not in _argv(tmp_path)
     argv = _argv(tmp_path, realtime=True)
     i = argv.index("-re")
-    assert argv[i + 1:i + 3][0] == "-i" and argv[i + 2].startswith("sine=")
+    assert argv[i + 1 : i + 3][0] == "-i" and argv[i + 2].startswith("sine=")
 
 
 def test_filter_values_with_graph_syntax_are_escaped(tmp_path: Path) -> None:
@@ -186,7 +189,7 @@ def _token(text: str, i: int, terms: str) -> tuple[str, int]:
             i += 2
         elif text[i] == "'":
             end = text.index("'", i + 1)
-            out.append(text[i + 1:end])
+            out.append(text[i + 1 : end])
             i = end + 1
         else:
             out.append(text[i])

@@ -106,8 +106,17 @@ def test_the_prefix_keeps_the_limits_and_adds_the_orphan_guard() -> None:
     # prlimit stays first (test_render_argv pins the CPU soft:hard gap on it); setpriv makes a child whose
     # starting thread is gone (the command was killed outright) die instead of running on as an orphan
     argv = sandbox.prefix(10, 2**30, prlimit="/usr/bin/prlimit", setpriv="/usr/bin/setpriv")
-    assert argv == ["/usr/bin/prlimit", f"--as={2**30}", "--cpu=10:11", f"--nofile={sandbox.NOFILE}", "--",
-                    "/usr/bin/setpriv", "--pdeathsig", "KILL", "--"]
+    assert argv == [
+        "/usr/bin/prlimit",
+        f"--as={2**30}",
+        "--cpu=10:11",
+        f"--nofile={sandbox.NOFILE}",
+        "--",
+        "/usr/bin/setpriv",
+        "--pdeathsig",
+        "KILL",
+        "--",
+    ]
 
 
 # --- ffmpeg (derive.run_ffmpeg) ---------------------------------------------------------------------------
@@ -129,8 +138,9 @@ def test_a_child_killed_by_sigxcpu_is_a_rejection(fake: Callable[[str], Path]) -
 
 
 def test_the_kernels_cpu_limit_really_ends_a_child_as_a_rejection() -> None:
-    done = sandbox.run(sandbox.prefix(1, 2**30) + ["sh", "-c", "while :; do :; done"], timeout_s=30,
-                       env={"PATH": os.environ["PATH"]})
+    done = sandbox.run(
+        sandbox.prefix(1, 2**30) + ["sh", "-c", "while :; do :; done"], timeout_s=30, env={"PATH": os.environ["PATH"]}
+    )
     assert done.returncode == -signal.SIGXCPU and done.ending is sandbox.Ending.KILLED
 
 
@@ -150,7 +160,8 @@ def test_ffmpeg_exiting_255_when_nobody_here_stopped_it_stays_a_limit_rejection(
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_ffmpeg_exiting_after_we_stopped_its_group_is_interrupted(
-        fake: Callable[[str], Path], started: Callable[[Callable[[], Any]], Background], sig: int) -> None:
+    fake: Callable[[str], Path], started: Callable[[Callable[[], Any]], Background], sig: int
+) -> None:
     # SIGINT/SIGTERM: it traps them and exits 255 — the same status as SIGXCPU; only our record tells them apart
     script = fake(TRAPS_LIKE_FFMPEG)
     run = started(lambda: derive.run_ffmpeg([str(script)], LIMITS))
@@ -172,7 +183,8 @@ def test_while_stopping_no_new_child_starts(fake: Callable[[str], Path], tmp_pat
 
 
 def test_an_interrupted_profile_stops_the_rest_of_the_job(
-        tmp_path: Path, started: Callable[[Callable[[], Any]], Background], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, started: Callable[[Callable[[], Any]], Background], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every profile after an interrupted one is reported interrupted without being tried."""
     from aivedio_engine.domain.status import DerivativeProfile
     from aivedio_engine.media.probe import ProbeResult, StreamInfo
@@ -214,7 +226,8 @@ def test_an_interrupted_probe_is_never_a_rejection(fake: Callable[..., Path], tm
 
 
 def test_a_probe_stopped_by_us_is_interrupted_and_one_killed_by_a_limit_is_rejected(
-        fake: Callable[..., Path], tmp_path: Path, started: Callable[[Callable[[], Any]], Background]) -> None:
+    fake: Callable[..., Path], tmp_path: Path, started: Callable[[Callable[[], Any]], Background]
+) -> None:
     script = fake(TRAPS_LIKE_FFMPEG, "fake-ffprobe")
     run = started(lambda: _probe_with(script, tmp_path))
     _trapping(script)
@@ -241,7 +254,8 @@ def test_the_first_recorded_reason_wins_and_a_clean_exit_is_always_a_clean_exit(
 
 
 def test_a_trapped_sigint_we_sent_reads_as_ours_though_the_status_is_ffmpegs_255(
-        fake: Callable[[str], Path], started: Callable[[Callable[[], Any]], Background]) -> None:
+    fake: Callable[[str], Path], started: Callable[[Callable[[], Any]], Background]
+) -> None:
     script = fake(TRAPS_LIKE_FFMPEG)
     run = started(lambda: sandbox.run([str(script)], timeout_s=20, env={"PATH": os.environ["PATH"]}))
     _trapping(script)

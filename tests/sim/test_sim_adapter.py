@@ -38,8 +38,15 @@ from tests.support.sim import (
     wait_until,
 )
 
-REQUEST = GenerationRequest(prompt="a lighthouse at dusk", model="sim-v1", duration_s=5, resolution="720p",
-                            aspect_ratio="16:9", seed=42, reference_urls=("https://cdn.example/ref.png",))
+REQUEST = GenerationRequest(
+    prompt="a lighthouse at dusk",
+    model="sim-v1",
+    duration_s=5,
+    resolution="720p",
+    aspect_ratio="16:9",
+    seed=42,
+    reference_urls=("https://cdn.example/ref.png",),
+)
 
 
 def closed_port() -> int:
@@ -79,8 +86,9 @@ def test_submit_same_key_twice_is_the_same_job(sim: SimHandle) -> None:
 def test_submit_4xx_is_rejected(sim: SimHandle) -> None:
     bad = GenerationRequest(prompt="x", model="sim-v1", duration_s=99, resolution="720p", aspect_ratio="16:9")
     assert sim.provider().submit(bad, "rk") == Rejected(ErrorClass.PROVIDER_REJECTED, "invalid_duration", "HTTP 400")
-    moderated = GenerationRequest(prompt="[moderate]", model="sim-v1", duration_s=5, resolution="720p",
-                                  aspect_ratio="16:9")
+    moderated = GenerationRequest(
+        prompt="[moderate]", model="sim-v1", duration_s=5, resolution="720p", aspect_ratio="16:9"
+    )
     result = sim.provider().submit(moderated, "rk2")
     assert isinstance(result, Rejected) and result.code == "content_moderated"
     assert sim.truth()["jobs"] == []
@@ -246,14 +254,18 @@ def test_parse_callback_from_a_real_delivery(sim_factory: Any, callback_sink: An
     assert observations[-1][0].outputs[0].url.startswith(s.base_url)
 
 
-@pytest.mark.parametrize(("sender", "receiver", "accepted"), [
-    ((SECRET,), (OLD_SECRET, SECRET), True),  # receiver mid-rotation, sender already on the new key
-    ((OLD_SECRET,), (OLD_SECRET, SECRET), True),  # sender still on the old key
-    ((SECRET, OLD_SECRET), (SECRET,), True),  # sender sends both, receiver already dropped the old one
-    ((OLD_SECRET,), (SECRET,), False),  # overlap over: the old key alone is refused
-])
-def test_callback_verification_across_key_rotation(sim_factory: Any, callback_sink: Any, sender: tuple[str, ...],
-                                                   receiver: tuple[str, ...], accepted: bool) -> None:
+@pytest.mark.parametrize(
+    ("sender", "receiver", "accepted"),
+    [
+        ((SECRET,), (OLD_SECRET, SECRET), True),  # receiver mid-rotation, sender already on the new key
+        ((OLD_SECRET,), (OLD_SECRET, SECRET), True),  # sender still on the old key
+        ((SECRET, OLD_SECRET), (SECRET,), True),  # sender sends both, receiver already dropped the old one
+        ((OLD_SECRET,), (SECRET,), False),  # overlap over: the old key alone is refused
+    ],
+)
+def test_callback_verification_across_key_rotation(
+    sim_factory: Any, callback_sink: Any, sender: tuple[str, ...], receiver: tuple[str, ...], accepted: bool
+) -> None:
     s = sim_factory(webhook_url=callback_sink.url, webhook_secrets=sender)
     (first, *_) = _callbacks(s, callback_sink, 1)
     provider = s.provider(webhook_secrets=list(receiver))
@@ -278,7 +290,11 @@ def test_parse_callback_rejects_tampering_staleness_and_non_jobs(sim: SimHandle)
         provider.parse_callback(headers, body, now + timedelta(seconds=301))
     with pytest.raises(CallbackRejected):
         provider.parse_callback(sign_webhook([new_secret(b"x" * 32)], "evt_1", now, body), body, now)
-    for signed_but_wrong in (b'["a list"]', b'{"id": "job_1", "status": "exploded"}', b'{"status": "queued"}',
-                             b"not json"):
+    for signed_but_wrong in (
+        b'["a list"]',
+        b'{"id": "job_1", "status": "exploded"}',
+        b'{"status": "queued"}',
+        b"not json",
+    ):
         with pytest.raises(CallbackRejected):
             provider.parse_callback(sign_webhook([SECRET], "evt_2", now, signed_but_wrong), signed_but_wrong, now)

@@ -17,16 +17,25 @@ from aivedio_engine.providers.base import (
 from aivedio_engine.providers.sim.server import _iso
 from tests.support.sim import SimHandle, sim, sim_factory  # noqa: F401 - fixtures
 
-REQUEST = GenerationRequest(prompt="a lighthouse at dusk", model="sim-v1", duration_s=5, resolution="720p",
-                            aspect_ratio="16:9", seed=42, reference_urls=("https://cdn.example/ref.png",),
-                            callback_url="https://hooks.example/cb")
-BODY = {"prompt": "a red fox in snow", "model": "sim-v1", "duration_s": 5, "resolution": "720p",
-        "aspect_ratio": "16:9"}
+REQUEST = GenerationRequest(
+    prompt="a lighthouse at dusk",
+    model="sim-v1",
+    duration_s=5,
+    resolution="720p",
+    aspect_ratio="16:9",
+    seed=42,
+    reference_urls=("https://cdn.example/ref.png",),
+    callback_url="https://hooks.example/cb",
+)
+BODY = {"prompt": "a red fox in snow", "model": "sim-v1", "duration_s": 5, "resolution": "720p", "aspect_ratio": "16:9"}
 
 
 def listing(s: SimHandle, after: datetime | None = None, before: datetime | None = None, **extra: Any) -> Any:
-    params = {"created_after": _iso(after or s.clock.now() - timedelta(hours=1)),
-              "created_before": _iso(before or s.clock.now() + timedelta(hours=1)), **extra}
+    params = {
+        "created_after": _iso(after or s.clock.now() - timedelta(hours=1)),
+        "created_before": _iso(before or s.clock.now() + timedelta(hours=1)),
+        **extra,
+    }
     return s.http.request("GET", "/v1/jobs", params=params)
 
 
@@ -56,8 +65,15 @@ def test_listing_works_without_lookup_and_echoes_the_request_but_not_the_key(sim
     item = body["jobs"][0]
     assert item["id"] == accepted.job_id and item["status"] == "queued"
     assert item["created_at"] == _iso(s.clock.now())
-    assert item["request"] == {"prompt": REQUEST.prompt, "model": "sim-v1", "duration_s": 5, "resolution": "720p",
-                               "aspect_ratio": "16:9", "seed": 42, "reference_urls": list(REQUEST.reference_urls)}
+    assert item["request"] == {
+        "prompt": REQUEST.prompt,
+        "model": "sim-v1",
+        "duration_s": 5,
+        "resolution": "720p",
+        "aspect_ratio": "16:9",
+        "seed": 42,
+        "reference_urls": list(REQUEST.reference_urls),
+    }
     assert "request_key" not in item and "avd-secret-key" not in r.body.decode()
     s.advance(1.0)
     assert listing(s).json()["jobs"][0]["status"] == "running"
@@ -76,9 +92,18 @@ def test_adapter_summaries_carry_the_fingerprint_the_attempt_stores(sim_factory:
     by_id = {j.job_id: j for j in jobs}
     assert set(by_id) == {ours.job_id, other.job_id}
     # what the task row holds (our own fields included) hashes to what the vendor echoes of the request
-    params = {"prompt": REQUEST.prompt, "model": "sim-v1", "provider": "sim", "duration_s": 5,
-              "aspect_ratio": "16:9", "resolution": "720p", "priority": 0, "deadline_s": 3600, "seed": 42,
-              "asset_ids": []}
+    params = {
+        "prompt": REQUEST.prompt,
+        "model": "sim-v1",
+        "provider": "sim",
+        "duration_s": 5,
+        "aspect_ratio": "16:9",
+        "resolution": "720p",
+        "priority": 0,
+        "deadline_s": 3600,
+        "seed": 42,
+        "asset_ids": [],
+    }
     assert by_id[ours.job_id].fingerprint == attempt_fingerprint(params)
     assert by_id[other.job_id].fingerprint not in (None, attempt_fingerprint(params))
     assert by_id[ours.job_id].status is JobStatus.QUEUED

@@ -24,8 +24,7 @@ from tests.support.sim import (
     wait_until,
 )
 
-BODY = {"prompt": "a red fox in snow", "model": "sim-v1", "duration_s": 5, "resolution": "720p",
-        "aspect_ratio": "16:9"}
+BODY = {"prompt": "a red fox in snow", "model": "sim-v1", "duration_s": 5, "resolution": "720p", "aspect_ratio": "16:9"}
 
 
 def submit(s: SimHandle, key: str | None = "rk-1", **changes: Any) -> Response:
@@ -64,8 +63,10 @@ def test_submit_query_find_and_output_lifecycle(sim: SimHandle) -> None:
     assert video.status == 200 and video.headers["content-type"] == "video/mp4"
     assert video.body[4:8] == b"ftyp" and len(video.body) > 1000  # ffmpeg's testsrc, not the fallback stub
 
-    assert sim.http.request("POST", f"/v1/jobs/{job['id']}/cancel").json() == {"error": "too_late",
-                                                                                 "status": "succeeded"}
+    assert sim.http.request("POST", f"/v1/jobs/{job['id']}/cancel").json() == {
+        "error": "too_late",
+        "status": "succeeded",
+    }
 
 
 def test_unknown_ids_and_keys_are_404(sim: SimHandle) -> None:
@@ -91,8 +92,14 @@ def test_cancel_before_start_is_not_billed_and_after_start_is(sim: SimHandle) ->
     assert sim.http.request("POST", f"/v1/jobs/{running}/cancel").status == 200  # idempotent
     sim.advance(5)
     jobs = {j["id"]: j for j in sim.truth()["jobs"]}
-    assert jobs[queued] | {"created_at": None} == {"id": queued, "request_key": "q", "created_at": None,
-                                                   "billed": False, "status": "canceled", "canceled": True}
+    assert jobs[queued] | {"created_at": None} == {
+        "id": queued,
+        "request_key": "q",
+        "created_at": None,
+        "billed": False,
+        "status": "canceled",
+        "canceled": True,
+    }
     assert jobs[running]["billed"] is True and jobs[running]["status"] == "canceled"
 
 
@@ -263,18 +270,27 @@ def test_faults_can_be_changed_over_http_and_bad_specs_are_refused(sim: SimHandl
     assert sim.truth()["faults"] == ""
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ("ambiguous=2", "outside"), ("latency=2s..1s", "ends before"), ("nope=1", "unknown fault"),
-    ("ambiguous", "NAME=VALUE"), ("url_expire=soon", "duration"), ("5xx=x", "probability"),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("ambiguous=2", "outside"),
+        ("latency=2s..1s", "ends before"),
+        ("nope=1", "unknown fault"),
+        ("ambiguous", "NAME=VALUE"),
+        ("url_expire=soon", "duration"),
+        ("5xx=x", "probability"),
+    ],
+)
 def test_fault_spec_errors_name_the_item(spec: str, message: str) -> None:
     with pytest.raises(FaultSpecError, match=message):
         parse_faults(spec)
 
 
 def test_fault_spec_round_trips() -> None:
-    spec = ("ambiguous=0.2,5xx=0.1,429=0.05,throttled=0.1,latency=50ms..200ms,dup_cb=0.3,reorder_cb=0.3,"
-            "drop_cb=0.1,early_cb=0.05,url_expire=1s,redirect=0.2,cancel-too-late=0.5")
+    spec = (
+        "ambiguous=0.2,5xx=0.1,429=0.05,throttled=0.1,latency=50ms..200ms,dup_cb=0.3,reorder_cb=0.3,"
+        "drop_cb=0.1,early_cb=0.05,url_expire=1s,redirect=0.2,cancel-too-late=0.5"
+    )
     faults = parse_faults(spec)
     assert faults.p("cancel_too_late") == 0.5 and faults.latency_s == (0.05, 0.2) and faults.url_expire_s == 1
     assert parse_faults(faults.to_spec()) == faults
@@ -332,8 +348,10 @@ def test_fault_dup_cb_repeats_each_event_with_the_same_id(sim_factory: Any, call
     s = sim_factory(webhook_url=callback_sink.url, faults="dup_cb=1")
     submit(s)
     s.advance(1)
-    truth = wait_until(lambda: (c := s.truth()["callbacks"])["emitted"] == 3 and c["pending"] == 0 and c,
-                       what="all deliveries to finish")
+    truth = wait_until(
+        lambda: (c := s.truth()["callbacks"])["emitted"] == 3 and c["pending"] == 0 and c,
+        what="all deliveries to finish",
+    )
     got = callback_sink.wait_for(truth["delivered"])
     per_id = Counter(r.headers["webhook-id"] for r in got)
     assert len(per_id) == 3 and all(2 <= n <= 4 for n in per_id.values())
@@ -390,4 +408,3 @@ def test_http_advance_endpoint(sim: SimHandle) -> None:
 def test_client_without_idempotency_key_gets_a_new_job_each_time(sim: SimHandle) -> None:
     a, b = submit(sim, key=None).json()["id"], submit(sim, key=None).json()["id"]
     assert a != b and sim.truth()["by_request_key"] == {}
-

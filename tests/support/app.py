@@ -33,8 +33,7 @@ class FakeClock:
             self._now += timedelta(seconds=seconds)
 
 
-def make_context(data_dir: Path, database_url: str | None = None, clock: Any = None,
-                 **overrides: Any) -> AppContext:
+def make_context(data_dir: Path, database_url: str | None = None, clock: Any = None, **overrides: Any) -> AppContext:
     values: dict[str, Any] = {"data_dir": str(data_dir), **overrides}
     if database_url:
         values.setdefault("database", {})["url"] = database_url

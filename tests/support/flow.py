@@ -16,20 +16,36 @@ from tests.support.pump import Pump
 from tests.support.sim import SimHandle, wait_until
 
 
-def sim_context(tmp_path: Path, sim: SimHandle, database_url: str | None = None, *,
-                max_concurrency: int = 50, provider: dict[str, Any] | None = None, **overrides: Any) -> AppContext:
+def sim_context(
+    tmp_path: Path,
+    sim: SimHandle,
+    database_url: str | None = None,
+    *,
+    max_concurrency: int = 50,
+    provider: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> AppContext:
     settings = sim.provider_settings(max_concurrency=max_concurrency, **(provider or {}))
     overrides.setdefault("polling", {"min_interval_s": 5, "max_interval_s": 10, "jitter": 0.2})
     overrides.setdefault("limits", {"platform_max_concurrency": 1000, "tenant_default_max_concurrency": 1000})
-    return make_context(tmp_path / "data", database_url, clock=FakeClock(),
-                        providers={"sim": settings}, default_provider="sim", **overrides)
+    return make_context(
+        tmp_path / "data",
+        database_url,
+        clock=FakeClock(),
+        providers={"sim": settings},
+        default_provider="sim",
+        **overrides,
+    )
 
 
 def create_tasks(ctx: AppContext, n: int, *, credits: int = 100_000, prefix: str = "t") -> list[Any]:
     who = tenant_with_key(ctx, f"tenant-{prefix}", credits=credits)
-    return [ctx.generations.create(who.tenant_id, f"{prefix}{i}", {"prompt": f"scene {i}", "model": "sim-v1",
-                                                                   "duration_s": 2}).task.id
-            for i in range(n)]
+    return [
+        ctx.generations.create(
+            who.tenant_id, f"{prefix}{i}", {"prompt": f"scene {i}", "model": "sim-v1", "duration_s": 2}
+        ).task.id
+        for i in range(n)
+    ]
 
 
 @dataclass
@@ -49,8 +65,9 @@ class Driver:
         self.ctx.clock.advance(self.step_s)  # type: ignore[attr-defined]
         self.sim.advance(self.step_s)
         if self.callbacks:
-            wait_until(lambda: self.sim.truth()["callbacks"]["pending"] == 0, timeout_s=30,
-                       what="sim callbacks delivered")
+            wait_until(
+                lambda: self.sim.truth()["callbacks"]["pending"] == 0, timeout_s=30, what="sim callbacks delivered"
+            )
 
     def run_until(self, done: Any, max_rounds: int = 200) -> int:
         for i in range(max_rounds):

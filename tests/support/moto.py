@@ -30,15 +30,25 @@ class MotoS3:
     def storage_settings(self) -> dict[str, Any]:
         """`storage` section overrides for `load_settings`, with explicit credentials so the default AWS
         credential chain (environment, ~/.aws, instance metadata) is never consulted."""
-        return {"kind": "s3", "bucket": self.bucket, "endpoint_url": self.endpoint_url, "region": self.region,
-                "access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
+        return {
+            "kind": "s3",
+            "bucket": self.bucket,
+            "endpoint_url": self.endpoint_url,
+            "region": self.region,
+            "access_key_id": ACCESS_KEY,
+            "secret_access_key": SECRET_KEY,
+        }
 
     def client(self) -> Any:
         import boto3
 
         return boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint_url, region_name=self.region,
-            aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=self.region,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+        )
 
 
 _shared: dict[str, MotoS3] = {}

@@ -28,8 +28,11 @@ class Pump:
 
     def _handlers(self) -> dict[str, Callable[[Envelope], None]]:
         """The registered consumers, exactly as the Dramatiq actors call them."""
-        return {spec.event_type.value: (lambda env, handler=spec.handler: handler(self.ctx, env))
-                for spec in REGISTRY.values() if spec.event_type.value not in self.held}
+        return {
+            spec.event_type.value: (lambda env, handler=spec.handler: handler(self.ctx, env))
+            for spec in REGISTRY.values()
+            if spec.event_type.value not in self.held
+        }
 
     def run(self, max_events: int = 10_000) -> int:
         """Deliver every pending outbox row once (some twice); returns how many were delivered."""
@@ -37,17 +40,30 @@ class Pump:
         delivered = 0
         while delivered < max_events:
             with self.ctx.engine.connect() as conn:
-                rows = conn.execute(sa.select(outbox_events)
-                                    .where(outbox_events.c.status == OutboxStatus.PENDING.value,
-                                           outbox_events.c.available_at <= self.ctx.clock.now())
-                                    .order_by(outbox_events.c.id).limit(200)).all()
+                rows = conn.execute(
+                    sa.select(outbox_events)
+                    .where(
+                        outbox_events.c.status == OutboxStatus.PENDING.value,
+                        outbox_events.c.available_at <= self.ctx.clock.now(),
+                    )
+                    .order_by(outbox_events.c.id)
+                    .limit(200)
+                ).all()
             if not rows:
                 return delivered
             for row in rows:
-                env = Envelope(event_id=row.id, event_type=row.event_type, schema_version=row.schema_version,
-                               aggregate_id=row.aggregate_id, aggregate_version=row.aggregate_version,
-                               tenant_id=row.tenant_id, trace_id=row.trace_id, causation_id=row.causation_id,
-                               occurred_at=row.created_at, payload=row.payload)
+                env = Envelope(
+                    event_id=row.id,
+                    event_type=row.event_type,
+                    schema_version=row.schema_version,
+                    aggregate_id=row.aggregate_id,
+                    aggregate_version=row.aggregate_version,
+                    tenant_id=row.tenant_id,
+                    trace_id=row.trace_id,
+                    causation_id=row.causation_id,
+                    occurred_at=row.created_at,
+                    payload=row.payload,
+                )
                 handler = handlers.get(row.event_type)
                 if handler is None:
                     self.parked.append({"event_type": row.event_type, **row.payload})
@@ -57,7 +73,10 @@ class Pump:
                         handler(env)
                         self.seen[row.event_type] += 1
                 with self.ctx.engine.begin() as conn:
-                    conn.execute(outbox_events.update().where(outbox_events.c.id == row.id)
-                                 .values(status=OutboxStatus.PUBLISHED.value, published_at=self.ctx.clock.now()))
+                    conn.execute(
+                        outbox_events.update()
+                        .where(outbox_events.c.id == row.id)
+                        .values(status=OutboxStatus.PUBLISHED.value, published_at=self.ctx.clock.now())
+                    )
                 delivered += 1
         return delivered

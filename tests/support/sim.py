@@ -81,10 +81,16 @@ class SimHandle:
 
     def provider_settings(self, **overrides: Any) -> ProviderSettings:
         values: dict[str, Any] = {
-            "adapter": "sim", "base_url": self.base_url, "allow_http_origin": True, "output_hosts": ["127.0.0.1"],
+            "adapter": "sim",
+            "base_url": self.base_url,
+            "allow_http_origin": True,
+            "output_hosts": ["127.0.0.1"],
             "webhook_secrets": [SECRET],
-            "models": {"sim-v1": ModelSettings(max_duration_s=10, resolutions=["720p", "1080p"],
-                                               price_per_second={"720p": 1, "1080p": 2})},
+            "models": {
+                "sim-v1": ModelSettings(
+                    max_duration_s=10, resolutions=["720p", "1080p"], price_per_second={"720p": 1, "1080p": 2}
+                )
+            },
         }
         values.update(overrides)
         return ProviderSettings(**values)
@@ -93,12 +99,27 @@ class SimHandle:
         return SimProvider("sim", self.provider_settings(**overrides))
 
 
-def sim_config(seed: int = 0, faults: str = "", *, job_seconds: float = 0.5, lookup: bool = True,
-               max_concurrency: int | None = None, webhook_url: str | None = None,
-               webhook_secrets: tuple[str, ...] = (SECRET,), output_url_ttl_s: float = 3600.0) -> SimConfig:
-    return SimConfig(seed=seed, faults=parse_faults(faults), job_seconds=job_seconds, lookup=lookup,
-                     max_concurrency=max_concurrency, webhook_url=webhook_url,
-                     webhook_secrets=webhook_secrets, output_url_ttl_s=output_url_ttl_s)
+def sim_config(
+    seed: int = 0,
+    faults: str = "",
+    *,
+    job_seconds: float = 0.5,
+    lookup: bool = True,
+    max_concurrency: int | None = None,
+    webhook_url: str | None = None,
+    webhook_secrets: tuple[str, ...] = (SECRET,),
+    output_url_ttl_s: float = 3600.0,
+) -> SimConfig:
+    return SimConfig(
+        seed=seed,
+        faults=parse_faults(faults),
+        job_seconds=job_seconds,
+        lookup=lookup,
+        max_concurrency=max_concurrency,
+        webhook_url=webhook_url,
+        webhook_secrets=webhook_secrets,
+        output_url_ttl_s=output_url_ttl_s,
+    )
 
 
 @contextmanager
@@ -145,6 +166,7 @@ def sim_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., SimHan
     server; further calls (two sims at once) and `real_clock=True` start servers of their own."""
     used = False
     with ExitStack() as stack:
+
         def make(real_clock: bool = False, **config: Any) -> SimHandle:
             nonlocal used
             if used or real_clock:

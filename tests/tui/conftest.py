@@ -68,8 +68,7 @@ async def type_text(pilot: Pilot[Any], text: str) -> None:
     await settle(pilot)
 
 
-def drive(app: AivedioApp, scenario: Callable[[Pilot[Any]], Awaitable[None]],
-          size: tuple[int, int] = SIZE) -> None:
+def drive(app: AivedioApp, scenario: Callable[[Pilot[Any]], Awaitable[None]], size: tuple[int, int] = SIZE) -> None:
     async def main() -> None:
         async with app.run_test(size=size) as pilot:
             await settle(pilot)

@@ -32,9 +32,16 @@ def _raise(world: Seeded) -> list[uuid.UUID]:
     for rule, severity, subject, message in RAISED:
         world.advance(60)
         with world.ctx.engine.begin() as conn:
-            raise_alert(conn, rule, severity, dedup_key=f"test:{rule.value}", message=message,
-                        now=world.ctx.clock.now(), subject_type="task" if subject else None,
-                        subject_id=str(world.tasks[subject]) if subject else None)
+            raise_alert(
+                conn,
+                rule,
+                severity,
+                dedup_key=f"test:{rule.value}",
+                message=message,
+                now=world.ctx.clock.now(),
+                subject_type="task" if subject else None,
+                subject_id=str(world.tasks[subject]) if subject else None,
+            )
     return [r.id for r in world.all(sa.select(alerts.c.id).order_by(alerts.c.raised_at.desc()))]
 
 
@@ -60,7 +67,11 @@ def test_acknowledge_one_then_mark_two_and_resolve_both(world: Seeded) -> None:
         assert list(listed) == [str(backlog), str(parked), str(duplicate)]
         assert screen.selected_key(table) == str(parked)
         assert [str(c) for c in listed[str(parked)][2:6]] == [
-            "warning", "submit_unknown_parked", "OPEN", f"task {world.tasks['fox1']}"]
+            "warning",
+            "submit_unknown_parked",
+            "OPEN",
+            f"task {world.tasks['fox1']}",
+        ]
 
         # k: the highlighted alert
         await press(pilot, "k")
@@ -75,7 +86,11 @@ def test_acknowledge_one_then_mark_two_and_resolve_both(world: Seeded) -> None:
         assert (row.status, row.acknowledged_by) == ("ACKNOWLEDGED", OPERATOR) and row.acknowledged_at is not None
         (ack,) = world.audit_rows("tui alerts acknowledge")
         assert (ack.actor, ack.reason, ack.outcome, ack.affected_ids) == (
-            OPERATOR, "INC-5 looking at fox1", "acknowledged", [str(parked)])
+            OPERATOR,
+            "INC-5 looking at fox1",
+            "acknowledged",
+            [str(parked)],
+        )
         assert "acknowledged 1 alert(s)" in toasts.text()
         assert [str(c) for c in rows(table)[str(parked)][4:8:3]] == ["ACKNOWLEDGED", OPERATOR]  # still unresolved
 

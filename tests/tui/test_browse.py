@@ -120,7 +120,11 @@ def test_tasks_filter_by_status_and_text_open_the_timeline_and_cancel(world: See
         assert world.task("late").status == "CANCELED" and rows(table) == {}
         (audit,) = world.audit_rows("tui tasks cancel")
         assert (audit.actor, audit.reason, audit.outcome, audit.affected_ids) == (
-            OPERATOR, "customer asked", "canceled", [str(late)])
+            OPERATOR,
+            "customer asked",
+            "canceled",
+            [str(late)],
+        )
         assert f"task {late}: canceled (QUEUED → CANCELED)" in toasts.text()
 
         # a finished task cannot be canceled: the refusal is shown, nothing is written

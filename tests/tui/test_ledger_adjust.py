@@ -87,16 +87,30 @@ def test_adjust_validates_books_once_then_reports_the_duplicate_and_refusals(wor
         assert world.balance() == start - 5
         (booked,) = world.audit_rows("tui ledger adjust")
         assert (booked.actor, booked.reason, booked.outcome, booked.dry_run) == (
-            OPERATOR, "INC-42 goodwill for a re-render", "booked", False)
-        assert booked.args == {"tenant": str(world.tenant_id), "amount": "-5", "business_key": "INC-42",
-                               "task": str(boat)}
+            OPERATOR,
+            "INC-42 goodwill for a re-render",
+            "booked",
+            False,
+        )
+        assert booked.args == {
+            "tenant": str(world.tenant_id),
+            "amount": "-5",
+            "business_key": "INC-42",
+            "task": str(boat),
+        }
         assert f"booked -5 credits for acme under 'INC-42': balance {start.normalize():f}" in toasts.text()
         (acme,) = rows(ledger.query_one("#balances", DataTable)).values()
         assert Decimal(acme[2]) == start - 5 and acme[6] == "yes"  # refreshed; still equals the ledger sum
         entries = rows(ledger.query_one("#entries", DataTable))
         (adjustment,) = [cells for cells in entries.values() if cells[4] == "adjustment:manual:INC-42"]
-        assert adjustment[1:] == ["ADJUSTMENT", "-5", str(boat), "adjustment:manual:INC-42", OPERATOR,
-                                  "INC-42 goodwill for a re-render"]
+        assert adjustment[1:] == [
+            "ADJUSTMENT",
+            "-5",
+            str(boat),
+            "adjustment:manual:INC-42",
+            OPERATOR,
+            "INC-42 goodwill for a re-render",
+        ]
 
         # the same business key again: a no-op, said so
         await _fill(pilot, "-5", "INC-42", str(boat))
@@ -115,7 +129,11 @@ def test_adjust_validates_books_once_then_reports_the_duplicate_and_refusals(wor
         assert world.balance() == start - 5
         # a refusal is audited (Conflict and InsufficientCredits are part of the story; see LedgerOps.adjust)
         assert [r.outcome for r in world.audit_rows("tui ledger adjust")] == [
-            "booked", "duplicate", "refused", "refused"]
+            "booked",
+            "duplicate",
+            "refused",
+            "refused",
+        ]
 
         # Esc on the form changes nothing
         await press(pilot, "a", "escape")

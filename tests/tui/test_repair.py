@@ -33,8 +33,9 @@ def _audits(ctx: Any, command: str) -> list[Any]:
 
 def _status(ctx: Any, task_id: Any) -> str:
     with ctx.engine.connect() as conn:
-        return str(conn.execute(sa.select(generation_tasks.c.status).where(generation_tasks.c.id == task_id))
-                   .scalar_one())
+        return str(
+            conn.execute(sa.select(generation_tasks.c.status).where(generation_tasks.c.id == task_id)).scalar_one()
+        )
 
 
 @pytest.mark.postgres
@@ -42,8 +43,12 @@ def test_submit_unknown_listed_then_reconciled_now_with_a_reason(tmp_path: Path,
     with running_sim(seed=41, faults="ambiguous=1", job_seconds=3) as sim:
         ctx = sim_context(tmp_path, sim, pg_url)
         who = tenant_with_key(ctx, "acme", 1000)
-        ids = [ctx.generations.create(who.tenant_id, f"k{i}", {"prompt": f"scene {i}", "model": "sim-v1",
-                                                                 "duration_s": 2}).task.id for i in range(2)]
+        ids = [
+            ctx.generations.create(
+                who.tenant_id, f"k{i}", {"prompt": f"scene {i}", "model": "sim-v1", "duration_s": 2}
+            ).task.id
+            for i in range(2)
+        ]
         drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=1)
         drv.run_until(lambda: drv.all_in("SUBMIT_UNKNOWN"), max_rounds=5)
         app, toasts = make_app(ctx)
@@ -73,7 +78,11 @@ def test_submit_unknown_listed_then_reconciled_now_with_a_reason(tmp_path: Path,
             assert "reconciled: found=1" in toasts.text()
             (audit,) = _audits(ctx, "tui reconcile")
             assert (audit.actor, audit.reason, audit.outcome, audit.affected_ids) == (
-                OPERATOR, "INC-9 lost submit answers", "ok", [first])
+                OPERATOR,
+                "INC-9 lost submit answers",
+                "ok",
+                [first],
+            )
             assert set(rows(table)) == {str(t) for t in ids} - {first}
 
             await press(pilot, "C")  # every listed one
@@ -84,8 +93,11 @@ def test_submit_unknown_listed_then_reconciled_now_with_a_reason(tmp_path: Path,
 
         drive(app, scenario)
         with ctx.engine.connect() as conn:
-            bound = conn.execute(sa.select(task_attempts.c.provider_job_id)
-                                 .where(task_attempts.c.task_id.in_(ids))).scalars().all()
+            bound = (
+                conn.execute(sa.select(task_attempts.c.provider_job_id).where(task_attempts.c.task_id.in_(ids)))
+                .scalars()
+                .all()
+            )
         assert sorted(bound) == sorted(j["id"] for j in sim.truth()["jobs"])  # the lost jobs, no duplicates
         ctx.close()
 
@@ -94,15 +106,24 @@ def test_an_orphan_event_is_listed_and_replayed_with_a_reason(tmp_path: Path) ->
     with running_sim(seed=31, job_seconds=30) as sim:
         ctx = sim_context(tmp_path, sim)
         # a job another deployment created on the same vendor account: nothing here owns it
-        created = sim.http.request("POST", "/v1/jobs", json={"prompt": "not ours", "model": "sim-v1",
-                                                              "duration_s": 2, "resolution": "720p",
-                                                              "aspect_ratio": "16:9"},
-                                   headers={"Idempotency-Key": "other-deployment-1"})
+        created = sim.http.request(
+            "POST",
+            "/v1/jobs",
+            json={
+                "prompt": "not ours",
+                "model": "sim-v1",
+                "duration_s": 2,
+                "resolution": "720p",
+                "aspect_ratio": "16:9",
+            },
+            headers={"Idempotency-Key": "other-deployment-1"},
+        )
         assert created.status == 201, created.body
         job = created.json()["id"]
         body = json.dumps(dict(sim.state.get(job))).encode()
-        assert ctx.callbacks.receive("sim", sign_webhook([SECRET], f"msg-{job}", ctx.clock.now(), body),
-                                     body).stored == 1
+        assert (
+            ctx.callbacks.receive("sim", sign_webhook([SECRET], f"msg-{job}", ctx.clock.now(), body), body).stored == 1
+        )
         app, toasts = make_app(ctx)
 
         async def scenario(pilot: Pilot[Any]) -> None:

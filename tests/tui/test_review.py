@@ -43,7 +43,11 @@ def test_claim_then_approve_and_reject_with_a_reason(world: Seeded) -> None:
         assert "KiB" in card or " B " in card
         facts = screen.facts[fox1.id]
         assert (facts.duration_ms, facts.size_bytes, facts.width, facts.height) == (
-            raw.duration_ms, raw.size_bytes, raw.width, raw.height)
+            raw.duration_ms,
+            raw.size_bytes,
+            raw.width,
+            raw.height,
+        )
         assert facts.thumbnail and Path(facts.thumbnail).is_file()  # a real file in the fs object store
 
         # claim: a confirmation (a reason is optional for a claim), then the lease is ours
@@ -69,7 +73,11 @@ def test_claim_then_approve_and_reject_with_a_reason(world: Seeded) -> None:
         assert world.task("fox1").status == "SUCCEEDED"
         (approve,) = world.audit_rows("tui review approve")
         assert (approve.actor, approve.reason, approve.outcome, approve.dry_run) == (
-            OPERATOR, "looks fine", "approved", False)
+            OPERATOR,
+            "looks fine",
+            "approved",
+            False,
+        )
         assert approve.affected_ids == [str(fox1.id), str(world.tasks["fox1"])]
         assert "approved" in toasts.text() and "SUCCEEDED" in toasts.text()
         assert set(rows(table)) == {str(fox2.id)}  # refreshed: decided items leave the queue
@@ -100,8 +108,9 @@ def test_escape_cancels_and_a_refused_decision_is_shown(world: Seeded) -> None:
         assert world.audit_rows("tui review reject") == [] and "cancelled" in toasts.text()
 
         # another reviewer took the item meanwhile: the service refuses and the operator is told why
-        ReviewService(world.ctx.engine, world.ctx.clock).claim(item, "bob", Operation("review claim", None,
-                                                                                     actor="bob"))
+        ReviewService(world.ctx.engine, world.ctx.clock).claim(
+            item, "bob", Operation("review claim", None, actor="bob")
+        )
         await press(pilot, "a")
         await type_text(pilot, "ok")
         await press(pilot, "enter")

@@ -30,13 +30,15 @@ def test_the_dashboard_runs_in_a_terminal_and_quits(tmp_path: Path, tmux: list[s
     tenant_with_key(ctx, "acme", 50)
     ctx.close()
     exit_file = tmp_path / "exit"
-    command = (f"{sys.executable} -m aivedio_cli --set data_dir={tmp_path / 'data'} tui --readonly; "
-               f"echo $? > {exit_file}")
+    command = (
+        f"{sys.executable} -m aivedio_cli --set data_dir={tmp_path / 'data'} tui --readonly; echo $? > {exit_file}"
+    )
     subprocess.run([*tmux, "new-session", "-d", "-s", "tui", "-x", "140", "-y", "40", command], check=True)
 
     def screen() -> str:
-        return subprocess.run([*tmux, "capture-pane", "-t", "tui", "-p"], capture_output=True, text=True,
-                              check=False).stdout
+        return subprocess.run(
+            [*tmux, "capture-pane", "-t", "tui", "-p"], capture_output=True, text=True, check=False
+        ).stdout
 
     wait_until(lambda: "Key figures" in screen(), timeout_s=20, what="the overview")
     assert "READ-ONLY" in screen()

@@ -24,10 +24,13 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 ROOMY = Limits(platform=1000, tenant_default=1000, providers={"p": 1000, "q": 1000})
 
 
-def queue(tenant: str, n: int, *, provider: str = "p", model: str = "m", tier: int = PriorityTier.PAID,
-          start: int = 0) -> list[Candidate]:
-    return [Candidate(f"{tenant}{i}", tenant, provider, model, T0 + timedelta(seconds=start + i), tier=tier)
-            for i in range(n)]
+def queue(
+    tenant: str, n: int, *, provider: str = "p", model: str = "m", tier: int = PriorityTier.PAID, start: int = 0
+) -> list[Candidate]:
+    return [
+        Candidate(f"{tenant}{i}", tenant, provider, model, T0 + timedelta(seconds=start + i), tier=tier)
+        for i in range(n)
+    ]
 
 
 def rounds(candidates: list[Candidate], limits: Limits, per_round: int, n_rounds: int) -> list[list[str]]:
@@ -70,9 +73,11 @@ def test_without_history_the_tenant_waiting_longest_goes_first() -> None:
 
 
 def test_higher_tier_first_then_lower_tiers_get_the_rest() -> None:
-    cands = (queue("free", 5, tier=PriorityTier.FREE_PREVIEW, start=-100)
-             + queue("paid", 2, tier=PriorityTier.PAID)
-             + queue("vip", 1, tier=PriorityTier.CUSTOM_PROJECT, start=500))
+    cands = (
+        queue("free", 5, tier=PriorityTier.FREE_PREVIEW, start=-100)
+        + queue("paid", 2, tier=PriorityTier.PAID)
+        + queue("vip", 1, tier=PriorityTier.CUSTOM_PROJECT, start=500)
+    )
     sel = select(cands, {}, ROOMY, max_picks=4)
     assert [c.task_id for c in sel.picks] == ["vip0", "paid0", "paid1", "free0"]
 

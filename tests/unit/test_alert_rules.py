@@ -14,10 +14,20 @@ from aivedio_engine.observability.alert_rules import Facts, Spend, evaluate
 from aivedio_engine.observability.metrics import percentile
 from aivedio_engine.observability.snapshot import id_floor
 
-CFG = AlertSettings(failed_tasks=5, provider_consecutive_failures=3, queue_depth=10, queue_age_s=600,
-                    media_failure_rate=0.5, media_min_samples=4, cost_factor=5, cost_min_per_hour=Decimal(10),
-                    cost_budget_per_hour=Decimal(0), min_free_bytes=100, min_free_ratio=0.1)
-GiB = 1024 ** 3
+CFG = AlertSettings(
+    failed_tasks=5,
+    provider_consecutive_failures=3,
+    queue_depth=10,
+    queue_age_s=600,
+    media_failure_rate=0.5,
+    media_min_samples=4,
+    cost_factor=5,
+    cost_min_per_hour=Decimal(10),
+    cost_budget_per_hour=Decimal(0),
+    min_free_bytes=100,
+    min_free_ratio=0.1,
+)
+GiB = 1024**3
 
 
 def rules(facts: Facts, cfg: AlertSettings = CFG) -> list[tuple[Rule, str]]:
@@ -25,20 +35,35 @@ def rules(facts: Facts, cfg: AlertSettings = CFG) -> list[tuple[Rule, str]]:
 
 
 def test_healthy_facts_raise_nothing() -> None:
-    assert rules(Facts(failed_tasks=4, provider_streaks={"sim": 2}, queue_depth=9, queue_oldest_age_s=599,
-                       media_finished=10, media_failed=4, disks={"/d": (50 * GiB, 100 * GiB)},
-                       spend=[Spend("t", None, Decimal(40), Decimal(10))])) == []
+    assert (
+        rules(
+            Facts(
+                failed_tasks=4,
+                provider_streaks={"sim": 2},
+                queue_depth=9,
+                queue_oldest_age_s=599,
+                media_finished=10,
+                media_failed=4,
+                disks={"/d": (50 * GiB, 100 * GiB)},
+                spend=[Spend("t", None, Decimal(40), Decimal(10))],
+            )
+        )
+        == []
+    )
 
 
-@pytest.mark.parametrize("facts, expected", [
-    (Facts(failed_tasks=5), (Rule.FAILED_TASKS_HIGH, "all")),
-    (Facts(provider_streaks={"sim": 3, "local": 0}), (Rule.PROVIDER_CONSECUTIVE_FAILURES, "sim")),
-    (Facts(queue_depth=10), (Rule.QUEUE_BACKLOG, "queued")),
-    (Facts(queue_depth=1, queue_oldest_age_s=600), (Rule.QUEUE_BACKLOG, "queued")),
-    (Facts(media_finished=4, media_failed=2), (Rule.MEDIA_FAILURE_RATE, "media")),
-    (Facts(disks={"/d": (99, 10_000)}), (Rule.STORAGE_CAPACITY_LOW, "/d")),
-    (Facts(disks={"/d": (9 * GiB, 100 * GiB)}), (Rule.STORAGE_CAPACITY_LOW, "/d")),
-])
+@pytest.mark.parametrize(
+    "facts, expected",
+    [
+        (Facts(failed_tasks=5), (Rule.FAILED_TASKS_HIGH, "all")),
+        (Facts(provider_streaks={"sim": 3, "local": 0}), (Rule.PROVIDER_CONSECUTIVE_FAILURES, "sim")),
+        (Facts(queue_depth=10), (Rule.QUEUE_BACKLOG, "queued")),
+        (Facts(queue_depth=1, queue_oldest_age_s=600), (Rule.QUEUE_BACKLOG, "queued")),
+        (Facts(media_finished=4, media_failed=2), (Rule.MEDIA_FAILURE_RATE, "media")),
+        (Facts(disks={"/d": (99, 10_000)}), (Rule.STORAGE_CAPACITY_LOW, "/d")),
+        (Facts(disks={"/d": (9 * GiB, 100 * GiB)}), (Rule.STORAGE_CAPACITY_LOW, "/d")),
+    ],
+)
 def test_each_rule_fires_at_its_threshold(facts: Facts, expected: tuple[Rule, str]) -> None:
     assert rules(facts) == [expected]
 
@@ -58,14 +83,16 @@ def test_cost_against_the_previous_day() -> None:
     new = Spend("t4", "p4", last_hour=Decimal(1000), baseline_per_hour=Decimal(0))  # no history: no baseline
     found = evaluate(Facts(spend=[spike, steady, small, new]), CFG)
     assert [(f.rule, f.dedup_key, f.subject_type, f.subject_id) for f in found] == [
-        (Rule.COST_ANOMALY, "tenant:t1", "tenant", "t1")]
+        (Rule.COST_ANOMALY, "tenant:t1", "tenant", "t1")
+    ]
     assert "5 × its hourly mean" in found[0].message
 
 
 def test_cost_budget_covers_tenants_without_history() -> None:
     budget = CFG.model_copy(update={"cost_budget_per_hour": Decimal(100)})
-    found = evaluate(Facts(spend=[Spend("t4", "p4", Decimal(101), Decimal(0)),
-                                  Spend("t5", None, Decimal(100), Decimal(0))]), budget)
+    found = evaluate(
+        Facts(spend=[Spend("t4", "p4", Decimal(101), Decimal(0)), Spend("t5", None, Decimal(100), Decimal(0))]), budget
+    )
     assert [(f.dedup_key, f.subject_type) for f in found] == [("project:p4", "project")]
     assert "budget of 100" in found[0].message
 

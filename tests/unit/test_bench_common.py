@@ -94,31 +94,36 @@ def test_repetition_serializes_non_finite_numbers_as_null() -> None:
 
 
 def test_a_pgbench_script_costs_one_round_trip_per_command_and_one_per_pipeline() -> None:
-    script = "\n".join([
-        "-- comment; not a command",
-        "\\set idx :base + 1",
-        "BEGIN;",
-        "INSERT INTO t (a) VALUES (1)",
-        "  RETURNING a AS x \\gset",
-        "SELECT 'a;b', ';';",
-        "\\startpipeline",
-        "INSERT INTO t (a) VALUES (2);",
-        "INSERT INTO t (a) VALUES (3);",
-        "\\endpipeline",
-        "\\if :x > 0",
-        "UPDATE t SET a = a",
-        "  WHERE a = 'multi-line;",
-        "literal';",
-        "\\endif",
-        "COMMIT;",
-    ])
+    script = "\n".join(
+        [
+            "-- comment; not a command",
+            "\\set idx :base + 1",
+            "BEGIN;",
+            "INSERT INTO t (a) VALUES (1)",
+            "  RETURNING a AS x \\gset",
+            "SELECT 'a;b', ';';",
+            "\\startpipeline",
+            "INSERT INTO t (a) VALUES (2);",
+            "INSERT INTO t (a) VALUES (3);",
+            "\\endpipeline",
+            "\\if :x > 0",
+            "UPDATE t SET a = a",
+            "  WHERE a = 'multi-line;",
+            "literal';",
+            "\\endif",
+            "COMMIT;",
+        ]
+    )
     # BEGIN, INSERT … \gset, SELECT, the pipeline, UPDATE, COMMIT
     assert script_round_trips(script) == 6
 
 
 def test_json_output_has_no_nan_or_infinity() -> None:
     assert json_clean({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 2}}) == {
-        "a": None, "b": [1.0, None], "c": {"d": 2}}
+        "a": None,
+        "b": [1.0, None],
+        "c": {"d": 2},
+    }
 
 
 def test_quick_only_changes_options_left_at_their_default() -> None:

@@ -41,7 +41,8 @@ def test_the_pipeline_counts_match_the_documented_formula() -> None:
 def test_count_baseline_is_the_weighted_sum_and_nan_when_a_needed_step_is_missing() -> None:
     lat = {"commit": 0.5, "hop": 0.1, "http": 1.0, "s3": 3.0}
     assert count_baseline(lat, {"commit": 11, "hop": 4, "http": 4, "s3": 8}) == pytest.approx(
-        11 * 0.5 + 4 * 0.1 + 4 * 1.0 + 8 * 3.0)
+        11 * 0.5 + 4 * 0.1 + 4 * 1.0 + 8 * 3.0
+    )
     assert count_baseline(lat, {"commit": 2, "s3": 0}) == pytest.approx(1.0)
     assert math.isnan(count_baseline({"commit": 0.5}, {"commit": 1, "hop": 1}))
     assert count_baseline({"commit": 0.5}, {"commit": 1, "hop": 0}) == 0.5
@@ -107,15 +108,27 @@ def test_rate_search_goes_down_from_the_saturated_throughput() -> None:
 
 def test_sse_parser_yields_data_events_and_skips_comments() -> None:
     p = SseParser()
-    lines = [": ping", "", "id: 3", "event: status", 'data: {"status":"QUEUED","version":3}', "",
-             "id: 9", "data: {\"status\":", "data: \"SUCCEEDED\"}", ""]
+    lines = [
+        ": ping",
+        "",
+        "id: 3",
+        "event: status",
+        'data: {"status":"QUEUED","version":3}',
+        "",
+        "id: 9",
+        'data: {"status":',
+        'data: "SUCCEEDED"}',
+        "",
+    ]
     events = [e for e in (p.feed(line) for line in lines) if e is not None]
     assert events == [{"status": "QUEUED", "version": 3}, {"status": "SUCCEEDED"}]
 
 
 def test_redis_benchmark_csv_is_read() -> None:
-    out = ('"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms",'
-           '"max_latency_ms"\n"LPUSH bench:k xxxx","18867.92","0.047","0.016","0.031","0.095","0.535","1.295"\n')
+    out = (
+        '"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms",'
+        '"max_latency_ms"\n"LPUSH bench:k xxxx","18867.92","0.047","0.016","0.031","0.095","0.535","1.295"\n'
+    )
     r = parse_redis_csv(out)
     assert r["avg_latency_ms"] == 0.047 and r["rps"] == 18867.92 and "test" not in r
     with pytest.raises(BenchError):
@@ -125,8 +138,7 @@ def test_redis_benchmark_csv_is_read() -> None:
 def test_stages_sum_to_the_headline_overhead() -> None:
     t202 = 1000.0
     run = TaskRun(0, 0.0, "k", t_send=999.98, t_202=t202, task_id="t", terminal="SUCCEEDED", t_terminal=t202 + 1.5)
-    at = {"DISPATCHING": 0.25, "SUBMITTED": 0.35, "OUTPUT_FETCHING": 0.62, "POST_PROCESSING": 0.75,
-          "SUCCEEDED": 1.45}
+    at = {"DISPATCHING": 0.25, "SUBMITTED": 0.35, "OUTPUT_FETCHING": 0.62, "POST_PROCESSING": 0.75, "SUCCEEDED": 1.45}
     run.events = {k: (t202 + v, t202 + v + 0.01) for k, v in at.items()}
     m = task_metrics(run, {"callback_stored": t202 + 0.58}, 0.2, sim_created=t202 + 0.34)
     assert m["overhead_ms"] == pytest.approx(1300.0)

@@ -89,14 +89,22 @@ def create_params(i: int, began: datetime) -> dict[str, Any]:
     task_id = uuid.uuid4()
     now = began - timedelta(milliseconds=30)
     return {
-        "id": task_id, "tenant_id": TENANTS[i % 2], "key": f"own-key-{i}-end", "hash": bytes([i]) * 32,
-        "cost": Decimal("1.00000000"), "params": Jsonb({"prompt": "a fox:red 'x' \\ snow", "aspect_ratio": "16:9"}),
-        "deadline": now + timedelta(hours=1), "now": now,
-        "ev_ids": [uuid.uuid4() for _ in range(4)], "ev_types": ["created", "validation_started", "passed", "queued"],
-        "ev_from": [None, "CREATED", "VALIDATING", "RESERVED"], "ev_versions": [0, 1, 2, 3],
+        "id": task_id,
+        "tenant_id": TENANTS[i % 2],
+        "key": f"own-key-{i}-end",
+        "hash": bytes([i]) * 32,
+        "cost": Decimal("1.00000000"),
+        "params": Jsonb({"prompt": "a fox:red 'x' \\ snow", "aspect_ratio": "16:9"}),
+        "deadline": now + timedelta(hours=1),
+        "now": now,
+        "ev_ids": [uuid.uuid4() for _ in range(4)],
+        "ev_types": ["created", "validation_started", "passed", "queued"],
+        "ev_from": [None, "CREATED", "VALIDATING", "RESERVED"],
+        "ev_versions": [0, 1, 2, 3],
         "outbox_id": uuid.uuid4(),
-        "payload": Jsonb({"task_id": str(task_id), "deadline_at": (now + timedelta(hours=1)).isoformat(),
-                          "note": "key:value"}),
+        "payload": Jsonb(
+            {"task_id": str(task_id), "deadline_at": (now + timedelta(hours=1)).isoformat(), "note": "key:value"}
+        ),
     }
 
 
@@ -118,8 +126,12 @@ def test_a_pipelined_cte_is_one_pipeline_between_begin_and_commit(create_script:
     assert create_script.statements == 2 and create_script.transactions == 1
     assert create_script.round_trips == 3 and create_script.tx_round_trips == [3]  # BEGIN, the pipeline, COMMIT
     assert script_round_trips(create_script.text) == 3  # what the reports count for any script agrees
-    assert create_script.shape == [["SELECT set_config lock_timeout + WITH (INSERT tasks ON CONFLICT, UPDATE tenants, "
-                                    "INSERT events, INSERT outbox) SELECT task"]]
+    assert create_script.shape == [
+        [
+            "SELECT set_config lock_timeout + WITH (INSERT tasks ON CONFLICT, UPDATE tenants, "
+            "INSERT events, INSERT outbox) SELECT task"
+        ]
+    ]
     assert create_script.warnings == []
 
 
@@ -134,7 +146,8 @@ def test_every_placeholder_is_replaced_and_the_sql_around_it_kept(create_script:
 def test_cte_parameters_are_classified(create_script: Any) -> None:
     assert create_script.variables == {
         "generated id": 7,  # task id (twice: the column and inside the payload), 4 event ids, outbox id
-        "entity tenant": 1, "entity idempotency key": 1,  # per parameter, however often the SQL uses it
+        "entity tenant": 1,
+        "entity idempotency key": 1,  # per parameter, however often the SQL uses it
         "per-transaction digest (bytes)": 1,
         "timestamp (now() + offset)": 2,  # deadline, now
         "timestamp text (now() + offset)": 1,  # the deadline inside the JSON payload
@@ -151,7 +164,7 @@ def test_a_generated_id_is_one_variable_everywhere(create_script: Any) -> None:
     text = create_script.text
     task_var = "md5(:idx::text || '.0')"
     assert text.count(task_var) == 2  # the task id column and the payload's task_id
-    values = text[text.index("VALUES ("):]
+    values = text[text.index("VALUES (") :]
     assert values.startswith("VALUES (((lpad(to_hex(:tsn::bigint), 12, '0') || substr(" + task_var)
     assert "'{\"task_id\": \"' || ((lpad(to_hex(:tsn::bigint), 12, '0') || substr(" + task_var in text
     assert all(f"md5(:idx::text || '.{k}')" in text for k in range(6))  # task, 4 events, outbox
@@ -173,7 +186,7 @@ def test_json_with_quotes_colons_and_backslashes_is_pgbench_safe(create_script: 
     # a constant Jsonb with a backslash: psycopg's E'' literal, its colons split from the letter after them
     assert "(E'{\"prompt\": \"a fox:' || E'red ''x'' \\\\\\\\ snow\", \"aspect_ratio\": \"16:9\"}')::jsonb" in text
     # the varying payload: split around the id and the timestamp, the cast on the whole
-    assert "('{\"task_id\": \"' || ((lpad(" in text
+    assert '(\'{"task_id": "\' || ((lpad(' in text
     assert "|| '+00:00') || ('\", \"note\": \"key:' || 'value\"}'))::jsonb FROM task" in text
     for lit in re.findall(r"(?<![\w'])E?'(?:[^']|'')*'", text):
         assert not re.search(r":[A-Za-z_]", lit), lit  # nothing pgbench would read as a variable
@@ -190,30 +203,43 @@ def test_pipeline_batch_numbers_only_matter_by_grouping() -> None:
     assert create_op(2, batch=5).signature() == create_op(3, batch=9).signature()
     split = op(3, tx(Stmt(LOCK, None, False, 1), Stmt(CTE, create_params(3, T0), False, 2)))
     assert split.signature() != create_op(2, batch=1).signature()
-    sc = render_script(op(2, tx(Stmt(LOCK, None, False, 1), Stmt(CTE, create_params(2, T0), False, 2))), split,
-                       literal, ENTITIES, title="t")
+    sc = render_script(
+        op(2, tx(Stmt(LOCK, None, False, 1), Stmt(CTE, create_params(2, T0), False, 2))),
+        split,
+        literal,
+        ENTITIES,
+        title="t",
+    )
     assert body(sc.text).count("\\startpipeline") == 2 and sc.round_trips == 4
 
 
 def test_rollback_and_autocommit_transactions_are_not_replayed() -> None:
     def one(i: int) -> Operation:
-        return op(i, Tx(T0, [Stmt("SELECT 1", {}, False)], end="autocommit"),
-                  Tx(T0, [Stmt("DELETE FROM t", {}, False)], end="rollback"),
-                  tx(Stmt("UPDATE t SET a = %(a)s", {"a": 1}, False)))
+        return op(
+            i,
+            Tx(T0, [Stmt("SELECT 1", {}, False)], end="autocommit"),
+            Tx(T0, [Stmt("DELETE FROM t", {}, False)], end="rollback"),
+            tx(Stmt("UPDATE t SET a = %(a)s", {"a": 1}, False)),
+        )
+
     sc = render_script(one(2), one(3), literal, [], title="t")
     assert body(sc.text) == ["BEGIN;", "UPDATE t SET a = 1;", "COMMIT;"]
 
 
 # ------------------------------------------------------------------------------------------- statements
 def render_one(sql_a: str, pa: Any, pb: Any, many: bool = False, entities: Any = (), i: int = 2) -> Any:
-    return render_script(op(i, tx(Stmt(sql_a, pa, many))), op(i + 1, tx(Stmt(sql_a, pb, many))), literal,
-                         list(entities), title="t")
+    return render_script(
+        op(i, tx(Stmt(sql_a, pa, many))), op(i + 1, tx(Stmt(sql_a, pb, many))), literal, list(entities), title="t"
+    )
 
 
 def test_executemany_is_one_pipeline_one_round_trip() -> None:
-    sc = render_one("INSERT INTO e (id, v) VALUES (%(id)s, %(v)s)",
-                    [{"id": uuid.uuid4(), "v": k} for k in range(3)], [{"id": uuid.uuid4(), "v": k} for k in range(3)],
-                    many=True)
+    sc = render_one(
+        "INSERT INTO e (id, v) VALUES (%(id)s, %(v)s)",
+        [{"id": uuid.uuid4(), "v": k} for k in range(3)],
+        [{"id": uuid.uuid4(), "v": k} for k in range(3)],
+        many=True,
+    )
     lines = body(sc.text)
     assert lines[1] == "\\startpipeline" and lines[-2] == "\\endpipeline" and len(lines) == 7
     assert sc.round_trips == 3 and sc.statements == 3 and sc.shape == [["INSERT e ×3"]]
@@ -239,8 +265,11 @@ def test_a_negative_value_after_a_minus_does_not_become_a_comment() -> None:
 
 
 def test_quotes_colons_and_backslashes_in_text_parameters() -> None:
-    sc = render_one("SELECT %(a)s, %(b)s, %(c)s", {"a": "it's", "b": "wh:evt", "c": "a\\b:c"},
-                    {"a": "it's", "b": "wh:evt", "c": "a\\b:c"})
+    sc = render_one(
+        "SELECT %(a)s, %(b)s, %(c)s",
+        {"a": "it's", "b": "wh:evt", "c": "a\\b:c"},
+        {"a": "it's", "b": "wh:evt", "c": "a\\b:c"},
+    )
     assert body(sc.text)[1] == "SELECT 'it''s', ('wh:' || 'evt'), (E'a\\\\b:' || E'c');"
 
 
@@ -250,11 +279,19 @@ def classify(a: Any, b: Any, entities: Any = (), ia: int = 2, ib: int = 3) -> tu
     return r.value(a, b, _Side(ia, T0), _Side(ib, T0 + timedelta(seconds=1)), "p"), r
 
 
-@pytest.mark.parametrize(("a", "b", "expected"), [
-    (5, 5, "5"), ("x", "x", "'x'"), (None, None, "NULL"), (True, True, "true"),
-    (Decimal("1.50"), Decimal("1.50"), "1.50"), (b"\x01", b"\x01", literal(b"\x01")),
-    ([1, 2], [1, 2], "'{1,2}'::int2[]"), (Jsonb({"a": 1}), Jsonb({"a": 1}), "'{\"a\": 1}'::jsonb"),
-])
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        (5, 5, "5"),
+        ("x", "x", "'x'"),
+        (None, None, "NULL"),
+        (True, True, "true"),
+        (Decimal("1.50"), Decimal("1.50"), "1.50"),
+        (b"\x01", b"\x01", literal(b"\x01")),
+        ([1, 2], [1, 2], "'{1,2}'::int2[]"),
+        (Jsonb({"a": 1}), Jsonb({"a": 1}), "'{\"a\": 1}'::jsonb"),
+    ],
+)
 def test_equal_in_both_captures_is_the_literal_psycopg_sends(a: Any, b: Any, expected: str) -> None:
     expr, r = classify(a, b)
     assert expr == expected and not r.warnings
@@ -319,20 +356,23 @@ def test_json_that_varies_is_split_around_ids_and_timestamps() -> None:
     b = Jsonb({"id": str(u2), "at": (T0 + timedelta(seconds=1)).isoformat(), "q": "it's"})
     expr, r = classify(a, b)
     assert not r.warnings
-    assert expr.startswith("('{\"id\": \"' || ((lpad(") and expr.endswith(" || '\", \"q\": \"it''s\"}')::jsonb")
+    assert expr.startswith('(\'{"id": "\' || ((lpad(') and expr.endswith(' || \'", "q": "it\'\'s"}\')::jsonb')
     assert "to_char((now() + '0.000000 seconds'::interval) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US')" in expr
 
 
 # ------------------------------------------------------------------------------------------- pgbench_safe
-@pytest.mark.parametrize(("src", "out"), [
-    ("SELECT 'wh:evt'", "SELECT ('wh:' || 'evt')"),
-    ("SELECT 'a:b:c'::text", "SELECT ('a:' || 'b:' || 'c')::text"),
-    ("SELECT 'x::y'", "SELECT ('x::' || 'y')"),
-    ("SELECT '12:30', ':', 'a:1'", "SELECT '12:30', ':', 'a:1'"),
-    ("SELECT 'it''s:x'", "SELECT ('it''s:' || 'x')"),
-    ("SELECT E'a\\\\b:c\\'d'", "SELECT (E'a\\\\b:' || E'c\\'d')"),
-    ("SELECT x::text, :idx, a::int[]", "SELECT x::text, :idx, a::int[]"),
-])
+@pytest.mark.parametrize(
+    ("src", "out"),
+    [
+        ("SELECT 'wh:evt'", "SELECT ('wh:' || 'evt')"),
+        ("SELECT 'a:b:c'::text", "SELECT ('a:' || 'b:' || 'c')::text"),
+        ("SELECT 'x::y'", "SELECT ('x::' || 'y')"),
+        ("SELECT '12:30', ':', 'a:1'", "SELECT '12:30', ':', 'a:1'"),
+        ("SELECT 'it''s:x'", "SELECT ('it''s:' || 'x')"),
+        ("SELECT E'a\\\\b:c\\'d'", "SELECT (E'a\\\\b:' || E'c\\'d')"),
+        ("SELECT x::text, :idx, a::int[]", "SELECT x::text, :idx, a::int[]"),
+    ],
+)
 def test_pgbench_safe(src: str, out: str) -> None:
     assert pgbench_safe(src, ALLOWED) == out
 
@@ -382,12 +422,18 @@ B\t5\tReadyForQuery\t I
 
 def test_a_pipeline_with_a_fetch_inside_costs_a_flush_wait_and_a_sync_wait() -> None:
     lines = PIPELINE_TRACE.splitlines()
-    prepared = {"_pg3_0": LOCK, "_pg3_1": "WITH task AS (INSERT INTO tasks (a) VALUES ($1) RETURNING *) "
-                                           "SELECT task.a FROM task"}
+    prepared = {
+        "_pg3_0": LOCK,
+        "_pg3_1": "WITH task AS (INSERT INTO tasks (a) VALUES ($1) RETURNING *) SELECT task.a FROM task",
+    }
     assert trace_waits(lines, dict(prepared)) == [["BEGIN"], [LOCK, prepared["_pg3_1"]], [], ["COMMIT"]]
     labels = [sql_label(c) for c in parse_trace(lines, dict(prepared))]
-    assert labels == ["BEGIN", "SELECT set_config lock_timeout + WITH (INSERT tasks) SELECT task", PIPELINE_SYNC,
-                      "COMMIT"]
+    assert labels == [
+        "BEGIN",
+        "SELECT set_config lock_timeout + WITH (INSERT tasks) SELECT task",
+        PIPELINE_SYNC,
+        "COMMIT",
+    ]
     assert ready_for_query(lines) == 3  # what counting ReadyForQuery alone would have said
     assert [len(s) for s in committed_segments(labels)] == [4]
 
@@ -417,20 +463,34 @@ def test_unknown_prepared_statements_keep_their_name() -> None:
     assert parse_trace(trace.splitlines(), {}) == ["prepared _pg3_9"]
 
 
-@pytest.mark.parametrize(("sql_text", "label"), [
-    (LOCK, "SELECT set_config lock_timeout"),
-    ("WITH a AS (SELECT 1 FROM x) SELECT * FROM a", "WITH … SELECT a"),
-    ("WITH a AS (UPDATE t SET v = ')' RETURNING id), b AS MATERIALIZED (DELETE FROM u RETURNING 1) "
-     "INSERT INTO log SELECT id FROM a", "WITH (UPDATE t, DELETE u) INSERT log"),
-    ("SELECT (SELECT count(*) FROM b) AS n, a.x FROM a WHERE a.y IN (SELECT y FROM c)", "SELECT a"),
-    (f"BEGIN{FLIGHT_SEP}SELECT 1 FROM t", "BEGIN + SELECT t"),
-    (PIPELINE_SYNC, PIPELINE_SYNC),
-])
+@pytest.mark.parametrize(
+    ("sql_text", "label"),
+    [
+        (LOCK, "SELECT set_config lock_timeout"),
+        ("WITH a AS (SELECT 1 FROM x) SELECT * FROM a", "WITH … SELECT a"),
+        (
+            "WITH a AS (UPDATE t SET v = ')' RETURNING id), b AS MATERIALIZED (DELETE FROM u RETURNING 1) "
+            "INSERT INTO log SELECT id FROM a",
+            "WITH (UPDATE t, DELETE u) INSERT log",
+        ),
+        ("SELECT (SELECT count(*) FROM b) AS n, a.x FROM a WHERE a.y IN (SELECT y FROM c)", "SELECT a"),
+        (f"BEGIN{FLIGHT_SEP}SELECT 1 FROM t", "BEGIN + SELECT t"),
+        (PIPELINE_SYNC, PIPELINE_SYNC),
+    ],
+)
 def test_sql_label(sql_text: str, label: str) -> None:
     assert sql_label(sql_text) == label
 
 
 def test_committed_segments_with_pipelined_labels() -> None:
-    seq = ["SELECT api_keys", "BEGIN", "SELECT set_config lock_timeout + WITH (INSERT t) SELECT t", PIPELINE_SYNC,
-           "COMMIT", "BEGIN + SELECT x", "ROLLBACK", "BEGIN + UPDATE y + COMMIT"]
+    seq = [
+        "SELECT api_keys",
+        "BEGIN",
+        "SELECT set_config lock_timeout + WITH (INSERT t) SELECT t",
+        PIPELINE_SYNC,
+        "COMMIT",
+        "BEGIN + SELECT x",
+        "ROLLBACK",
+        "BEGIN + UPDATE y + COMMIT",
+    ]
     assert committed_segments(seq) == [seq[1:5], ["BEGIN + UPDATE y + COMMIT"]]

@@ -17,7 +17,8 @@ def test_every_task_gets_one_running_then_one_succeeded_at_least_lag_apart(n_tas
     items = build_stream(n_tasks, lag=lag, dup_fraction=0.05, rng=random.Random(1))
     originals = [(i, it) for i, it in enumerate(items) if not it.dup]
     assert Counter((it.task, it.phase) for _, it in originals) == {
-        (t, p): 1 for t in range(n_tasks) for p in (RUNNING, SUCCEEDED)}
+        (t, p): 1 for t in range(n_tasks) for p in (RUNNING, SUCCEEDED)
+    }
     pos = {(it.task, it.phase): i for i, it in originals}
     gaps = [pos[(t, SUCCEEDED)] - pos[(t, RUNNING)] for t in range(n_tasks)]
     assert min(gaps) >= min(lag, n_tasks)
@@ -27,8 +28,13 @@ def test_every_task_gets_one_running_then_one_succeeded_at_least_lag_apart(n_tas
 def test_duplicates_are_five_percent_later_redeliveries_and_never_the_last_delivery() -> None:
     items = build_stream(1000, lag=200, dup_fraction=0.05, rng=random.Random(7))
     stats = stream_stats(items)
-    assert stats == {"deliveries": 2100, "distinct": 2000, "duplicates": 100, "tasks": 1000,
-                     "min_running_to_succeeded": stats["min_running_to_succeeded"]}
+    assert stats == {
+        "deliveries": 2100,
+        "distinct": 2000,
+        "duplicates": 100,
+        "tasks": 1000,
+        "min_running_to_succeeded": stats["min_running_to_succeeded"],
+    }
     first = {}
     for i, it in enumerate(items):
         key = (it.task, it.phase)
@@ -76,14 +82,19 @@ def test_trace_parser_counts_one_round_trip_per_ready_for_query_and_labels_prepa
     assert "_pg3_0" in prepared
 
 
-@pytest.mark.parametrize(("sql", "label"), [
-    ("INSERT INTO inbox_dedup (a) VALUES ($1) ON CONFLICT (a) DO NOTHING RETURNING a",
-     "INSERT inbox_dedup ON CONFLICT"),
-    ("SELECT g.id FROM generation_tasks AS g WHERE g.id = $1 FOR UPDATE", "SELECT generation_tasks FOR UPDATE"),
-    ("UPDATE task_attempts SET x=$1", "UPDATE task_attempts"),
-    ("SELECT pg_notify($1, '')", "SELECT pg_notify"),
-    (";", "pre-ping (empty query)"),
-    ("ROLLBACK", "ROLLBACK"),
-])
+@pytest.mark.parametrize(
+    ("sql", "label"),
+    [
+        (
+            "INSERT INTO inbox_dedup (a) VALUES ($1) ON CONFLICT (a) DO NOTHING RETURNING a",
+            "INSERT inbox_dedup ON CONFLICT",
+        ),
+        ("SELECT g.id FROM generation_tasks AS g WHERE g.id = $1 FOR UPDATE", "SELECT generation_tasks FOR UPDATE"),
+        ("UPDATE task_attempts SET x=$1", "UPDATE task_attempts"),
+        ("SELECT pg_notify($1, '')", "SELECT pg_notify"),
+        (";", "pre-ping (empty query)"),
+        ("ROLLBACK", "ROLLBACK"),
+    ],
+)
 def test_sql_label(sql: str, label: str) -> None:
     assert sql_label(sql) == label

@@ -95,7 +95,10 @@ def test_stragglers_during_the_cooldown_are_ignored() -> None:
 
 def test_only_provider_health_failures_count() -> None:
     assert {e for e in ErrorClass if counts_as_failure(e)} == {
-        ErrorClass.PROVIDER_5XX_NOT_ACCEPTED, ErrorClass.CONNECT_FAILED, ErrorClass.SUBMIT_AMBIGUOUS}
+        ErrorClass.PROVIDER_5XX_NOT_ACCEPTED,
+        ErrorClass.CONNECT_FAILED,
+        ErrorClass.SUBMIT_AMBIGUOUS,
+    }
     assert not counts_as_failure(ErrorClass.PROVIDER_RATE_LIMITED)  # throttling, see throttle.py
     assert not counts_as_failure(ErrorClass.PROVIDER_REJECTED)  # a refused prompt is a healthy provider
 

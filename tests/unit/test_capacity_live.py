@@ -21,9 +21,18 @@ from aivedio_engine.domain.capacity_live import (
 )
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("90s", 90), ("15m", 900), ("1h", 3600), ("2d", 172_800), ("30", 30), ("1.5h", 5400), (" 10m ", 600),
-])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90s", 90),
+        ("15m", 900),
+        ("1h", 3600),
+        ("2d", 172_800),
+        ("30", 30),
+        ("1.5h", 5400),
+        (" 10m ", 600),
+    ],
+)
 def test_windows_parse_to_seconds(text: str, seconds: float) -> None:
     assert parse_window(text) == seconds
 
@@ -78,8 +87,10 @@ def test_a_full_pool_is_saturated_now_even_when_the_rates_are_unknown() -> None:
 
 def test_growth_always_agrees_with_the_models_queue_growth() -> None:
     for lam, w, c in [(3, 180, 400), (0.5, 6, 2), (10, 45, 300), (1.001, 1, 1), (0.3, 7, 2)]:
-        assert saturation(lam, w, c, 0).queue_growth_per_min == \
-            estimate(CapacityInputs(lam, w, provider_slots=c)).queue_growth_per_min
+        assert (
+            saturation(lam, w, c, 0).queue_growth_per_min
+            == estimate(CapacityInputs(lam, w, provider_slots=c)).queue_growth_per_min
+        )
 
 
 def test_platform_slots_are_the_providers_sum_capped_by_the_platform_limit() -> None:
@@ -88,8 +99,16 @@ def test_platform_slots_are_the_providers_sum_capped_by_the_platform_limit() -> 
 
 
 def test_measurements_become_model_inputs_and_unmeasured_ones_are_named() -> None:
-    m = Measured(window_s=100, arrivals=50, provider_seconds=20, provider_samples=30, finished=40, succeeded=30,
-                 in_flight=9, backlog=3)
+    m = Measured(
+        window_s=100,
+        arrivals=50,
+        provider_seconds=20,
+        provider_samples=30,
+        finished=40,
+        succeeded=30,
+        in_flight=9,
+        backlog=3,
+    )
     inputs, assumed, why = live_inputs(m, 12, poll_interval=5, target_utilization=0.5)
 
     assert why is None and inputs is not None
@@ -98,8 +117,16 @@ def test_measurements_become_model_inputs_and_unmeasured_ones_are_named() -> Non
     assert assumed == ("output_mb", "media_seconds", "transitions_per_task")
     assert (inputs.output_mb, inputs.media_seconds, inputs.transitions_per_task) == (60.0, 45.0, 14.0)
 
-    full = Measured(window_s=10, arrivals=1, provider_seconds=5, finished=2, succeeded=1, output_bytes=3_000_000,
-                    media_seconds=2, transitions_per_task=9)
+    full = Measured(
+        window_s=10,
+        arrivals=1,
+        provider_seconds=5,
+        finished=2,
+        succeeded=1,
+        output_bytes=3_000_000,
+        media_seconds=2,
+        transitions_per_task=9,
+    )
     inputs, assumed, _ = live_inputs(full, 1, poll_interval=5)
     assert assumed == () and (inputs.output_mb, inputs.media_seconds, inputs.success_rate) == (3.0, 2, 0.5)
 
@@ -112,8 +139,10 @@ def test_no_estimate_without_arrivals_or_a_measured_provider_time() -> None:
 
 def test_assess_reports_every_configured_and_every_busy_provider() -> None:
     total = Measured(window_s=60, arrivals=90, provider_seconds=6, finished=10, succeeded=10, in_flight=4, backlog=20)
-    per = {"sim": Measured(window_s=60, arrivals=60, provider_seconds=6, in_flight=2, backlog=20),
-           "gone": Measured(window_s=60, in_flight=2)}  # still has jobs, no longer configured
+    per = {
+        "sim": Measured(window_s=60, arrivals=60, provider_seconds=6, in_flight=2, backlog=20),
+        "gone": Measured(window_s=60, in_flight=2),
+    }  # still has jobs, no longer configured
     report = assess(total, SlotLimits({"sim": 2, "local": 4}, platform=64), poll_interval=5, per_provider=per)
 
     assert list(report.providers) == ["gone", "local", "sim"]
@@ -125,13 +154,22 @@ def test_assess_reports_every_configured_and_every_busy_provider() -> None:
     sim_growth, platform_growth = report.providers["sim"].queue_growth_per_min, report.platform.queue_growth_per_min
     assert pressure_warnings(report) == [
         f"sim: saturated now (2/2 slots in use); the queue grows by {sim_growth:g} tasks/min",
-        (f"platform: slots saturate in {fmt_duration(report.platform.time_to_saturation_s)} at the measured rates"
-         f" (4/6 slots in use); the queue then grows by {platform_growth:g} tasks/min"),
+        (
+            f"platform: slots saturate in {fmt_duration(report.platform.time_to_saturation_s)} at the measured rates"
+            f" (4/6 slots in use); the queue then grows by {platform_growth:g} tasks/min"
+        ),
     ]
 
 
-@pytest.mark.parametrize(("seconds", "text"), [
-    (None, "never"), (0, "now"), (42.4, "42s"), (725, "12m 5s"), (12_000, "3h 20m"),
-])
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "never"),
+        (0, "now"),
+        (42.4, "42s"),
+        (725, "12m 5s"),
+        (12_000, "3h 20m"),
+    ],
+)
 def test_durations_read_like_an_operator_says_them(seconds: float | None, text: str) -> None:
     assert fmt_duration(seconds) == text

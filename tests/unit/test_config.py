@@ -114,8 +114,9 @@ def test_show_masks_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_set_option_overrides_and_rejects_garbage(tmp_path: Path) -> None:
     shutil.copy(REPO / "aivedio.toml", "aivedio.toml")
-    result = runner.invoke(app, ["--set", "api.port=9100", "--set", "retry.submit.max_attempts=5",
-                                 "config", "show", "--json"])
+    result = runner.invoke(
+        app, ["--set", "api.port=9100", "--set", "retry.submit.max_attempts=5", "config", "show", "--json"]
+    )
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["api"]["port"] == 9100 and data["retry"]["submit"]["max_attempts"] == 5

@@ -27,8 +27,11 @@ class _Client:
 
 class _HistoryClient(_Client):
     def changes(self, task_id: str, after_version: int) -> list[Snapshot]:
-        return [Snapshot(task_id, s, v, 100 if s == "SUCCEEDED" else 0)
-                for v, s in enumerate(PATH, start=4) if v > after_version]
+        return [
+            Snapshot(task_id, s, v, 100 if s == "SUCCEEDED" else 0)
+            for v, s in enumerate(PATH, start=4)
+            if v > after_version
+        ]
 
 
 class _Stop(threading.Event):
@@ -38,8 +41,9 @@ class _Stop(threading.Event):
 
 def test_history_client_reports_every_transition_once() -> None:
     seen: list[str] = []
-    final = follow(_HistoryClient(), Snapshot("t", "QUEUED", 4, 0), lambda s: seen.append(s.status),
-                   timeout_s=5, stop=_Stop())
+    final = follow(
+        _HistoryClient(), Snapshot("t", "QUEUED", 4, 0), lambda s: seen.append(s.status), timeout_s=5, stop=_Stop()
+    )
     assert seen == PATH and final.status == "SUCCEEDED"
 
 
@@ -50,8 +54,9 @@ def test_polling_client_reports_what_it_sees() -> None:
     assert seen == ["QUEUED", "SUCCEEDED"] and client.polls == 1
 
 
-@pytest.mark.parametrize("line", ['{"prompt": "a fox"', '{"prompt": "a fox", "seed": ' + "1" * 5000 + "}"],
-                         ids=["truncated", "huge-integer"])
+@pytest.mark.parametrize(
+    "line", ['{"prompt": "a fox"', '{"prompt": "a fox", "seed": ' + "1" * 5000 + "}"], ids=["truncated", "huge-integer"]
+)
 def test_a_line_that_is_not_json_is_a_client_error(tmp_path: Path, line: str) -> None:
     batch = tmp_path / "batch.jsonl"
     batch.write_text('{"prompt": "a cat"}\n' + line + "\n", encoding="utf-8")

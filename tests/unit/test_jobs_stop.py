@@ -54,8 +54,9 @@ def test_follow_returns_the_unfinished_task_once_stopped() -> None:
     flag = StopFlag(poll_s=0.01)
     threading.Timer(0.1, flag.set).start()
     started = time.monotonic()
-    snap = follow(_NeverFinishes(), Snapshot("t", "QUEUED", 1, 0), lambda s: None, timeout_s=60,
-                  interval_s=0.05, stop=flag)
+    snap = follow(
+        _NeverFinishes(), Snapshot("t", "QUEUED", 1, 0), lambda s: None, timeout_s=60, interval_s=0.05, stop=flag
+    )
     assert snap.status == "RUNNING" and not snap.finished and time.monotonic() - started < 5
 
 
@@ -64,8 +65,7 @@ def test_a_stopped_batch_submits_nothing_more_and_reports_the_rest_as_interrupte
     client = _NeverFinishes(stop_after_creates=2, stop=flag)
     specs = [JobSpec(f"p{i}", idempotency_key=f"k{i}", line=i) for i in range(6)]
     ended: list[BatchResult] = []
-    results = run_batch(client, specs, concurrency=2, timeout_s=60, on_result=ended.append, stop=flag,
-                        interval_s=0.05)
+    results = run_batch(client, specs, concurrency=2, timeout_s=60, on_result=ended.append, stop=flag, interval_s=0.05)
     assert len(client.created) == 2  # the two in flight when Ctrl-C came; nothing after it
     assert [r.interrupted for r in results] == [True] * 6
     assert [r.snapshot is not None for r in results] == [True, True, False, False, False, False]

@@ -42,7 +42,8 @@ def test_jitter_spreads_jobs_submitted_together() -> None:
 def test_reconcile_schedule_10s_60s_5min_then_park() -> None:
     p = ReconcilePolicy()
     step = lambda now, n, last=None, nf=None: reconcile_step(  # noqa: E731
-        p, sent_at=T0, now=now, lookups_done=n, last_lookup_at=last, last_not_found_at=nf)
+        p, sent_at=T0, now=now, lookups_done=n, last_lookup_at=last, last_not_found_at=nf
+    )
     assert step(T0 + 5 * S, 0) == (LookupVerdict.WAIT, T0 + 10 * S)
     assert step(T0 + 10 * S, 0) == (LookupVerdict.LOOK_UP, None)
     # an early "not found" (inside the visibility lag) does not count as "not created"

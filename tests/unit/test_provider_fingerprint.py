@@ -11,11 +11,18 @@ from aivedio_engine.db.attempts import fingerprint as attempt_fingerprint
 from aivedio_engine.domain.requests import Catalog, ModelSpec, normalize
 from aivedio_engine.providers.fingerprint import FIELDS, echoed_fingerprint, request_fingerprint
 
-ECHO = {"prompt": "a red fox in snow", "model": "sim-v1", "duration_s": 5, "resolution": "720p",
-        "aspect_ratio": "16:9", "seed": 7}
+ECHO = {
+    "prompt": "a red fox in snow",
+    "model": "sim-v1",
+    "duration_s": 5,
+    "resolution": "720p",
+    "aspect_ratio": "16:9",
+    "seed": 7,
+}
 PRICES = {"720p": Decimal(1), "1080p": Decimal(2)}
-CATALOG = Catalog(models=(ModelSpec("sim", "sim-v1", 10, ("720p", "1080p"), PRICES),), default_provider="sim",
-                  default_deadline_s=3600)
+CATALOG = Catalog(
+    models=(ModelSpec("sim", "sim-v1", 10, ("720p", "1080p"), PRICES),), default_provider="sim", default_deadline_s=3600
+)
 
 
 def test_stable_across_key_order() -> None:
@@ -26,15 +33,31 @@ def test_stable_across_key_order() -> None:
 
 
 def test_only_the_vendor_visible_fields_count() -> None:
-    ours = {**ECHO, "priority": 50, "deadline_s": 600, "provider": "sim", "asset_ids": [],
-            "callback_url": "https://x/cb", "request_key": "avd-1"}
+    ours = {
+        **ECHO,
+        "priority": 50,
+        "deadline_s": 600,
+        "provider": "sim",
+        "asset_ids": [],
+        "callback_url": "https://x/cb",
+        "request_key": "avd-1",
+    }
     assert request_fingerprint(ours) == request_fingerprint(ECHO)
     assert FIELDS == ("prompt", "model", "duration_s", "resolution", "aspect_ratio", "seed")
 
 
-@pytest.mark.parametrize("field,value", [("prompt", "a red fox in rain"), ("model", "sim-v2"), ("duration_s", 6),
-                                         ("resolution", "1080p"), ("aspect_ratio", "9:16"), ("seed", 8),
-                                         ("seed", None)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("prompt", "a red fox in rain"),
+        ("model", "sim-v2"),
+        ("duration_s", 6),
+        ("resolution", "1080p"),
+        ("aspect_ratio", "9:16"),
+        ("seed", 8),
+        ("seed", None),
+    ],
+)
 def test_every_field_changes_it(field: str, value: Any) -> None:
     assert request_fingerprint({**ECHO, field: value}) != request_fingerprint(ECHO)
 
@@ -49,8 +72,9 @@ def test_harmless_respellings_still_match() -> None:
 
 
 def test_attempt_fingerprint_of_normalised_params_equals_the_echo_of_what_is_sent() -> None:
-    params = normalize({"prompt": "  a red fox in snow ", "model": "sim-v1", "duration_s": 5, "seed": 7,
-                        "priority": 3}, CATALOG).canonical()
+    params = normalize(
+        {"prompt": "  a red fox in snow ", "model": "sim-v1", "duration_s": 5, "seed": 7, "priority": 3}, CATALOG
+    ).canonical()
     assert attempt_fingerprint(params) == request_fingerprint(ECHO) == echoed_fingerprint(ECHO)
     no_seed = normalize({"prompt": "a red fox in snow", "model": "sim-v1", "duration_s": 5}, CATALOG).canonical()
     echo = {k: v for k, v in ECHO.items() if k != "seed"}  # a vendor leaves an unset seed out

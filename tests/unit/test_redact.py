@@ -23,24 +23,33 @@ PROMPT = "a red fox running through snow"
 r = Redactor(["sk-live-vendor-key-0123", "short"])
 
 
-@pytest.mark.parametrize("text, gone, kept", [
-    (f"auth failed for {KEY}", KEY, "avk_" + REDACTED),
-    (f"secret={WHSEC}", WHSEC, "whsec_" + REDACTED),
-    ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop", "Authorization: "),
-    ("{'authorization': 'Bearer abcdefghijkl', 'x': 1}", "abcdefghijkl", "'x': 1"),
-    ("call with token Bearer eyJhbGciOi.payload.sig", "eyJhbGciOi", "Bearer " + REDACTED),
-    ("GET /v1/objects/t/a.mp4?expires=1700000000&sig=AbC_dEf-123 HTTP/1.1", "AbC_dEf-123",
-     "/v1/objects/t/a.mp4?<redacted> HTTP/1.1"),
-    ("https://b.s3.amazonaws.com/k.mp4?X-Amz-Algorithm=AWS4&X-Amz-Credential=AKIA%2F2024&X-Amz-Signature=deadbeef",
-     "deadbeef", "https://b.s3.amazonaws.com/k.mp4?<redacted>"),
-    ("'url': 'http://127.0.0.1:9/outputs/j.mp4?expires=1&sig=zz9'}", "zz9", "/outputs/j.mp4?<redacted>'}"),
-    ("verify(sig='QmFzZTY0U2ln', expires=1)", "QmFzZTY0U2ln", "sig='<redacted>'"),
-    ("postgresql+psycopg://aivedio:hunter22@db:5432/x", "hunter22", "://aivedio:<redacted>@db:5432/x"),
-    ("vendor said: invalid key sk-live-vendor-key-0123", "sk-live-vendor-key-0123", "invalid key " + REDACTED),
-    (f'{{"prompt": "{PROMPT}", "model": "m"}}', PROMPT, '"prompt": "<redacted:30 chars>", "model": "m"'),
-    (f"SubmitRequest(prompt='{PROMPT}', model='m')", PROMPT, "prompt='<redacted:30 chars>', model='m'"),
-    ("GET /v1/generations?prompt=a%20red%20fox&limit=2", "a%20red%20fox", "prompt=<redacted:13 chars>&limit=2"),
-])
+@pytest.mark.parametrize(
+    "text, gone, kept",
+    [
+        (f"auth failed for {KEY}", KEY, "avk_" + REDACTED),
+        (f"secret={WHSEC}", WHSEC, "whsec_" + REDACTED),
+        ("Authorization: Bearer abcdefghijklmnop", "abcdefghijklmnop", "Authorization: "),
+        ("{'authorization': 'Bearer abcdefghijkl', 'x': 1}", "abcdefghijkl", "'x': 1"),
+        ("call with token Bearer eyJhbGciOi.payload.sig", "eyJhbGciOi", "Bearer " + REDACTED),
+        (
+            "GET /v1/objects/t/a.mp4?expires=1700000000&sig=AbC_dEf-123 HTTP/1.1",
+            "AbC_dEf-123",
+            "/v1/objects/t/a.mp4?<redacted> HTTP/1.1",
+        ),
+        (
+            "https://b.s3.amazonaws.com/k.mp4?X-Amz-Algorithm=AWS4&X-Amz-Credential=AKIA%2F2024&X-Amz-Signature=deadbeef",
+            "deadbeef",
+            "https://b.s3.amazonaws.com/k.mp4?<redacted>",
+        ),
+        ("'url': 'http://127.0.0.1:9/outputs/j.mp4?expires=1&sig=zz9'}", "zz9", "/outputs/j.mp4?<redacted>'}"),
+        ("verify(sig='QmFzZTY0U2ln', expires=1)", "QmFzZTY0U2ln", "sig='<redacted>'"),
+        ("postgresql+psycopg://aivedio:hunter22@db:5432/x", "hunter22", "://aivedio:<redacted>@db:5432/x"),
+        ("vendor said: invalid key sk-live-vendor-key-0123", "sk-live-vendor-key-0123", "invalid key " + REDACTED),
+        (f'{{"prompt": "{PROMPT}", "model": "m"}}', PROMPT, '"prompt": "<redacted:30 chars>", "model": "m"'),
+        (f"SubmitRequest(prompt='{PROMPT}', model='m')", PROMPT, "prompt='<redacted:30 chars>', model='m'"),
+        ("GET /v1/generations?prompt=a%20red%20fox&limit=2", "a%20red%20fox", "prompt=<redacted:13 chars>&limit=2"),
+    ],
+)
 def test_text_masks_each_kind_and_keeps_the_context(text: str, gone: str, kept: str) -> None:
     masked = r.text(text)
     assert gone not in masked
@@ -48,13 +57,16 @@ def test_text_masks_each_kind_and_keeps_the_context(text: str, gone: str, kept: 
     assert r.text(masked) == masked  # masking twice (logger filter, then handler filter) changes nothing
 
 
-@pytest.mark.parametrize("text", [
-    "GET /v1/generations?limit=10&cursor=abc HTTP/1.1",  # a query without credentials is useful, and kept
-    "what? nothing to see here",
-    "the short literal stays: short",  # configured values shorter than 6 characters would mask ordinary words
-    "review_prompt_terms = ['x']",
-    "Basic facts about tokens",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "GET /v1/generations?limit=10&cursor=abc HTTP/1.1",  # a query without credentials is useful, and kept
+        "what? nothing to see here",
+        "the short literal stays: short",  # configured values shorter than 6 characters would mask ordinary words
+        "review_prompt_terms = ['x']",
+        "Basic facts about tokens",
+    ],
+)
 def test_text_leaves_harmless_text_alone(text: str) -> None:
     assert r.text(text) == text
 
@@ -85,12 +97,20 @@ def test_values_are_masked_by_key_recursively() -> None:
 
 
 def test_filter_masks_a_library_record_in_place() -> None:
-    record = logging.LogRecord("dramatiq.worker.WorkerThread", logging.WARNING, __file__, 1,
-                               "Failed to process message %s", ("fetch({'url': 'http://h/o.mp4?sig=abc123'})",), None)
+    record = logging.LogRecord(
+        "dramatiq.worker.WorkerThread",
+        logging.WARNING,
+        __file__,
+        1,
+        "Failed to process message %s",
+        ("fetch({'url': 'http://h/o.mp4?sig=abc123'})",),
+        None,
+    )
     try:
         raise ValueError(f"upstream refused {KEY}")
     except ValueError:
         import sys
+
         record.exc_info = sys.exc_info()
     assert RedactingFilter(r).filter(record) is True
     assert "abc123" not in record.getMessage() and "o.mp4?<redacted>" in record.getMessage()
@@ -103,8 +123,10 @@ def restore_logging() -> Iterator[None]:
     """configure_logging changes process-wide state; put it back for the other tests."""
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
-    named = {n: (logging.getLogger(n).filters[:], logging.getLogger(n).level)
-             for n in ("uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore")}
+    named = {
+        n: (logging.getLogger(n).filters[:], logging.getLogger(n).level)
+        for n in ("uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore")
+    }
     saved_filters = {id(h): h.filters[:] for h in root.handlers}
     yield
     for h in root.handlers[:]:
@@ -124,20 +146,29 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
 
 
 def test_json_lines_carry_bound_ids_and_are_masked(restore_logging: None) -> None:
-    settings = load_settings(None, {"logging": {"format": "json", "level": "DEBUG"},
-                                    "providers": {"local": {"api_key": "sk-live-vendor-key-0123"}}})
+    settings = load_settings(
+        None,
+        {
+            "logging": {"format": "json", "level": "DEBUG"},
+            "providers": {"local": {"api_key": "sk-live-vendor-key-0123"}},
+        },
+    )
     out = io.StringIO()
     configure_logging(settings, stream=out)
-    envelope = SimpleNamespace(aggregate_id="T-1", trace_id="R-1",
-                               payload={"task_id": "T-1", "attempt_id": "A-1", "prompt": PROMPT})
+    envelope = SimpleNamespace(
+        aggregate_id="T-1", trace_id="R-1", payload={"task_id": "T-1", "attempt_id": "A-1", "prompt": PROMPT}
+    )
     with task_context(envelope):
         logging.getLogger("aivedio.test").info("fetching %s", "http://h/o.mp4?expires=1&sig=s3cr3t")
         structlog.get_logger("aivedio.test").info("submitting", prompt=PROMPT, api_key="sk-live-vendor-key-0123")
     logging.getLogger("aivedio.test").info("outside")
     first, second, third = _json_lines(out.getvalue())
     assert first["event"] == "fetching http://h/o.mp4?<redacted>"
-    assert {k: first[k] for k in ("trace_id", "task_id", "attempt_id")} == {"trace_id": "R-1", "task_id": "T-1",
-                                                                            "attempt_id": "A-1"}
+    assert {k: first[k] for k in ("trace_id", "task_id", "attempt_id")} == {
+        "trace_id": "R-1",
+        "task_id": "T-1",
+        "attempt_id": "A-1",
+    }
     assert second["prompt"] == "<redacted:30 chars>" and second["api_key"] == REDACTED
     assert second["task_id"] == "T-1" and second["level"] == "info" and second["logger"] == "aivedio.test"
     assert "task_id" not in third  # the block ended: nothing leaks into later lines of the thread
@@ -153,8 +184,7 @@ def test_console_format_and_quiet_default_for_interactive_commands(restore_loggi
     assert not out.getvalue().lstrip().startswith("{")
 
     configured = io.StringIO()
-    configure_logging(load_settings(None, {"logging": {"level": "INFO"}}), stream=configured,
-                      default_level="WARNING")
+    configure_logging(load_settings(None, {"logging": {"level": "INFO"}}), stream=configured, default_level="WARNING")
     logging.getLogger("aivedio.test").info("shown: the level was configured")
     assert "shown" in configured.getvalue()
     assert len([h for h in logging.getLogger().handlers if getattr(h, "_aivedio_handler", False)]) == 1

@@ -32,14 +32,32 @@ BASE = {"prompt": "a fox", "model": "local-v1"}
 def test_defaults_are_filled_and_the_default_provider_preferred() -> None:
     p = normalize(BASE, CATALOG)
     assert (p.provider, p.duration_s, p.resolution, p.aspect_ratio, p.priority, p.deadline_s, p.seed) == (
-        "local", 5, "360p", "16:9", 0, 3600, None)
+        "local",
+        5,
+        "360p",
+        "16:9",
+        0,
+        3600,
+        None,
+    )
     assert normalize({**BASE, "provider": "sim"}, CATALOG).provider == "sim"
 
 
 def test_spelled_out_defaults_reordered_keys_and_whitespace_hash_the_same() -> None:
     a = normalize(BASE, CATALOG)
-    b = normalize({"model": "local-v1", "resolution": "360p", "duration_s": 5, "prompt": " a fox\n",
-                   "provider": "local", "aspect_ratio": "16:9", "priority": 0, "deadline_s": 3600}, CATALOG)
+    b = normalize(
+        {
+            "model": "local-v1",
+            "resolution": "360p",
+            "duration_s": 5,
+            "prompt": " a fox\n",
+            "provider": "local",
+            "aspect_ratio": "16:9",
+            "priority": 0,
+            "deadline_s": 3600,
+        },
+        CATALOG,
+    )
     assert request_hash(a) == request_hash(b)
     assert request_hash(a) != request_hash(normalize({**BASE, "seed": 1}, CATALOG))
     assert request_hash(a) != request_hash(normalize({**BASE, "prompt": "a fox!"}, CATALOG))
@@ -48,7 +66,8 @@ def test_spelled_out_defaults_reordered_keys_and_whitespace_hash_the_same() -> N
 def test_unicode_forms_of_one_prompt_are_one_request() -> None:
     composed, decomposed = "caf\u00e9", "cafe\u0301"
     assert request_hash(normalize({**BASE, "prompt": composed}, CATALOG)) == request_hash(
-        normalize({**BASE, "prompt": decomposed}, CATALOG))
+        normalize({**BASE, "prompt": decomposed}, CATALOG)
+    )
 
 
 def test_asset_ids_keep_order_and_drop_repeats() -> None:
@@ -88,8 +107,9 @@ def test_invalid_parameters_name_the_field(change: dict, field: str) -> None:
 def test_an_unknown_model_or_provider_is_told_what_is_valid() -> None:
     with pytest.raises(InvalidRequest, match=r"^model: unknown model 'x' \(known: local-v1, sim-v1\)$"):
         CATALOG.find("x", None)
-    with pytest.raises(InvalidRequest,
-                       match=r"^provider: provider 'acme' does not offer model 'sim-v1' \(offered by: sim\)$"):
+    with pytest.raises(
+        InvalidRequest, match=r"^provider: provider 'acme' does not offer model 'sim-v1' \(offered by: sim\)$"
+    ):
         CATALOG.find("sim-v1", "acme")
     assert Catalog((), "local", 60).known_models() == "none configured"
 

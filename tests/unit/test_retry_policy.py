@@ -40,14 +40,22 @@ def test_matrix_has_one_row_per_error_class_of_the_seed() -> None:
     [
         (ErrorClass.LOCAL_INVALID, AutoRetry.NO, DuplicateRisk.NONE, Strategy.FAIL_FINAL),
         (ErrorClass.PROVIDER_REJECTED, AutoRetry.USUALLY_NO, DuplicateRisk.NONE, Strategy.FAIL_BUSINESS),
-        (ErrorClass.PROVIDER_RATE_LIMITED, AutoRetry.YES_DELAYED, DuplicateRisk.LOW,
-         Strategy.BACKOFF_HONOUR_RETRY_AFTER),
+        (
+            ErrorClass.PROVIDER_RATE_LIMITED,
+            AutoRetry.YES_DELAYED,
+            DuplicateRisk.LOW,
+            Strategy.BACKOFF_HONOUR_RETRY_AFTER,
+        ),
         (ErrorClass.PROVIDER_5XX_NOT_ACCEPTED, AutoRetry.YES, DuplicateRisk.LOW, Strategy.BACKOFF),
         (ErrorClass.CONNECT_FAILED, AutoRetry.YES, DuplicateRisk.LOW, Strategy.SHORT_BACKOFF),
         (ErrorClass.SUBMIT_AMBIGUOUS, AutoRetry.NOT_IMMEDIATELY, DuplicateRisk.HIGH, Strategy.RECONCILE),
         (ErrorClass.QUERY_FAILED, AutoRetry.YES, DuplicateRisk.NONE, Strategy.BACKOFF_NO_STATE_CHANGE),
-        (ErrorClass.CALLBACK_PROCESSING_FAILED, AutoRetry.BY_REDELIVERY, DuplicateRisk.NONE,
-         Strategy.PERSIST_AND_DEDUPE),
+        (
+            ErrorClass.CALLBACK_PROCESSING_FAILED,
+            AutoRetry.BY_REDELIVERY,
+            DuplicateRisk.NONE,
+            Strategy.PERSIST_AND_DEDUPE,
+        ),
         (ErrorClass.OUTPUT_DOWNLOAD_TRANSIENT, AutoRetry.YES, DuplicateRisk.EXTRA_TRAFFIC, Strategy.REDOWNLOAD),
         (ErrorClass.OUTPUT_URL_EXPIRED, AutoRetry.CONDITIONAL, DuplicateRisk.NONE, Strategy.REFRESH_URL_FIRST),
         (ErrorClass.MEDIA_WORKER_CRASHED, AutoRetry.YES, DuplicateRisk.EXTRA_COMPUTE, Strategy.RERUN_MEDIA),
@@ -80,8 +88,9 @@ def test_expired_url_refreshes_first_then_retries() -> None:
 
 
 def test_retry_after_is_honoured() -> None:
-    d = decide_retry(ctx(ErrorClass.PROVIDER_RATE_LIMITED, retry_after_s=120), DEFAULT_BUDGETS[Step.SUBMIT], T0,
-                     random.Random(3))
+    d = decide_retry(
+        ctx(ErrorClass.PROVIDER_RATE_LIMITED, retry_after_s=120), DEFAULT_BUDGETS[Step.SUBMIT], T0, random.Random(3)
+    )
     assert d.verdict is Verdict.RETRY and d.retry_at is not None
     assert d.retry_at - T0 >= timedelta(seconds=120)
 
@@ -103,8 +112,7 @@ def test_total_wait_step_deadline_and_task_deadline() -> None:
     budget = DEFAULT_BUDGETS[Step.QUERY]  # 1800 s total wait, 3600 s step deadline
     late = T0 + timedelta(seconds=1801)
     assert decide_retry(ctx(ErrorClass.QUERY_FAILED, 2), budget, late, random.Random(1)).verdict is Verdict.GIVE_UP
-    c = FailureContext(ErrorClass.QUERY_FAILED, 2, first_failure_at=T0 + timedelta(seconds=3500),
-                       step_started_at=T0)
+    c = FailureContext(ErrorClass.QUERY_FAILED, 2, first_failure_at=T0 + timedelta(seconds=3500), step_started_at=T0)
     assert decide_retry(c, budget, T0 + timedelta(seconds=3601), random.Random(1)).verdict is Verdict.GIVE_UP
     near = ctx(ErrorClass.QUERY_FAILED, 1, task_deadline_at=T0 + timedelta(seconds=1))
     assert decide_retry(near, budget, T0 + timedelta(seconds=1), random.Random(1)).verdict is Verdict.GIVE_UP
@@ -126,9 +134,16 @@ def test_business_schedule_defaults_are_30s_2min_5min() -> None:
 def test_full_jitter_stays_within_zero_and_the_capped_exponential(
     attempts: int, seed: int, base: float, mult: float, cap: float
 ) -> None:
-    budget = RetryBudget(max_attempts=100, max_total_wait_s=1e9, deadline_s=1e9, base_delay_s=base,
-                         multiplier=mult, max_delay_s=cap, provider_switch_allowed=False,
-                         manual_confirmation_required=False)
+    budget = RetryBudget(
+        max_attempts=100,
+        max_total_wait_s=1e9,
+        deadline_s=1e9,
+        base_delay_s=base,
+        multiplier=mult,
+        max_delay_s=cap,
+        provider_switch_allowed=False,
+        manual_confirmation_required=False,
+    )
     d = decide_retry(ctx(ErrorClass.CONNECT_FAILED, attempts), budget, T0, random.Random(seed))
     assert d.verdict is Verdict.RETRY and d.retry_at is not None
     delay = (d.retry_at - T0).total_seconds()
@@ -137,8 +152,12 @@ def test_full_jitter_stays_within_zero_and_the_capped_exponential(
 
 def test_same_seed_same_schedule() -> None:
     budget = DEFAULT_BUDGETS[Step.OUTPUT_FETCH]
-    a = [decide_retry(ctx(ErrorClass.OUTPUT_DOWNLOAD_TRANSIENT, n), budget, T0, random.Random(9)).retry_at
-         for n in (1, 2)]
-    b = [decide_retry(ctx(ErrorClass.OUTPUT_DOWNLOAD_TRANSIENT, n), budget, T0, random.Random(9)).retry_at
-         for n in (1, 2)]
+    a = [
+        decide_retry(ctx(ErrorClass.OUTPUT_DOWNLOAD_TRANSIENT, n), budget, T0, random.Random(9)).retry_at
+        for n in (1, 2)
+    ]
+    b = [
+        decide_retry(ctx(ErrorClass.OUTPUT_DOWNLOAD_TRANSIENT, n), budget, T0, random.Random(9)).retry_at
+        for n in (1, 2)
+    ]
     assert a == b

@@ -45,10 +45,16 @@ def test_derivative_owner_reads_back_what_derivative_key_wrote() -> None:
     for profile in ("proxy_mp4", "hls", "thumbnail", "waveform"):
         for name in ("index.m3u8", "seg_001.m4s", "init.mp4"):
             assert keys.derivative_owner(keys.derivative_key(T, A, profile, 12, name)) == (A, profile, 12)
-    for other in (keys.asset_original_key(T, A, "video/mp4"), keys.raw_output_key(T, K, N, 0),
-                  keys.upload_staging_key(T, N), f"tenants/{T}/assets/{A}/poster/v1/x.jpg",
-                  f"tenants/{T}/assets/{A}/hls/v0/x.m4s", f"tenants/{T}/assets/{A}/hls/v1/a/b.m4s",
-                  f"tenants/{T}/assets/{A}/hls/v1/", f"tenants/{T}/assets/not-a-uuid-not-a-uuid-not-a-uuid-0/hls/v1/x"):
+    for other in (
+        keys.asset_original_key(T, A, "video/mp4"),
+        keys.raw_output_key(T, K, N, 0),
+        keys.upload_staging_key(T, N),
+        f"tenants/{T}/assets/{A}/poster/v1/x.jpg",
+        f"tenants/{T}/assets/{A}/hls/v0/x.m4s",
+        f"tenants/{T}/assets/{A}/hls/v1/a/b.m4s",
+        f"tenants/{T}/assets/{A}/hls/v1/",
+        f"tenants/{T}/assets/not-a-uuid-not-a-uuid-not-a-uuid-0/hls/v1/x",
+    ):
         assert keys.derivative_owner(other) is None, other
     with pytest.raises(InvalidKey):
         keys.derivative_key(T, A, "original", 1, "x.mp4")  # not a derivative profile
@@ -69,11 +75,34 @@ def test_ids_must_be_uuids_so_a_crafted_id_cannot_inject_segments() -> None:
     assert keys.tenant_prefix(str(T).upper()) == keys.tenant_prefix("{" + str(T) + "}") == f"tenants/{T}/"
 
 
-@pytest.mark.parametrize("key", [
-    "", "/etc/passwd", "../x", "a/../b", "a/./b", "a//b", "a/", ".meta/x", "a/.tmp/b", ".", "..",
-    "a b", "a\\b", "a\x00b", "a\nb", "ключ", "a?b", "a#b", "a%2e%2e/b", "C:/x", "$key", "a/${filename}",
-    "x" * 1025,
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "/etc/passwd",
+        "../x",
+        "a/../b",
+        "a/./b",
+        "a//b",
+        "a/",
+        ".meta/x",
+        "a/.tmp/b",
+        ".",
+        "..",
+        "a b",
+        "a\\b",
+        "a\x00b",
+        "a\nb",
+        "ключ",
+        "a?b",
+        "a#b",
+        "a%2e%2e/b",
+        "C:/x",
+        "$key",
+        "a/${filename}",
+        "x" * 1025,
+    ],
+)
 def test_validator_refuses_unsafe_keys(key: str) -> None:
     with pytest.raises(InvalidKey):
         validate_key(key)

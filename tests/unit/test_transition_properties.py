@@ -77,8 +77,13 @@ def test_the_walk_reaches_success_through_the_happy_path() -> None:
     """Guards the property test: SUCCEEDED must be reachable, or the success property would be vacuous."""
     task = TaskSnapshot(TaskStatus.CREATED)
     path = [
-        TaskEvent.VALIDATION_STARTED, TaskEvent.VALIDATION_PASSED, TaskEvent.QUEUED, TaskEvent.DISPATCH_CLAIMED,
-        TaskEvent.PROVIDER_ACCEPTED, TaskEvent.PROVIDER_SUCCEEDED, TaskEvent.OUTPUT_PERSISTED,
+        TaskEvent.VALIDATION_STARTED,
+        TaskEvent.VALIDATION_PASSED,
+        TaskEvent.QUEUED,
+        TaskEvent.DISPATCH_CLAIMED,
+        TaskEvent.PROVIDER_ACCEPTED,
+        TaskEvent.PROVIDER_SUCCEEDED,
+        TaskEvent.OUTPUT_PERSISTED,
         TaskEvent.PLAYABLE_ASSET_READY,
     ]
     for event in path:

@@ -153,8 +153,9 @@ def test_deadline_passed_needs_the_deadline_to_have_passed() -> None:
         (TaskStatus.CANCEL_REQUESTED, TaskEvent.CANCEL_CONFIRMED, Effect.SETTLE_PER_BILLING_RULE),
     ],
 )
-def test_closing_transitions_close_the_reservation(state: TaskStatus, event: TaskEvent,
-                                                   credit_effect: Effect | None) -> None:
+def test_closing_transitions_close_the_reservation(
+    state: TaskStatus, event: TaskEvent, credit_effect: Effect | None
+) -> None:
     result = decide(TaskSnapshot(state, 1), event, NOW)
     assert isinstance(result, Decision)
     money = {Effect.RELEASE_CREDITS, Effect.SETTLE_CREDITS, Effect.SETTLE_PER_BILLING_RULE} & set(result.effects)

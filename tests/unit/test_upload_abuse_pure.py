@@ -50,7 +50,7 @@ def with_huge_duration(mp4: bytes) -> bytes:
     for atom, offset in _DURATION_AT:
         i = data.find(atom)
         while i != -1:
-            data[i + offset:i + offset + 4] = b"\xff" * 4
+            data[i + offset : i + offset + 4] = b"\xff" * 4
             i = data.find(atom, i + 1)
     return bytes(data)
 
@@ -60,8 +60,8 @@ def test_png_builder_writes_a_valid_image_of_the_declared_size() -> None:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, chunks = 8, {}
     while pos < len(data):
-        (length,), kind = struct.unpack_from(">I", data, pos), data[pos + 4:pos + 8]
-        body = data[pos + 8:pos + 8 + length]
+        (length,), kind = struct.unpack_from(">I", data, pos), data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
         assert struct.unpack_from(">I", data, pos + 8 + length)[0] == zlib.crc32(kind + body)
         chunks[kind], pos = body, pos + 12 + length
     assert struct.unpack(">II", chunks[b"IHDR"][:8]) == (7, 3)
@@ -73,7 +73,7 @@ def test_duration_builder_rewrites_every_duration_field() -> None:
     patched = with_huge_duration(fake)
     for atom, offset in _DURATION_AT:
         i = patched.find(atom)
-        assert patched[i + offset:i + offset + 4] == b"\xff" * 4
+        assert patched[i + offset : i + offset + 4] == b"\xff" * 4
 
 
 T, A, S = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()

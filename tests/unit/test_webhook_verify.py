@@ -48,8 +48,11 @@ def sig(secret: str, msg_id: str = MSG_ID, ts: int | str = TS, body: bytes = BOD
 
 
 def headers(msg_id: str = MSG_ID, ts: int | str = TS, signature: str | None = None) -> dict[str, str]:
-    return {"webhook-id": msg_id, "webhook-timestamp": str(ts),
-            "webhook-signature": signature if signature is not None else sig(SECRET, msg_id, ts)}
+    return {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(ts),
+        "webhook-signature": signature if signature is not None else sig(SECRET, msg_id, ts),
+    }
 
 
 def without(name: str) -> dict[str, str]:
@@ -80,10 +83,17 @@ CORPUS = [
     Case("wrong secret", REJECT, secrets=[OTHER_TENANT]),
     Case("W16 other endpoint's secret", REJECT, headers=headers(signature=sig(OTHER_TENANT))),
     Case("rotation: receiver holds old+new, signed with new", ACCEPT, secrets=[OLD, SECRET]),
-    Case("rotation: receiver holds old+new, signed with old", ACCEPT, headers=headers(signature=sig(OLD)),
-         secrets=[OLD, SECRET]),
-    Case("rotation: sender signs with both, receiver new only", ACCEPT,
-         headers=headers(signature=f"{sig(OLD)} {sig(SECRET)}")),
+    Case(
+        "rotation: receiver holds old+new, signed with old",
+        ACCEPT,
+        headers=headers(signature=sig(OLD)),
+        secrets=[OLD, SECRET],
+    ),
+    Case(
+        "rotation: sender signs with both, receiver new only",
+        ACCEPT,
+        headers=headers(signature=f"{sig(OLD)} {sig(SECRET)}"),
+    ),
     Case("W15 old key only after the overlap ended", REJECT, headers=headers(signature=sig(OLD))),
     Case("W14 garbage signature plus a valid one", ACCEPT, headers=headers(signature=f"v1,AAAA!!!! {VALID}")),
     Case("secret given as SecretStr", ACCEPT, secrets=[SecretStr(SECRET)]),
@@ -91,12 +101,18 @@ CORPUS = [
     Case("no secret configured", REJECT, secrets=[]),
     # W3, W4, tampering
     Case("W3 one body byte flipped", REJECT, body=BODY.replace(b"job_1", b"job_2")),
-    Case("W4 body JSON re-serialized", REJECT, body=b'{"id": "job_1", "status": "succeeded", '
-                                                    b'"event_id": "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"}'),
+    Case(
+        "W4 body JSON re-serialized",
+        REJECT,
+        body=b'{"id": "job_1", "status": "succeeded", "event_id": "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W"}',
+    ),
     Case("tampered webhook-id", REJECT, headers=headers(msg_id="msg_other", signature=VALID)),
     Case("tampered timestamp (+1 s, still fresh)", REJECT, headers=headers(ts=TS + 1, signature=VALID)),
-    Case("signature truncated by one byte", REJECT,
-         headers=headers(signature="v1," + base64.b64encode(base64.b64decode(VALID[3:])[:-1]).decode())),
+    Case(
+        "signature truncated by one byte",
+        REJECT,
+        headers=headers(signature="v1," + base64.b64encode(base64.b64decode(VALID[3:])[:-1]).decode()),
+    ),
     # W5, W6, W8: time
     Case("W5 timestamp now-301 s", REJECT, headers=_ts(-301)),
     Case("W5 timestamp now+301 s", REJECT, headers=_ts(301)),
@@ -115,9 +131,18 @@ CORPUS = [
     Case("W9 empty webhook-signature", REJECT, headers={**headers(), "webhook-signature": ""}),
     Case("no headers at all", REJECT, headers={}),
     Case("header names in mixed case", ACCEPT, headers={k.title(): v for k, v in headers().items()}),
-    Case("duplicate webhook-id headers", REJECT,
-         headers=Headers(raw=[(b"webhook-id", MSG_ID.encode()), (b"webhook-id", b"msg_other"),
-                              (b"webhook-timestamp", str(TS).encode()), (b"webhook-signature", VALID.encode())])),
+    Case(
+        "duplicate webhook-id headers",
+        REJECT,
+        headers=Headers(
+            raw=[
+                (b"webhook-id", MSG_ID.encode()),
+                (b"webhook-id", b"msg_other"),
+                (b"webhook-timestamp", str(TS).encode()),
+                (b"webhook-signature", VALID.encode()),
+            ]
+        ),
+    ),
     Case("header value that is not a string", REJECT, headers={**headers(), "webhook-timestamp": None}),
     # W10, W13: signature header grammar (the library crashes on some of these)
     Case("W10 `v1` without a comma", REJECT, headers=headers(signature="v1")),
@@ -128,26 +153,39 @@ CORPUS = [
     Case("base64 without padding", REJECT, headers=headers(signature=VALID.rstrip("="))),
     Case("W13 only an unknown version v2", REJECT, headers=headers(signature="v2," + VALID[3:])),
     Case("W13 only v1a (asymmetric) when HMAC is configured", REJECT, headers=headers(signature="v1a," + VALID[3:])),
-    Case("many signatures (over the cap), one valid", REJECT,
-         headers=headers(signature=" ".join(["v1,AAAA"] * 12 + [VALID]))),
+    Case(
+        "many signatures (over the cap), one valid",
+        REJECT,
+        headers=headers(signature=" ".join(["v1,AAAA"] * 12 + [VALID])),
+    ),
     Case("signature separated by a tab", ACCEPT, headers=headers(signature=f"v2,xyz\t{VALID}")),
     # W11, W12, W17: body and header value grammar
-    Case("W11 non-UTF-8 body, correctly HMACed over its bytes", REJECT, body=b"\xff\xfe{}",
-         headers=headers(signature=sig(SECRET, body=b"\xff\xfe{}"))),
+    Case(
+        "W11 non-UTF-8 body, correctly HMACed over its bytes",
+        REJECT,
+        body=b"\xff\xfe{}",
+        headers=headers(signature=sig(SECRET, body=b"\xff\xfe{}")),
+    ),
     Case("W12 timestamp 1e20", REJECT, headers=headers(ts="1e20", signature=sig(SECRET, ts="1e20"))),
     Case("W12 timestamp -1", REJECT, headers=headers(ts="-1", signature=sig(SECRET, ts="-1"))),
     Case("W12 timestamp NaN", REJECT, headers=headers(ts="NaN", signature=sig(SECRET, ts="NaN"))),
     Case("W12 timestamp as float", REJECT, headers=headers(ts=f"{TS}.0", signature=sig(SECRET, ts=f"{TS}.0"))),
     Case("W12 timestamp with a leading +", REJECT, headers=headers(ts=f"+{TS}", signature=sig(SECRET, ts=f"+{TS}"))),
-    Case("W12 timestamp with inner space", REJECT,
-         headers=headers(ts=f"{TS}"[:5] + " " + f"{TS}"[5:], signature=VALID)),
+    Case(
+        "W12 timestamp with inner space", REJECT, headers=headers(ts=f"{TS}"[:5] + " " + f"{TS}"[5:], signature=VALID)
+    ),
     Case("W12 timestamp far in the future (year 5000)", REJECT, headers=headers(ts="95617584000", signature=VALID)),
-    Case("W17 webhook-id containing a dot", REJECT,
-         headers=headers(msg_id="msg.1", signature=sig(SECRET, msg_id="msg.1"))),
-    Case("W17 webhook-id over 128 chars", REJECT,
-         headers=headers(msg_id="m" * 129, signature=sig(SECRET, msg_id="m" * 129))),
-    Case("W17 webhook-id with non-ASCII", REJECT,
-         headers=headers(msg_id="msg_é", signature="v1,AAAA")),
+    Case(
+        "W17 webhook-id containing a dot",
+        REJECT,
+        headers=headers(msg_id="msg.1", signature=sig(SECRET, msg_id="msg.1")),
+    ),
+    Case(
+        "W17 webhook-id over 128 chars",
+        REJECT,
+        headers=headers(msg_id="m" * 129, signature=sig(SECRET, msg_id="m" * 129)),
+    ),
+    Case("W17 webhook-id with non-ASCII", REJECT, headers=headers(msg_id="msg_é", signature="v1,AAAA")),
     Case("W18 body over max_body_bytes", REJECT, kwargs={"max_body_bytes": 16}),
     Case("body as str instead of raw bytes", REJECT, body=BODY.decode()),
     Case("empty body, validly signed", ACCEPT, body=b"", headers=headers(signature=sig(SECRET, body=b""))),
@@ -192,8 +230,11 @@ def test_signed_but_not_json_is_rejected_when_parsed() -> None:
 
 def test_sign_webhook_round_trips_and_matches_an_independent_hmac() -> None:
     signed = sign_webhook([SECRET, OLD], MSG_ID, NOW, BODY)
-    assert signed == {"webhook-id": MSG_ID, "webhook-timestamp": str(TS),
-                      "webhook-signature": f"{sig(SECRET)} {sig(OLD)}"}
+    assert signed == {
+        "webhook-id": MSG_ID,
+        "webhook-timestamp": str(TS),
+        "webhook-signature": f"{sig(SECRET)} {sig(OLD)}",
+    }
     assert verify_webhook(signed, BODY, [OLD], NOW).timestamp == NOW
     with pytest.raises(ValueError):
         sign_webhook([], MSG_ID, NOW, BODY)
@@ -211,10 +252,14 @@ _header_values = st.one_of(st.text(max_size=80), st.sampled_from(["v1", "v1,", "
 
 
 @settings(max_examples=300, deadline=None)
-@given(msg_id=_header_values, ts=_header_values, signature=_header_values, body=st.binary(max_size=64),
-       drop=st.sets(st.sampled_from(["webhook-id", "webhook-timestamp", "webhook-signature"])))
-def test_fuzz_only_ever_accepts_or_rejects(msg_id: str, ts: str, signature: str, body: bytes,
-                                           drop: set[str]) -> None:
+@given(
+    msg_id=_header_values,
+    ts=_header_values,
+    signature=_header_values,
+    body=st.binary(max_size=64),
+    drop=st.sets(st.sampled_from(["webhook-id", "webhook-timestamp", "webhook-signature"])),
+)
+def test_fuzz_only_ever_accepts_or_rejects(msg_id: str, ts: str, signature: str, body: bytes, drop: set[str]) -> None:
     h = {"webhook-id": msg_id, "webhook-timestamp": ts, "webhook-signature": signature}
     for name in drop:
         del h[name]
@@ -224,10 +269,13 @@ def test_fuzz_only_ever_accepts_or_rejects(msg_id: str, ts: str, signature: str,
         pass
 
 
-@pytest.mark.parametrize("poison", [
-    lambda: {"webhook-id": MSG_ID, "webhook-timestamp": str(TS), "webhook-signature": "v1," + "A" * 44 + " " * 3},
-    lambda: _Exploding(),
-])
+@pytest.mark.parametrize(
+    "poison",
+    [
+        lambda: {"webhook-id": MSG_ID, "webhook-timestamp": str(TS), "webhook-signature": "v1," + "A" * 44 + " " * 3},
+        lambda: _Exploding(),
+    ],
+)
 def test_hostile_header_objects_are_rejections(poison: Callable[[], Any]) -> None:
     with pytest.raises(CallbackRejected):
         verify_webhook(poison(), BODY, [SECRET], NOW)

@@ -33,8 +33,10 @@ def _subject(a: AlertView) -> str:
 
 class AlertsScreen(OpsScreen):
     NAME = "Alerts"
-    FILTER_HINT = ("filter: status:unresolved|open|acknowledged|resolved|all, severity:…, rule:…; other words must "
-                   "appear in a row; empty clears")
+    FILTER_HINT = (
+        "filter: status:unresolved|open|acknowledged|resolved|all, severity:…, rule:…; other words must "
+        "appear in a row; empty clears"
+    )
     MUTATIONS = frozenset({"acknowledge", "resolve"})
     BINDINGS = [
         Binding("space", "mark", "Mark/unmark (moves down)"),
@@ -51,9 +53,16 @@ class AlertsScreen(OpsScreen):
 
     def compose_body(self) -> ComposeResult:
         table: DataTable[Any] = DataTable(id="alerts", cursor_type="row", zebra_stripes=True)
-        for label, key in ((MARK, "mark"), ("raised", "raised"), ("severity", "severity"), ("rule", "rule"),
-                           ("status", "status"), ("subject", "subject"), ("message", "message"),
-                           ("acknowledged by", "by")):
+        for label, key in (
+            (MARK, "mark"),
+            ("raised", "raised"),
+            ("severity", "severity"),
+            ("rule", "rule"),
+            ("status", "status"),
+            ("subject", "subject"),
+            ("message", "message"),
+            ("acknowledged by", "by"),
+        ):
             table.add_column(label, key=key)
         table.border_title = "Unresolved alerts, newest first (Space marks)"
         yield table
@@ -93,9 +102,16 @@ class AlertsScreen(OpsScreen):
 
     def _cells(self, a: AlertView) -> tuple[Any, ...]:
         marked = str(a.id) in self.marked
-        cells: list[Any] = [MARK if marked else "", a.raised_at.strftime("%m-%d %H:%M:%S"),
-                            Text(a.severity, style=SEVERITY.get(a.severity, "")), a.rule, a.status, _subject(a),
-                            a.message[:80], a.acknowledged_by or ""]
+        cells: list[Any] = [
+            MARK if marked else "",
+            a.raised_at.strftime("%m-%d %H:%M:%S"),
+            Text(a.severity, style=SEVERITY.get(a.severity, "")),
+            a.rule,
+            a.status,
+            _subject(a),
+            a.message[:80],
+            a.acknowledged_by or "",
+        ]
         if marked:
             cells = [Text(c, style=MARKED) if isinstance(c, str) else Text(c.plain, style=MARKED) for c in cells]
         return tuple(cells)
@@ -138,16 +154,32 @@ class AlertsScreen(OpsScreen):
 
     def action_acknowledge(self) -> None:
         data = self.ops.data
-        self._act("acknowledge", "acknowledged", ("OPEN",), lambda ids, op: data.acknowledge(ids, op),
-                  "they stay listed as ACKNOWLEDGED by you; a repeat of the condition pages nobody again")
+        self._act(
+            "acknowledge",
+            "acknowledged",
+            ("OPEN",),
+            lambda ids, op: data.acknowledge(ids, op),
+            "they stay listed as ACKNOWLEDGED by you; a repeat of the condition pages nobody again",
+        )
 
     def action_resolve(self) -> None:
         data = self.ops.data
-        self._act("resolve", "resolved", ("OPEN", "ACKNOWLEDGED"), lambda ids, op: data.resolve(ids, op),
-                  "they leave the list; if the condition still holds the engine raises a fresh alert")
+        self._act(
+            "resolve",
+            "resolved",
+            ("OPEN", "ACKNOWLEDGED"),
+            lambda ids, op: data.resolve(ids, op),
+            "they leave the list; if the condition still holds the engine raises a fresh alert",
+        )
 
-    def _act(self, verb: str, done: str, allowed: tuple[str, ...],
-             call: Callable[[Sequence[uuid.UUID], Any], str], effect: str) -> None:
+    def _act(
+        self,
+        verb: str,
+        done: str,
+        allowed: tuple[str, ...],
+        call: Callable[[Sequence[uuid.UUID], Any], str],
+        effect: str,
+    ) -> None:
         chosen = self.chosen()
         if not chosen:
             return
@@ -158,8 +190,9 @@ class AlertsScreen(OpsScreen):
             lines.append(f"  … and {len(chosen) - SAMPLE} more")
         left = [a for a in chosen if a.status not in allowed]
         if left:
-            lines.append(f"{len(left)} of them are already {', '.join(sorted({a.status for a in left}))}: "
-                         "left as they are")
+            lines.append(
+                f"{len(left)} of them are already {', '.join(sorted({a.status for a in left}))}: left as they are"
+            )
         lines.append(effect)
 
         def run(op: Any) -> str:
@@ -167,5 +200,12 @@ class AlertsScreen(OpsScreen):
             self.app.call_from_thread(self._unmark, ids)  # done: the marks served their purpose
             return message
 
-        self.mutate(Mutation(command=f"tui alerts {verb}", title=f"{verb.capitalize()} {len(ids)} alert(s)",
-                             lines=lines, run=run, args={"ids": [str(i) for i in ids]}))
+        self.mutate(
+            Mutation(
+                command=f"tui alerts {verb}",
+                title=f"{verb.capitalize()} {len(ids)} alert(s)",
+                lines=lines,
+                run=run,
+                args={"ids": [str(i) for i in ids]},
+            )
+        )

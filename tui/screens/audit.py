@@ -45,8 +45,9 @@ def _cell(value: Any) -> str:
 
 class AuditScreen(OpsScreen):
     NAME = "Audit"
-    FILTER_HINT = ("filter: words that must appear in a check's id, status or invariant (e.g. violated, I4); "
-                   "empty clears")
+    FILTER_HINT = (
+        "filter: words that must appear in a check's id, status or invariant (e.g. violated, I4); empty clears"
+    )
     BINDINGS = [Binding("r", "reload", "Run the checks again")]
 
     def __init__(self) -> None:
@@ -58,8 +59,12 @@ class AuditScreen(OpsScreen):
     def compose_body(self) -> ComposeResult:
         with Vertical(id="audit-body"):
             checks: DataTable[Any] = DataTable(id="checks", cursor_type="row", zebra_stripes=True)
-            for label, key in (("check", "id"), ("status", "status"), ("invariant", "description"),
-                               ("why not checked", "why")):
+            for label, key in (
+                ("check", "id"),
+                ("status", "status"),
+                ("invariant", "description"),
+                ("why not checked", "why"),
+            ):
                 checks.add_column(label, key=key)
             checks.border_title = "Invariant checks (aivedio audit)"
             yield checks
@@ -96,16 +101,19 @@ class AuditScreen(OpsScreen):
         shown = [c for c in every if all(w in f"{c.id} {_status(c)} {c.description}".lower() for w in words)]
         self.checks = {c.id: c for c in shown}
         table = self.query_one("#checks", DataTable)
-        self.fill(table, [(c.id, (c.id, _status(c), c.description, c.why if isinstance(c, Skipped) else ""))
-                          for c in shown])
+        self.fill(
+            table, [(c.id, (c.id, _status(c), c.description, c.why if isinstance(c, Skipped) else "")) for c in shown]
+        )
         violated = [c.id for c in shown if isinstance(c, CheckResult) and not c.ok]
         if first and violated:  # straight to the first problem
             table.move_cursor(row=[c.id for c in shown].index(violated[0]))
         failed = sum(1 for r in report.results if not r.ok)
         verdict = "all checks hold" if failed == 0 else f"[b red]{failed} of {len(report.results)} checks violated[/]"
-        self.set_status(f"{verdict}; {len(report.skipped)} not checked here · ran {run.at:%H:%M:%S} UTC · grace "
-                        f"{fmt_age(run.grace_s)} · r runs them again"
-                        + (f" · {len(shown)} shown · filter: {escape(self.filter_text)}" if self.filter_text else ""))
+        self.set_status(
+            f"{verdict}; {len(report.skipped)} not checked here · ran {run.at:%H:%M:%S} UTC · grace "
+            f"{fmt_age(run.grace_s)} · r runs them again"
+            + (f" · {len(shown)} shown · filter: {escape(self.filter_text)}" if self.filter_text else "")
+        )
         self._check_highlighted()
 
     @on(DataTable.RowHighlighted, "#checks")
@@ -122,8 +130,11 @@ class AuditScreen(OpsScreen):
         elif check.ok:
             table.border_title = f"{check.id} holds: no offending rows"
         else:
-            shown = f"first {len(check.rows)} of {check.violations}" if len(check.rows) < check.violations \
+            shown = (
+                f"first {len(check.rows)} of {check.violations}"
+                if len(check.rows) < check.violations
                 else str(check.violations)
+            )
             table.border_title = f"{check.id}: {shown} offending row(s)"
             for name in check.rows[0]:
                 table.add_column(name, key=name)

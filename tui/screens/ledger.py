@@ -36,15 +36,28 @@ class LedgerScreen(OpsScreen):
     def compose_body(self) -> ComposeResult:
         with Vertical(id="ledger-body"):
             balances: DataTable[Any] = DataTable(id="balances", cursor_type="row", zebra_stripes=True)
-            for label, key in (("tenant", "tenant"), ("id", "id"), ("balance", "balance"),
-                               ("ledger sum", "sum"), ("held by open tasks", "reserved"), ("entries", "entries"),
-                               ("consistent", "ok")):
+            for label, key in (
+                ("tenant", "tenant"),
+                ("id", "id"),
+                ("balance", "balance"),
+                ("ledger sum", "sum"),
+                ("held by open tasks", "reserved"),
+                ("entries", "entries"),
+                ("consistent", "ok"),
+            ):
                 balances.add_column(label, key=key)
             balances.border_title = "Balances"
             yield balances
             entries: DataTable[Any] = DataTable(id="entries", cursor_type="row", zebra_stripes=True)
-            for label, key in (("at", "at"), ("type", "type"), ("amount", "amount"), ("task", "task"),
-                               ("business key", "key"), ("by", "by"), ("reason", "reason")):
+            for label, key in (
+                ("at", "at"),
+                ("type", "type"),
+                ("amount", "amount"),
+                ("task", "task"),
+                ("business key", "key"),
+                ("by", "by"),
+                ("reason", "reason"),
+            ):
                 entries.add_column(label, key=key)
             entries.border_title = "Entries (newest first)"
             yield entries
@@ -55,10 +68,24 @@ class LedgerScreen(OpsScreen):
 
     def show(self, balances: list[Balance]) -> None:
         self.balances = balances
-        self.fill(self.query_one("#balances", DataTable), [
-            (str(b.tenant_id), (b.tenant, str(b.tenant_id), fmt_money(b.credit_balance), fmt_money(b.ledger_sum),
-                                fmt_money(b.reserved), str(b.entries), "yes" if b.consistent else "NO"))
-            for b in balances])
+        self.fill(
+            self.query_one("#balances", DataTable),
+            [
+                (
+                    str(b.tenant_id),
+                    (
+                        b.tenant,
+                        str(b.tenant_id),
+                        fmt_money(b.credit_balance),
+                        fmt_money(b.ledger_sum),
+                        fmt_money(b.reserved),
+                        str(b.entries),
+                        "yes" if b.consistent else "NO",
+                    ),
+                )
+                for b in balances
+            ],
+        )
         self.set_status(self.status_for(len(balances), "tenants"))
         self._tenant_highlighted()
 
@@ -84,10 +111,24 @@ class LedgerScreen(OpsScreen):
 
     def _show_entries(self, tenant_id: uuid.UUID, rows: list[dict[str, Any]]) -> None:
         self.entries_of = tenant_id
-        self.fill(self.query_one("#entries", DataTable), [
-            (str(r["id"]), (r["created_at"].strftime("%m-%d %H:%M:%S"), r["entry_type"], fmt_money(r["amount"]),
-                            str(r["task_id"] or ""), r["business_key"], r["created_by"] or "", r["reason"] or ""))
-            for r in rows])
+        self.fill(
+            self.query_one("#entries", DataTable),
+            [
+                (
+                    str(r["id"]),
+                    (
+                        r["created_at"].strftime("%m-%d %H:%M:%S"),
+                        r["entry_type"],
+                        fmt_money(r["amount"]),
+                        str(r["task_id"] or ""),
+                        r["business_key"],
+                        r["created_by"] or "",
+                        r["reason"] or "",
+                    ),
+                )
+                for r in rows
+            ],
+        )
 
     # --- adjust -----------------------------------------------------------------------------------------------
 
@@ -112,15 +153,26 @@ class LedgerScreen(OpsScreen):
         data = self.ops.data
         after = b.credit_balance + r.amount
         signed = f"{'+' if r.amount > 0 else ''}{fmt_money(r.amount)}"
-        lines = [f"tenant {b.tenant} ({b.tenant_id})",
-                 f"current balance {fmt_money(b.credit_balance)}; booked, it becomes {fmt_money(after)}",
-                 f"amount {signed} credits (an ADJUSTMENT ledger entry)",
-                 f"business key {r.business_key!r}: booking it again changes nothing",
-                 f"task {r.task_id or '(none)'}"]
+        lines = [
+            f"tenant {b.tenant} ({b.tenant_id})",
+            f"current balance {fmt_money(b.credit_balance)}; booked, it becomes {fmt_money(after)}",
+            f"amount {signed} credits (an ADJUSTMENT ledger entry)",
+            f"business key {r.business_key!r}: booking it again changes nothing",
+            f"task {r.task_id or '(none)'}",
+        ]
         if after < 0:
             lines.append("the balance cannot go negative: the ledger service will refuse this")
-        self.mutate(Mutation(
-            command=COMMAND, title=f"Adjust {b.tenant} by {signed} credits",
-            lines=lines, run=lambda op: data.adjust(b.tenant_id, r.amount, r.business_key, r.task_id, op),
-            args={"tenant": str(b.tenant_id), "amount": str(r.amount), "business_key": r.business_key,
-                  "task": str(r.task_id) if r.task_id else None}))
+        self.mutate(
+            Mutation(
+                command=COMMAND,
+                title=f"Adjust {b.tenant} by {signed} credits",
+                lines=lines,
+                run=lambda op: data.adjust(b.tenant_id, r.amount, r.business_key, r.task_id, op),
+                args={
+                    "tenant": str(b.tenant_id),
+                    "amount": str(r.amount),
+                    "business_key": r.business_key,
+                    "task": str(r.task_id) if r.task_id else None,
+                },
+            )
+        )

@@ -63,12 +63,18 @@ class OverviewScreen(OpsScreen):
             figures = _table("figures", ("figure", "figure"), ("value", "value"))
             figures.border_title = "Key figures"
             yield figures
-            providers = _table("providers", ("provider", "provider"), ("active/limit", "active"),
-                               ("unknown", "unknown"), ("orphans", "orphans"))
+            providers = _table(
+                "providers",
+                ("provider", "provider"),
+                ("active/limit", "active"),
+                ("unknown", "unknown"),
+                ("orphans", "orphans"),
+            )
             providers.border_title = "Providers"
             yield providers
-            alerts = _table("alerts", ("raised", "raised"), ("severity", "severity"), ("rule", "rule"),
-                            ("message", "message"))
+            alerts = _table(
+                "alerts", ("raised", "raised"), ("severity", "severity"), ("rule", "rule"), ("message", "message")
+            )
             alerts.border_title = "Open alerts (Enter: Alerts screen)"
             alerts.cursor_type = "row"
             alerts.can_focus = True
@@ -105,21 +111,39 @@ class OverviewScreen(OpsScreen):
         self.overview = o
         self.fill(self.query_one("#states", DataTable), [(s, (s, str(n))) for s, n in o.by_status.items()])
         values = {
-            "queue_depth": str(o.queue_depth), "queue_p95": fmt_age(o.queue_p95_age_s),
-            "queue_oldest": fmt_age(o.queue_oldest_age_s), "submit_unknown": str(o.submit_unknown),
-            "outbox_due": str(o.outbox_due), "outbox_oldest": fmt_age(o.outbox_oldest_age_s),
-            "dead_letters": str(o.dead_letters), "orphans": str(o.orphans),
-            "reserved": fmt_money(o.reserved_credits), "reserved_age": fmt_age(o.reserved_oldest_age_s),
+            "queue_depth": str(o.queue_depth),
+            "queue_p95": fmt_age(o.queue_p95_age_s),
+            "queue_oldest": fmt_age(o.queue_oldest_age_s),
+            "submit_unknown": str(o.submit_unknown),
+            "outbox_due": str(o.outbox_due),
+            "outbox_oldest": fmt_age(o.outbox_oldest_age_s),
+            "dead_letters": str(o.dead_letters),
+            "orphans": str(o.orphans),
+            "reserved": fmt_money(o.reserved_credits),
+            "reserved_age": fmt_age(o.reserved_oldest_age_s),
             "alerts": str(len(o.alerts)),
         }
         self.fill(self.query_one("#figures", DataTable), [(k, (label, values[k])) for k, label in FIGURES])
-        self.fill(self.query_one("#providers", DataTable), [
-            (p.name, (p.name, f"{p.active}/{p.limit if p.limit is not None else '∞'}", str(p.unknown),
-                      str(p.orphans))) for p in o.providers])
-        self.fill(self.query_one("#alerts", DataTable), [
-            (str(a.id) if a.id else f"{i}",
-             (a.raised_at.strftime("%m-%d %H:%M:%S"), a.severity, a.rule, a.message[:120]))
-            for i, a in enumerate(o.alerts)])
+        self.fill(
+            self.query_one("#providers", DataTable),
+            [
+                (
+                    p.name,
+                    (p.name, f"{p.active}/{p.limit if p.limit is not None else '∞'}", str(p.unknown), str(p.orphans)),
+                )
+                for p in o.providers
+            ],
+        )
+        self.fill(
+            self.query_one("#alerts", DataTable),
+            [
+                (
+                    str(a.id) if a.id else f"{i}",
+                    (a.raised_at.strftime("%m-%d %H:%M:%S"), a.severity, a.rule, a.message[:120]),
+                )
+                for i, a in enumerate(o.alerts)
+            ],
+        )
         self.set_status(self._status(o))
 
     def _status(self, o: Overview) -> str:

@@ -17,12 +17,27 @@ SAMPLE = 5
 TITLES = {"dlq": "dead letters", "orphans": "orphan provider events", "outbox": "DEAD outbox rows"}
 #: (label, item key) per pile; the first column is always the row id
 COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
-    "dlq": (("actor", "actor"), ("queue", "queue"), ("seen", "seen_count"), ("last seen", "last_seen_at"),
-            ("error", "error")),
-    "orphans": (("provider", "provider"), ("job", "job_id"), ("source", "source"), ("status", "status"),
-                ("received", "received_at")),
-    "outbox": (("event", "event_type"), ("target", "target"), ("attempts", "publish_attempts"),
-               ("dead since", "available_at"), ("error", "last_error")),
+    "dlq": (
+        ("actor", "actor"),
+        ("queue", "queue"),
+        ("seen", "seen_count"),
+        ("last seen", "last_seen_at"),
+        ("error", "error"),
+    ),
+    "orphans": (
+        ("provider", "provider"),
+        ("job", "job_id"),
+        ("source", "source"),
+        ("status", "status"),
+        ("received", "received_at"),
+    ),
+    "outbox": (
+        ("event", "event_type"),
+        ("target", "target"),
+        ("attempts", "publish_attempts"),
+        ("dead since", "available_at"),
+        ("error", "last_error"),
+    ),
 }
 
 
@@ -81,8 +96,10 @@ class ReplayScreen(OpsScreen):
         words = self.filter_text.lower().split()
         self.preview = preview
         self.rows = [i for i in preview.items if all(w in " ".join(map(str, i.values())).lower() for w in words)]
-        self.fill(self.query_one("#replay", DataTable), [
-            (i["id"], (i["id"], *(_cell(i.get(key)) for _, key in COLUMNS[kind]))) for i in self.rows])
+        self.fill(
+            self.query_one("#replay", DataTable),
+            [(i["id"], (i["id"], *(_cell(i.get(key)) for _, key in COLUMNS[kind]))) for i in self.rows],
+        )
         self.set_status(self.status_for(len(self.rows), TITLES[kind], preview.total))
 
     def action_replay(self) -> None:
@@ -102,6 +119,12 @@ class ReplayScreen(OpsScreen):
         if len(ids) > SAMPLE:
             lines.append(f"  … and {len(ids) - SAMPLE} more")
         lines.append("rows that no longer qualify are skipped; repeating a replay changes nothing")
-        self.mutate(Mutation(command=f"tui replay {kind}", title=f"Replay {len(ids)} {TITLES[kind]}",
-                             lines=lines, run=lambda op: data.replay(kind, ids, op),
-                             args={"kind": kind, "ids": ids}))
+        self.mutate(
+            Mutation(
+                command=f"tui replay {kind}",
+                title=f"Replay {len(ids)} {TITLES[kind]}",
+                lines=lines,
+                run=lambda op: data.replay(kind, ids, op),
+                args={"kind": kind, "ids": ids},
+            )
+        )

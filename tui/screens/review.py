@@ -38,9 +38,15 @@ class ReviewScreen(OpsScreen):
     def compose_body(self) -> ComposeResult:
         with Vertical(id="review-body"):
             table: DataTable[Any] = DataTable(id="review", cursor_type="row", zebra_stripes=True)
-            for label, key in (("item", "id"), ("state", "state"), ("claimed by", "claimed_by"),
-                               ("until", "until"), ("held because", "reason"), ("task", "task_id"),
-                               ("task status", "task_status")):
+            for label, key in (
+                ("item", "id"),
+                ("state", "state"),
+                ("claimed by", "claimed_by"),
+                ("until", "until"),
+                ("held because", "reason"),
+                ("task", "task_id"),
+                ("task status", "task_status"),
+            ):
                 table.add_column(label, key=key)
             table.border_title = "Open items, oldest first"
             yield table
@@ -55,10 +61,24 @@ class ReviewScreen(OpsScreen):
 
     def show(self, items: list[ReviewView]) -> None:
         self.items = items
-        self.fill(self.query_one("#review", DataTable), [
-            (str(i.id), (str(i.id), i.state, i.claimed_by or "",
-                         i.claimed_until.strftime("%H:%M:%S") if i.claimed_until else "", i.reason[:60],
-                         str(i.task_id), i.task_status)) for i in items])
+        self.fill(
+            self.query_one("#review", DataTable),
+            [
+                (
+                    str(i.id),
+                    (
+                        str(i.id),
+                        i.state,
+                        i.claimed_by or "",
+                        i.claimed_until.strftime("%H:%M:%S") if i.claimed_until else "",
+                        i.reason[:60],
+                        str(i.task_id),
+                        i.task_status,
+                    ),
+                )
+                for i in items
+            ],
+        )
         self.set_status(self.status_for(len(items), "open items"))
         self._show_card()
 
@@ -105,12 +125,19 @@ class ReviewScreen(OpsScreen):
         if item is None:
             return
         data = self.ops.data
-        self.mutate(Mutation(
-            command="tui review claim", title=f"Claim review item {item.id}",
-            lines=[f"task {item.task_id} ({item.task_status}), item {item.state}",
-                   f"you ({self.ops.operator}) hold it for 15 minutes; nobody else can decide it meanwhile"],
-            run=lambda op: data.claim(item.id, op), args={"item": str(item.id), "reviewer": self.ops.operator},
-            reason_required=False))
+        self.mutate(
+            Mutation(
+                command="tui review claim",
+                title=f"Claim review item {item.id}",
+                lines=[
+                    f"task {item.task_id} ({item.task_status}), item {item.state}",
+                    f"you ({self.ops.operator}) hold it for 15 minutes; nobody else can decide it meanwhile",
+                ],
+                run=lambda op: data.claim(item.id, op),
+                args={"item": str(item.id), "reviewer": self.ops.operator},
+                reason_required=False,
+            )
+        )
 
     def action_approve(self) -> None:
         self._decide("approve")
@@ -123,14 +150,24 @@ class ReviewScreen(OpsScreen):
         if item is None:
             return
         data = self.ops.data
-        outcome = "SUCCEEDED: the client gets the output" if verb == "approve" else \
-            "FAILED_FINAL: the output is withheld (the provider's cost is still settled)"
+        outcome = (
+            "SUCCEEDED: the client gets the output"
+            if verb == "approve"
+            else "FAILED_FINAL: the output is withheld (the provider's cost is still settled)"
+        )
         run = (lambda op: data.approve(item.id, op)) if verb == "approve" else (lambda op: data.reject(item.id, op))
-        self.mutate(Mutation(
-            command=f"tui review {verb}", title=f"{verb.capitalize()} review item {item.id}",
-            lines=[f"task {item.task_id} is {item.task_status}; it becomes {outcome}",
-                   f"held because: {item.reason}"],
-            run=run, args={"item": str(item.id), "reviewer": self.ops.operator}))
+        self.mutate(
+            Mutation(
+                command=f"tui review {verb}",
+                title=f"{verb.capitalize()} review item {item.id}",
+                lines=[
+                    f"task {item.task_id} is {item.task_status}; it becomes {outcome}",
+                    f"held because: {item.reason}",
+                ],
+                run=run,
+                args={"item": str(item.id), "reviewer": self.ops.operator},
+            )
+        )
 
 
 def _haystack(i: ReviewView) -> str:
@@ -148,8 +185,13 @@ def _card(item: ReviewView, facts: AssetFacts | None) -> Text:
         return text
     duration = f"{facts.duration_ms / 1000:.2f} s" if facts.duration_ms is not None else "-"
     resolution = f"{facts.width}x{facts.height}" if facts.width and facts.height else "-"
-    for label, value in (("duration", duration), ("size", fmt_bytes(facts.size_bytes)),
-                         ("resolution", resolution), ("type", facts.mime or "-"), ("status", facts.status or "-")):
+    for label, value in (
+        ("duration", duration),
+        ("size", fmt_bytes(facts.size_bytes)),
+        ("resolution", resolution),
+        ("type", facts.mime or "-"),
+        ("status", facts.status or "-"),
+    ):
         text.append(f"{label} ", style="dim")
         text.append(f"{value}   ")
     text.append("\nthumbnail ", style="dim")

@@ -17,22 +17,45 @@ from tui.mutation import Mutation
 from tui.screens.base import OpsScreen
 
 #: task fields shown under its id and status in the detail header (empty ones are left out)
-_HEADER_FIELDS = ("version", "tenant_id", "selected_provider", "requested_model", "current_attempt_no",
-                  "progress", "reserved_amount", "actual_cost", "review_state", "parked_reason", "last_error_class",
-                  "last_error_code", "cancel_outcome", "created_at", "updated_at", "finished_at")
+_HEADER_FIELDS = (
+    "version",
+    "tenant_id",
+    "selected_provider",
+    "requested_model",
+    "current_attempt_no",
+    "progress",
+    "reserved_amount",
+    "actual_cost",
+    "review_state",
+    "parked_reason",
+    "last_error_class",
+    "last_error_code",
+    "cancel_outcome",
+    "created_at",
+    "updated_at",
+    "finished_at",
+)
 
 
 def cancel_mutation(data: Any, task_id: uuid.UUID, status: str) -> Mutation:
-    return Mutation(command="tui tasks cancel", title=f"Cancel task {task_id}",
-                    lines=[f"task {task_id} is {status}",
-                           "an operator cancel: same decision and credit release as a client's cancel"],
-                    run=lambda op: data.cancel(task_id, op), args={"task_id": str(task_id)})
+    return Mutation(
+        command="tui tasks cancel",
+        title=f"Cancel task {task_id}",
+        lines=[
+            f"task {task_id} is {status}",
+            "an operator cancel: same decision and credit release as a client's cancel",
+        ],
+        run=lambda op: data.cancel(task_id, op),
+        args={"task_id": str(task_id)},
+    )
 
 
 class TasksScreen(OpsScreen):
     NAME = "Tasks"
-    FILTER_HINT = ("filter: status:QUEUED tenant:acme provider:sim (exact), other words match "
-                   "status/tenant/provider/model/id; empty clears")
+    FILTER_HINT = (
+        "filter: status:QUEUED tenant:acme provider:sim (exact), other words match "
+        "status/tenant/provider/model/id; empty clears"
+    )
     MUTATIONS = frozenset({"cancel"})
     BINDINGS = [
         Binding("enter", "open", "Timeline", show=False),
@@ -45,9 +68,17 @@ class TasksScreen(OpsScreen):
 
     def compose_body(self) -> ComposeResult:
         table: DataTable[Any] = DataTable(id="tasks", cursor_type="row", zebra_stripes=True)
-        for label, key in (("task", "task_id"), ("tenant", "tenant"), ("status", "status"),
-                           ("provider", "provider"), ("model", "model"), ("att", "attempts"), ("%", "progress"),
-                           ("updated", "updated"), ("note", "note")):
+        for label, key in (
+            ("task", "task_id"),
+            ("tenant", "tenant"),
+            ("status", "status"),
+            ("provider", "provider"),
+            ("model", "model"),
+            ("att", "attempts"),
+            ("%", "progress"),
+            ("updated", "updated"),
+            ("note", "note"),
+        ):
             table.add_column(label, key=key)
         table.border_title = "Tasks, most recently changed first"
         yield table
@@ -57,11 +88,26 @@ class TasksScreen(OpsScreen):
 
     def show(self, rows: list[TaskRow]) -> None:
         self.rows = rows
-        self.fill(self.query_one("#tasks", DataTable), [
-            (str(r.task_id), (str(r.task_id), r.tenant, r.status, r.provider or "-", r.model, str(r.attempts),
-                              str(r.progress), r.updated_at.strftime("%m-%d %H:%M:%S"),
-                              r.parked_reason or r.last_error_class or ""))
-            for r in rows])
+        self.fill(
+            self.query_one("#tasks", DataTable),
+            [
+                (
+                    str(r.task_id),
+                    (
+                        str(r.task_id),
+                        r.tenant,
+                        r.status,
+                        r.provider or "-",
+                        r.model,
+                        str(r.attempts),
+                        str(r.progress),
+                        r.updated_at.strftime("%m-%d %H:%M:%S"),
+                        r.parked_reason or r.last_error_class or "",
+                    ),
+                )
+                for r in rows
+            ],
+        )
         self.set_status(self.status_for(len(rows), "tasks"))
 
     def _current(self) -> TaskRow | None:
@@ -121,9 +167,13 @@ class TaskDetailScreen(OpsScreen):
             header.append(f"{name}: ", style="dim")
             header.append(f"{shown}   ")
         self.query_one("#task-header", Static).update(header)
-        self.fill(self.query_one("#timeline", DataTable), [
-            (str(i["id"]), (i["at"].strftime("%m-%d %H:%M:%S.%f")[:-3], i["kind"], summary(i)))
-            for i in timeline.items])
+        self.fill(
+            self.query_one("#timeline", DataTable),
+            [
+                (str(i["id"]), (i["at"].strftime("%m-%d %H:%M:%S.%f")[:-3], i["kind"], summary(i)))
+                for i in timeline.items
+            ],
+        )
         self.set_status(f"{len(timeline.items)} timeline items · Esc back")
 
     def action_cancel(self) -> None:

@@ -32,9 +32,16 @@ class UnknownScreen(OpsScreen):
 
     def compose_body(self) -> ComposeResult:
         table: DataTable[Any] = DataTable(id="unknown", cursor_type="row", zebra_stripes=True)
-        for label, key in (("task", "task_id"), ("provider", "provider"), ("task status", "status"),
-                           ("sent", "sent"), ("lookups", "lookups"), ("last lookup", "last"),
-                           ("next action", "next"), ("parked", "parked")):
+        for label, key in (
+            ("task", "task_id"),
+            ("provider", "provider"),
+            ("task status", "status"),
+            ("sent", "sent"),
+            ("lookups", "lookups"),
+            ("last lookup", "last"),
+            ("next action", "next"),
+            ("parked", "parked"),
+        ):
             table.add_column(label, key=key)
         table.border_title = "Ambiguous submits, oldest send first"
         yield table
@@ -42,17 +49,33 @@ class UnknownScreen(OpsScreen):
     def fetch(self) -> list[Candidate]:
         words = self.filter_text.lower().split()
         found = self.ops.data.unknown()
-        return [c for c in found if all(w in f"{c.provider} {c.task_status} {c.task_id} {c.attempt_id}".lower()
-                                        for w in words)]
+        return [
+            c
+            for c in found
+            if all(w in f"{c.provider} {c.task_status} {c.task_id} {c.attempt_id}".lower() for w in words)
+        ]
 
     def show(self, found: list[Candidate]) -> None:
         self.candidates = found
-        self.fill(self.query_one("#unknown", DataTable), [
-            (str(c.task_id), (str(c.task_id), c.provider, c.task_status, f"{c.sent_at:%m-%d %H:%M:%S}",
-                              str(c.lookup_count), f"{c.last_lookup_at:%H:%M:%S}" if c.last_lookup_at else "-",
-                              f"{c.next_action_at:%H:%M:%S}" if c.next_action_at else "-",
-                              "parked" if c.parked else ""))
-            for c in found])
+        self.fill(
+            self.query_one("#unknown", DataTable),
+            [
+                (
+                    str(c.task_id),
+                    (
+                        str(c.task_id),
+                        c.provider,
+                        c.task_status,
+                        f"{c.sent_at:%m-%d %H:%M:%S}",
+                        str(c.lookup_count),
+                        f"{c.last_lookup_at:%H:%M:%S}" if c.last_lookup_at else "-",
+                        f"{c.next_action_at:%H:%M:%S}" if c.next_action_at else "-",
+                        "parked" if c.parked else "",
+                    ),
+                )
+                for c in found
+            ],
+        )
         self.set_status(self.status_for(len(found), "ambiguous submits"))
 
     def action_reconcile(self) -> None:
@@ -72,6 +95,12 @@ class UnknownScreen(OpsScreen):
         if len(chosen) > SAMPLE:
             lines.append(f"  … and {len(chosen) - SAMPLE} more")
         lines.append("a 'not found' is only believed 60 s after the send")
-        self.mutate(Mutation(command="tui reconcile", title=f"Reconcile {len(ids)} ambiguous submit(s)",
-                             lines=lines, run=lambda op: data.reconcile(ids, op),
-                             args={"tasks": [str(i) for i in ids]}))
+        self.mutate(
+            Mutation(
+                command="tui reconcile",
+                title=f"Reconcile {len(ids)} ambiguous submit(s)",
+                lines=lines,
+                run=lambda op: data.reconcile(ids, op),
+                args={"tasks": [str(i) for i in ids]},
+            )
+        )

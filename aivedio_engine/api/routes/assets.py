@@ -74,10 +74,20 @@ class CreatedAsset(Asset):
 def render(asset: AssetView) -> dict[str, Any]:
     base = f"/v1/assets/{asset.id}"
     return Asset(
-        id=str(asset.id), kind=asset.kind, status=asset.status, filename=asset.filename,
-        size_bytes=asset.size_bytes, content_type=asset.content_type, sha256=asset.sha256, width=asset.width,
-        height=asset.height, duration_ms=asset.duration_ms, frame_rate=asset.frame_rate,
-        mime_detected=asset.mime_detected, error=asset.error, created_at=asset.created_at.isoformat(),
+        id=str(asset.id),
+        kind=asset.kind,
+        status=asset.status,
+        filename=asset.filename,
+        size_bytes=asset.size_bytes,
+        content_type=asset.content_type,
+        sha256=asset.sha256,
+        width=asset.width,
+        height=asset.height,
+        duration_ms=asset.duration_ms,
+        frame_rate=asset.frame_rate,
+        mime_detected=asset.mime_detected,
+        error=asset.error,
+        created_at=asset.created_at.isoformat(),
         ready_at=asset.ready_at.isoformat() if asset.ready_at else None,
         links={"self": base, "complete": f"{base}/complete"},
     ).model_dump()
@@ -85,25 +95,39 @@ def render(asset: AssetView) -> dict[str, Any]:
 
 def render_target(target: UploadTarget | PartUrls, request: Request, public_base_url: str) -> UploadInstructions:
     if isinstance(target, PartUrls):
-        return UploadInstructions(method="PUT", url=None, fields={}, headers={}, part_urls=target.urls,
-                                  expires_at=target.expires_at.isoformat())
+        return UploadInstructions(
+            method="PUT",
+            url=None,
+            fields={},
+            headers={},
+            part_urls=target.urls,
+            expires_at=target.expires_at.isoformat(),
+        )
     url = target.url
     if url.startswith("/"):  # fs store without a configured public URL: point at this API
         url = (public_base_url or str(request.base_url)).rstrip("/") + url
-    return UploadInstructions(method=target.method, url=url, fields=target.fields, headers=target.headers,
-                              expires_at=target.expires_at.isoformat() if target.expires_at else None)
+    return UploadInstructions(
+        method=target.method,
+        url=url,
+        fields=target.fields,
+        headers=target.headers,
+        expires_at=target.expires_at.isoformat() if target.expires_at else None,
+    )
 
 
 @router.post("", status_code=201, response_model=CreatedAsset)
-def create_asset(body: CreateAssetRequest, request: Request, response: Response, ctx: Ctx,
-                 principal: Auth) -> dict[str, Any]:
+def create_asset(
+    body: CreateAssetRequest, request: Request, response: Response, ctx: Ctx, principal: Auth
+) -> dict[str, Any]:
     """Start an upload: returns the asset (UPLOADING) and where to send the bytes. Then call `complete`."""
     try:
-        asset, target = ctx.assets.create_upload(principal, body.filename, body.size_bytes, body.content_type,
-                                                 body.sha256, body.parts)
+        asset, target = ctx.assets.create_upload(
+            principal, body.filename, body.size_bytes, body.content_type, body.sha256, body.parts
+        )
     except RateLimited as exc:
-        raise Problem(429, "rate-limited", "Too many requests", str(exc),
-                      headers={"Retry-After": str(exc.extra["retry_after"])}) from None
+        raise Problem(
+            429, "rate-limited", "Too many requests", str(exc), headers={"Retry-After": str(exc.extra["retry_after"])}
+        ) from None
     response.headers["Location"] = f"/v1/assets/{asset.id}"
     upload = render_target(target, request, ctx.settings.api.public_base_url)
     return {**render(asset), "upload": upload.model_dump()}
@@ -155,13 +179,23 @@ async def put_upload(upload_id: str, request: Request, ctx: Ctx, expires: str = 
     if encoding not in ("", "identity"):
         # we would either store bytes that are not what complete() should see, or decompress attacker-chosen
         # input on the server (a zip bomb); refusing is the only honest answer (U29)
-        raise Problem(415, "unsupported-media-type", "Unsupported media type",
-                      "Content-Encoding is not supported on uploads: send the file's bytes as they are")
+        raise Problem(
+            415,
+            "unsupported-media-type",
+            "Unsupported media type",
+            "Content-Encoding is not supported on uploads: send the file's bytes as they are",
+        )
     length = request.headers.get("content-length", "")
     chunks = _blocking_chunks(request.stream().__aiter__())
     try:
-        stored = await run_in_threadpool(ctx.assets.receive_upload, upload_id, _expires(expires), sig[:128], chunks,
-                                         int(length) if length.isdigit() else None)
+        stored = await run_in_threadpool(
+            ctx.assets.receive_upload,
+            upload_id,
+            _expires(expires),
+            sig[:128],
+            chunks,
+            int(length) if length.isdigit() else None,
+        )
     except Forbidden as exc:
         raise _forbidden(exc) from None
     except PayloadTooLarge as exc:
@@ -190,5 +224,6 @@ def get_object(key: str, ctx: Ctx, expires: str = "", sig: str = "", filename: s
         "X-Content-Type-Options": "nosniff",
         "Cache-Control": "private, no-store",
     }
-    return StreamingResponse(_close_after(stream), media_type=head.content_type or "application/octet-stream",
-                             headers=headers)
+    return StreamingResponse(
+        _close_after(stream), media_type=head.content_type or "application/octet-stream", headers=headers
+    )

@@ -25,8 +25,11 @@ MEDIA_TYPE = "text/event-stream"
 PING = ": ping\n\n"
 
 
-@router.get("/{task_id}/events", response_class=StreamingResponse,
-            responses={200: {"content": {MEDIA_TYPE: {}}, "description": "an event stream"}})
+@router.get(
+    "/{task_id}/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {MEDIA_TYPE: {}}, "description": "an event stream"}},
+)
 async def generation_events(
     task_id: uuid.UUID,
     ctx: Ctx,
@@ -36,10 +39,12 @@ async def generation_events(
 ) -> StreamingResponse:
     # the header wins: EventSource sends it on reconnect while the URL still carries the first query
     after = last_event_id if last_event_id is not None else last_event_id_query
-    stream = await notifications.open_stream(ctx.engine, ctx.notifier, principal.tenant_id, task_id, after,
-                                             ctx.settings.api.sse_heartbeat_s)
-    return StreamingResponse(_render(stream), media_type=MEDIA_TYPE,
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    stream = await notifications.open_stream(
+        ctx.engine, ctx.notifier, principal.tenant_id, task_id, after, ctx.settings.api.sse_heartbeat_s
+    )
+    return StreamingResponse(
+        _render(stream), media_type=MEDIA_TYPE, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 async def _render(stream: AsyncIterator[list[dict[str, Any]] | None]) -> AsyncIterator[str]:
@@ -47,5 +52,6 @@ async def _render(stream: AsyncIterator[list[dict[str, Any]] | None]) -> AsyncIt
         if batch is None:  # nothing changed for a heartbeat interval
             yield PING
         else:
-            yield "".join(f"id: {e['version']}\nevent: status\ndata: {json.dumps(e, separators=(',', ':'))}\n\n"
-                          for e in batch)
+            yield "".join(
+                f"id: {e['version']}\nevent: status\ndata: {json.dumps(e, separators=(',', ':'))}\n\n" for e in batch
+            )

@@ -72,17 +72,30 @@ class GenerationPage(BaseModel):
     next_cursor: str | None
 
 
-def render(task: TaskView, outputs: dict[str, str] | None = None,
-           output_assets: dict[str, OutputAsset] | None = None) -> Generation:
+def render(
+    task: TaskView, outputs: dict[str, str] | None = None, output_assets: dict[str, OutputAsset] | None = None
+) -> Generation:
     base = f"/v1/generations/{task.id}"
     return Generation(
-        id=task.id, status=task.status, version=task.version, progress=task.progress, model=task.model,
-        provider=task.provider, priority=task.priority, estimated_cost=str(task.estimated_cost),
-        actual_cost=None if task.actual_cost is None else str(task.actual_cost), cancel_outcome=task.cancel_outcome,
-        error_class=task.last_error_class, parked_reason=task.parked_reason, params=task.params,
-        deadline_at=_iso(task.deadline_at), created_at=_iso(task.created_at) or "",
-        updated_at=_iso(task.updated_at) or "", finished_at=_iso(task.finished_at),
-        links={"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel"}, outputs=outputs or {},
+        id=task.id,
+        status=task.status,
+        version=task.version,
+        progress=task.progress,
+        model=task.model,
+        provider=task.provider,
+        priority=task.priority,
+        estimated_cost=str(task.estimated_cost),
+        actual_cost=None if task.actual_cost is None else str(task.actual_cost),
+        cancel_outcome=task.cancel_outcome,
+        error_class=task.last_error_class,
+        parked_reason=task.parked_reason,
+        params=task.params,
+        deadline_at=_iso(task.deadline_at),
+        created_at=_iso(task.created_at) or "",
+        updated_at=_iso(task.updated_at) or "",
+        finished_at=_iso(task.finished_at),
+        links={"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel"},
+        outputs=outputs or {},
         output_assets=output_assets or {},
     )
 
@@ -102,8 +115,9 @@ def create_generation(
 ) -> Generation:
     """Create a generation. The same Idempotency-Key with the same request returns the original task."""
     raw = body.model_dump(exclude_none=True, mode="json")
-    created = ctx.generations.create(principal.tenant_id, idempotency_key, raw,
-                                     trace_id=getattr(request.state, "request_id", None))
+    created = ctx.generations.create(
+        principal.tenant_id, idempotency_key, raw, trace_id=getattr(request.state, "request_id", None)
+    )
     if created.replayed:
         response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"/v1/generations/{created.task.id}"
@@ -120,8 +134,9 @@ def get_generation(task_id: uuid.UUID, request: Request, ctx: Ctx, principal: Au
     files = ctx.outputs.files(principal.tenant_id, task_id)
     signed = ctx.outputs.urls(principal.tenant_id, task_id, files)
     urls = {p: base + u if u.startswith("/") else u for p, u in signed.items()}
-    described = {p: OutputAsset(id=f.asset_id, size_bytes=f.size_bytes, sha256=f.sha256)
-                 for p, f in files.items() if p in urls}
+    described = {
+        p: OutputAsset(id=f.asset_id, size_bytes=f.size_bytes, sha256=f.sha256) for p, f in files.items() if p in urls
+    }
     return render(task, urls, described)
 
 

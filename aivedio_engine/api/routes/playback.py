@@ -23,5 +23,8 @@ def hls_playlist(asset_id: str, ctx: Ctx, expires: str = "", sig: str = "") -> R
         text = ctx.outputs.signed_playlist(asset_id, int(expires), sig[:128])
     except Forbidden as exc:
         raise Problem(403, "forbidden", "Forbidden", str(exc)) from None
-    return Response(text, media_type="application/vnd.apple.mpegurl",
-                    headers={"Cache-Control": "private, no-store", "X-Content-Type-Options": "nosniff"})
+    return Response(
+        text,
+        media_type="application/vnd.apple.mpegurl",
+        headers={"Cache-Control": "private, no-store", "X-Content-Type-Options": "nosniff"},
+    )

@@ -43,13 +43,20 @@ MAX_LIST_PAGES = 50
 
 
 class SimProvider:
-    def __init__(self, name: str, settings: ProviderSettings, http: HttpClient | None = None, *,
-                 webhook_tolerance_s: float = DEFAULT_TOLERANCE_S) -> None:
+    def __init__(
+        self,
+        name: str,
+        settings: ProviderSettings,
+        http: HttpClient | None = None,
+        *,
+        webhook_tolerance_s: float = DEFAULT_TOLERANCE_S,
+    ) -> None:
         self.name = name
         self._settings = settings
         key = settings.api_key.get_secret_value()
-        self._http = http or HttpClient(settings.base_url, DEFAULT_TIMEOUTS,
-                                        headers={"Authorization": f"Bearer {key}"} if key else None)
+        self._http = http or HttpClient(
+            settings.base_url, DEFAULT_TIMEOUTS, headers={"Authorization": f"Bearer {key}"} if key else None
+        )
         self._tolerance_s = webhook_tolerance_s
         models = settings.models
         self.capabilities = Capabilities(
@@ -65,8 +72,11 @@ class SimProvider:
 
     def submit(self, request: GenerationRequest, request_key: str) -> SubmitResult:
         body: dict[str, Any] = {
-            "prompt": request.prompt, "model": request.model, "duration_s": request.duration_s,
-            "resolution": request.resolution, "aspect_ratio": request.aspect_ratio,
+            "prompt": request.prompt,
+            "model": request.model,
+            "duration_s": request.duration_s,
+            "resolution": request.resolution,
+            "aspect_ratio": request.aspect_ratio,
         }
         if request.seed is not None:
             body["seed"] = request.seed
@@ -116,10 +126,14 @@ class SimProvider:
             return Unsupported()
         return self._observation_or_failure(r)
 
-    def list_jobs(self, created_after: datetime,
-                  created_before: datetime) -> list[JobSummary] | Unsupported | QueryFailed:
-        params: dict[str, Any] = {"created_after": _iso(created_after), "created_before": _iso(created_before),
-                                  "limit": 100}
+    def list_jobs(
+        self, created_after: datetime, created_before: datetime
+    ) -> list[JobSummary] | Unsupported | QueryFailed:
+        params: dict[str, Any] = {
+            "created_after": _iso(created_after),
+            "created_before": _iso(created_before),
+            "limit": 100,
+        }
         jobs: list[JobSummary] = []
         for _ in range(MAX_LIST_PAGES):
             r = self._get("/v1/jobs", params=params)
@@ -159,8 +173,14 @@ class SimProvider:
         return _failure(r)
 
     def parse_callback(self, headers: Mapping[str, str], raw_body: bytes, now: datetime) -> list[Observation]:
-        verified = verify_webhook(headers, raw_body, self._settings.webhook_secrets, now,
-                                  tolerance_s=self._tolerance_s, max_body_bytes=MAX_CALLBACK_BYTES)
+        verified = verify_webhook(
+            headers,
+            raw_body,
+            self._settings.webhook_secrets,
+            now,
+            tolerance_s=self._tolerance_s,
+            max_body_bytes=MAX_CALLBACK_BYTES,
+        )
         data = verified.json()
         if not isinstance(data, dict):
             raise CallbackRejected("callback body is not a JSON object")
@@ -200,8 +220,9 @@ def _observation(data: dict[str, Any], event_id: str | None = None) -> Observati
     outputs: tuple[Output, ...] = ()
     out = data.get("output")
     if isinstance(out, dict) and isinstance(out.get("url"), str):
-        outputs = (Output(url=out["url"], expires_at=_parse_time(out.get("expires_at")),
-                          content_type=out.get("content_type")),)
+        outputs = (
+            Output(url=out["url"], expires_at=_parse_time(out.get("expires_at")), content_type=out.get("content_type")),
+        )
     error = err if isinstance(err := data.get("error"), dict) else {}
     progress = data.get("progress")
     billed = data.get("billed")
@@ -231,8 +252,9 @@ def _summary(item: Any) -> JobSummary | None:
         return None
     if created is None:
         return None
-    return JobSummary(job_id=item["id"], created_at=created, status=status,
-                      fingerprint=echoed_fingerprint(item.get("request")))
+    return JobSummary(
+        job_id=item["id"], created_at=created, status=status, fingerprint=echoed_fingerprint(item.get("request"))
+    )
 
 
 def _iso(t: datetime) -> str:

@@ -36,8 +36,9 @@ def create_app(state: SimState) -> Any:
             time.sleep(state.dice.uniform("latency", lo, hi))
 
     @api.post("/v1/jobs")
-    def submit(request_body: dict[str, Any] | None = None,
-               idempotency_key: str | None = Header(None, alias="Idempotency-Key")) -> Response:
+    def submit(
+        request_body: dict[str, Any] | None = None, idempotency_key: str | None = Header(None, alias="Idempotency-Key")
+    ) -> Response:
         latency()
         outcome = state.submit(request_body or {}, idempotency_key or None)
         if outcome.early is not None:
@@ -54,8 +55,9 @@ def create_app(state: SimState) -> Any:
         return JSONResponse(job) if job else _not_found()
 
     @api.get("/v1/jobs")
-    def find(request_key: str = "", created_after: str = "", created_before: str = "", limit: int = 100,
-             cursor: str = "") -> Response:
+    def find(
+        request_key: str = "", created_after: str = "", created_before: str = "", limit: int = 100, cursor: str = ""
+    ) -> Response:
         latency()
         if not request_key and (created_after or created_before or cursor):
             return _list(state, created_after, created_before, limit, cursor)
@@ -173,8 +175,13 @@ class _DropConnection:
                 headers = message.get("headers", [])
                 if any(k.lower() == _DROP.encode() for k, _ in headers):
                     dropping = True
-                    await send({"type": "http.response.start", "status": message["status"],
-                                "headers": [(b"content-type", b"application/json"), (b"content-length", b"512")]})
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": message["status"],
+                            "headers": [(b"content-type", b"application/json"), (b"content-length", b"512")],
+                        }
+                    )
                     return
             if dropping:
                 return
@@ -201,9 +208,27 @@ def sample_mp4() -> bytes:
 def _render_mp4() -> bytes | None:
     with tempfile.TemporaryDirectory(prefix="aivedio-sim-") as tmp:
         path = os.path.join(tmp, "out.mp4")
-        argv = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-f", "lavfi",
-                "-i", "testsrc=size=160x90:rate=10:duration=1", "-pix_fmt", "yuv420p", "-c:v", "libx264",
-                "-preset", "ultrafast", "-movflags", "+faststart", "-y", path]
+        argv = [
+            "ffmpeg",
+            "-nostdin",
+            "-hide_banner",
+            "-loglevel",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc=size=160x90:rate=10:duration=1",
+            "-pix_fmt",
+            "yuv420p",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-movflags",
+            "+faststart",
+            "-y",
+            path,
+        ]
         try:
             subprocess.run(argv, check=True, capture_output=True, timeout=30)
             with open(path, "rb") as fh:
@@ -249,12 +274,20 @@ class ThreadedSim:
         self.base_url = f"http://{host if ':' not in host else f'[{host}]'}:{bound_port}"
         state.base_url = self.base_url
         # log_config=None: a test process keeps its own logging setup
-        config = uvicorn.Config(create_app(state), log_config=None, log_level="warning", http="h11",
-                                lifespan="off", access_log=False, timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            create_app(state),
+            log_config=None,
+            log_level="warning",
+            http="h11",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+        )
         quiet_dropped_responses()
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name="sim-provider", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name="sim-provider", daemon=True
+        )
 
     def start(self, timeout_s: float = 10.0) -> ThreadedSim:
         self.state.start()
@@ -279,8 +312,9 @@ def serve(state: SimState, host: str, port: int) -> None:
 
     sock = bind_socket(host, port)
     state.base_url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
-    config = uvicorn.Config(create_app(state), log_level="warning", http="h11", lifespan="off",
-                            timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        create_app(state), log_level="warning", http="h11", lifespan="off", timeout_graceful_shutdown=2
+    )
     quiet_dropped_responses()
     state.start()
     try:

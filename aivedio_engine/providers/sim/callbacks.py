@@ -45,8 +45,16 @@ class CallbackDispatcher:
         self._thread: threading.Thread | None = None
         self._generation = 0
         self._lock = threading.Lock()
-        self._stats = {"emitted": 0, "delivered": 0, "duplicates": 0, "dropped": 0, "reordered": 0,
-                       "early": 0, "failed": 0, "pending": 0}
+        self._stats = {
+            "emitted": 0,
+            "delivered": 0,
+            "duplicates": 0,
+            "dropped": 0,
+            "reordered": 0,
+            "early": 0,
+            "failed": 0,
+            "pending": 0,
+        }
         self.log: list[dict[str, Any]] = []  # one row per HTTP attempt, for tests and debugging
 
     def start(self) -> None:
@@ -154,8 +162,15 @@ class CallbackDispatcher:
             except TransportError as exc:
                 result = type(exc).__name__
             with self._lock:
-                self.log.append({"event_id": ev.event_id, "job_id": ev.job_id, "status": ev.status,
-                                 "attempt": attempt, "result": result})
+                self.log.append(
+                    {
+                        "event_id": ev.event_id,
+                        "job_id": ev.job_id,
+                        "status": ev.status,
+                        "attempt": attempt,
+                        "result": result,
+                    }
+                )
             if isinstance(result, int) and 200 <= result < 300:
                 self._count("delivered", ev.generation)
                 return

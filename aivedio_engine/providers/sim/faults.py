@@ -20,20 +20,22 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 #: probability faults: each is rolled once per opportunity (per call, per callback event, per output GET).
-PROBABILITY_FAULTS: Mapping[str, str] = MappingProxyType({
-    "ambiguous": "submit: job created and billed, then the connection is dropped before the response",
-    "reset": "submit: connection dropped, no job created (looks identical to `ambiguous` client-side)",
-    "5xx": "submit: 500 before accept, no job created",
-    "429": "submit: 429 with Retry-After, no job created",
-    "throttled": "job: THROTTLED for a while before it runs",
-    "fail": "job: ends FAILED instead of SUCCEEDED",
-    "dup_cb": "callback: delivered 1-3 extra times with the same webhook-id",
-    "reorder_cb": "callback: held back and delivered after the next one",
-    "drop_cb": "callback: never delivered",
-    "early_cb": "callback: the first callback is delivered before the submit response is sent",
-    "redirect": "output GET: 302 to another sim path",
-    "cancel_too_late": "cancel: the job finishes first, the cancel answers 409 too_late",
-})
+PROBABILITY_FAULTS: Mapping[str, str] = MappingProxyType(
+    {
+        "ambiguous": "submit: job created and billed, then the connection is dropped before the response",
+        "reset": "submit: connection dropped, no job created (looks identical to `ambiguous` client-side)",
+        "5xx": "submit: 500 before accept, no job created",
+        "429": "submit: 429 with Retry-After, no job created",
+        "throttled": "job: THROTTLED for a while before it runs",
+        "fail": "job: ends FAILED instead of SUCCEEDED",
+        "dup_cb": "callback: delivered 1-3 extra times with the same webhook-id",
+        "reorder_cb": "callback: held back and delivered after the next one",
+        "drop_cb": "callback: never delivered",
+        "early_cb": "callback: the first callback is delivered before the submit response is sent",
+        "redirect": "output GET: 302 to another sim path",
+        "cancel_too_late": "cancel: the job finishes first, the cancel answers 409 too_late",
+    }
+)
 #: duration faults: `url_expire` sets the output URL lifetime, `invisible` makes fresh jobs 404 for a while,
 #: `retry_after` is the Retry-After sent with 429.
 DURATION_FAULTS = ("url_expire", "invisible", "retry_after")

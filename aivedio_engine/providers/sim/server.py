@@ -216,8 +216,9 @@ class SimState:
             found = [j for j in self.by_key.get(request_key, []) if self._visible(j, now)]
             return self._job_json(found[0], now) if found else None
 
-    def list_jobs(self, after: datetime | None, before: datetime | None, limit: int = 100,
-                  cursor: int | None = None) -> dict[str, Any]:
+    def list_jobs(
+        self, after: datetime | None, before: datetime | None, limit: int = 100, cursor: int | None = None
+    ) -> dict[str, Any]:
         """Visible jobs created in [after, before), newest first, a page at a time; `next` is the cursor of the
         following page. Items echo the request the job was made from, but not the request key: a vendor that
         echoed it would offer lookup by key."""
@@ -225,14 +226,31 @@ class SimState:
             self.calls["list"] += 1
             now = self.clock.now()
             self._advance_jobs(now)
-            jobs = sorted((j for j in self.jobs.values() if self._visible(j, now)
-                           and (after is None or j.created_at >= after) and (before is None or j.created_at < before)
-                           and (cursor is None or j.seq < cursor)), key=lambda j: j.seq, reverse=True)
+            jobs = sorted(
+                (
+                    j
+                    for j in self.jobs.values()
+                    if self._visible(j, now)
+                    and (after is None or j.created_at >= after)
+                    and (before is None or j.created_at < before)
+                    and (cursor is None or j.seq < cursor)
+                ),
+                key=lambda j: j.seq,
+                reverse=True,
+            )
             page = jobs[:limit]
-            return {"jobs": [{"id": j.id, "created_at": _iso(j.created_at), "status": j.status,
-                              "request": {k: v for k, v in j.request.items() if k != "callback_url"}}
-                             for j in page],
-                    "next": str(page[-1].seq) if len(jobs) > limit else None}
+            return {
+                "jobs": [
+                    {
+                        "id": j.id,
+                        "created_at": _iso(j.created_at),
+                        "status": j.status,
+                        "request": {k: v for k, v in j.request.items() if k != "callback_url"},
+                    }
+                    for j in page
+                ],
+                "next": str(page[-1].seq) if len(jobs) > limit else None,
+            }
 
     def cancel(self, job_id: str) -> tuple[int, dict[str, Any]]:
         too_late = self.dice.roll("cancel_too_late", self.faults.p("cancel_too_late"))
@@ -280,9 +298,17 @@ class SimState:
             by_key = {k: len(v) for k, v in self.by_key.items()}
             paid = {k: sum(1 for j in v if j.billed) for k, v in self.by_key.items()}
             return {
-                "jobs": [{"id": j.id, "request_key": j.request_key, "created_at": _iso(j.created_at),
-                          "billed": j.billed, "status": j.status, "canceled": j.canceled}
-                         for j in self.jobs.values()],
+                "jobs": [
+                    {
+                        "id": j.id,
+                        "request_key": j.request_key,
+                        "created_at": _iso(j.created_at),
+                        "billed": j.billed,
+                        "status": j.status,
+                        "canceled": j.canceled,
+                    }
+                    for j in self.jobs.values()
+                ],
                 "by_request_key": by_key,
                 "duplicate_jobs": sum(n - 1 for n in by_key.values() if n > 1),
                 "duplicate_paid_jobs": sum(n - 1 for n in paid.values() if n > 1),
@@ -304,9 +330,15 @@ class SimState:
         will_fail = self.dice.roll("fail", self.faults.p("fail")) or "[fail]" in str(body.get("prompt", ""))
         j = self.config.job_seconds
         job = Job(
-            id=f"job_{self._seq:05d}_{self.dice.token('job_id'):012x}", seq=self._seq, request_key=request_key,
-            created_at=now, updated_at=now, request=dict(body), callback_url=body.get("callback_url"),
-            status="throttled" if throttled else "queued", will_fail=will_fail,
+            id=f"job_{self._seq:05d}_{self.dice.token('job_id'):012x}",
+            seq=self._seq,
+            request_key=request_key,
+            created_at=now,
+            updated_at=now,
+            request=dict(body),
+            callback_url=body.get("callback_url"),
+            status="throttled" if throttled else "queued",
+            will_fail=will_fail,
             ready_at=now + timedelta(seconds=j * (THROTTLE_SHARE if throttled else QUEUE_SHARE)),
         )
         self.jobs[job.id] = job
@@ -375,17 +407,25 @@ class SimState:
 
     def _job_json(self, job: Job, now: datetime) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "id": job.id, "status": job.status, "progress": self._progress(job, now),
-            "created_at": _iso(job.created_at), "updated_at": _iso(job.updated_at or job.created_at),
-            "request_key": job.request_key, "model": job.request.get("model"), "billed": job.billed,
+            "id": job.id,
+            "status": job.status,
+            "progress": self._progress(job, now),
+            "created_at": _iso(job.created_at),
+            "updated_at": _iso(job.updated_at or job.created_at),
+            "request_key": job.request_key,
+            "model": job.request.get("model"),
+            "billed": job.billed,
         }
         if job.status == "succeeded":
             ttl = self.faults.url_expire_s if self.faults.url_expire_s is not None else self.config.output_url_ttl_s
             expires = now + timedelta(seconds=ttl)
             exp = f"{expires.timestamp():.3f}"
             sig = self._url_sig(job.id, exp)
-            out["output"] = {"url": f"{self.base_url}/outputs/{job.id}.mp4?expires={exp}&sig={sig}",
-                             "expires_at": _iso(expires), "content_type": "video/mp4"}
+            out["output"] = {
+                "url": f"{self.base_url}/outputs/{job.id}.mp4?expires={exp}&sig={sig}",
+                "expires_at": _iso(expires),
+                "content_type": "video/mp4",
+            }
         elif job.status == "failed":
             out["error"] = {"code": "generation_failed", "message": "the simulated model failed"}
         return out
