@@ -45,7 +45,7 @@ def _err() -> Console:
 
 
 @contextmanager
-def _ctrl_c_stops(stop: StopFlag) -> Iterator[None]:
+def ctrl_c_stops(stop: StopFlag) -> Iterator[None]:
     """While the block runs, the first Ctrl-C only sets `stop`; a second one raises KeyboardInterrupt as usual."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -63,7 +63,7 @@ def _ctrl_c_stops(stop: StopFlag) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _interrupted_line(text: str) -> None:
+def interrupted_line(text: str) -> None:
     # print, not Rich: one line whatever the terminal width, and no markup in it
     print(f"interrupted — {text}", file=sys.stderr, flush=True)
 
@@ -133,24 +133,24 @@ def generate(
         return stop.is_set() and (snap is None or (wait and not snap.finished))
 
     try:
-        with _ctrl_c_stops(stop), _client(ctx, api_url, api_key) as client:
+        with ctrl_c_stops(stop), _client(ctx, api_url, api_key) as client:
             try:
                 if not stop.is_set():
                     snap, resumed = submit(client, spec)
                     if not as_json:
                         err.print(f"task {snap.id} {'(already submitted) ' if resumed else ''}is {snap.status}")
                 if wait and snap is not None and not stop.is_set():
-                    snap = _follow_with_progress(client, snap, err, timeout, stop)
+                    snap = follow_with_progress(client, snap, err, timeout, stop)
             except ClientError as exc:
                 fail(str(exc))
             if interrupted():  # say so now: the embedded engine's graceful shutdown may take a moment
-                _interrupted_line(_generate_interrupted_text(snap))
+                interrupted_line(_generate_interrupted_text(snap))
                 told = True
     except KeyboardInterrupt:  # the second Ctrl-C, during submit or the engine's shutdown
         stop.set()
     if interrupted():
         if not told:
-            _interrupted_line(_generate_interrupted_text(snap))
+            interrupted_line(_generate_interrupted_text(snap))
         if as_json:
             emit_json(
                 {
@@ -186,9 +186,11 @@ def _generate_interrupted_text(snap: Snapshot | None) -> str:
     return f"the task continues; follow it with `aivedio generations wait {snap.id}`"
 
 
-def _follow_with_progress(
-    client: GenerationClient, snap: Snapshot, err: Console, timeout: float, stop: StopFlag
+def follow_with_progress(
+    client: GenerationClient, snap: Snapshot, err: Console, timeout: float, stop: StopFlag | None = None
 ) -> Snapshot:
+    """The live display of `generate --wait` and `generations wait`: one line per state change, a progress bar,
+    the time elapsed; ends at a terminal state, at `timeout` or when `stop` is set."""
     from aivedio_engine.jobs import follow
 
     with Progress(
@@ -249,7 +251,7 @@ def batch_run(
     told = False
     sink = open(out, "w", encoding="utf-8") if out else None  # noqa: SIM115 - closed below
     try:
-        with _ctrl_c_stops(stop), _client(ctx, api_url, api_key) as client:
+        with ctrl_c_stops(stop), _client(ctx, api_url, api_key) as client:
             with Progress(
                 TextColumn("batch"),
                 BarColumn(),
@@ -273,7 +275,7 @@ def batch_run(
                     client, specs, concurrency=concurrency, timeout_s=timeout, on_result=done, stop=stop
                 )
             if any(r.interrupted for r in results):  # say so now: the engine's shutdown may take a moment
-                _interrupted_line(_batch_interrupted_text(results, file))
+                interrupted_line(_batch_interrupted_text(results, file))
                 told = True
     except KeyboardInterrupt:  # the second Ctrl-C, during the engine's shutdown
         stop.set()
@@ -283,7 +285,7 @@ def batch_run(
     summary = _summary(results)
     if stop.is_set() and (summary["interrupted"] or len(results) < len(specs)):
         if not told:
-            _interrupted_line(_batch_interrupted_text(results, file))
+            interrupted_line(_batch_interrupted_text(results, file))
         if as_json:
             emit_json(summary)
         raise typer.Exit(int(ExitCode.INTERRUPTED))

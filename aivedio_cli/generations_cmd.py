@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from aivedio_cli._context import state
@@ -181,17 +180,19 @@ def wait(
     with task_client(ctx, api_url, api_key) as client:
         snap = client.get(tid)  # an unknown id is a 5 before any engine starts
     if not snap.finished:
+        from aivedio_cli.generate_cmd import ctrl_c_stops, follow_with_progress, interrupted_line
+        from aivedio_engine.jobs import StopFlag
+
+        stop = StopFlag()  # the first Ctrl-C stops following; the embedded engine then shuts down gracefully
         try:
             # embedded: the engine runs here while we wait, or nothing would move the task
-            with task_client(ctx, api_url, api_key, host_engine=True) as client:
-                snap = follow_with_progress(client, client.get(tid), err, timeout)
-        except KeyboardInterrupt:
-            print(
-                f"interrupted — the task continues; follow it with `aivedio generations wait {tid}`",
-                file=sys.stderr,
-                flush=True,
-            )
-            raise typer.Exit(INTERRUPTED) from None
+            with ctrl_c_stops(stop), task_client(ctx, api_url, api_key, host_engine=True) as client:
+                snap = follow_with_progress(client, client.get(tid), err, timeout, stop)
+        except KeyboardInterrupt:  # the second Ctrl-C, during the engine's shutdown
+            stop.set()
+        if stop.is_set() and not snap.finished:
+            interrupted_line(f"the task continues; follow it with `aivedio generations wait {tid}`")
+            raise typer.Exit(INTERRUPTED)
     if as_json:
         emit_json(snapshot_doc(snap))
     else:
@@ -203,30 +204,6 @@ def wait(
         )
     if snap.status != "SUCCEEDED":
         raise typer.Exit(int(ExitCode.FAILED))
-
-
-def follow_with_progress(client: TaskClient, snap: Snapshot, err: Console, timeout: float) -> Snapshot:
-    """The display of `generate --wait`: one line per state change, a progress bar, the time elapsed."""
-    from aivedio_engine.jobs import follow
-
-    with Progress(
-        TextColumn("[bold]{task.fields[status]:<16}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=False,
-    ) as progress:
-        bar = progress.add_task("wait", total=100, status=snap.status)
-        seen: list[str] = []
-
-        def changed(s: Snapshot) -> None:
-            if not seen or seen[-1] != s.status:
-                seen.append(s.status)
-                progress.console.print(f"  {s.status}")
-            progress.update(bar, completed=s.progress, status=s.status)
-
-        return follow(client, snap, changed, timeout_s=timeout)
 
 
 def _print_result(snap: Snapshot, err: Console) -> None:
