@@ -94,9 +94,15 @@ def reduce(
     task = tasks.read(conn, attempt.task_id, lock=True)
     moved: dict[str, AttemptStatus] = {}
     digest = _reduce(conn, attempt, task, obs, now, urgent_fetch_s, moved)
-    if after is not None and moved.get("to", AttemptStatus(attempt.submit_state)) in ATTEMPT_TERMINAL:
-        after["lease"] = lease_of(attempt, task.tenant_id)
+    if after is not None:
+        after["lease"] = _finished_lease(attempt, task, moved.get("to"))
     return digest
+
+
+def _finished_lease(attempt: Any, task: Any, now_in: AttemptStatus | None = None) -> Lease | None:
+    """The slot to free once the transaction has committed: the attempt's, if it is (now) terminal."""
+    state = now_in or AttemptStatus(attempt.submit_state)
+    return lease_of(attempt, task.tenant_id) if state in ATTEMPT_TERMINAL else None
 
 
 def _reduce(
@@ -399,10 +405,8 @@ def _reduce_pg(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s
                 failpoint("consume.duplicate")
                 observing.commit(raw, group=CONSUMER_GROUP, event_id=envelope.event_id, digest=None)  # wrote nothing
                 # the first delivery may have committed and died before freeing the slot: free it from these rows
-                finished = got.attempt is not None and AttemptStatus(got.attempt.submit_state) in ATTEMPT_TERMINAL
-                return Reduced(
-                    DUPLICATE, lease_of(got.attempt, got.task.tenant_id) if finished else None, slot_checked=True
-                )
+                lease = _finished_lease(got.attempt, got.task) if got.attempt is not None else None
+                return Reduced(DUPLICATE, lease, slot_checked=True)
             lease = None
             if got.attempt is None:  # an orphan, or bound by request key: the general path
                 after: dict[str, Any] = {}
@@ -411,8 +415,7 @@ def _reduce_pg(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s
             else:
                 moved: dict[str, AttemptStatus] = {}
                 digest = _reduce(conn, got.attempt, got.task, obs, now, urgent_fetch_s, moved, seen=got.seen)
-                if moved.get("to", AttemptStatus(got.attempt.submit_state)) in ATTEMPT_TERMINAL:
-                    lease = lease_of(got.attempt, got.task.tenant_id)
+                lease = _finished_lease(got.attempt, got.task, moved.get("to"))
             failpoint("consume.before_commit")
             observing.commit(raw, group=CONSUMER_GROUP, event_id=envelope.event_id, digest=digest)
         wakeup.flush_noted(engine, conn)
