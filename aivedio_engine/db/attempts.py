@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
+from aivedio_engine.db import lock_order
 from aivedio_engine.db.tables import task_attempts
+from aivedio_engine.domain.retry import LastError, last_error_value
 from aivedio_engine.domain.status import AttemptStatus
 from aivedio_engine.domain.transitions import AttemptDecision, AttemptEvent, Rejection, decide_attempt
 from aivedio_engine.providers.fingerprint import request_fingerprint
@@ -67,17 +72,26 @@ def create(
 
 
 def read(conn: Connection, attempt_id: uuid.UUID, *, lock: bool = False) -> Any:
-    stmt = sa.select(task_attempts).where(_a.id == attempt_id)
-    if lock and conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update()
-    return conn.execute(stmt).first()
+    """The attempt; with `lock`, under its row lock, which needs its task's lock first (`db.lock_order`)."""
+    return _locked(conn, sa.select(task_attempts).where(_a.id == attempt_id), lock)
 
 
 def by_job(conn: Connection, provider: str, job_id: str, *, lock: bool = False) -> Any:
-    stmt = sa.select(task_attempts).where(_a.provider == provider, _a.provider_job_id == job_id)
-    if lock and conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update()
-    return conn.execute(stmt).first()
+    return _locked(conn, sa.select(task_attempts).where(_a.provider == provider, _a.provider_job_id == job_id), lock)
+
+
+def task_of(conn: Connection, attempt_id: uuid.UUID) -> uuid.UUID | None:
+    """The attempt's task (never changes, so it may be read before any lock is taken)."""
+    return conn.execute(sa.select(_a.task_id).where(_a.id == attempt_id)).scalar_one_or_none()
+
+
+def _locked(conn: Connection, stmt: sa.Select[Any], lock: bool) -> Any:
+    if not (lock and conn.dialect.name == "postgresql"):
+        return conn.execute(stmt).first()
+    row = conn.execute(stmt.with_for_update()).first()
+    if row is not None:
+        lock_order.require_task_locked(conn, row.task_id, row.id)
+    return row
 
 
 def current(conn: Connection, task_id: uuid.UUID) -> Any:
@@ -87,8 +101,21 @@ def current(conn: Connection, task_id: uuid.UUID) -> Any:
     ).first()
 
 
-def transition(conn: Connection, attempt: Any, event: AttemptEvent, now: datetime, **values: Any) -> AttemptDecision:
-    """Move an attempt by its machine, guarded by its current state (CAS); raises AttemptConflict."""
+def transition(
+    conn: Connection,
+    attempt: Any,
+    event: AttemptEvent,
+    now: datetime,
+    *,
+    error: LastError | None = None,
+    **values: Any,
+) -> AttemptDecision:
+    """Move an attempt by its machine, guarded by its current state (CAS); raises AttemptConflict. Its
+    `last_error_class` is written only from `error`, an ErrorClass or ErrorOutcome."""
+    if "last_error_class" in values:
+        raise TypeError("pass error=ErrorClass.X / ErrorOutcome.X, not a last_error_class string")
+    if error is not None:
+        values["last_error_class"] = last_error_value(error)
     result = decide_attempt(AttemptStatus(attempt.submit_state), event)
     if isinstance(result, Rejection):
         raise AttemptConflict(result.reason)
@@ -104,3 +131,85 @@ def transition(conn: Connection, attempt: Any, event: AttemptEvent, now: datetim
 
 def update(conn: Connection, attempt_id: uuid.UUID, **values: Any) -> None:
     conn.execute(task_attempts.update().where(_a.id == attempt_id).values(**values))
+
+
+# --- the vendor's bill (0015_billed_units) -----------------------------------------------------------------
+
+#: attempts the provider accepted: under the usual vendor rule these are billed even when they fail later
+ACCEPTED = (
+    AttemptStatus.ACKED.value,
+    AttemptStatus.RUNNING.value,
+    AttemptStatus.SUCCEEDED.value,
+    AttemptStatus.FAILED.value,
+    AttemptStatus.CANCELED.value,
+    AttemptStatus.UNKNOWN.value,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class VendorBill:
+    """What the vendor reported it billed for one attempt's job (all None: it said nothing)."""
+
+    attempt_id: uuid.UUID
+    billed: bool | None
+    seconds: Decimal | None
+    outputs: int | None
+    vendor_cost: Decimal | None
+    refunded: bool | None
+
+
+def bill_values(obs: Mapping[str, Any]) -> dict[str, Any]:
+    """The attempt columns an observation's billing facts set (only those it reports: a later observation that
+    says nothing never erases what an earlier one said)."""
+    values: dict[str, Any] = {}
+    for column, key in (
+        ("vendor_billed", "billed"),
+        ("billed_seconds", "billed_seconds"),
+        ("billed_outputs", "billed_outputs"),
+        ("vendor_cost", "vendor_cost"),
+        ("vendor_refunded", "refunded"),
+    ):
+        value = obs.get(key)
+        if value is None:
+            continue
+        if column in ("billed_seconds", "vendor_cost"):
+            value = Decimal(str(value))
+            if value < 0:
+                continue  # a negative charge is no bill: ignore it rather than fail the reducer on the CHECK
+        elif column == "billed_outputs":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                continue
+        elif not isinstance(value, bool):
+            continue
+        values[column] = value
+    return values
+
+
+def bill_of(conn: Connection, task_id: uuid.UUID) -> VendorBill | None:
+    """The bill of the task's latest attempt (the one whose job decides its cost), or None without attempts."""
+    row = conn.execute(
+        sa.select(_a.id, _a.vendor_billed, _a.billed_seconds, _a.billed_outputs, _a.vendor_cost, _a.vendor_refunded)
+        .where(_a.task_id == task_id)
+        .order_by(_a.attempt_no.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        return None
+    return VendorBill(
+        row.id,
+        row.vendor_billed,
+        None if row.billed_seconds is None else Decimal(row.billed_seconds),
+        row.billed_outputs,
+        None if row.vendor_cost is None else Decimal(row.vendor_cost),
+        row.vendor_refunded,
+    )
+
+
+def any_accepted(conn: Connection, task_id: uuid.UUID) -> bool:
+    """Whether the provider accepted some attempt of the task."""
+    count = conn.execute(
+        sa.select(sa.func.count())
+        .select_from(task_attempts)
+        .where(_a.task_id == task_id, _a.submit_state.in_(ACCEPTED))
+    ).scalar_one()
+    return int(count) > 0

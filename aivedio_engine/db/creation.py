@@ -1,7 +1,10 @@
 """Creating a task: the one hot write of the API, as one statement on PostgreSQL.
 
-The task, its four creation state events, the RESERVE ledger row, the `generation.queued` outbox row and the
-balance decrement commit together or not at all (seed 000 §4.9.2 "事务 1"). On PostgreSQL they are one
+The task, its four creation state events, the RESERVE ledger row, the `task.status.changed` outbox row (the
+NOTIFY effect of the QUEUED decision, one for the three creation steps) and the balance decrement commit
+together or not at all (seed 000 §4.9.2 "事务 1"). There is no queued-intake message: the dispatcher scans
+QUEUED tasks itself, and the commit wakes it (`wakeup.DISPATCH`). The notice also keeps the load-shedding
+signal (the age of the oldest due outbox row) honest when nothing relays the outbox. On PostgreSQL they are one
 data-modifying CTE, prepared once per connection and sent in one pipeline with BEGIN, the lock timeout and
 COMMIT: one round trip per create instead of seventeen, and no SQLAlchemy statement built per call
 (research/performance_profile.md: 29 % of the API's CPU was statement construction).
@@ -35,6 +38,7 @@ from aivedio_engine.db.session import pg_transaction, read_conn, write_tx
 from aivedio_engine.db.tables import generation_tasks
 from aivedio_engine.domain.events import ROUTES, EventType
 from aivedio_engine.domain.status import EventSource, StateEventOutcome
+from aivedio_engine.testing.failpoints import failpoint
 
 IN_FLIGHT_WAIT_MS = 1500
 
@@ -59,7 +63,6 @@ class NewTask:
     now: datetime
     #: (event_type, from_status, to_status, version) of each creation step, CREATED first
     history: tuple[tuple[str, str | None, str, int], ...]
-    queued_payload: dict[str, Any]
 
 
 class KeyTaken(Exception):
@@ -102,11 +105,11 @@ WITH task AS (
     INSERT INTO credit_ledger (id, tenant_id, task_id, entry_type, amount, business_key, created_by, created_at)
     SELECT %(ledger_id)s, %(tenant_id)s, task.id, 'RESERVE', -%(cost)s, 'reserve:' || task.id::text, 'api', %(now)s
     FROM task
-), queued AS (
+), notice AS (
     INSERT INTO outbox_events (id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, status,
         target, available_at, tenant_id, trace_id, created_at)
-    SELECT %(outbox_id)s, 'task', task.id, task.version, %(queued_type)s, %(queued_payload)s, 'PENDING',
-        %(queued_target)s, %(now)s, %(tenant_id)s, %(trace)s, %(now)s
+    SELECT %(outbox_id)s, 'task', task.id, task.version, %(notice_type)s, %(notice_payload)s, 'PENDING',
+        %(notice_target)s, %(now)s, %(tenant_id)s, %(trace)s, %(now)s
     FROM task
 )
 SELECT {", ".join(f"task.{c}" for c in _COLUMNS)},
@@ -173,23 +176,26 @@ def _create_pg(engine: Engine, new: NewTask) -> Any:
         "ev_versions": [h[3] for h in new.history],
         "ledger_id": new_id(),
         "outbox_id": new_id(),
-        "queued_type": EventType.GENERATION_QUEUED.value,
-        "queued_payload": Jsonb(new.queued_payload),
-        "queued_target": ROUTES[EventType.GENERATION_QUEUED].actor,
+        "notice_type": EventType.TASK_STATUS_CHANGED.value,
+        "notice_payload": Jsonb(_notice_payload(new)),
+        "notice_target": ROUTES[EventType.TASK_STATUS_CHANGED].actor,
     }
     for attempt in (1, 2):
         with engine.connect() as sa_conn:
             raw: psycopg.Connection[Any] = sa_conn.connection.driver_connection  # type: ignore[assignment]
             try:
                 with pg_transaction(sa_conn):
+                    # BEGIN, the insert and COMMIT go in one pipeline: a death before it is the only "before"
+                    failpoint("create.before_commit")
                     row = _run_pg(raw, params, new.tenant_id)
+                failpoint("create.after_commit")
             except psycopg.OperationalError:
                 if attempt == 2 or not raw.broken:
                     raise
                 # a pooled connection the server dropped (restart, failover): nothing was committed on it, or
                 # the commit's fate is unknown — either way the retry either creates or finds the task by key
                 continue
-        wakeup.committed(engine, (wakeup.OUTBOX,))
+        wakeup.committed(engine, (wakeup.OUTBOX, wakeup.DISPATCH))  # a QUEUED task: the dispatcher looks now
         return row
     raise AssertionError("unreachable")
 
@@ -228,6 +234,8 @@ def _create_core(engine: Engine, new: NewTask) -> Any:
             if _by_key(conn, new.tenant_id, new.key) is not None:
                 raise KeyTaken
             row = _insert_core(conn, new)
+            failpoint("create.before_commit")
+        failpoint("create.after_commit")
     except IntegrityError as exc:
         if "client_idempotency_key" not in str(exc.orig):
             raise
@@ -279,20 +287,25 @@ def _insert_core(conn: Connection, new: NewTask) -> Any:
     )
     outbox.add(
         conn,
-        EventType.GENERATION_QUEUED,
+        EventType.TASK_STATUS_CHANGED,
         aggregate_type="task",
         aggregate_id=new.id,
         aggregate_version=new.version,
         tenant_id=new.tenant_id,
         trace_id=new.trace_id,
         now=new.now,
-        payload=new.queued_payload,
+        payload=_notice_payload(new),
     )
+    wakeup.notify(conn, wakeup.DISPATCH)
     try:
         ledger.reserve(conn, tenant_id=new.tenant_id, task_id=new.id, amount=new.cost, now=new.now, created_by="api")
     except ledger.InsufficientBalance as exc:
         raise Unaffordable(exc.balance) from None
     return row
+
+
+def _notice_payload(new: NewTask) -> dict[str, Any]:
+    return tasks.status_changed_payload(new.id, new.version, new.status, new.progress)
 
 
 def by_key(engine: Engine, tenant_id: uuid.UUID, key: str) -> Any:

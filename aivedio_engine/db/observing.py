@@ -1,7 +1,7 @@
 """The reducer's reads on PostgreSQL, in one round trip.
 
 A new observation needs four facts before anything can be decided: whether this delivery is the first (the
-inbox row), the attempt (locked), its task (locked, after the attempt — the order submit's tx B uses), and
+inbox row), its task (locked), the attempt (locked after its task: the engine's one lock order, `db.lock_order`), and
 whether the observation was already recorded. Sent one by one they were four round trips; here they go as one
 psycopg pipeline of prepared statements with the transaction's BEGIN (`db.session.pg_transaction`). SQLite
 (embedded mode) has no such cost: the reducer reads through SQLAlchemy there.
@@ -72,10 +72,10 @@ def claim(
     with raw.pipeline():
         raw.execute("BEGIN")
         cursors = [raw.cursor(row_factory=namedtuple_row) for _ in range(4)]
-        for cur, sql in zip(cursors, (_INBOX, _ATTEMPT, _TASK, _SEEN), strict=True):
+        for cur, sql in zip(cursors, (_INBOX, _TASK, _ATTEMPT, _SEEN), strict=True):
             cur.execute(sql, params, prepare=True)
     # fetched after the block: inside it, each fetch would wait for a Flush of its own
-    inbox, attempt, task, seen = (cur.fetchone() for cur in cursors)
+    inbox, task, attempt, seen = (cur.fetchone() for cur in cursors)
     return Claimed(fresh=inbox is not None, attempt=attempt, task=task, seen=seen is not None)
 
 

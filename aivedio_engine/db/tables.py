@@ -19,6 +19,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
+from aivedio_engine.domain.project import ProjectStatus
 from aivedio_engine.domain.status import (
     ATTEMPT_IN_FLIGHT,
     TASK_TERMINAL,
@@ -37,7 +38,10 @@ from aivedio_engine.domain.status import (
     TaskStatus,
     TenantStatus,
     UploadSessionStatus,
+    WebhookDeliveryState,
 )
+from aivedio_engine.domain.workflow import ErrorCode, QueueName, StepStatus, StepType
+from aivedio_engine.providers.base import JobStatus
 
 #: The SQL files spell the same names, so a constraint error reads the same in PostgreSQL and SQLite and the
 #: drift test can compare constraints by name.
@@ -127,16 +131,27 @@ tenants = sa.Table(
     sa.Column("status", sa.String(16), nullable=False, server_default=TenantStatus.ACTIVE.value),
     sa.Column("credit_balance", MONEY, nullable=False, server_default=ZERO),
     sa.Column("max_concurrency", sa.Integer),
-    sa.Column("priority_tier", sa.Integer, nullable=False, server_default=ZERO),
+    sa.Column("priority_tier", sa.Integer, nullable=False, server_default=sa.text("2")),  # 0012: 1 is served first
     sa.Column("rate_limit_per_s", sa.Double),
     sa.Column("created_at", TS, nullable=False),
     sa.Column("updated_at", TS, nullable=False),
     sa.Column("max_upload_bytes", sa.BigInteger),  # 0009; NULL: api.max_upload_bytes
+    sa.Column("rate_limit_burst", sa.Integer),  # 0012; NULL: api.tenant_rate_burst
+    # 0023_retention; NULL: the [retention] default
+    sa.Column("retention_outputs_days", sa.Integer),
+    sa.Column("retention_inputs_days", sa.Integer),
+    sa.Column("retention_prompts_days", sa.Integer),
+    sa.Column("purged_at", TS),
     enum_check("status", TenantStatus),
     sa.CheckConstraint("credit_balance >= 0", name="credit_balance_nonnegative"),
     sa.CheckConstraint("max_concurrency > 0", name="max_concurrency_positive"),
     sa.CheckConstraint("rate_limit_per_s > 0", name="rate_limit_positive"),
     sa.CheckConstraint("max_upload_bytes > 0", name="max_upload_bytes_positive"),
+    sa.CheckConstraint("rate_limit_burst > 0", name="rate_limit_burst_positive"),
+    sa.CheckConstraint("priority_tier BETWEEN 1 AND 5", name="priority_tier_range"),
+    sa.CheckConstraint("retention_outputs_days > 0", name="retention_outputs_positive"),
+    sa.CheckConstraint("retention_inputs_days > 0", name="retention_inputs_positive"),
+    sa.CheckConstraint("retention_prompts_days > 0", name="retention_prompts_positive"),
 )
 
 api_keys = sa.Table(
@@ -192,6 +207,7 @@ generation_tasks = sa.Table(
     sa.Column("updated_at", TS, nullable=False),
     sa.Column("started_at", TS),
     sa.Column("finished_at", TS),
+    sa.Column("prompt_redacted_at", TS),  # 0023_retention
     sa.UniqueConstraint("tenant_id", "client_idempotency_key"),
     enum_check("status", TaskStatus),
     enum_check("cancel_outcome", CancelOutcome),
@@ -209,6 +225,11 @@ sa.Index(
 )
 sa.Index("ix_generation_tasks_next_retry", _gt.next_retry_at, **partial(_gt.status == TaskStatus.RETRY_WAIT.value))
 sa.Index("ix_generation_tasks_tenant_created", _gt.tenant_id, _gt.created_at.desc())
+sa.Index(
+    "ix_generation_tasks_finished_unredacted",
+    _gt.finished_at,
+    **partial(sa.and_(_gt.finished_at.is_not(None), _gt.prompt_redacted_at.is_(None))),
+)
 sa.Index(
     "ix_generation_tasks_queued", _gt.priority.desc(), _gt.created_at, **partial(_gt.status == TaskStatus.QUEUED.value)
 )
@@ -241,12 +262,19 @@ task_attempts = sa.Table(
     sa.Column("lookup_count", sa.Integer, nullable=False, server_default=ZERO),
     sa.Column("last_lookup_at", TS),
     sa.Column("last_not_found_at", TS),
+    # 0015_billed_units
+    sa.Column("vendor_billed", sa.Boolean),
+    sa.Column("billed_seconds", sa.Numeric(12, 3)),
+    sa.Column("billed_outputs", sa.Integer),
+    sa.Column("vendor_cost", MONEY),
+    sa.Column("vendor_refunded", sa.Boolean),
     sa.UniqueConstraint("task_id", "attempt_no"),
     sa.UniqueConstraint("provider", "provider_request_key"),
     enum_check("submit_state", AttemptStatus),
     sa.CheckConstraint("attempt_no >= 1", name="attempt_no_positive"),
     sa.CheckConstraint("poll_count >= 0", name="poll_count_nonnegative"),
     sa.CheckConstraint("lookup_count >= 0", name="lookup_count_nonnegative"),
+    sa.CheckConstraint("billed_seconds >= 0 AND billed_outputs >= 0 AND vendor_cost >= 0", name="billed_nonnegative"),
 )
 _ta = task_attempts.c
 sa.Index(
@@ -318,6 +346,8 @@ provider_events = sa.Table(
 _pe = provider_events.c
 sa.Index("ix_provider_events_orphan", _pe.provider, _pe.provider_job_id, **partial(_pe.orphan))
 sa.Index("ix_provider_events_expires_at", _pe.expires_at)
+# 0021: the sweeper's scan for stored observations never applied (db/stalled.py)
+sa.Index("ix_provider_events_received_at", _pe.received_at)
 
 # --- 0003_assets_uploads -------------------------------------------------------------------------------------
 
@@ -397,6 +427,7 @@ upload_sessions = sa.Table(
     sa.Column("expires_at", TS, nullable=False),
     sa.Column("created_at", TS, nullable=False),
     sa.Column("completed_at", TS),
+    sa.Column("quarantine_cleared_at", TS),  # 0022_upload_quarantine
     enum_check("status", UploadSessionStatus),
     sa.CheckConstraint("declared_size_bytes >= 0", name="declared_size_nonnegative"),
 )
@@ -406,6 +437,16 @@ sa.Index(
     **partial(upload_sessions.c.status == UploadSessionStatus.OPEN.value),
 )
 sa.Index("ix_upload_sessions_asset_id", upload_sessions.c.asset_id)
+sa.Index(
+    "ix_upload_sessions_quarantine_pending",
+    upload_sessions.c.created_at,
+    **partial(
+        sa.and_(
+            upload_sessions.c.quarantine_cleared_at.is_(None),
+            upload_sessions.c.status != UploadSessionStatus.OPEN.value,
+        )
+    ),
+)
 
 # --- 0004_outbox_inbox ---------------------------------------------------------------------------------------
 
@@ -438,6 +479,12 @@ sa.Index(
     outbox_events.c.available_at,
     **partial(outbox_events.c.status == OutboxStatus.PENDING.value),
 )
+# --- 0024_outbox_pending_by_id: the relay's claim order over the PENDING rows only
+sa.Index(
+    "ix_outbox_events_pending_id",
+    outbox_events.c.id,
+    **partial(outbox_events.c.status == OutboxStatus.PENDING.value),
+)
 
 inbox_dedup = sa.Table(
     "inbox_dedup",
@@ -467,6 +514,9 @@ credit_ledger = sa.Table(
     sa.Column("reason", sa.Text),
     sa.Column("created_by", sa.String(128), nullable=False),
     sa.Column("created_at", TS, nullable=False),
+    # 0015_billed_units
+    sa.Column("vendor_amount", MONEY),
+    sa.Column("vendor_currency", sa.String(16)),
     enum_check("entry_type", LedgerEntryType),
     sa.CheckConstraint(
         f"(entry_type <> '{_LE.RESERVE.value}' OR amount <= 0) AND "
@@ -484,7 +534,8 @@ review_items = sa.Table(
     "review_items",
     metadata,
     _id(),
-    _fk("task_id", "generation_tasks.id", nullable=False),
+    # 0018: nullable, an item may be about a workflow step instead (exactly one of the two is set)
+    _fk("task_id", "generation_tasks.id"),
     _fk("asset_id", "assets.id"),
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("state", sa.String(16), nullable=False, server_default=ReviewState.PENDING.value),
@@ -495,13 +546,21 @@ review_items = sa.Table(
     sa.Column("decided_at", TS),
     sa.Column("note", sa.Text),
     sa.Column("created_at", TS, nullable=False),
+    _fk("workflow_task_id", "workflow_tasks.id"),
     enum_check("state", ReviewState),
     enum_check("decision", ReviewState, only={ReviewState.APPROVED, ReviewState.REJECTED}),
+    sa.CheckConstraint("(task_id IS NULL) <> (workflow_task_id IS NULL)", name="one_subject"),
 )
 sa.Index(
     "uq_review_items_open_task", review_items.c.task_id, unique=True, **partial(review_items.c.state.in_(_OPEN_REVIEW))
 )
 sa.Index("ix_review_items_open_created", review_items.c.created_at, **partial(review_items.c.state.in_(_OPEN_REVIEW)))
+sa.Index(
+    "uq_review_items_open_step",
+    review_items.c.workflow_task_id,
+    unique=True,
+    **partial(review_items.c.state.in_(_OPEN_REVIEW)),
+)
 
 dead_letters = sa.Table(
     "dead_letters",
@@ -600,6 +659,221 @@ storage_scans = sa.Table(
     sa.CheckConstraint("objects >= 0 AND bytes >= 0 AND orphans >= 0 AND orphan_bytes >= 0", name="counts_nonnegative"),
 )
 sa.Index("ix_storage_scans_finished_at", storage_scans.c.finished_at)
+
+# --- 0013_client_webhooks ------------------------------------------------------------------------------------
+
+webhook_endpoints = sa.Table(
+    "webhook_endpoints",
+    metadata,
+    _id(),
+    _fk("tenant_id", "tenants.id", nullable=False),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("event_filter", JSONB, nullable=False),
+    sa.Column("secret", sa.Text, nullable=False),
+    sa.Column("previous_secret", sa.Text),
+    sa.Column("previous_secret_until", TS),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+    sa.Column("removed_at", TS),
+)
+sa.Index(
+    "ix_webhook_endpoints_tenant_live",
+    webhook_endpoints.c.tenant_id,
+    **partial(webhook_endpoints.c.removed_at.is_(None)),
+)
+
+webhook_deliveries = sa.Table(
+    "webhook_deliveries",
+    metadata,
+    _id(),
+    _fk("endpoint_id", "webhook_endpoints.id", nullable=False),
+    sa.Column("tenant_id", sa.Uuid, nullable=False),
+    sa.Column("event_id", sa.Uuid, nullable=False),
+    sa.Column("event_type", sa.String(64), nullable=False),
+    sa.Column("task_id", sa.Uuid, nullable=False),
+    sa.Column("payload", JSONB, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False, server_default=WebhookDeliveryState.PENDING.value),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default=ZERO),
+    sa.Column("next_attempt_at", TS),
+    sa.Column("first_attempt_at", TS),
+    sa.Column("last_attempt_at", TS),
+    sa.Column("last_status_code", sa.Integer),
+    sa.Column("last_error", sa.Text),
+    sa.Column("delivered_at", TS),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+    sa.UniqueConstraint("endpoint_id", "event_id"),
+    enum_check("state", WebhookDeliveryState),
+    sa.CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
+)
+sa.Index("ix_webhook_deliveries_endpoint_created", webhook_deliveries.c.endpoint_id, webhook_deliveries.c.created_at)
+sa.Index("ix_webhook_deliveries_state_next", webhook_deliveries.c.state, webhook_deliveries.c.next_attempt_at)
+
+# --- 0016_system_b_projects ----------------------------------------------------------------------------------
+
+_OPEN_PROJECT = _ordered(
+    {ProjectStatus.CREATED, ProjectStatus.RUNNING, ProjectStatus.NEEDS_ATTENTION, ProjectStatus.FAILED}, ProjectStatus
+)
+_DUE_STEP = _ordered({StepStatus.PENDING, StepStatus.RETRYING}, StepStatus)
+
+projects = sa.Table(
+    "projects",
+    metadata,
+    _id(),
+    _fk("tenant_id", "tenants.id", nullable=False),
+    sa.Column("workflow", sa.String(64), nullable=False),
+    sa.Column("user_ref", sa.String(128), nullable=False),
+    sa.Column("priority", sa.SmallInteger, nullable=False, server_default=sa.text("3")),
+    sa.Column("formal", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("idempotency_key", sa.String(255)),
+    sa.Column("input", JSONB, nullable=False),
+    sa.Column("input_hash", sa.CHAR(64), nullable=False),
+    sa.Column("status", sa.String(24), nullable=False, server_default=ProjectStatus.CREATED.value),
+    sa.Column("version", sa.Integer, nullable=False, server_default=sa.text("1")),
+    sa.Column("shots", sa.Integer),
+    sa.Column("cost_estimate", MONEY, nullable=False, server_default=ZERO),
+    sa.Column("cost_actual", MONEY, nullable=False, server_default=ZERO),
+    sa.Column("lock_holder", sa.Uuid),
+    sa.Column("lock_until", TS),
+    _fk("result_asset_id", "assets.id"),
+    sa.Column("error_code", sa.String(64)),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+    sa.Column("finished_at", TS),
+    sa.Column("event_seq", sa.BigInteger, nullable=False, server_default=sa.text("0")),
+    sa.UniqueConstraint("tenant_id", "idempotency_key"),
+    enum_check("status", ProjectStatus),
+    sa.CheckConstraint("priority BETWEEN 1 AND 5", name="priority"),
+    sa.CheckConstraint("shots >= 0", name="shots_nonnegative"),
+)
+sa.Index("ix_projects_tenant_created", projects.c.tenant_id, projects.c.created_at)
+sa.Index(
+    "uq_projects_open_formal_user",
+    projects.c.tenant_id,
+    projects.c.user_ref,
+    unique=True,
+    **partial(sa.and_(projects.c.formal, projects.c.status.in_(_OPEN_PROJECT))),
+)
+
+workflow_tasks = sa.Table(
+    "workflow_tasks",
+    metadata,
+    _id(),
+    _fk("project_id", "projects.id", nullable=False),
+    sa.Column("step_key", sa.String(64), nullable=False),
+    sa.Column("task_type", sa.String(32), nullable=False),
+    sa.Column("queue", sa.String(32), nullable=False),
+    sa.Column("priority", sa.SmallInteger, nullable=False),
+    sa.Column("provider_id", sa.String(64)),
+    sa.Column("status", sa.String(16), nullable=False, server_default=StepStatus.PENDING.value),
+    sa.Column("input_json", JSONB, nullable=False),
+    sa.Column("input_hash", sa.CHAR(64), nullable=False),
+    _fk("output_asset_id", "assets.id"),
+    sa.Column("output_json", JSONB),
+    sa.Column("provider_request_id", sa.String(255)),
+    _fk("generation_task_id", "generation_tasks.id"),
+    sa.Column("retry_count", sa.Integer, nullable=False, server_default=ZERO),
+    sa.Column("max_retry", sa.Integer, nullable=False, server_default=sa.text("3")),
+    sa.Column("next_attempt_at", TS),
+    sa.Column("progress", sa.SmallInteger, nullable=False, server_default=ZERO),
+    sa.Column("cost_estimate", MONEY, nullable=False, server_default=ZERO),
+    sa.Column("cost_actual", MONEY, nullable=False, server_default=ZERO),
+    sa.Column("error_code", sa.String(64)),
+    sa.Column("error_message", sa.Text),
+    sa.Column("version", sa.Integer, nullable=False, server_default=sa.text("1")),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("started_at", TS),
+    sa.Column("finished_at", TS),
+    sa.Column("updated_at", TS, nullable=False),
+    sa.UniqueConstraint("project_id", "task_type", "input_hash"),
+    sa.UniqueConstraint("project_id", "step_key"),
+    enum_check("status", StepStatus),
+    enum_check("task_type", StepType),
+    enum_check("queue", QueueName),
+    enum_check("error_code", ErrorCode),
+    sa.CheckConstraint("retry_count >= 0", name="retry_count_nonnegative"),
+)
+sa.Index(
+    "ix_workflow_tasks_due",
+    workflow_tasks.c.queue,
+    workflow_tasks.c.priority,
+    workflow_tasks.c.next_attempt_at,
+    **partial(workflow_tasks.c.status.in_(_DUE_STEP)),
+)
+sa.Index(
+    "ix_workflow_tasks_running",
+    workflow_tasks.c.started_at,
+    **partial(workflow_tasks.c.status == StepStatus.RUNNING.value),
+)
+
+# append-only in PostgreSQL (0025_workflow_events_append_only: a trigger; only the payload's redaction to NULL)
+workflow_task_events = sa.Table(
+    "workflow_task_events",
+    metadata,
+    _id(),
+    # 0018: NULL for the project's own status changes (numbered in the same per-project sequence)
+    _fk("workflow_task_id", "workflow_tasks.id"),
+    _fk("project_id", "projects.id", nullable=False),
+    sa.Column("event", sa.String(32), nullable=False),
+    sa.Column("from_status", sa.String(16)),
+    sa.Column("to_status", sa.String(16), nullable=False),
+    sa.Column("error_code", sa.String(64)),
+    sa.Column("payload", JSONB),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("seq", sa.BigInteger),
+)
+sa.Index("ix_workflow_task_events_project", workflow_task_events.c.project_id, workflow_task_events.c.created_at)
+sa.Index(
+    "uq_workflow_task_events_project_seq",
+    workflow_task_events.c.project_id,
+    workflow_task_events.c.seq,
+    unique=True,
+)
+
+# --- 0014_local_jobs -----------------------------------------------------------------------------------------
+
+local_jobs = sa.Table(
+    "local_jobs",
+    metadata,
+    sa.Column("job_id", sa.Text, primary_key=True),
+    sa.Column("provider", sa.Text, nullable=False),
+    sa.Column("request_key", sa.Text, nullable=False),
+    sa.Column("params", JSONB, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("progress", sa.Integer, nullable=False, server_default=ZERO),
+    sa.Column("output_path", sa.Text),
+    sa.Column("size_bytes", sa.BigInteger),
+    sa.Column("error_code", sa.Text),
+    sa.Column("error_message", sa.Text),
+    sa.Column("owner", sa.Text),
+    sa.Column("renders", sa.Integer, nullable=False, server_default=ZERO),
+    sa.Column("created_at", TS, nullable=False),
+    sa.Column("updated_at", TS, nullable=False),
+    sa.UniqueConstraint("provider", "request_key"),
+    enum_check("state", JobStatus),
+    sa.CheckConstraint("progress >= 0 AND renders >= 0", name="counts_nonnegative"),
+)
+sa.Index("ix_local_jobs_provider_state", local_jobs.c.provider, local_jobs.c.state)
+
+# --- 0017_process_heartbeats ---------------------------------------------------------------------------------
+
+process_heartbeats = sa.Table(
+    "process_heartbeats",
+    metadata,
+    _id(),
+    sa.Column("roles", sa.String(128), nullable=False),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("version", sa.String(64), nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("started_at", TS, nullable=False),
+    sa.Column("last_seen", TS, nullable=False),
+    sa.Column("stopped_at", TS),
+    sa.Column("activity", JSONB),
+    sa.Column("backlog", JSONB),
+    sa.CheckConstraint("pid > 0", name="pid_positive"),
+)
+sa.Index("ix_process_heartbeats_last_seen", process_heartbeats.c.last_seen)
 
 # --- created by the migration runner itself, before any migration --------------------------------------------
 

@@ -15,11 +15,12 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
-from aivedio_engine.db import outbox, wakeup
+from aivedio_engine.db import lock_order, outbox, wakeup
 from aivedio_engine.db.tables import generation_tasks, outbox_events, task_state_events
 from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.retry import LastError, last_error_value
 from aivedio_engine.domain.status import EventSource, StateEventOutcome, TaskStatus
-from aivedio_engine.domain.transitions import Decision, Effect, TaskEvent, TaskSnapshot, Trigger, decide
+from aivedio_engine.domain.transitions import Decision, Effect, TaskSnapshot
 
 _t = generation_tasks.c
 
@@ -38,6 +39,10 @@ def read(conn: Connection, task_id: uuid.UUID, tenant_id: uuid.UUID | None = Non
         stmt = stmt.where(_t.tenant_id == tenant_id)
     if lock and conn.dialect.name == "postgresql":
         stmt = stmt.with_for_update()
+        row = conn.execute(stmt).first()
+        if row is not None:
+            lock_order.note_task_locked(conn, row.id)
+        return row
     return conn.execute(stmt).first()
 
 
@@ -72,6 +77,11 @@ def event_row(
         outcome=outcome.value,
         created_at=now,
     )
+
+
+def status_changed_payload(task_id: uuid.UUID, version: int, status: str, progress: int) -> dict[str, Any]:
+    """The `task.status.changed` payload: a trigger only; subscribers read the change from the history."""
+    return {"task_id": str(task_id), "version": version, "status": status, "progress": progress}
 
 
 def record_event(conn: Connection, **fields: Any) -> None:
@@ -140,12 +150,7 @@ def apply(
             tenant_id=row.tenant_id,
             trace_id=row.trace_id,
             now=now,
-            payload={
-                "task_id": str(task_id),
-                "version": decision.version,
-                "status": decision.to_status.value,
-                "progress": decision.progress,
-            },
+            payload=status_changed_payload(task_id, decision.version, decision.to_status.value, decision.progress),
         )
     conn.execute(task_state_events.insert().values(**event))
 
@@ -176,12 +181,7 @@ def _apply_one_statement(
             aggregate_id=task_id,
             aggregate_version=decision.version,
             now=now,
-            payload={
-                "task_id": str(task_id),
-                "version": decision.version,
-                "status": decision.to_status.value,
-                "progress": decision.progress,
-            },
+            payload=status_changed_payload(task_id, decision.version, decision.to_status.value, decision.progress),
         )
         ctes.append(
             _insert_from(
@@ -203,29 +203,17 @@ def _insert_from(
     return table.insert().from_select(columns, sa.select(*exprs).select_from(moved)).cte(name)
 
 
-def decide_and_apply(
-    conn: Connection,
-    task: Any,
-    event: TaskEvent,
-    now: datetime,
-    *,
-    source: EventSource,
-    payload: dict[str, Any] | None = None,
-    extra: dict[str, Any] | None = None,
-) -> Decision:
-    """Decide `event` for the task row just read (under its lock) and apply it; a rejection means the caller's
-    view is out of date, so it surfaces as VersionConflict (the caller's transaction rolls back)."""
-    decision = decide(snapshot(task), Trigger(event, expected_version=int(task.version)), now)
-    if not isinstance(decision, Decision):
-        raise VersionConflict(f"{event} rejected for task {task.id}: {decision.reason}")
-    apply(
-        conn,
-        task.id,
-        decision,
-        source=source,
-        source_event_id=f"{task.id}:{decision.version}",
-        now=now,
-        extra=extra,
-        payload=payload,
+def set_error(conn: Connection, task_id: uuid.UUID, error: LastError, code: str, now: datetime) -> None:
+    """Record why a step failed without moving the task (the step retries itself)."""
+    conn.execute(
+        generation_tasks.update()
+        .where(_t.id == task_id)
+        .values(last_error_class=last_error_value(error), last_error_code=code[:128], updated_at=now)
     )
-    return decision
+
+
+def set_columns(conn: Connection, task_id: uuid.UUID, **values: Any) -> None:
+    """Bookkeeping columns that are not part of a transition (next_action_at, progress, updated_at)."""
+    if "status" in values or "version" in values or "last_error_class" in values:
+        raise ValueError("status, version and errors change only through a transition (services.transition)")
+    conn.execute(generation_tasks.update().where(_t.id == task_id).values(**values))

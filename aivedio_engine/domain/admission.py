@@ -58,6 +58,17 @@ class PriorityTier(IntEnum):
     CLEANUP = 5
 
 
+_TIERS = frozenset(t.value for t in PriorityTier)
+
+
+def capped_tier(requested: int, tenant_tier: int) -> int:
+    """The tier a task is served in: the one its request asks for (`priority`; 0 = the tenant's own), but never
+    a better one than its tenant's — a lower number is better, so the larger of the two wins. A tenant tier
+    outside the seed's (rows written before migration 0012 held 0) counts as PAID."""
+    tenant = tenant_tier if tenant_tier in _TIERS else PriorityTier.PAID
+    return max(requested, tenant) if requested else int(tenant)
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """A QUEUED task as the scheduler sees it."""

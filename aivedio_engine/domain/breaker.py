@@ -7,7 +7,7 @@ another 30 s. A probe that never reports (its process died) is replaced by a new
 
 Only submits are gated. Queries and cancels continue while the breaker is open: they bring home jobs already
 running at the provider and let users stop paying for them (seed 000 §4.11.2). The breaker also never moves a
-task to another provider; whether that is allowed (pinned model, SUBMIT_UNKNOWN) is the dispatcher's rule.
+task to another provider; whether that is allowed (pinned provider, SUBMIT_UNKNOWN) is `domain.provider_switch`.
 
 Results that arrive while the breaker is open and cooling down are stragglers of calls sent before it opened:
 they are ignored, so they can neither close it early nor extend the cooldown. Once half-open, the first result

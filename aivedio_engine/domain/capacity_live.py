@@ -18,25 +18,23 @@ Stdlib only, like capacity.py.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from aivedio_engine.domain.capacity import CapacityEstimate, CapacityInputs, estimate
+from aivedio_engine.domain.durations import parse_seconds
 
-_WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_WINDOW_S = 30 * 86400  # a month: beyond that the "current" rates describe another system
 _DEFAULTS = {f.name: f.default for f in fields(CapacityInputs)}
 
 
 def parse_window(text: str) -> float:
     """ "90s", "15m", "1h", "2d" or plain seconds → seconds; ValueError says what is accepted."""
-    m = _WINDOW.match(text or "")
-    if not m:
-        raise ValueError(f"window must look like 90s, 15m, 1h or 2d, got {text!r}")
-    seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    try:
+        seconds = parse_seconds(text)
+    except ValueError:
+        raise ValueError(f"window must look like 90s, 15m, 1h or 2d, got {text!r}") from None
     if not 0 < seconds <= MAX_WINDOW_S:
         raise ValueError(f"window must be > 0 and at most {MAX_WINDOW_S // 86400} days, got {text!r}")
     return seconds

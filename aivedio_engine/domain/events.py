@@ -6,6 +6,11 @@ table keeps names from drifting between the writer (services) and the consumers 
 Output fetches have a second, urgent route: a fetch whose URL expires soon goes to its own queue, drained by
 its own consumer and ahead of the ordinary fetches a worker holds (lower Dramatiq priority number), so a backlog
 of fresh URLs never makes an expiring one wait (seed 000 §4.4: fetch before the provider's URL expires).
+
+System B steps (seed 004 §3, §19) have one broker queue per step queue, named as the seed names them: a step that
+becomes due is announced by a `workflow.step.due` row routed to its queue's actor (`run_step_<queue>`), so a
+worker given only some queues consumes only those, and an idle queue is a consumer blocked on its broker. The
+message is only a wake-up: the consumer claims the best due step of its queue from the database.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+
+from aivedio_engine.domain.workflow import QueueName as StepQueue
 
 
 class EventType(StrEnum):
@@ -22,7 +29,9 @@ class EventType(StrEnum):
     FETCH_REQUESTED = "fetch.requested"
     MEDIA_PROCESS_REQUESTED = "media.process.requested"
     TASK_STATUS_CHANGED = "task.status.changed"
-    ASSET_VALIDATION_REQUESTED = "asset.validation.requested"
+    WEBHOOK_DELIVERY_REQUESTED = "webhook.delivery.requested"
+    #: a System B step is due on its queue (the wake-up of that queue's consumer; the step row is the truth)
+    STEP_DUE = "workflow.step.due"
 
 
 class Queue(StrEnum):
@@ -35,15 +44,30 @@ class Queue(StrEnum):
     NOTIFY = "notify"
     BILLING = "billing"
     MAINTENANCE = "maintenance"
+    #: client webhooks: their own queue, so a deployment can give slow client endpoints their own workers
+    WEBHOOKS = "webhooks"
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
     actor: str
-    queue: Queue
+    queue: Queue | StepQueue
     #: Dramatiq actor priority: among the messages a worker holds, lower numbers run first
     priority: int = 10
 
+
+#: Dramatiq priority of each step queue's actor among the messages one worker holds (lower runs first): the face
+#: check decides whether generation may go on (§19), the costly real-video and lip-sync work and cleanup yield
+_STEP_ACTOR_PRIORITY = {
+    StepQueue.FACE_CONSISTENCY: 0,
+    StepQueue.REAL_VIDEO_CLIP: 20,
+    StepQueue.LIPSYNC: 20,
+    StepQueue.CLEANUP: 30,
+}
+#: one route per System B step queue
+STEP_ROUTES: dict[StepQueue, Route] = {
+    q: Route(f"run_step_{q.value}", q, _STEP_ACTOR_PRIORITY.get(q, 10)) for q in StepQueue
+}
 
 ROUTES: dict[EventType, Route] = {
     EventType.GENERATION_QUEUED: Route("on_generation_queued", Queue.DISPATCH),
@@ -52,12 +76,19 @@ ROUTES: dict[EventType, Route] = {
     EventType.FETCH_REQUESTED: Route("fetch_output", Queue.FETCH),
     EventType.MEDIA_PROCESS_REQUESTED: Route("process_media", Queue.MEDIA),
     EventType.TASK_STATUS_CHANGED: Route("notify_status_changed", Queue.NOTIFY),
-    EventType.ASSET_VALIDATION_REQUESTED: Route("validate_asset", Queue.MEDIA),
+    EventType.WEBHOOK_DELIVERY_REQUESTED: Route("deliver_webhook", Queue.WEBHOOKS),
+    # the default of the step routes; a step's row is written to its own queue's route (`STEP_ROUTES`)
+    EventType.STEP_DUE: STEP_ROUTES[StepQueue.PHOTO_CHECK],
 }
 
 URGENT_FETCH = Route("fetch_output_urgent", Queue.FETCH_URGENT, priority=0)
+
+
 #: routes besides the default one that an event type may be written to
-ALTERNATE_ROUTES: dict[EventType, tuple[Route, ...]] = {EventType.FETCH_REQUESTED: (URGENT_FETCH,)}
+ALTERNATE_ROUTES: dict[EventType, tuple[Route, ...]] = {
+    EventType.FETCH_REQUESTED: (URGENT_FETCH,),
+    EventType.STEP_DUE: tuple(r for q, r in STEP_ROUTES.items() if q is not StepQueue.PHOTO_CHECK),
+}
 #: actor name → its route (the relay publishes a row to its target's queue)
 BY_ACTOR: dict[str, Route] = {
     r.actor: r for r in (*ROUTES.values(), *(a for alts in ALTERNATE_ROUTES.values() for a in alts))

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from aivedio_engine.domain.retry import ErrorClass, FailureContext, RetryBudget, Verdict, decide_retry
+
 
 @dataclass(frozen=True, slots=True)
 class PollPolicy:
@@ -44,6 +46,38 @@ def next_poll_at(
     delay = base * (1 + rng.uniform(-policy.jitter, policy.jitter))
     # jitter may not take us under the floor the vendors ask for (Runway: ≥ 5 s)
     return now + timedelta(seconds=max(policy.min_interval_s * (1 - policy.jitter), delay))
+
+
+@dataclass(frozen=True, slots=True)
+class QueryRetry:
+    at: datetime
+    #: why the query budget is spent (raise an alert), None while it is not
+    spent: str | None = None
+
+
+def after_query_failure(
+    policy: PollPolicy,
+    budget: RetryBudget,
+    *,
+    failures: int,
+    first_failure_at: datetime,
+    submitted_at: datetime,
+    now: datetime,
+    rng: random.Random,
+    task_deadline_at: datetime | None = None,
+) -> QueryRetry:
+    """When to query a job again after `failures` consecutive failed queries (`[retry.query]`, seed 000 §4.9.3:
+    retry with backoff, no state change).
+
+    Within the budget the delay is the budget's backoff, never under the poll floor the vendors ask for. A spent
+    budget does not fail the task: the job may still finish at the provider and its callback may still come, so
+    the query goes on at the slowest poll interval and the caller raises an alert.
+    """
+    ctx = FailureContext(ErrorClass.QUERY_FAILED, failures, first_failure_at, submitted_at, task_deadline_at)
+    decision = decide_retry(ctx, budget, now, rng)
+    if decision.verdict is Verdict.RETRY and decision.retry_at is not None:
+        return QueryRetry(max(decision.retry_at, now + timedelta(seconds=policy.min_interval_s)))
+    return QueryRetry(now + timedelta(seconds=policy.max_interval_s), decision.reason)
 
 
 class LookupVerdict(StrEnum):

@@ -16,10 +16,17 @@ from dataclasses import asdict, dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-ASPECT_RATIOS = ("16:9", "9:16", "1:1", "4:3", "3:4", "21:9")
+from aivedio_engine.domain.references import ASPECT_RATIOS, LimitExceeded, ModelLimits, check_shape
+
 MAX_PROMPT_CHARS = 4000
 MAX_ASSETS = 8
-PRIORITY_RANGE = (0, 100)
+#: a request's `priority` is the tier it asks to be served in (seed 004 §11: 1 first ... 5 cleanup; 0 or absent =
+#: its tenant's tier); it can never be better than its tenant's tier (`admission.capped_tier`)
+PRIORITY_RANGE = (0, 5)
+SEED_MAX = 2**31 - 1
+MIN_DEADLINE_S = 10
+#: outputs one request may ask for (`n`); a model allows at most its own `max_outputs`
+MAX_OUTPUTS = 4
 
 
 class InvalidRequest(ValueError):
@@ -38,6 +45,10 @@ class ModelSpec:
     resolutions: tuple[str, ...]
     price_per_second: Mapping[str, Decimal]
     default_duration_s: int = 5
+    #: what the provider's adapter says this model accepts (references, durations, aspect ratios)
+    limits: ModelLimits = field(default_factory=ModelLimits)
+    #: outputs (variants) one request may ask for (`n`)
+    max_outputs: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +88,14 @@ class GenerationParams:
     deadline_s: int
     seed: int | None = None
     asset_ids: tuple[str, ...] = field(default=())
+    #: outputs (variants) asked for
+    n: int = 1
 
     def canonical(self) -> dict[str, Any]:
         data = asdict(self)
         data["asset_ids"] = list(self.asset_ids)
+        if self.n == 1:  # absent means one: a single-output request keeps the hash it had before `n` existed
+            del data["n"]
         return data
 
 
@@ -95,6 +110,7 @@ _FIELDS = {
     "seed",
     "priority",
     "deadline_s",
+    "n",
 }
 
 
@@ -120,12 +136,21 @@ def normalize(raw: Mapping[str, Any], catalog: Catalog) -> GenerationParams:
     resolution = raw.get("resolution", spec.resolutions[0])
     if resolution not in spec.resolutions:
         raise InvalidRequest("resolution", f"must be one of {', '.join(spec.resolutions)}")
-    aspect = raw.get("aspect_ratio", ASPECT_RATIOS[0])
+    aspect = raw.get("aspect_ratio", (spec.limits.aspect_ratios or ASPECT_RATIOS)[0])
     if aspect not in ASPECT_RATIOS:
         raise InvalidRequest("aspect_ratio", f"must be one of {', '.join(ASPECT_RATIOS)}")
+    try:
+        check_shape(spec.model, spec.limits, spec.max_duration_s, duration, aspect)
+    except LimitExceeded as exc:
+        raise InvalidRequest(exc.field, str(exc)) from None
     seed = raw.get("seed")
     if seed is not None:
-        seed = _int(raw, "seed", 0, 0, 2**31 - 1)
+        seed = _int(raw, "seed", 0, 0, SEED_MAX)
+    n = _int(raw, "n", 1, 1, MAX_OUTPUTS)
+    if n > spec.max_outputs:
+        raise InvalidRequest(
+            "n", f"model {spec.model!r} on provider {spec.provider!r} makes at most {spec.max_outputs} output(s)"
+        )
     return GenerationParams(
         prompt=prompt,
         model=spec.model,
@@ -134,9 +159,10 @@ def normalize(raw: Mapping[str, Any], catalog: Catalog) -> GenerationParams:
         aspect_ratio=aspect,
         resolution=resolution,
         priority=_int(raw, "priority", 0, *PRIORITY_RANGE),
-        deadline_s=_int(raw, "deadline_s", catalog.default_deadline_s, 10, catalog.max_deadline_s),
+        deadline_s=_int(raw, "deadline_s", catalog.default_deadline_s, MIN_DEADLINE_S, catalog.max_deadline_s),
         seed=seed,
         asset_ids=_asset_ids(raw.get("asset_ids")),
+        n=n,
     )
 
 
@@ -172,4 +198,4 @@ def request_hash(params: GenerationParams) -> bytes:
 
 def estimate_cost(params: GenerationParams, spec: ModelSpec) -> Decimal:
     price = spec.price_per_second[params.resolution]
-    return (price * params.duration_s).quantize(Decimal("0.00000001"), rounding=ROUND_HALF_UP)
+    return (price * params.duration_s * params.n).quantize(Decimal("0.00000001"), rounding=ROUND_HALF_UP)

@@ -37,6 +37,27 @@ class ErrorClass(StrEnum):
     MEDIA_WORKER_CRASHED = "media_worker_crashed"  # process exit, node failure
 
 
+class ErrorOutcome(StrEnum):
+    """Why a task or attempt failed when the cause is not one of the matrix's rows (nothing retries on these)."""
+
+    PROVIDER_FAILED = "provider_failed"  # the provider reported the accepted job failed / aborted
+    MEDIA_REJECTED = "media_rejected"  # the output failed the media gate (or media gave up)
+    REVIEW_REJECTED = "review_rejected"  # a reviewer rejected the output
+    CONFIRMED_NOT_CREATED = "confirmed_not_created"  # reconciliation proved an ambiguous submit created nothing
+    SENDER_LOST = "sender_lost"  # a SENDING attempt whose sender vanished: treated as ambiguous
+    NOT_SENT_TASK_MOVED = "not_sent_task_moved"  # the task moved (canceled, expired) before the send
+
+
+#: what `last_error_class` (tasks and attempts) is written from: never a free string
+LastError = ErrorClass | ErrorOutcome
+
+
+def last_error_value(error: LastError) -> str:
+    if not isinstance(error, (ErrorClass, ErrorOutcome)):
+        raise TypeError(f"last_error_class must be an ErrorClass or ErrorOutcome, not {error!r}")
+    return error.value
+
+
 class AutoRetry(StrEnum):
     NO = "no"
     USUALLY_NO = "usually_no"
@@ -176,13 +197,15 @@ DEFAULT_BUDGETS: dict[Step, RetryBudget] = {
         provider_switch_allowed=False,
         manual_confirmation_required=True,
     ),
+    # client webhooks (services/webhooks.py): a receiver that is down for a deploy or an outage must still get
+    # its events, so attempts spread over hours (5 s, 20 s, 80 s, ... capped at 3 h; ~5 h in all), then DEAD
     Step.NOTIFICATION: RetryBudget(
-        max_attempts=5,
-        max_total_wait_s=300,
-        deadline_s=600,
-        base_delay_s=1,
-        multiplier=3,
-        max_delay_s=60,
+        max_attempts=8,
+        max_total_wait_s=86_400,
+        deadline_s=90_000,
+        base_delay_s=5,
+        multiplier=4,
+        max_delay_s=10_800,
         provider_switch_allowed=False,
         manual_confirmation_required=False,
     ),

@@ -41,6 +41,31 @@ TASK_TERMINAL: frozenset[TaskStatus] = frozenset(
     {TaskStatus.SUCCEEDED, TaskStatus.CANCELED, TaskStatus.FAILED_FINAL, TaskStatus.EXPIRED}
 )
 
+#: what a user is told (seed 000 §4.11.2: once the provider has produced the video, "generated, processing",
+#: however long fetching and post-processing take, e.g. while the media cluster or the store is down)
+GENERATED_PROCESSING = "generated, processing"
+USER_STAGE: dict[TaskStatus, str] = {
+    **{s: "queued" for s in (TaskStatus.CREATED, TaskStatus.VALIDATING, TaskStatus.QUOTA_RESERVED, TaskStatus.QUEUED)},
+    **{
+        s: "generating"
+        for s in (
+            TaskStatus.DISPATCHING,
+            TaskStatus.SUBMITTED,
+            TaskStatus.RUNNING,
+            TaskStatus.SUBMIT_UNKNOWN,
+            TaskStatus.RETRY_WAIT,
+            TaskStatus.CANCEL_REQUESTED,
+        )
+    },
+    TaskStatus.OUTPUT_FETCHING: GENERATED_PROCESSING,
+    TaskStatus.POST_PROCESSING: GENERATED_PROCESSING,
+    TaskStatus.MANUAL_REVIEW: "in review",
+    TaskStatus.SUCCEEDED: "done",
+    TaskStatus.CANCELED: "canceled",
+    TaskStatus.FAILED_FINAL: "failed",
+    TaskStatus.EXPIRED: "expired",
+}
+
 
 class AttemptStatus(StrEnum):
     """One call to a provider (seed 000 §4.5.2)."""
@@ -154,6 +179,14 @@ class ReviewState(StrEnum):
     EXPIRED = "EXPIRED"  # the task passed its deadline while waiting for a reviewer
 
 
+class ModerationVerdict(StrEnum):
+    """The input moderator's answer (seed 000 §4.4 step 13): pass, pass but a human looks at the output, refuse."""
+
+    ALLOW = "allow"
+    WARN = "warn"
+    REJECT = "reject"
+
+
 class AlertSeverity(StrEnum):
     INFO = "info"
     WARNING = "warning"
@@ -166,6 +199,11 @@ class AlertStatus(StrEnum):
     RESOLVED = "RESOLVED"
 
 
+#: the filter words of `alerts list --status` (the CLI's completion reads them without loading the services);
+#: "unresolved" = OPEN and ACKNOWLEDGED
+ALERT_LIST_STATUSES = ("unresolved", "open", "acknowledged", "resolved", "all")
+
+
 class TenantStatus(StrEnum):
     ACTIVE = "ACTIVE"
     SUSPENDED = "SUSPENDED"
@@ -176,6 +214,16 @@ class DerivativeProfile(StrEnum):
     HLS = "hls"
     THUMBNAIL = "thumbnail"
     WAVEFORM = "waveform"
+
+
+class WebhookDeliveryState(StrEnum):
+    """One client webhook delivery (endpoint × event): FAILED is "last attempt failed, another is scheduled";
+    DEAD is "the retry budget is spent" (or the endpoint is gone), until an operator replays it."""
+
+    PENDING = "PENDING"
+    DELIVERED = "DELIVERED"
+    FAILED = "FAILED"
+    DEAD = "DEAD"
 
 
 #: every enum whose values a SQL CHECK constraint must list, keyed by "table.column".
@@ -196,4 +244,5 @@ CHECKED_COLUMNS: dict[str, type[StrEnum]] = {
     "assets.profile": DerivativeProfile,
     "alerts.severity": AlertSeverity,
     "alerts.status": AlertStatus,
+    "webhook_deliveries.state": WebhookDeliveryState,
 }

@@ -116,10 +116,11 @@ TASK_CHAIN: tuple[TaskStatus, ...] = (
 
 
 class Effect(StrEnum):
-    """What the caller must record in the same transaction as the status change."""
+    """What must be recorded in the same transaction as the status change. `services.transition.execute` carries
+    out every effect of a decision and refuses one it has no handler for. Entering QUEUED needs no effect: the
+    dispatcher scans QUEUED tasks itself (the executor only wakes it)."""
 
     RESERVE_CREDITS = "reserve_credits"
-    PUBLISH_QUEUED = "publish_queued"
     CREATE_ATTEMPT = "create_attempt"
     SUBMIT_TO_PROVIDER = "submit_to_provider"
     BIND_PROVIDER_JOB = "bind_provider_job"
@@ -139,7 +140,6 @@ class Effect(StrEnum):
 
 _EVENT_EFFECTS: dict[TaskEvent, tuple[Effect, ...]] = {
     E.VALIDATION_PASSED: (Effect.RESERVE_CREDITS,),
-    E.QUEUED: (Effect.PUBLISH_QUEUED,),
     E.DISPATCH_CLAIMED: (Effect.CREATE_ATTEMPT, Effect.SUBMIT_TO_PROVIDER),
     E.PROVIDER_ACCEPTED: (Effect.BIND_PROVIDER_JOB, Effect.SCHEDULE_POLL),
     E.SUBMIT_AMBIGUOUS: (Effect.SCHEDULE_RECONCILE,),
@@ -149,7 +149,6 @@ _EVENT_EFFECTS: dict[TaskEvent, tuple[Effect, ...]] = {
     E.OUTPUT_PERSISTED: (Effect.REQUEST_MEDIA_PROCESSING,),
     E.PLAYABLE_ASSET_READY: (Effect.SETTLE_CREDITS,),
     E.RETRYABLE_FAILURE: (Effect.SCHEDULE_RETRY,),
-    E.RETRY_DUE: (Effect.PUBLISH_QUEUED,),
     E.COMPLETION_WON: (Effect.REQUEST_OUTPUT_FETCH,),
     E.REVIEW_REQUIRED: (Effect.OPEN_REVIEW_ITEM,),
     E.REVIEW_APPROVED: (Effect.SETTLE_CREDITS,),
@@ -193,6 +192,8 @@ class AttemptEvent(StrEnum):
     PROVIDER_SUCCEEDED = "provider_succeeded"
     PROVIDER_FAILED = "provider_failed"
     CANCEL_CONFIRMED = "cancel_confirmed"
+    #: its task ended without the job's end being applied to it: the job is stopped and no longer followed
+    TASK_ENDED = "task_ended"
 
 
 A = AttemptStatus
@@ -215,6 +216,7 @@ ATTEMPT_MACHINE: Machine[AttemptStatus, AttemptEvent] = Machine(
         Rule((A.ACKED, A.RUNNING), AE.PROVIDER_SUCCEEDED, A.SUCCEEDED, ""),
         Rule((A.ACKED, A.RUNNING), AE.PROVIDER_FAILED, A.FAILED, ""),
         Rule((A.ACKED, A.RUNNING), AE.CANCEL_CONFIRMED, A.CANCELED, ""),
+        Rule((A.ACKED, A.RUNNING), AE.TASK_ENDED, A.CANCELED, "the sweeper closes an attempt its ended task left"),
     ],
 )
 

@@ -1,0 +1,94 @@
+"""The stored facts that say a task stopped moving (issue 14), as queries: one place for the sweeper and the audit.
+
+Each function returns a SELECT of the offending rows at `cutoff` (rows last touched before it): the sweeper
+acts on them (`services.keep_moving`), `aivedio audit` counts them (`services.invariants_motion`) and the alert
+evaluator raises one alert per subject. SQLAlchemy Core only, so PostgreSQL and SQLite answer alike.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from aivedio_engine.db.tables import generation_tasks, provider_events, task_attempts, task_state_events
+from aivedio_engine.domain.status import TASK_TERMINAL, AttemptStatus, EventSource, StateEventOutcome
+
+_t, _a, _e, _pe = generation_tasks.c, task_attempts.c, task_state_events.c, provider_events.c
+TERMINAL = sorted(s.value for s in TASK_TERMINAL)
+#: attempts that hold a job, are sending one, or wait to be sent: none may outlive its task's end (a NEW one also
+#: counts as "the probe is on its way" for a half-open breaker, and the slot rebuild keeps a lease for it)
+OPEN_ATTEMPT = (
+    AttemptStatus.NEW.value,
+    AttemptStatus.SENDING.value,
+    AttemptStatus.ACKED.value,
+    AttemptStatus.RUNNING.value,
+)
+_PROVIDER_SOURCES = (EventSource.CALLBACK.value, EventSource.POLLING.value)
+
+
+def unapplied_observations(
+    cutoff: datetime, task_id: uuid.UUID | None = None, since: datetime | None = None
+) -> sa.Select[Any]:
+    """Provider observations stored for an attempt and received before `cutoff` (and after `since`) that the
+    reducer never classified (no state event carries their dedup key): their message was lost. Oldest first."""
+    classified = sa.exists().where(_e.source == _pe.source, _e.source_event_id == _pe.dedup_key)
+    stmt = (
+        sa.select(
+            _pe.id.label("provider_event_id"),
+            _pe.provider,
+            _pe.provider_job_id,
+            _a.task_id,
+            _pe.received_at,
+            _pe.observation,
+        )
+        .join(task_attempts, _a.id == _pe.matched_attempt_id)
+        .where(sa.not_(_pe.orphan), _pe.received_at <= cutoff, sa.not_(classified))
+        .order_by(_pe.received_at, _pe.id)
+    )
+    if since is not None:
+        stmt = stmt.where(_pe.received_at > since)
+    return stmt if task_id is None else stmt.where(_a.task_id == task_id)
+
+
+def newer_unapplied_observations(cutoff: datetime) -> sa.Select[Any]:
+    """Of `unapplied_observations`, those received after the task's newest applied provider observation (or
+    with none applied yet): a fact that should have moved the task and did not."""
+    u = unapplied_observations(cutoff).subquery()
+    last_applied = (
+        sa.select(sa.func.max(_e.created_at))
+        .where(
+            _e.task_id == u.c.task_id,
+            _e.source.in_(_PROVIDER_SOURCES),
+            _e.outcome == StateEventOutcome.APPLIED.value,
+        )
+        .scalar_subquery()
+    )
+    return sa.select(u.c.provider_event_id, u.c.provider, u.c.provider_job_id, u.c.task_id, u.c.received_at).where(
+        sa.or_(last_applied.is_(None), u.c.received_at > last_applied)
+    )
+
+
+def bound_orphans() -> sa.Select[Any]:
+    """Orphan observations whose job id an attempt owns now: their rematch was missed (it looked before they
+    committed, or the reducer made them orphans after the job id was bound)."""
+    return (
+        sa.select(_pe.id.label("provider_event_id"), _pe.provider, _pe.provider_job_id, _a.id.label("attempt_id"))
+        .join(task_attempts, sa.and_(_a.provider == _pe.provider, _a.provider_job_id == _pe.provider_job_id))
+        .where(_pe.orphan)
+        .order_by(_pe.received_at, _pe.id)
+    )
+
+
+def open_attempts_of_ended_tasks(cutoff: datetime, states: tuple[str, ...] = OPEN_ATTEMPT) -> sa.Select[Any]:
+    """Attempts still NEW/SENDING/ACKED/RUNNING (or `states`), untouched since `cutoff`, whose task has ended:
+    each keeps a slot (the slot rebuild counts it), its job is polled for ever, and a NEW one blocks a half-open
+    breaker's probe."""
+    return (
+        sa.select(_a.id.label("attempt_id"), _a.task_id, _a.submit_state, _t.status.label("task_status"))
+        .join(generation_tasks, _t.id == _a.task_id)
+        .where(_t.status.in_(TERMINAL), _a.submit_state.in_(states), _a.updated_at <= cutoff)
+        .order_by(_a.updated_at, _a.id)
+    )
