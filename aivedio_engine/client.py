@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
-from urllib.parse import parse_qs, quote, unquote, urljoin, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
+from aivedio_engine.domain.project_cost import default_model
 from aivedio_engine.domain.status import TASK_TERMINAL, TaskStatus
 from aivedio_engine.media.sniff import HEAD_BYTES, sniff
 from aivedio_engine.storage.base import CHUNK, iter_file
@@ -54,6 +55,8 @@ class Snapshot:
     created_at: str | None = None
     updated_at: str | None = None
     finished_at: str | None = None
+    #: every output of a request for `n`, by index: [{"index": i, "outputs": {profile: path or URL}}]
+    variants: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -87,6 +90,8 @@ class OutputObject:
     #: what its asset row recorded; None for files without a row of their own (HLS segments)
     sha256: str | None = None
     size_bytes: int | None = None
+    #: which output of a request for `n` it belongs to
+    variant: int = 0
 
 
 class TaskClient(GenerationClient, Protocol):
@@ -149,11 +154,10 @@ class EmbeddedClient:
         self._principal = principal
 
     def default_model(self) -> str:
-        catalog = self._ctx.catalog
-        preferred = [m for m in catalog.models if m.provider == catalog.default_provider] or list(catalog.models)
-        if not preferred:
+        spec = default_model(self._ctx.catalog)  # the model a project's cost estimate prices its clips with
+        if spec is None:
             raise ClientError("no models are configured (see [providers] in aivedio.toml)")
-        return preferred[0].model
+        return spec.model
 
     def find(self, idempotency_key: str) -> Snapshot | None:
         with _refusals():
@@ -166,15 +170,13 @@ class EmbeddedClient:
 
     def _upload(self, path: Path) -> str:
         assets = self._ctx.assets
-        view, target = assets.create_upload(
+        # the upload target (a signed engine URL or a presigned S3 request) is for remote clients: this process
+        # writes the bytes to the session's staging key itself, so the same code works with every store
+        view, _ = assets.create_upload(
             self._principal, path.name, path.stat().st_size, content_type_of(path), sha256_file(path)
         )
-        query = parse_qs(urlsplit(target.url).query)
-        upload_id = urlsplit(target.url).path.rstrip("/").rsplit("/", 1)[-1]
         with open(path, "rb") as f:
-            assets.receive_upload(
-                upload_id, int(query["expires"][0]), query["sig"][0], iter_file(f), content_length=path.stat().st_size
-            )
+            assets.write_upload(self._principal, view.id, iter_file(f), content_length=path.stat().st_size)
         done = assets.complete(self._principal, view.id)
         if done.status != "READY":
             raise ClientError(f"{path.name} was rejected: {done.error or done.status}")
@@ -215,6 +217,13 @@ class EmbeddedClient:
 
     def output_objects(self, task_id: str) -> list[OutputObject]:
         tid, tenant = _task_uuid(task_id), self._principal.tenant_id
+        variants = self._ctx.outputs.variants(tenant, tid)
+        if len(variants) > 1:
+            return [
+                OutputObject(f.profile, f.key.rsplit("/", 1)[-1], f.key, f.sha256, f.size_bytes, v.index)
+                for v in variants
+                for f in (*v.files.values(), v.original)
+            ]
         files = list(self._ctx.outputs.files(tenant, tid).values())
         original = self._ctx.outputs.original(tenant, tid)
         return [
@@ -257,10 +266,16 @@ class EmbeddedClient:
 
     def _snapshot(self, task: Any, *, with_outputs: bool = True) -> Snapshot:
         outputs: dict[str, str] = {}
+        variants: list[dict[str, Any]] = []
         if with_outputs and task.status == TaskStatus.SUCCEEDED.value:
             outputs = {
                 p: str(path) for p, path in self._ctx.outputs.local_paths(self._principal.tenant_id, task.id).items()
             }
+            root = Path(getattr(self._ctx.storage, "root", ""))
+            variants = [
+                {"index": v.index, "outputs": {p: str(root / f.key) for p, f in v.files.items()}}
+                for v in self._ctx.outputs.variants(self._principal.tenant_id, task.id)
+            ]
         return Snapshot(
             str(task.id),
             task.status,
@@ -274,6 +289,7 @@ class EmbeddedClient:
             created_at=_iso(task.created_at),
             updated_at=_iso(task.updated_at),
             finished_at=_iso(task.finished_at),
+            variants=variants,
         )
 
     def close(self) -> None:
@@ -385,19 +401,24 @@ class RemoteClient:
     def output_objects(self, task_id: str) -> list[OutputObject]:
         """The derivatives, by their signed URLs. Not the original: the API serves transcoded derivatives only."""
         doc = self._get(task_id)
-        described = doc.get("output_assets") or {}
+        variants = doc.get("variants") or []
+        if len(variants) <= 1:  # one output: the top-level `outputs` are it
+            variants = [{"index": 0, "outputs": doc.get("outputs"), "output_assets": doc.get("output_assets")}]
         found = []
-        for profile, url in sorted((doc.get("outputs") or {}).items()):
-            row = described.get(profile) or {}
-            found.append(
-                OutputObject(
-                    profile,
-                    _url_name(urljoin(self._base, url)),
-                    urljoin(self._base, url),
-                    row.get("sha256"),
-                    row.get("size_bytes"),
+        for variant in variants:
+            described = variant.get("output_assets") or {}
+            for profile, url in sorted((variant.get("outputs") or {}).items()):
+                row = described.get(profile) or {}
+                found.append(
+                    OutputObject(
+                        profile,
+                        _url_name(urljoin(self._base, url)),
+                        urljoin(self._base, url),
+                        row.get("sha256"),
+                        row.get("size_bytes"),
+                        int(variant.get("index") or 0),
+                    )
                 )
-            )
         return found
 
     def playlist(self, obj: OutputObject) -> tuple[bytes, list[OutputObject]]:
@@ -433,6 +454,11 @@ class RemoteClient:
 
     def _snapshot(self, doc: dict[str, Any]) -> Snapshot:
         outputs = {p: urljoin(self._base, u) for p, u in (doc.get("outputs") or {}).items()}
+        variants = [
+            {"index": int(v.get("index") or 0), "outputs": {p: urljoin(self._base, u) for p, u in v["outputs"].items()}}
+            for v in doc.get("variants") or []
+            if isinstance(v, dict) and isinstance(v.get("outputs"), dict)
+        ]
         return Snapshot(
             str(doc["id"]),
             doc["status"],
@@ -446,6 +472,7 @@ class RemoteClient:
             created_at=doc.get("created_at"),
             updated_at=doc.get("updated_at"),
             finished_at=doc.get("finished_at"),
+            variants=variants,
         )
 
     def close(self) -> None:

@@ -95,13 +95,18 @@ def download(client: TaskClient, task_id: str, out_dir: Path) -> Download:
             "download it on the server, without --api-url"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
-    used: set[str] = set()
-    for obj in sorted(objects, key=lambda o: o.profile):
-        if obj.profile == "hls":
-            _hls(client, obj, out_dir, result)
-        else:
-            name = _local_name(obj, used)
-            result.files.append(_write(obj.profile, client.read(obj), out_dir / name, obj.sha256, obj.size_bytes))
+    several = len({o.variant for o in objects}) > 1
+    for variant in sorted({o.variant for o in objects}):
+        # a request for n outputs: each variant in its own folder v<i>/ (one output: the folder itself)
+        folder = out_dir / f"v{variant}" if several else out_dir
+        folder.mkdir(exist_ok=True)
+        used: set[str] = set()
+        for obj in sorted((o for o in objects if o.variant == variant), key=lambda o: o.profile):
+            if obj.profile == "hls":
+                _hls(client, obj, folder, result)
+            else:
+                name = _local_name(obj, used)
+                result.files.append(_write(obj.profile, client.read(obj), folder / name, obj.sha256, obj.size_bytes))
     return result
 
 

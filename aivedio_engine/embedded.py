@@ -9,6 +9,8 @@ The block ends the same way whether the task finished or the user pressed Ctrl-C
 are stopped as interruptions (`media.sandbox.stopping`: their step is retried by the next engine, never failed)
 and no new one starts, then the roles shut down in order; messages the in-memory broker still held go back to
 the outbox (`worker.undelivered`), so the next run publishes them at once instead of waiting for the sweeper.
+A process killed hard hands nothing back; the next one to host the engine drives its fetch and media steps on
+as it starts (`Sweeper.redrive_lost_data_plane`) and renders its cut-short `local` jobs again under their ids.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def running(ctx: AppContext) -> Iterator[Principal]:
     from aivedio_engine.worker.runtime import Runtime
 
     principal = prepare(ctx)
-    runtime = Runtime(ctx, BACKGROUND_ROLES, threading.Event())
+    runtime = Runtime(ctx, BACKGROUND_ROLES, threading.Event(), kind="embedded")
     runtime.start()
     try:
         yield principal
@@ -64,6 +66,7 @@ def running(ctx: AppContext) -> Iterator[Principal]:
             except KeyboardInterrupt:  # a second Ctrl-C: stop waiting for the roles, keep what they held
                 runtime.stop.set()
                 runtime.hand_back_undelivered()
+                runtime.stop_heartbeat()
                 raise
     if runtime.failed is not None:
         raise RuntimeError(f"an engine role failed: {runtime.failed}") from runtime.failed

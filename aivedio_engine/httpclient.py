@@ -182,9 +182,12 @@ def open_pinned(
     connect_timeout_s: float,
     idle_timeout_s: float,
     verify: bool | str = True,
+    method: str = "GET",
+    content: bytes | None = None,
 ) -> PinnedResponse:
-    """Send `GET url`, whose host is the literal `peer_ip`, and return once the response headers are in (the body
-    is not read yet). `sni_hostname` is the name TLS checks the certificate for; `verify` may be a CA bundle path.
+    """Send `method url` (`GET` unless told; `content` is the body), whose host is the literal `peer_ip`, and
+    return once the response headers are in (the body is not read yet). `sni_hostname` is the name TLS checks
+    the certificate for; `verify` may be a CA bundle path.
     """
     timeout = httpx.Timeout(
         connect=connect_timeout_s, read=idle_timeout_s, write=idle_timeout_s, pool=connect_timeout_s
@@ -199,7 +202,7 @@ def open_pinned(
     )
     extensions = {"sni_hostname": sni_hostname} if sni_hostname is not None else {}
     try:
-        request = client.build_request("GET", url, headers=dict(headers), extensions=extensions)
+        request = client.build_request(method, url, headers=dict(headers), content=content, extensions=extensions)
         response = client.send(request, stream=True)
     except httpx.TimeoutException:
         client.close()

@@ -21,7 +21,17 @@ from typing import Any, Protocol
 from aivedio_engine.client import ClientError, GenerationClient, Snapshot
 
 #: request fields a batch line may carry besides prompt/images/videos/key
-REQUEST_FIELDS = ("model", "provider", "duration_s", "resolution", "aspect_ratio", "seed", "priority", "deadline_s")
+REQUEST_FIELDS = (
+    "model",
+    "provider",
+    "duration_s",
+    "resolution",
+    "aspect_ratio",
+    "seed",
+    "priority",
+    "deadline_s",
+    "n",
+)
 
 
 class Stop(Protocol):

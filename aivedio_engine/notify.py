@@ -39,6 +39,8 @@ class Subscription:
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
         self._fanout = fanout
+        #: the fan-out's signal number for this task when the last wait() returned True (see `_Fanout`)
+        self.woken_seq = 0
         fanout.add(self)
 
     def signal(self) -> None:
@@ -51,12 +53,20 @@ class Subscription:
     async def wait(self, timeout: float) -> bool:
         """True when signalled since the last wait (the latch is then reset), False after `timeout` seconds."""
         try:
-            await asyncio.wait_for(self._event.wait(), timeout)
+            # a timeout scope rather than wait_for: no extra task per idle stream (thousands of them wait here)
+            async with asyncio.timeout(timeout):
+                await self._event.wait()
         except TimeoutError:
             return False
         # cleared before the caller re-reads, so a signal arriving during that read is kept for the next wait
         self._event.clear()
+        self.woken_seq = self._fanout.signalled(self.task_id)
         return True
+
+    def current_seq(self) -> int:
+        """The newest signal number of this process: a read that starts after this call sees every change whose
+        signal has a number up to it (signals are published after their commit)."""
+        return self._fanout.seq()
 
     def close(self) -> None:
         self._fanout.remove(self)
@@ -69,11 +79,18 @@ class Subscription:
 
 
 class _Fanout:
-    """task id → live subscriptions of this process."""
+    """task id → live subscriptions of this process.
+
+    Every signal gets a number from one process-wide counter, and each task with subscribers remembers the number
+    of its latest signal. A stream woken by signal k may use any read of the task that started once the counter
+    was at k or later, so all the streams of one task woken together can share one database read
+    (`services.notifications`) instead of each making its own."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._subs: dict[uuid.UUID, set[Subscription]] = {}
+        self._seq = 0
+        self._signalled: dict[uuid.UUID, int] = {}
 
     def add(self, sub: Subscription) -> None:
         with self._lock:
@@ -86,10 +103,24 @@ class _Fanout:
                 subs.discard(sub)
                 if not subs:
                     del self._subs[sub.task_id]
+                    self._signalled.pop(sub.task_id, None)
+
+    def seq(self) -> int:
+        with self._lock:
+            return self._seq
+
+    def signalled(self, task_id: uuid.UUID) -> int:
+        """The number of the task's latest signal (the current number if none is remembered: the safe side)."""
+        with self._lock:
+            return self._signalled.get(task_id, self._seq)
 
     def signal(self, task_id: uuid.UUID) -> None:
         with self._lock:
             targets = list(self._subs.get(task_id, ()))
+            if targets:
+                # numbered before any latch is set: a woken stream always finds this number (or a later one)
+                self._seq += 1
+                self._signalled[task_id] = self._seq
         # signalled outside the lock: a closed loop makes signal() call remove(), which takes the lock
         for sub in targets:
             sub.signal()
@@ -97,6 +128,9 @@ class _Fanout:
     def signal_all(self) -> None:
         with self._lock:
             targets = [s for subs in self._subs.values() for s in subs]
+            self._seq += 1
+            for task_id in self._subs:
+                self._signalled[task_id] = self._seq
         for sub in targets:
             sub.signal()
 

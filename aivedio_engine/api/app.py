@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aivedio_engine import __version__
-from aivedio_engine.api import problems
+from aivedio_engine.api import openapi, problems
 from aivedio_engine.api.routes import callbacks, events, generations, health, metrics, models, playback
 from aivedio_engine.bootstrap import AppContext
 
@@ -31,6 +31,7 @@ def create_app(ctx: AppContext) -> FastAPI:
     )
     app.state.ctx = ctx
     problems.install(app)
+    openapi.install(app, ctx.catalog)
     app.include_router(health.router)
     app.include_router(generations.router)
     app.include_router(events.router)
@@ -46,9 +47,9 @@ def create_app(ctx: AppContext) -> FastAPI:
 
 
 def _optional_routers() -> list:
-    from aivedio_engine.api.routes import assets
+    from aivedio_engine.api.routes import assets, projects, webhook_endpoints
 
-    return [assets.router, *getattr(assets, "extra_routers", [])]
+    return [assets.router, *getattr(assets, "extra_routers", []), webhook_endpoints.router, projects.router]
 
 
 class RequestId:
@@ -76,7 +77,9 @@ class RequestId:
 
 
 class BodyLimit:
-    """Refuse bodies over the cap with 413 — by Content-Length up front, and while streaming for chunked ones."""
+    """Refuse bodies over the cap with 413 — by Content-Length up front; a body without one (chunked) is read
+    here, up to the cap, before the app sees any of it: an error raised from inside the app's own body read would
+    come out as FastAPI's 400 "error parsing the body" instead."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -87,28 +90,36 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await _send_413(scope, send)
+        if length is not None:
+            if not length.isdigit() or int(length) > self.max_bytes:
+                await _send_413(scope, send)
+                return
+            await self.app(scope, receive, send)  # the server holds the body to its declared length
             return
+        chunks: list[bytes] = []
         seen = 0
-
-        async def limited_receive() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge
-            return message
+            if message["type"] != "http.request":  # the client went away: nobody to answer
+                return
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.max_bytes:
+                await _send_413(scope, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _TooLarge:
-            await _send_413(scope, send)
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # after the body: only the disconnect is left to wait for
 
-
-class _TooLarge(Exception):
-    pass
+        await self.app(scope, replay, send)
 
 
 async def _send_413(scope: Scope, send: Send) -> None:

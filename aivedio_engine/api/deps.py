@@ -38,5 +38,25 @@ async def get_principal(request: Request) -> Principal:
     return principal
 
 
+def rate_limited(request: Request, principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    """The principal, once its tenant's token bucket gave a token; else 429 before anything is read or written
+    (no task, no reservation, and the Idempotency-Key stays free for the retry). A plain `def`: the Redis
+    store blocks, so FastAPI runs this in its thread pool."""
+    decision = request.app.state.ctx.rate_limiter.take(principal.tenant_id)
+    if not decision.allowed:
+        raise Problem(
+            429,
+            "rate-limited",
+            "Rate limited",
+            f"this tenant may create {decision.rate.per_s:g} generations per second "
+            f"(bursts of {decision.rate.burst:g}); retry in {decision.retry_after_header} s",
+            headers={"Retry-After": decision.retry_after_header},
+            retry_after_s=round(decision.retry_after_s, 3),
+        )
+    return principal
+
+
 Ctx = Annotated[AppContext, Depends(get_ctx)]
 Auth = Annotated[Principal, Depends(get_principal)]
+#: Auth plus a token from the tenant's request rate limit (api.tenant_rate_limit_per_s / tenants update)
+RateLimitedAuth = Annotated[Principal, Depends(rate_limited)]

@@ -11,13 +11,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aivedio_engine.db.handles import DBAPIError, OperationalError, PoolTimeout
 from aivedio_engine.services import errors
 
 TYPE_BASE = "https://aivedio.dev/problems/"
@@ -27,6 +27,8 @@ log = logging.getLogger("aivedio.api")
 _STATUS: dict[type[errors.ServiceError], int] = {
     errors.NotFound: 404,
     errors.InvalidInput: 422,
+    errors.ModerationRejected: 422,
+    errors.TooManyStreams: 429,
     errors.BadRequest: 400,
     errors.Unauthorized: 401,
     errors.Forbidden: 403,
@@ -115,6 +117,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(PoolTimeout)
+    # the create path's pipeline runs on the raw psycopg connection: a cut there is psycopg's own error
+    @app.exception_handler(psycopg.OperationalError)
     async def _db_down(request: Request, exc: Exception) -> JSONResponse:
         return problem_response(
             request,

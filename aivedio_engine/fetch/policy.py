@@ -293,6 +293,20 @@ def address_block_reason(ip: IPAddress) -> str | None:
     return None
 
 
+def private_network_block_reason(ip: IPAddress) -> str | None:
+    """Like `address_block_reason`, for senders that may reach private networks (client webhooks with
+    `allow_private_networks`): loopback, private and link-local addresses pass; the denied ranges (cloud
+    metadata and credentials endpoints, NAT64, 0.0.0.0/8 ...) and non-unicast addresses still do not."""
+    reason = address_block_reason(ip)
+    if reason is None or ip.is_loopback:  # ::1 sits inside the denied ::/96, but it is only loopback
+        return None
+    if any(ip.version == net.version and ip in net for net in _DENY_NETWORKS):
+        return reason
+    if ip.is_loopback or ip.is_private or ip.is_link_local:
+        return None
+    return reason
+
+
 def check_address(ip: IPAddress, policy: FetchPolicy, host: str) -> None:
     """Refuse `ip` (a resolved address of `host`) unless it is public, or loopback for an allowed loopback origin."""
     reason = address_block_reason(ip)

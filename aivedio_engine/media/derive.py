@@ -8,7 +8,9 @@ that fooled the probe) still cannot make ffmpeg open a URL or an exotic decoder.
 min(probe duration, max_duration_s): a container that lies about its duration cannot make us encode for hours.
 Metadata and chapters are dropped, so attacker-controlled tags (or a phone's GPS) never reach what we serve.
 
-Each profile runs on its own: one failing encode marks only that derivative FAILED. Partial output of a failed
+All wanted profiles come out of one ffmpeg run (one decode, one encode shared by the proxy and the HLS), with
+each output's bytes equal to those its own single-profile run makes. When that run fails, every profile is
+built again on its own, so one failing output marks only that derivative FAILED. Partial output of a failed
 run is deleted, so the uploader only ever sees complete files.
 """
 
@@ -38,6 +40,12 @@ HLS_SEGMENT_S = 2
 HLS_PLAYLIST = "index.m3u8"
 HLS_INIT = "init.mp4"
 HLS_SEGMENT_PATTERN = "seg_%03d.m4s"
+_PROXY = DerivativeProfile.PROXY_MP4
+_FILE_NAMES = {
+    DerivativeProfile.PROXY_MP4: "proxy.mp4",
+    DerivativeProfile.THUMBNAIL: "thumbnail.jpg",
+    DerivativeProfile.WAVEFORM: "waveform.png",
+}
 
 CONTENT_TYPES = {
     ".mp4": "video/mp4",
@@ -163,37 +171,25 @@ def proxy_mp4_argv(
     )
 
 
+def _hls(out_dir: Path) -> ffgraph.Hls:
+    out_dir = Path(out_dir).resolve()
+    return ffgraph.Hls(_out(out_dir / HLS_PLAYLIST), _out(out_dir / HLS_SEGMENT_PATTERN), HLS_INIT, HLS_SEGMENT_S)
+
+
 def hls_from_proxy_argv(
     proxy: Path, out_dir: Path, probe: ProbeResult, limits: MediaLimits, ffmpeg_bin: str = "ffmpeg"
 ) -> list[str]:
     """HLS cut from our own proxy MP4 (built by `proxy_mp4_argv` from the source `probe` describes): the same
     input fences as for any file, streams copied."""
-    out_dir = Path(out_dir).resolve()
-    return ffgraph.hls_remux_argv(
-        _cmd(ffmpeg_bin),
-        _input(proxy, probe, limits),
-        _out(out_dir / HLS_PLAYLIST),
-        segment_pattern=_out(out_dir / HLS_SEGMENT_PATTERN),
-        init_name=HLS_INIT,
-        segment_s=HLS_SEGMENT_S,
-        audio=has_audio(probe),
-    )
+    return ffgraph.hls_remux_argv(_cmd(ffmpeg_bin), _input(proxy, probe, limits), _hls(out_dir), audio=has_audio(probe))
 
 
 def hls_argv(
     src: Path, out_dir: Path, probe: ProbeResult, limits: MediaLimits, ffmpeg_bin: str = "ffmpeg"
 ) -> list[str]:
     """VOD HLS with fMP4 segments next to `index.m3u8`; the playlist names its files relatively."""
-    out_dir = Path(out_dir).resolve()
     return ffgraph.hls_argv(
-        _cmd(ffmpeg_bin),
-        _input(src, probe, limits),
-        _out(out_dir / HLS_PLAYLIST),
-        segment_pattern=_out(out_dir / HLS_SEGMENT_PATTERN),
-        init_name=HLS_INIT,
-        segment_s=HLS_SEGMENT_S,
-        short_side=PROXY_SHORT_SIDE,
-        audio=has_audio(probe),
+        _cmd(ffmpeg_bin), _input(src, probe, limits), _hls(out_dir), short_side=PROXY_SHORT_SIDE, audio=has_audio(probe)
     )
 
 
@@ -219,6 +215,51 @@ def waveform_argv(
     return ffgraph.waveform_argv(_cmd(ffmpeg_bin), _input(src, probe, limits), _out(dst), size=WAVEFORM_SIZE)
 
 
+def output_dir(workdir: Path, profile: DerivativeProfile) -> Path:
+    return Path(workdir) / profile.value
+
+
+def _file(workdir: Path, profile: DerivativeProfile) -> Path:
+    return output_dir(workdir, profile) / _FILE_NAMES[profile]
+
+
+def combined_argv(
+    src: Path,
+    workdir: Path,
+    probe: ProbeResult,
+    limits: MediaLimits,
+    profiles: Sequence[DerivativeProfile],
+    ffmpeg_bin: str = "ffmpeg",
+) -> list[str]:
+    """Every profile of `profiles` in one ffmpeg run, each into `output_dir(workdir, profile)`: one decode, one
+    H.264/AAC encode for the proxy and the HLS, and for each output the same options (so the same bytes) as its
+    own argv above."""
+    wanted = set(profiles)
+    if DerivativeProfile.WAVEFORM in wanted and not has_audio(probe):
+        raise ValueError("the source has no audio stream")
+
+    def file_of(profile: DerivativeProfile) -> str | None:
+        return _out(_file(workdir, profile)) if profile in wanted else None
+
+    outputs = ffgraph.Outputs(
+        proxy=file_of(DerivativeProfile.PROXY_MP4),
+        hls=_hls(output_dir(workdir, DerivativeProfile.HLS)) if DerivativeProfile.HLS in wanted else None,
+        thumbnail=file_of(DerivativeProfile.THUMBNAIL),
+        thumbnail_at=_seconds(thumbnail_at(probe, limits)),
+        waveform=file_of(DerivativeProfile.WAVEFORM),
+    )
+    return ffgraph.derivatives_argv(
+        _cmd(ffmpeg_bin),
+        _input(src, probe, limits),
+        outputs,
+        short_side=PROXY_SHORT_SIDE,
+        audio=has_audio(probe),
+        keyframe_every_s=HLS_SEGMENT_S,
+        max_width=THUMBNAIL_MAX_WIDTH,
+        waveform_size=WAVEFORM_SIZE,
+    )
+
+
 # --- running ---------------------------------------------------------------------------------------------
 
 
@@ -239,7 +280,7 @@ def run_ffmpeg(argv: Sequence[str], limits: MediaLimits, hide: Sequence[Path] = 
     prefix = sandbox.prefix(sandbox.encoder_cpu_s(limits.timeout_s), limits.memory_limit_bytes)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
     try:
-        proc = sandbox.run([*prefix, *argv], timeout_s=limits.timeout_s, env=env)
+        proc = sandbox.run([*prefix, *argv], timeout_s=limits.timeout_s, env=env, workdir=limits.workdir)
     except FileNotFoundError as exc:
         raise MediaUnavailable(f"ffmpeg not runnable: {Path(exc.filename or argv[0]).name}") from None
     except sandbox.Interrupted:
@@ -256,8 +297,8 @@ def run_ffmpeg(argv: Sequence[str], limits: MediaLimits, hide: Sequence[Path] = 
     if proc.returncode == 127:  # prlimit or the loader could not start ffmpeg (also: memory cap below its libraries)
         named = stderr.replace(argv[0].encode(), Path(argv[0]).name.encode())
         raise MediaUnavailable(f"ffmpeg could not be started: {_summary(named, hidden) or 'exit code 127'}")
-    if proc.returncode < 0:
-        raise MediaError(f"ffmpeg {sandbox.signal_reason(proc.returncode)} (resource limit)")
+    if proc.returncode < 0:  # a kernel limit's signal, or our temp-disk watchdog ("killed: temp disk over …")
+        raise MediaError(f"ffmpeg {proc.reason} (resource limit)")
     if proc.returncode == _SIGNALLED_EXIT:  # nobody here stopped it, so the signal it trapped was a limit's
         raise MediaError("ffmpeg stopped by a signal (resource limit)")
     if any(marker in stderr for marker in _ENOMEM_MARKERS):
@@ -282,36 +323,82 @@ def job_dir(base: Path | None = None) -> Iterator[Path]:
 def build_derivatives(
     src: Path, probe: ProbeResult, workdir: Path, profiles: Sequence[DerivativeProfile], limits: MediaLimits
 ) -> dict[DerivativeProfile, DerivativeResult]:
-    """Each requested profile, built independently into its own subdirectory of `workdir`."""
-    results: dict[DerivativeProfile, DerivativeResult] = {}
+    """Each requested profile into its own subdirectory of `workdir` (`output_dir`).
+
+    Several profiles are built by one ffmpeg run (`combined_argv`): each process start costs about as much CPU
+    as a short clip's whole encode. When that run fails, nothing of it is kept and every profile is built again
+    on its own, so a failure is recorded against the profile it belongs to and the others are still made."""
     # config lists profiles as strings; the enum also rejects a typo before any work starts. The proxy goes
-    # first: HLS is then cut from it instead of being encoded a second time.
-    wanted = dict.fromkeys(DerivativeProfile(p) for p in profiles)
+    # first: built on their own, HLS is then cut from it instead of being encoded a second time.
+    wanted = sorted(dict.fromkeys(DerivativeProfile(p) for p in profiles), key=lambda p: p is not _PROXY)
+    skipped: dict[DerivativeProfile, DerivativeResult] = {
+        p: DerivativeResult(p, "SKIPPED", error="no audio stream")
+        for p in wanted
+        if p is DerivativeProfile.WAVEFORM and not has_audio(probe)
+    }
+    buildable = [p for p in wanted if p not in skipped]
+    built = _build_together(Path(src), probe, Path(workdir), buildable, limits) if len(buildable) > 1 else None
+    if built is None:
+        built = _build_each(Path(src), probe, Path(workdir), buildable, limits)
+    return {p: skipped.get(p) or built[p] for p in wanted}
+
+
+def _build_together(
+    src: Path, probe: ProbeResult, workdir: Path, profiles: Sequence[DerivativeProfile], limits: MediaLimits
+) -> dict[DerivativeProfile, DerivativeResult] | None:
+    """All `profiles` from one run, or None when it failed (the caller then builds them one by one)."""
+    try:
+        for profile in profiles:
+            output_dir(workdir, profile).mkdir(parents=True, exist_ok=True)
+        run_ffmpeg(combined_argv(src, workdir, probe, limits, profiles), limits, hide=(src,))
+        # ffmpeg drops a tee output whose spec it cannot parse and still exits 0: every output is checked here
+        return {p: _collect(p, output_dir(workdir, p)) for p in profiles}
+    except MediaInterrupted as exc:  # the engine is stopping: starting the single runs would be refused too
+        _remove(workdir, profiles)
+        # reported as the one-by-one path reports it: the first one stopped, the others never built
+        return {p: _failed(p, exc) if i == 0 else _not_built(p, exc.message) for i, p in enumerate(profiles)}
+    except (MediaError, ValueError, OSError):
+        _remove(workdir, profiles)
+        return None
+
+
+def _build_each(
+    src: Path, probe: ProbeResult, workdir: Path, profiles: Sequence[DerivativeProfile], limits: MediaLimits
+) -> dict[DerivativeProfile, DerivativeResult]:
+    results: dict[DerivativeProfile, DerivativeResult] = {}
     interrupted: str | None = None
-    for profile in sorted(wanted, key=lambda p: p is not DerivativeProfile.PROXY_MP4):
-        out_dir = Path(workdir) / profile.value
-        if profile is DerivativeProfile.WAVEFORM and not has_audio(probe):
-            results[profile] = DerivativeResult(profile, "SKIPPED", error="no audio stream")
-            continue
+    for profile in profiles:
+        out_dir = output_dir(workdir, profile)
         if interrupted is not None:  # the engine is stopping: starting the next encode would be refused too
-            results[profile] = DerivativeResult(
-                profile, "FAILED", error=f"not built: {interrupted}", retryable=True, interrupted=True
-            )
+            results[profile] = _not_built(profile, interrupted)
             continue
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
-            results[profile] = _build(profile, Path(src), probe, out_dir, limits, results)
+            results[profile] = _build(profile, src, probe, out_dir, limits, results)
         except (MediaError, ValueError, OSError) as exc:
-            shutil.rmtree(out_dir, ignore_errors=True)  # never upload what a failed run left behind
-            # a full or unwritable work disk is ours to fix, so it is worth another attempt
-            retryable = exc.retryable if isinstance(exc, MediaError) else isinstance(exc, OSError)
-            message = exc.message if isinstance(exc, MediaError) else _os_message(exc)
-            results[profile] = DerivativeResult(
-                profile, "FAILED", error=message, retryable=retryable, interrupted=isinstance(exc, MediaInterrupted)
-            )
+            _remove(workdir, [profile])  # never upload what a failed run left behind
+            results[profile] = _failed(profile, exc)
             if isinstance(exc, MediaInterrupted):
                 interrupted = exc.message
     return results
+
+
+def _failed(profile: DerivativeProfile, exc: Exception) -> DerivativeResult:
+    # a full or unwritable work disk is ours to fix, so it is worth another attempt
+    retryable = exc.retryable if isinstance(exc, MediaError) else isinstance(exc, OSError)
+    message = exc.message if isinstance(exc, MediaError) else _os_message(exc)
+    return DerivativeResult(
+        profile, "FAILED", error=message, retryable=retryable, interrupted=isinstance(exc, MediaInterrupted)
+    )
+
+
+def _not_built(profile: DerivativeProfile, interrupted: str) -> DerivativeResult:
+    return DerivativeResult(profile, "FAILED", error=f"not built: {interrupted}", retryable=True, interrupted=True)
+
+
+def _remove(workdir: Path, profiles: Sequence[DerivativeProfile]) -> None:
+    for profile in profiles:
+        shutil.rmtree(output_dir(workdir, profile), ignore_errors=True)
 
 
 def _os_message(exc: Exception) -> str:
@@ -330,21 +417,23 @@ def _build(
     built: dict[DerivativeProfile, DerivativeResult],
 ) -> DerivativeResult:
     if profile is DerivativeProfile.HLS:
-        proxy = built.get(DerivativeProfile.PROXY_MP4)
+        proxy = built.get(_PROXY)
         if proxy is not None and proxy.status == "READY":
             run_ffmpeg(hls_from_proxy_argv(proxy.main or proxy.files[0], out_dir, probe, limits), limits, hide=(src,))
         else:  # no proxy to cut from (not wanted, or it failed): encode from the source
             run_ffmpeg(hls_argv(src, out_dir, probe, limits), limits, hide=(src,))
-        files = _hls_files(out_dir)
     else:
-        name, builder = {
-            DerivativeProfile.PROXY_MP4: ("proxy.mp4", proxy_mp4_argv),
-            DerivativeProfile.THUMBNAIL: ("thumbnail.jpg", thumbnail_argv),
-            DerivativeProfile.WAVEFORM: ("waveform.png", waveform_argv),
+        builder = {
+            _PROXY: proxy_mp4_argv,
+            DerivativeProfile.THUMBNAIL: thumbnail_argv,
+            DerivativeProfile.WAVEFORM: waveform_argv,
         }[profile]
-        dst = out_dir / name
-        run_ffmpeg(builder(src, dst, probe, limits), limits, hide=(src,))
-        files = [dst]
+        run_ffmpeg(builder(src, out_dir / _FILE_NAMES[profile], probe, limits), limits, hide=(src,))
+    return _collect(profile, out_dir)
+
+
+def _collect(profile: DerivativeProfile, out_dir: Path) -> DerivativeResult:
+    files = _hls_files(out_dir) if profile is DerivativeProfile.HLS else [out_dir / _FILE_NAMES[profile]]
     # ffmpeg exits 0 when there was nothing to encode (e.g. a seek past a lying end): that is not a derivative
     for path in files:
         if not path.is_file() or path.stat().st_size == 0:

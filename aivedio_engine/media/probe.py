@@ -19,9 +19,12 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aivedio_engine.media import sandbox
+
+if TYPE_CHECKING:
+    from aivedio_engine.config import MediaSettings
 
 #: ffprobe demuxer names accepted per declared family (a demuxer name may be a comma list, e.g. "mov,mp4,...")
 FORMATS = {"video": ("mov", "mp4", "matroska", "webm"), "image": ("png_pipe", "jpeg_pipe", "webp_pipe")}
@@ -67,10 +70,22 @@ class MediaLimits:
     max_duration_s: float = 60
     timeout_s: float = 600
     memory_limit_bytes: int = 2 * 1024 * 1024 * 1024
+    #: the job directory holding every file of the run (the sandbox may give it to a uid of its own); None when
+    #: the files are spread elsewhere (the run then stays as the engine's user)
+    workdir: Path | None = None
 
     @classmethod
-    def from_settings(cls, media: Any) -> MediaLimits:
-        return cls(**{name: getattr(media, name) for name in cls.__dataclass_fields__})
+    def from_settings(cls, media: MediaSettings) -> MediaLimits:
+        # spelled out, not getattr by name: each setting is visibly read (tests/architecture/test_settings_read.py)
+        return cls(
+            max_pixels=media.max_pixels,
+            min_fps=media.min_fps,
+            max_fps=media.max_fps,
+            max_streams=media.max_streams,
+            max_duration_s=media.max_duration_s,
+            timeout_s=media.timeout_s,
+            memory_limit_bytes=media.memory_limit_bytes,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +154,7 @@ def run_ffprobe(path: Path, family: str, limits: MediaLimits, ffprobe: str = "ff
     )
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
     try:
-        proc = sandbox.run(argv, timeout_s=limits.timeout_s, env=env)
+        proc = sandbox.run(argv, timeout_s=limits.timeout_s, env=env, workdir=limits.workdir)
     except FileNotFoundError as exc:
         raise ProbeUnavailable(f"ffprobe not runnable: {exc.filename}") from None
     except sandbox.Interrupted:

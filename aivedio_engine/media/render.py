@@ -79,6 +79,9 @@ class ClipSpec:
     threads: int = 2
     #: read the audio source at its native rate, so a render takes as long as the clip (progress demos, tests)
     realtime: bool = False
+    #: which output of a multi-output request (`n`): 0 is the request's own clip; each other index re-seeds the
+    #: choices (background, colours, pan/zoom direction) so the variants visibly differ
+    variant: int = 0
 
     @property
     def frames(self) -> int:
@@ -177,7 +180,8 @@ def clip_argv(
 
     Progress goes to stdout as `-progress` key=value lines; errors only to stderr.
     """
-    rng = random.Random(spec.seed)
+    # a string seed is hashed deterministically (not salted per process); variant 0 keeps the plain seed
+    rng = random.Random(spec.seed if spec.variant == 0 else f"{spec.seed}/{spec.variant}")
     video = _image_video(spec, image, rng) if image is not None else _generated_video(spec, rng)
     caption = None
     if caption_file is not None and font_file is not None:
@@ -209,7 +213,8 @@ def _image_video(spec: ClipSpec, image: Path, rng: random.Random) -> ffgraph.Pan
             "max_pixels": MAX_IMAGE_PIXELS,
         },
     )
-    zoom_in = rng.random() < 0.5
+    # odd variants zoom the other way, so two variants never share a direction by chance
+    zoom_in = (rng.random() < 0.5) != (spec.variant % 2 == 1)
     depth = round(rng.uniform(0.12, 0.3), 3)
     z = f"1+{depth}*on/{n}" if zoom_in else f"{1 + depth}-{depth}*on/{n}"
     fx, fy = rng.choice(((0, 0.5), (1, 0.5), (0.5, 0), (0.5, 1), (0.5, 0.5)))
@@ -228,6 +233,8 @@ def _pan(span: str, anchor: float, frames: int, forward: bool) -> str:
 def _generated_video(spec: ClipSpec, rng: random.Random) -> ffgraph.Generated:
     w, h, fps, d = spec.width, spec.height, spec.fps, f"{spec.duration_s:.3f}"
     kind = BACKGROUNDS[rng.randrange(len(BACKGROUNDS))]
+    if spec.variant:  # testsrc2 ignores the seed: two variants drawing it would be the same picture
+        kind = BACKGROUNDS[1 + spec.variant % 2]
     if kind == "testsrc2":
         return ffgraph.Generated(f"testsrc2=size={w}x{h}:rate={fps}:duration={d}")
     # both generators cost per pixel (720p gradients alone took 5 s for a 10 s clip, mandelbrot more); they

@@ -4,6 +4,10 @@ Limits (util-linux `prlimit`): prlimit execs its command, so the pid stays ffmpe
 reaches the right process. The CPU limit is soft:hard with a one-second gap so the kernel sends SIGXCPU (a clear
 "CPU limit" reason) before the SIGKILL of the hard limit, which would read like the OOM killer.
 
+Isolation (`isolation`): no network (its own network namespace), a uid of its own per job when the engine is
+root and the run names its job directory (`workdir`), per-job process and file-size limits, and a watchdog on the
+job directory's total size. When a child ends, whatever it left running in its group is killed too.
+
 Session: each child starts in a new session (its own process group), so the Ctrl-C a terminal sends to the
 command's group reaches the command, which decides, and never the encoder behind its back. `setpriv
 --pdeathsig KILL`, when installed, makes a child that outlives the thread that started it (the command was
@@ -30,13 +34,20 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
+
+from aivedio_engine.media import isolation
 
 #: open files a media child may hold (inputs, outputs, its libraries)
 NOFILE = 256
 #: signals that ask a process to stop (a terminal's Ctrl-C or hang-up, a service manager's stop): not a verdict
 #: on the media, so a child they ended is retried
 INTERRUPT_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+#: how often the temp-disk watchdog measures a job directory
+DISK_CHECK_S = 0.25
+#: after a timeout and the clean-up, how long the pipes may take to close before they are given up on
+PIPE_GRACE_S = 5.0
 
 
 class Ending(StrEnum):
@@ -56,16 +67,22 @@ class Interrupted(Exception):
     """No child was started: this process is stopping its sandboxed children (`stopping()`)."""
 
 
-def prefix(cpu_s: int, address_space_bytes: int, prlimit: str | None = None, setpriv: str | None = None) -> list[str]:
-    """argv prefix applying the limits; [] when prlimit is not installed (the wall-clock timeout still holds)."""
+def prefix(cpu_s: int, address_space_bytes: int, prlimit: str | None = None) -> list[str]:
+    """argv prefix applying the limits; [] when prlimit is not installed (the wall-clock timeout still holds).
+    The namespace, the uid and the orphan guard are added by `spawn`, around it."""
     prlimit = prlimit or shutil.which("prlimit")
     if prlimit is None:
         return []
     cpu = max(1, int(cpu_s))
-    setpriv = setpriv or shutil.which("setpriv")
-    orphan_guard = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
-    # prlimit first (its limits hold for setpriv and what it execs); both exec, so the pid stays ffmpeg's
-    return [prlimit, f"--as={address_space_bytes}", f"--cpu={cpu}:{cpu + 1}", f"--nofile={NOFILE}", "--", *orphan_guard]
+    fsize = isolation.policy().max_file_bytes
+    return [
+        prlimit,
+        f"--as={address_space_bytes}",
+        f"--cpu={cpu}:{cpu + 1}",
+        f"--nofile={NOFILE}",
+        f"--fsize={fsize}",
+        "--",
+    ]
 
 
 def signal_reason(returncode: int) -> str:
@@ -88,11 +105,21 @@ def encoder_cpu_s(timeout_s: float) -> int:
 class Child:
     """One sandboxed child process in its own session. Use `spawn()`; leave through `with` or `wait()`."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], lease: isolation.UidLease | None = None, workdir: Path | None = None
+    ) -> None:
         self.proc = proc
         #: why we signalled it, recorded before the signal is sent
         self.stopped_by: Ending | None = None
         self.stop_signal: int | None = None
+        #: the sandbox limit our watchdog enforced, in words ("temp disk over N bytes")
+        self.limit: str | None = None
+        self._lease = lease
+        self._workdir = workdir
+        self._done = threading.Event()
+        self._cleaned = False
+        if workdir is not None:
+            threading.Thread(target=self._watch_disk, name=f"disk-watch-{proc.pid}", daemon=True).start()
 
     @property
     def pid(self) -> int:
@@ -122,7 +149,33 @@ class Child:
     def wait(self, timeout: float | None = None) -> int:
         code = self.proc.wait(timeout)
         _forget(self)
+        self.clean_up()
         return code
+
+    def clean_up(self) -> None:
+        """Kill what it left in its group and, with a pool uid, everything that uid runs; release the uid."""
+        with _lock:
+            if self._cleaned:
+                return
+            self._cleaned = True
+        self._done.set()
+        try:  # what it left behind in its group (a forked helper, a fork bomb's children)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self._lease is not None:
+            setpriv = isolation.capabilities().setpriv
+            assert setpriv is not None
+            self._lease.release(setpriv)
+
+    def _watch_disk(self) -> None:
+        assert self._workdir is not None
+        cap = isolation.policy().max_disk_bytes
+        while not self._done.wait(DISK_CHECK_S):
+            if isolation.tree_bytes(self._workdir) > cap:
+                self.limit = f"temp disk over {cap} bytes"
+                self._signal(Ending.KILLED, signal.SIGKILL)
+                return
 
     def ending(self, returncode: int | None = None) -> Ending:
         """Who ended it, given its return code (default: the one it exited with)."""
@@ -145,6 +198,8 @@ class Child:
             return "interrupted (this process is stopping it)"
         if ending is Ending.TIMEOUT:
             return "timed out"
+        if self.limit is not None:
+            return f"killed: {self.limit}"
         if code is not None and code < 0:
             return signal_reason(code)
         return f"exit code {code}"
@@ -177,29 +232,62 @@ _live: set[Child] = set()
 _state = _State()
 
 
-def spawn(argv: Sequence[str], **popen: Any) -> Child:
-    """Start `argv` (prefix included by the caller) in a new session; Interrupted while `stopping()` runs.
+def spawn(argv: Sequence[str], *, workdir: Path | None = None, **popen: Any) -> Child:
+    """Start `argv` (prefix included by the caller) in a new session, isolated (`isolation`); Interrupted while
+    `stopping()` runs. `workdir`: the job directory holding every file the child reads and writes; with it the
+    child may get a uid of its own and its temp disk is watched.
 
     Popen's own errors (FileNotFoundError for a missing binary) pass through."""
     popen.pop("start_new_session", None)
-    with _lock:  # under the lock: a child cannot slip past a `stopping()` that is snapshotting the live set
-        if _state.stopping:
-            raise Interrupted("this process is stopping its media children")
-        child = Child(subprocess.Popen(list(argv), start_new_session=True, **popen))
-        _live.add(child)
+    caps, policy = isolation.capabilities(), isolation.policy()
+    lease = isolation.lease_for(workdir)  # before the lock: it may wait for a uid to come free
+    try:
+        wrap = list(caps.netns) if policy.network_isolation else []
+        if lease is not None and caps.setpriv is not None:
+            wrap += lease.wrap(caps.setpriv)
+        elif setpriv := shutil.which("setpriv"):
+            # a child whose starting thread is gone (the command was killed outright) dies, not runs on
+            wrap += [setpriv, "--no-new-privs", "--pdeathsig", "KILL", "--"]
+        with _lock:  # under the lock: a child cannot slip past a `stopping()` that is snapshotting the live set
+            if _state.stopping:
+                raise Interrupted("this process is stopping its media children")
+            proc = subprocess.Popen([*wrap, *argv], start_new_session=True, **popen)
+            child = Child(proc, lease, workdir)
+            _live.add(child)
+    except BaseException:
+        if lease is not None and caps.setpriv is not None:
+            lease.release(caps.setpriv)
+        raise
     return child
 
 
-def run(argv: Sequence[str], *, timeout_s: float, env: dict[str, str], cwd: str | None = None) -> Finished:
+def run(
+    argv: Sequence[str], *, timeout_s: float, env: dict[str, str], cwd: str | None = None, workdir: Path | None = None
+) -> Finished:
     """Run `argv` to its end with stdout/stderr captured and a wall-clock limit (`Child.expire`)."""
     with spawn(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd
+        argv,
+        workdir=workdir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=cwd,
     ) as child:
         try:
             out, err = child.proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             child.expire()
-            out, err = child.proc.communicate()
+            # its group is dead; a process it moved out of the group (setsid) may still hold the pipes open: the
+            # clean-up (the pool uid's sweep) gets it, and whatever still holds them after that is not waited for
+            child.clean_up()
+            try:
+                out, err = child.proc.communicate(timeout=PIPE_GRACE_S)
+            except subprocess.TimeoutExpired:
+                for pipe in (child.proc.stdout, child.proc.stderr):
+                    if pipe is not None:
+                        pipe.close()
+                out, err = b"", b""
         code = child.wait()
     return Finished(code, out or b"", err or b"", child.ending(code), child.describe(code))
 

@@ -15,8 +15,19 @@ The rules:
 - cost anomaly, per project (per tenant for tasks without one): the credits committed in the last hour (ledger:
   reservations net of releases and refunds) exceed `cost_budget_per_hour`, or exceed `cost_factor` × the hourly
   mean of the 24 hours before while being at least `cost_min_per_hour`;
+- System B workflows (seed 004 is about them): steps that failed for good or went to a person within `window_s`
+  reach `failed_tasks`; each workflow queue's due steps reach `queue_depth` or the longest-waiting has been due
+  `queue_age_s`; of the composition runs ended within `window_s` (at least `media_min_samples`), the share that
+  did not succeed reaches `media_failure_rate`; a project's actual cost (the sum of its steps') exceeds
+  `cost_factor` × its estimate. A provider failing in a row is the rule above: vendor steps run as generation
+  tasks, so their attempts are among the provider's;
 - storage capacity: a local data path (data dir; the object store root for `fs`) has less than `min_free_bytes`
-  or `min_free_ratio` free. An S3 bucket has no capacity to read through its API, so it is not checked.
+  or `min_free_ratio` free. An S3 bucket has no capacity to read through its API, so it is not checked;
+- role missing: a required role (relay, worker, scheduler, sweeper) has no process seen alive within
+  `role_missing_s` while work waits for it (heartbeats, `services.liveness`). Every role process checks this
+  rule from its heartbeat thread (not the sweeper's pass), so a missing sweeper is reported by whoever still runs;
+- motion (issue 14): one alert per subject of the audit's I2.4, I2.5, I7.4 and I10.3 once the sweeper's own
+  repair had its budget (`services.invariants_motion.findings`).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from aivedio_engine.db import workflows as wf_repo
 from aivedio_engine.db.alerts import Rule, raise_alert
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts, task_state_events
@@ -38,13 +50,17 @@ from aivedio_engine.domain.status import (
     StateEventOutcome,
     TaskStatus,
 )
+from aivedio_engine.domain.workflow import StepType
 from aivedio_engine.observability.snapshot import TERMINAL, since_floor, storage_usage
+from aivedio_engine.services.liveness import RoleView
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection, Engine
+    from collections.abc import Callable
 
     from aivedio_engine.clock import Clock
     from aivedio_engine.config import AlertSettings, Settings
+    from aivedio_engine.db.handles import Connection, Engine
+    from aivedio_engine.services.liveness import LivenessService
 
 _t, _a, _e, _l = generation_tasks.c, task_attempts.c, task_state_events.c, credit_ledger.c
 FAILED = (TaskStatus.FAILED_FINAL.value, TaskStatus.EXPIRED.value)
@@ -83,6 +99,12 @@ class Facts:
     media_failed: int = 0
     spend: list[Spend] = field(default_factory=list)
     disks: dict[str, tuple[int, int]] = field(default_factory=dict)  # path → (free bytes, total bytes)
+    failed_steps: int = 0
+    step_queues: dict[str, tuple[int, float]] = field(default_factory=dict)  # queue → (due steps, oldest age s)
+    composition_finished: int = 0
+    composition_failed: int = 0
+    project_costs: list[wf_repo.ProjectCost] = field(default_factory=list)
+    roles: list[RoleView] = field(default_factory=list)  # liveness of each role and the work waiting for it
 
 
 @dataclass(frozen=True)
@@ -164,6 +186,7 @@ def evaluate(f: Facts, cfg: AlertSettings) -> list[Finding]:
                     },
                 )
             )
+    out += _workflow_findings(f, cfg)
     for path, (free, total) in sorted(f.disks.items()):
         if free < cfg.min_free_bytes or (total and free / total < cfg.min_free_ratio):
             out.append(
@@ -175,6 +198,89 @@ def evaluate(f: Facts, cfg: AlertSettings) -> list[Finding]:
                     subject_type="path",
                     subject_id=path[-128:],
                     details={"free": free, "total": total},
+                )
+            )
+    out += role_findings(f.roles, cfg)
+    return out
+
+
+def role_findings(roles: list[RoleView], cfg: AlertSettings) -> list[Finding]:
+    """role_missing: only while work waits; a quiet system without a worker is not an incident."""
+    out = []
+    for r in roles:
+        if not r.required or not r.waiting:
+            continue
+        if r.last_seen_age_s is not None and r.last_seen_age_s < cfg.role_missing_s:
+            continue
+        seen = r.seen if r.last_seen_age_s is None else f"not seen for {_span(round(r.last_seen_age_s))}"
+        out.append(
+            Finding(
+                Rule.ROLE_MISSING,
+                AlertSeverity.CRITICAL,
+                r.role,
+                f"no {r.role} alive ({seen}) while {r.waiting} item(s) wait for it: start `aivedio serve --role "
+                f"{r.role}`",
+                subject_type="role",
+                subject_id=r.role,
+                details={"waiting": r.waiting, "last_seen_age_s": r.last_seen_age_s},
+            )
+        )
+    return out
+
+
+def _workflow_findings(f: Facts, cfg: AlertSettings) -> list[Finding]:
+    out: list[Finding] = []
+    window = _span(cfg.window_s)
+    if f.failed_steps >= cfg.failed_tasks:
+        out.append(
+            Finding(
+                Rule.FAILED_STEPS_HIGH,
+                AlertSeverity.WARNING,
+                "all",
+                f"{f.failed_steps} workflow steps failed or went to review in the last {window} "
+                f"(threshold {cfg.failed_tasks})",
+                details={"failed": f.failed_steps, "window_s": cfg.window_s},
+            )
+        )
+    for queue, (due, age) in sorted(f.step_queues.items()):
+        if due >= cfg.queue_depth or (due and age >= cfg.queue_age_s):
+            out.append(
+                Finding(
+                    Rule.QUEUE_BACKLOG,
+                    AlertSeverity.WARNING,
+                    f"workflow:{queue}",
+                    f"workflow queue {queue}: {due} steps due, the oldest for {_span(age)} "
+                    f"(thresholds {cfg.queue_depth} steps, {_span(cfg.queue_age_s)})",
+                    subject_type="workflow_queue",
+                    subject_id=queue,
+                    details={"due": due, "oldest_age_s": round(age, 1)},
+                )
+            )
+    done, failed = f.composition_finished, f.composition_failed
+    if done >= cfg.media_min_samples and failed / done >= cfg.media_failure_rate:
+        out.append(
+            Finding(
+                Rule.COMPOSITION_FAILURE_RATE,
+                AlertSeverity.WARNING,
+                "composition",
+                f"{failed} of {done} composition runs failed in the last {window} "
+                f"(threshold {cfg.media_failure_rate:.0%})",
+                details={"failed": failed, "finished": done},
+            )
+        )
+    factor = Decimal(str(cfg.cost_factor))
+    for c in f.project_costs:
+        if c.estimate > 0 and c.actual > factor * c.estimate:
+            out.append(
+                Finding(
+                    Rule.COST_ANOMALY,
+                    AlertSeverity.CRITICAL,
+                    f"project:{c.project_id}",
+                    f"project {c.project_id}: its steps cost {_num(c.actual)} credits, over {cfg.cost_factor:g} × "
+                    f"its estimate of {_num(c.estimate)}",
+                    subject_type="project",
+                    subject_id=str(c.project_id),
+                    details={"tenant_id": str(c.tenant_id), "actual": _num(c.actual), "estimate": _num(c.estimate)},
                 )
             )
     return out
@@ -236,7 +342,22 @@ def gather(conn: Connection, settings: Settings, now: datetime) -> Facts:
         media_failed=media_failed,
         spend=_spend(conn, now),
         disks={p: (u.free, u.total) for p, u in storage_usage(settings).items()},
+        **_workflow_facts(conn, now, since, floor),
     )
+
+
+def _workflow_facts(conn: Connection, now: datetime, since: datetime, floor: Any) -> dict[str, Any]:
+    done, failed = wf_repo.run_outcomes_since(conn, StepType.COMPOSITION, since, floor)
+    return {
+        "failed_steps": wf_repo.failed_steps_since(conn, since, floor),
+        "step_queues": {
+            b.queue: (b.due, max(0.0, (now - b.oldest_due_at).total_seconds()) if b.oldest_due_at else 0.0)
+            for b in wf_repo.backlog(conn, now)
+        },
+        "composition_finished": done,
+        "composition_failed": failed,
+        "project_costs": wf_repo.project_costs(conn, since),
+    }
 
 
 def _streaks(conn: Connection, settings: Settings, now: datetime) -> dict[str, int]:
@@ -291,11 +412,16 @@ def _spend(conn: Connection, now: datetime) -> list[Spend]:
 class AlertEvaluator:
     """The sweeper's hook: evaluate the rules at most every `alerts.interval_s` and record what fires."""
 
-    def __init__(self, engine: Engine, clock: Clock, settings: Settings) -> None:
+    def __init__(
+        self, engine: Engine, clock: Clock, settings: Settings, liveness: Callable[[], LivenessService]
+    ) -> None:
         self._engine = engine
         self._clock = clock
         self._settings = settings
+        #: late-bound (the context's shared one): built on first evaluation, not with the sweeper
+        self._liveness = liveness
         self._last: datetime | None = None
+        self._last_roles: datetime | None = None
 
     def __call__(self) -> int:
         cfg = self._settings.alerts
@@ -308,8 +434,29 @@ class AlertEvaluator:
     def evaluate_now(self) -> list[Finding]:
         """Evaluate and record now, whatever the interval (an operator's command, a test)."""
         now = self._clock.now()
+        from aivedio_engine.services.invariants_motion import findings as motion_findings
+
         with self._engine.connect() as conn:
-            findings = evaluate(gather(conn, self._settings, now), self._settings.alerts)
+            facts = gather(conn, self._settings, now)
+            motion = motion_findings(conn, self._settings, now)
+        # role_missing is not evaluated here but by `roles_if_due` on the heartbeat thread of every role process:
+        # only a process that writes heartbeats itself runs inside a deployment whose heartbeats mean something
+        # (a sweeper driven by hand, as in tests and tools, would report every other role missing)
+        return self._record(evaluate(facts, self._settings.alerts) + motion, now)
+
+    def roles_if_due(self) -> int:
+        """role_missing alone, at most every `alerts.interval_s`: the heartbeat thread of every role process
+        calls it, so the rule holds even when the sweeper (which evaluates the others) is the missing role."""
+        cfg = self._settings.alerts
+        now = self._clock.now()
+        if not cfg.enabled or (
+            self._last_roles is not None and (now - self._last_roles).total_seconds() < cfg.interval_s
+        ):
+            return 0
+        self._last_roles = now
+        return len(self._record(role_findings(self._liveness().report().roles, cfg), now))
+
+    def _record(self, findings: list[Finding], now: datetime) -> list[Finding]:
         if findings:
             with write_tx(self._engine) as conn:
                 for f in findings:

@@ -42,11 +42,10 @@ from aivedio_engine.domain.status import AttemptStatus, StateEventOutcome, TaskS
 from aivedio_engine.observability.snapshot import Snapshot, read_snapshot, storage_usage
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
     from aivedio_engine.bootstrap import AppContext
     from aivedio_engine.clock import Clock
     from aivedio_engine.config import Settings
+    from aivedio_engine.db.handles import Engine
 
 log = logging.getLogger(__name__)
 #: a standard-library logger, so a process that never configured logging stays quiet at DEBUG
@@ -76,8 +75,13 @@ CREATES_SHED = Counter(
     "New generations refused with 503 because the outbox backlog is "
     "older than limits.shed_outbox_age_s (seed 000 §4.11.2).",
 )
+REQUESTS_RATE_LIMITED = Counter(
+    "aivedio_requests_rate_limited",
+    "Requests refused with 429 by a tenant's token bucket (api.tenant_rate_limit_per_s / tenants update).",
+    ["action"],
+)
 ACTOR_IN_PROGRESS = Gauge("aivedio_actor_in_progress", "Actor calls running now in this process.", ["actor"])
-MEDIA_ACTORS = ("process_media", "validate_asset")
+MEDIA_ACTORS = ("process_media",)
 
 
 @contextmanager
@@ -244,6 +248,41 @@ def snapshot_families(s: Snapshot, settings: Settings, now: datetime) -> list[Ga
     ]
 
 
+def workflow_families(conn: Any, now: datetime) -> list[GaugeMetricFamily]:
+    """System B (seed 004): projects by status, open steps by queue and status, and each workflow queue's due
+    depth and age (the §17 backlog signals)."""
+    from aivedio_engine.db import workflows as wf_repo
+
+    backlog = wf_repo.backlog(conn, now)
+    return [
+        _gauge(
+            "aivedio_projects",
+            "System B projects by status.",
+            labels=["status"],
+            samples={(st,): float(n) for st, n in wf_repo.projects_by_status(conn).items()},
+        ),
+        _gauge(
+            "aivedio_workflow_steps",
+            "Workflow steps not yet finished for good (pending, running, retrying, failed, manual_required), "
+            "by queue and status.",
+            labels=["queue", "status"],
+            samples={k: float(n) for k, n in wf_repo.open_steps_by_queue(conn).items()},
+        ),
+        _gauge(
+            "aivedio_workflow_queue_due",
+            "Workflow steps due now (pending, or retrying past their delay), by queue.",
+            labels=["queue"],
+            samples={(b.queue,): float(b.due) for b in backlog},
+        ),
+        _gauge(
+            "aivedio_workflow_queue_age_seconds",
+            "How long the longest-waiting due step of each workflow queue has been due.",
+            labels=["queue"],
+            samples={(b.queue,): _age(now, b.oldest_due_at) for b in backlog},
+        ),
+    ]
+
+
 def _storage_scan_families(s: Snapshot, now: datetime) -> list[GaugeMetricFamily]:
     scan = s.storage_scan
     if scan is None:
@@ -304,7 +343,8 @@ class DbCollector(Collector):
                     timeout_ms = int(self._settings.metrics.query_timeout_ms)
                     conn.execute(sa.text(f"SET LOCAL statement_timeout = {timeout_ms}"))
                 snapshot = read_snapshot(conn, self._settings, now)
-            families += snapshot_families(snapshot, self._settings, now)
+                workflow = workflow_families(conn, now)
+            families += snapshot_families(snapshot, self._settings, now) + workflow
         except sa.exc.SQLAlchemyError as exc:
             up = 0.0
             log.warning("metrics: database read failed: %s", str(exc).splitlines()[0][:300])
@@ -331,8 +371,10 @@ class DbCollector(Collector):
         return families
 
     def _broker_families(self) -> list[Any]:
-        """mq_consumer_lag: messages waiting in each Redis broker queue (and its delay queue). A stub broker lives
-        in the worker's memory and cannot be read from here."""
+        """mq_consumer_lag: messages waiting in each RabbitMQ or Redis broker queue (and its delay queue). A stub
+        broker lives in the worker's memory and cannot be read from here."""
+        if self._settings.broker.kind == "rabbitmq":
+            return self._queue_depth_families(self._rabbitmq_depths())
         if self._settings.broker.kind != "redis":
             return []
         import redis
@@ -354,11 +396,52 @@ class DbCollector(Collector):
         except redis.RedisError as exc:
             log.warning("metrics: broker queue read failed: %s", exc)
             return []
-        samples: dict[tuple[str, ...], float] = {
-            (q.value, kind): float(lengths[2 * i + j])
-            for i, q in enumerate(Queue)
-            for j, kind in enumerate(("ready", "delayed"))
-        }
+        return self._queue_depth_families(
+            {
+                (q.value, kind): float(lengths[2 * i + j])
+                for i, q in enumerate(Queue)
+                for j, kind in enumerate(("ready", "delayed"))
+            }
+        )
+
+    def _rabbitmq_depths(self) -> dict[tuple[str, ...], float] | None:
+        """Ready messages per queue by passive declares (a queue no one declared yet counts 0); the delay queue's
+        messages are held by consumers until due, so RabbitMQ shows only those not yet taken."""
+        import pika
+        import pika.exceptions
+
+        from aivedio_engine.worker.broker import rabbitmq_url
+
+        params = pika.URLParameters(rabbitmq_url(self._settings))
+        params.socket_timeout = params.blocked_connection_timeout = self._settings.metrics.query_timeout_ms / 1000
+        samples: dict[tuple[str, ...], float] = {}
+        try:
+            connection = pika.BlockingConnection(params)
+        except pika.exceptions.AMQPError as exc:
+            log.warning("metrics: broker queue read failed: %s", exc)
+            return None
+        try:
+            for q in Queue:
+                for kind, name in (("ready", q.value), ("delayed", f"{q.value}.DQ")):
+                    channel = connection.channel()
+                    try:
+                        depth = channel.queue_declare(name, passive=True).method.message_count
+                        channel.close()
+                    except pika.exceptions.ChannelClosedByBroker:  # 404: not declared yet
+                        depth = 0
+                    samples[(q.value, kind)] = float(depth)
+        except pika.exceptions.AMQPError as exc:
+            log.warning("metrics: broker queue read failed: %s", exc)
+            return None
+        finally:
+            if connection.is_open:
+                connection.close()
+        return samples
+
+    @staticmethod
+    def _queue_depth_families(samples: dict[tuple[str, ...], float] | None) -> list[Any]:
+        if samples is None:
+            return []
         return [
             _gauge(
                 "aivedio_mq_queue_depth",

@@ -38,9 +38,8 @@ from aivedio_engine.domain.status import (
 )
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection
-
     from aivedio_engine.config import Settings
+    from aivedio_engine.db.handles import Connection
 
 _t, _a, _e = generation_tasks.c, task_attempts.c, task_state_events.c
 #: spelled like the partial indexes' predicates (definition order), so the planner can use them

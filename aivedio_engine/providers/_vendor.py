@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -20,12 +20,14 @@ from typing import Any
 from pydantic import SecretStr
 
 from aivedio_engine.config import ProviderSettings
+from aivedio_engine.domain.references import LimitExceeded, ModelLimits, check_counts, check_shape
 from aivedio_engine.domain.retry import ErrorClass
 from aivedio_engine.httpclient import HttpClient, NotSent, Response, SentUnknown
 from aivedio_engine.providers.base import (
     Ambiguous,
     CallbackRejected,
     Capabilities,
+    GenerationRequest,
     NotFound,
     QueryFailed,
     Rejected,
@@ -233,6 +235,7 @@ def capabilities(
     supports_cancel: bool,
     output_url_ttl_s: int | None,
     cancel_is_billed: bool = True,
+    model_limits: Callable[[str], ModelLimits] | None = None,
 ) -> Capabilities:
     models = settings.models
     resolutions = sorted({r for m in models.values() for r in m.resolutions}) or list(default_resolutions)
@@ -245,7 +248,20 @@ def capabilities(
         supports_cancel=supports_cancel,
         output_url_ttl_s=output_url_ttl_s,
         cancel_is_billed=cancel_is_billed,
+        model_limits={m: model_limits(m) for m in models} if model_limits else {},
     )
+
+
+def over_limits(request: GenerationRequest, limits: ModelLimits) -> Rejected | None:
+    """The create step checked the request already; one that still breaks a limit (settings changed since) is
+    refused before it is sent, never trimmed: dropping a reference would bill a video nobody asked for."""
+    try:
+        # the configured maximum was applied at create; here only the vendor's own set counts
+        check_shape(request.model, limits, 2**31, request.duration_s, request.aspect_ratio)
+        check_counts(request.model, limits, len(request.reference_urls), len(request.reference_video_urls))
+    except LimitExceeded as exc:
+        return Rejected(ErrorClass.LOCAL_INVALID, code="reference_limit", message=str(exc))
+    return None
 
 
 def client_for(settings: ProviderSettings, default_base_url: str, http: HttpClient | None) -> HttpClient:

@@ -14,6 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+from aivedio_engine.domain.references import ModelLimits
 from aivedio_engine.domain.retry import ErrorClass
 
 
@@ -44,6 +45,8 @@ class GenerationRequest:
     #: reference videos, for vendors with video-to-video
     reference_video_urls: Sequence[str] = ()
     callback_url: str | None = None
+    #: outputs (variants) asked for; only adapters whose models allow more than one see n > 1 (the catalog)
+    n: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +70,41 @@ class Observation:
     error_code: str | None = None
     error_message: str | None = None
     billed: bool | None = None  # the vendor's billing verdict when it gives one
-    cost: float | None = None  # units the vendor charged, when reported (Kling final_unit_deduction)
+    #: What the vendor says it billed, when it says so (None: it did not; the price list × the requested seconds
+    #: then stands). Settlement reads these from the attempt row: `domain/settlement.py`.
+    #: output seconds charged (the sim; a vendor's own units × the provider's `vendor_unit_seconds`)
+    billed_seconds: float | None = None
+    billed_outputs: int | None = None  # outputs charged
+    #: the vendor's own charge figure in its own unit (Kling `final_unit_deduction`, Replicate
+    #: `metrics.predict_time`, fal `metrics.inference_time`): recorded for reconciliation, never read as credits
+    vendor_cost: float | None = None
+    #: the vendor gave the charge back: it voided the job, or failed it by its own moderation after charging
+    refunded: bool | None = None
     request_key: str | None = None  # our provider_request_key, when the vendor echoes it
     #: stable id of the event for dedupe (webhook id); None for polls — the reducer fingerprints those.
     event_id: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def cost(self) -> float | None:
+        """The vendor's own charge figure (older name of `vendor_cost`)."""
+        return self.vendor_cost
+
+    def billed_units(self) -> dict[str, Any]:
+        """The billing facts the reducer records on the attempt (keys of `to_payload`)."""
+        return {
+            "billed_seconds": self.billed_seconds,
+            "billed_outputs": self.billed_outputs,
+            "vendor_cost": self.vendor_cost,
+            "refunded": self.refunded,
+        }
+
+
+def units_to_seconds(units: float | None, seconds_per_unit: float | None) -> float | None:
+    """A vendor's own billed units as output seconds, with the provider's configured rate (None: unknown)."""
+    if units is None or seconds_per_unit is None:
+        return None
+    return round(units * seconds_per_unit, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +185,12 @@ class Capabilities:
     cancel_is_billed: bool = True
     #: how references reach the vendor: "url" (a short-lived signed GET) or "file" (a local path: `local`)
     reference_transport: str = "url"
+    #: per model: reference counts and sizes, aspect ratios, durations (`domain.references`); the catalog shows
+    #: them and `POST /v1/generations` enforces them before anything is reserved
+    model_limits: Mapping[str, ModelLimits] = field(default_factory=dict)
+
+    def limits_for(self, model: str) -> ModelLimits:
+        return self.model_limits.get(model) or ModelLimits()
 
 
 class CallbackRejected(Exception):

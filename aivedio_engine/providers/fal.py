@@ -38,6 +38,12 @@ Not documented, so [inference]:
 - Output URL lifetime is not documented: `output_url_ttl_s` from settings, counted from the response's Date.
 - Model inputs (`prompt`, `duration` as a string, `aspect_ratio`, `resolution`, `seed`, `image_url`) follow
   fal's common video endpoints; each model's schema is its own.
+- References: the model id says what the endpoint takes. Ids with `video-to-video` take the source clip as
+  `video_url` (fal's Wan / LTX video-to-video endpoints) and need one; Kling endpoints (`kling-video`) take
+  `image_url` + `tail_image_url`, 5/10 s, 16:9 / 9:16 / 1:1; Veo 3 endpoints (`veo3`) take `image_url`,
+  `duration` as "4s" | "6s" | "8s", 16:9 / 9:16; any other takes one `image_url`. fal documents "input images
+  up to 8MB" for Veo (fal.ai/models/fal-ai/veo2/image-to-video): we hold every fal image to 8 MB and every video
+  to 32 MB (Runway's video limit; fal names none).
 - CANCELLATION_REQUESTED on a running request is a request the app may ignore; we answer Canceled and let the
   status poll confirm. Time a running request used before the cancel is assumed billed.
 """
@@ -54,6 +60,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aivedio_engine.config import ProviderSettings
+from aivedio_engine.domain.references import MB, ModelLimits
 from aivedio_engine.domain.retry import ErrorClass
 from aivedio_engine.httpclient import HttpClient, Response
 from aivedio_engine.providers import _vendor as v
@@ -71,20 +78,44 @@ from aivedio_engine.providers.base import (
     SubmitResult,
     TooLate,
     Unsupported,
+    units_to_seconds,
 )
+from aivedio_engine.providers.webhooks import DEFAULT_TOLERANCE_S
 
 DEFAULT_BASE_URL = "https://queue.fal.run"
-TOLERANCE_S = 300
 _HEX = re.compile(r"[0-9a-fA-F]{128}")
 _TIMESTAMP = re.compile(r"[0-9]{1,11}")
 _STATUS_CODE = re.compile(r"status code:?\s*(\d{3})", re.IGNORECASE)
 QUEUE_STATUSES = {"IN_QUEUE": JobStatus.QUEUED, "IN_PROGRESS": JobStatus.RUNNING}
+IMAGE_BYTES, VIDEO_BYTES = 8 * MB, 32 * MB
+VIDEO_TO_VIDEO = ModelLimits(1, 1, 1, IMAGE_BYTES, VIDEO_BYTES)
+KLING = ModelLimits(2, 0, 0, IMAGE_BYTES, 0, ("16:9", "9:16", "1:1"), (5, 10), (0.4, 2.5))
+VEO = ModelLimits(1, 0, 0, IMAGE_BYTES, 0, ("16:9", "9:16"), (4, 6, 8))
+DEFAULT = ModelLimits(1, 0, 0, IMAGE_BYTES, 0)
+
+
+def model_limits(model: str) -> ModelLimits:
+    if "video-to-video" in model:
+        return VIDEO_TO_VIDEO
+    if "kling-video" in model:
+        return KLING
+    if "/veo3" in model:
+        return VEO
+    return DEFAULT
 
 
 class FalProvider:
-    def __init__(self, name: str, settings: ProviderSettings, http: HttpClient | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        settings: ProviderSettings,
+        http: HttpClient | None = None,
+        *,
+        webhook_tolerance_s: float = DEFAULT_TOLERANCE_S,
+    ) -> None:
         self.name = name
         self._settings = settings
+        self._tolerance_s = webhook_tolerance_s
         self._http = v.client_for(settings, DEFAULT_BASE_URL, http)
         self._apps = list(dict.fromkeys(_app(m) for m in settings.models))
         self.capabilities = v.capabilities(
@@ -95,6 +126,7 @@ class FalProvider:
             supports_lookup_by_request_key=False,
             supports_cancel=True,
             output_url_ttl_s=settings.output_url_ttl_s,
+            model_limits=model_limits,
         )
 
     def _headers(self) -> dict[str, str]:
@@ -102,16 +134,21 @@ class FalProvider:
 
     def submit(self, request: GenerationRequest, request_key: str) -> SubmitResult:
         # request_key has nowhere to go: fal's queue takes no idempotency key or client reference.
+        limits = model_limits(request.model)
+        refused = v.over_limits(request, limits)
+        if refused is not None:
+            return refused
         body: dict[str, Any] = {
             "prompt": request.prompt,
-            "duration": str(request.duration_s),
+            "duration": f"{request.duration_s}s" if limits is VEO else str(request.duration_s),
             "aspect_ratio": request.aspect_ratio,
             "resolution": request.resolution,
         }
         if request.seed is not None:
             body["seed"] = request.seed
-        if request.reference_urls:
-            body["image_url"] = request.reference_urls[0]
+        body.update(zip(("image_url", "tail_image_url"), request.reference_urls, strict=False))
+        if request.reference_video_urls:
+            body["video_url"] = request.reference_video_urls[0]
         params = {"fal_webhook": request.callback_url} if request.callback_url else None
         resp = v.send_submit(self._http, "POST", f"/{request.model}", json=body, params=params, headers=self._headers())
         if not isinstance(resp, Response):
@@ -195,8 +232,21 @@ class FalProvider:
             )
             for i, f in enumerate(_files(payload))
         )
+        # the status body's `metrics.inference_time` (seconds the runner worked; the webhook does not carry it):
+        # recorded as the vendor's figure, priced as output seconds only with the provider's configured rate
+        status = raw.get("status")
+        metrics = status.get("metrics") if isinstance(status, dict) else None
+        took = metrics.get("inference_time") if isinstance(metrics, dict) else None
+        compute = float(took) if isinstance(took, int | float) and not isinstance(took, bool) and took >= 0 else None
         return Observation(
-            job_id=job_id, status=JobStatus.SUCCEEDED, outputs=outputs, billed=True, event_id=event_id, raw=raw
+            job_id=job_id,
+            status=JobStatus.SUCCEEDED,
+            outputs=outputs,
+            billed=True,
+            vendor_cost=compute,
+            billed_seconds=units_to_seconds(compute, self._settings.vendor_unit_seconds),
+            event_id=event_id,
+            raw=raw,
         )
 
     def find(self, request_key: str) -> Unsupported:
@@ -261,7 +311,7 @@ class FalProvider:
         if not _TIMESTAMP.fullmatch(ts) or not _HEX.fullmatch(sig_hex):
             raise CallbackRejected("malformed X-Fal-Webhook-* headers")
         now_s = (now if now.tzinfo else now.replace(tzinfo=UTC)).timestamp()
-        if abs(int(ts) - now_s) > TOLERANCE_S:
+        if abs(int(ts) - now_s) > self._tolerance_s:
             raise CallbackRejected("webhook timestamp outside the tolerance")
         if not isinstance(raw_body, bytes | bytearray):
             raise CallbackRejected("body must be raw bytes")

@@ -26,7 +26,16 @@ What Kling's documentation says, and where:
   503 / 5001 maintenance, 504 / 5002 internal timeout. A 429 is therefore not always "slow down": 1100–1103
   and 1304 are account or configuration faults and are not retried.
 
+- References: image2video takes `image` (first frame) and, on models with end-frame control, `image_tail`; an
+  image must be ≤ 10 MB, ≥ 300 px each side, width/height between 1:2.5 and 2.5:1; durations 5 or 10 s; aspect
+  ratios 16:9, 9:16, 1:1 (Kling image-to-video parameter tables as republished by novita.ai, jiekou.ai and
+  myrouter.ai for kling-v2.5/v2.6/v3; open-route-api.fashionlabs.cn for `image_tail`). Kling has no
+  video-to-video from a URL (its video extension takes a Kling video id), so video references are refused.
+
 Not documented, so [inference]:
+- Which models take `image_tail`: kling-v1-5 and kling-v1-6 (end-frame control in Kling's capability map as
+  recalled, not re-read); every other model is held to one image. A model that refuses the tail answers 400,
+  a final rejection that bills nothing.
 - No callback signature is documented. We accept a callback only with a token bound to the job: submit adds
   `aivedio_token=HMAC-SHA256(webhook_secrets[0], external_task_id)` to the callback URL, and the callbacks route
   must hand that query parameter to `parse_callback` as the `X-Aivedio-Callback-Token` header; any configured
@@ -57,6 +66,7 @@ from urllib.parse import urlencode
 
 from aivedio_engine.clock import Clock, SystemClock
 from aivedio_engine.config import ProviderSettings
+from aivedio_engine.domain.references import MB, ModelLimits
 from aivedio_engine.domain.retry import ErrorClass
 from aivedio_engine.httpclient import HttpClient, Response
 from aivedio_engine.providers import _vendor as v
@@ -75,6 +85,7 @@ from aivedio_engine.providers.base import (
     SubmitResult,
     TooLate,
     Unsupported,
+    units_to_seconds,
 )
 
 DEFAULT_BASE_URL = "https://api-singapore.klingai.com"
@@ -88,6 +99,15 @@ STATUSES = {
     "succeed": JobStatus.SUCCEEDED,
     "failed": JobStatus.FAILED,
 }
+
+ASPECTS = ("16:9", "9:16", "1:1")
+ONE_FRAME = ModelLimits(1, 0, 0, 10 * MB, 0, ASPECTS, (5, 10), (0.4, 2.5))
+FIRST_AND_LAST = ModelLimits(2, 0, 0, 10 * MB, 0, ASPECTS, (5, 10), (0.4, 2.5))
+TAIL_MODELS = {"kling-v1-5", "kling-v1-6"}
+
+
+def model_limits(model: str) -> ModelLimits:
+    return FIRST_AND_LAST if model in TAIL_MODELS else ONE_FRAME
 
 
 def error_class(service_code: int | None) -> ErrorClass | None:
@@ -119,6 +139,7 @@ class KlingProvider:
             supports_lookup_by_request_key=settings.supports_lookup_by_request_key,
             supports_cancel=False,
             output_url_ttl_s=OUTPUT_URL_TTL_S,
+            model_limits=model_limits,
         )
 
     def _headers(self) -> dict[str, str] | None:
@@ -134,6 +155,9 @@ class KlingProvider:
             return Rejected(
                 ErrorClass.LOCAL_INVALID, code="bad_api_key", message="Kling api_key must be ACCESS_KEY:SECRET_KEY"
             )
+        refused = v.over_limits(request, model_limits(request.model))
+        if refused is not None:
+            return refused
         kind = "image2video" if request.reference_urls else "text2video"
         body: dict[str, Any] = {
             "model_name": request.model,
@@ -144,6 +168,8 @@ class KlingProvider:
         }
         if request.reference_urls:
             body["image"] = request.reference_urls[0]
+            if len(request.reference_urls) > 1:
+                body["image_tail"] = request.reference_urls[1]
         else:
             body["aspect_ratio"] = request.aspect_ratio
         if request.callback_url:
@@ -263,7 +289,9 @@ class KlingProvider:
             if isinstance(message, str) and message and status is JobStatus.FAILED
             else None,
             billed=billed,
-            cost=cost,
+            vendor_cost=cost,
+            # units priced as output seconds by the provider's configured rate; unset: the price list stands
+            billed_seconds=units_to_seconds(cost, self._settings.vendor_unit_seconds) if billed else None,
             request_key=key if isinstance(key, str) and key else None,
             event_id=event_id,
             raw=task,

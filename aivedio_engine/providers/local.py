@@ -1,24 +1,39 @@
 """The `local` provider (DESIGN §8): renders a real clip with ffmpeg in this process and serves it over loopback
 HTTP, so embedded mode exercises the same submit → poll → fetch path as a hosted vendor.
 
-Jobs live in memory. A restart forgets them, not what they left on disk: a job id this instance does not know
-is answered from the data dir when it can be — its output in the served directory means the render finished
-before the restart (SUCCEEDED, with a URL signed by this instance); a tombstone means it was stopped, not
-failed (ABORTED: not billed, so the engine submits again). A render is stopped rather than failed when the
+Jobs are durable when the provider is given a `LocalJobs` store (bootstrap does: the engine's database, table
+`local_jobs`): a job outlives the process that rendered it. A render is stopped rather than failed when the
 provider is closed before it ends (a Ctrl-C'd `aivedio generate`, a stopping `aivedio serve`) or when its
-ffmpeg is interrupted (SIGINT/SIGTERM/SIGHUP, `media.sandbox.stopping`). Any other unknown id is NotFound.
+ffmpeg is interrupted (SIGINT/SIGTERM/SIGHUP, `media.sandbox.stopping`); the job is then released, and the
+next instance asked about it (any engine on the data dir: `generations wait`, `serve`) renders it again under
+the same job id. So does a job whose process died without releasing it (killed hard): its row names a process
+that is gone. The same request key always finds the same job, a finished output is served, never rendered
+again, and only the row's owner renders, so a job never renders twice at once. The engine therefore keeps one
+attempt, one reservation and one settlement however often the render was cut short.
+
+Without a store (tests, tools) jobs live in memory, and a restart knows only what they left on disk: an output
+in the served directory means SUCCEEDED; a tombstone means stopped, not failed (ABORTED: not billed, so the
+engine submits again). Any other unknown id is NotFound.
 Renders run on a thread pool sized by `max_concurrency`; each is an argv from `media.render` run through
 `media.sandbox` (prlimit, its own session, a wall-clock timeout), in a per-job work directory that is always
 removed. Only a finished render is renamed into the served directory, so a partial file is never downloadable.
 
+A request for `n` outputs renders n clips, one after the other, each a variant (`render.ClipSpec.variant`):
+output 0 is `<job>.mp4`, output i is `<job>-<i>.mp4`. Output 0 is renamed into place last, so its presence
+still means the whole job finished.
+
 Output URLs carry an expiry and an HMAC over (job id, expiry) keyed per instance: an expired or edited URL
-gets 403, like a vendor CDN, which lets the engine's refresh-on-403 path run for real.
+gets 403, like a vendor CDN, which lets the engine's refresh-on-403 path run for real (`local_outputs.py`).
+
+A job that ends (SUCCEEDED or FAILED) is reported at once through `report(provider name, observation)` when one is
+given (bootstrap stores it as the provider's callback: `CallbackService.report`), so the engine need not wait for
+its next poll. The report is best effort, from the render thread: a failure is logged, and polling, which never
+stops, completes the task anyway.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import dataclasses
 import logging
 import os
 import re
@@ -29,17 +44,19 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 from aivedio_engine.clock import Clock, SystemClock
 from aivedio_engine.config import ModelSettings, ProviderSettings
+from aivedio_engine.domain.references import MB, ModelLimits
 from aivedio_engine.domain.retry import ErrorClass
 from aivedio_engine.media import render, sandbox
+from aivedio_engine.providers import local_owners as owners
 from aivedio_engine.providers.base import (
     Accepted,
     CallbackRejected,
@@ -56,21 +73,38 @@ from aivedio_engine.providers.base import (
     TooLate,
     Unsupported,
 )
-from aivedio_engine.testing.failpoints import failpoint
+from aivedio_engine.providers.local_outputs import OutputServer
+
+if TYPE_CHECKING:
+    from aivedio_engine.db.local_jobs import LocalJob, LocalJobs
 
 log = logging.getLogger(__name__)
 
 _JOB_ID = re.compile(r"loc_[0-9a-f]{32}")
-_OUTPUT_PATH = re.compile(r"/outputs/(loc_[0-9a-f]{32})\.mp4")
 _FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.ABORTED})
 #: where an ABORTED job leaves its id, so that an instance started later can still answer for it
 _TOMBSTONES = ".aborted"
+#: the renderer pans over ONE image (more would be ignored, so they are refused) and has no video-to-video; the
+#: image is decoded inside the render sandbox, whose memory cap a larger file could exceed
+LOCAL_LIMITS = ModelLimits(max_reference_images=1, max_reference_videos=0, max_image_bytes=32 * MB, max_outputs=4)
+
+
+def model_limits(model: str) -> ModelLimits:
+    return LOCAL_LIMITS
+
+
 _DEFAULT_MODELS = {
     "local-v1": ModelSettings(
-        max_duration_s=10, resolutions=["360p", "720p"], price_per_second={"360p": Decimal("0.5"), "720p": Decimal("1")}
+        max_duration_s=10,
+        resolutions=["360p", "720p"],
+        price_per_second={"360p": Decimal("0.5"), "720p": Decimal("1")},
+        max_outputs=4,
     )
 }
 _REJECT = ErrorClass.PROVIDER_REJECTED
+#: renders started for one job before it fails: each cut short (a process killed hard, again and again) would
+#: otherwise re-render it forever
+MAX_RENDERS = 5
 
 
 @dataclass(eq=False)
@@ -86,6 +120,9 @@ class _Job:
     error_code: str | None = None
     error_message: str | None = None
     size_bytes: int | None = None
+    #: outputs asked for, and each finished one's size (index order)
+    n: int = 1
+    sizes: list[int] = field(default_factory=list)
     process: sandbox.Child | None = field(default=None, repr=False)
 
 
@@ -114,8 +151,11 @@ class LocalProvider:
         retention_s: float = 86400.0,
         font_file: Path | None | str = "auto",
         resolve_reference: Callable[[str], Path | None] = file_reference,
+        jobs: LocalJobs | None = None,
+        report: Callable[[str, Observation], object] | None = None,
     ) -> None:
         self.name = name
+        self._report = report
         self._clock = clock or SystemClock()
         self._models = dict(settings.models or _DEFAULT_MODELS)
         self._ttl_s = settings.output_url_ttl_s
@@ -137,6 +177,7 @@ class LocalProvider:
             output_url_ttl_s=self._ttl_s,
             cancel_is_billed=False,
             reference_transport="file",
+            model_limits={m: LOCAL_LIMITS for m in self._models},
         )
         # absolute: renders run with cwd set to their work dir, so a relative data dir would resolve twice
         self.root = Path(data_dir).resolve() / "local-provider"
@@ -146,18 +187,17 @@ class LocalProvider:
         self._tombstones.mkdir(exist_ok=True)
         _remove_stale(self.root, self._work, render_timeout_s + 60, retention_s)
         self._lock = threading.Lock()
+        self._store = jobs
+        self._token = secrets.token_hex(8)
+        self._owner = owners.owner_id(self._token)
+        owners.LIVE_TOKENS.add(self._token)
         self._jobs: dict[str, _Job] = {}
         self._by_key: dict[str, str] = {}
         self._closed = False
         self._swept_at = self._clock.now()
-        self._key = secrets.token_bytes(32)
         self._pool = ThreadPoolExecutor(max_workers=settings.max_concurrency, thread_name_prefix=f"{name}-render")
-        self._server = _OutputServer(self)
-        self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._server_thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name=f"{name}-http", daemon=True
-        )
-        self._server_thread.start()
+        self._outputs = OutputServer(self.root, self._clock, f"{name}-http")
+        self.base_url = self._outputs.base_url
 
     # --- the Provider protocol ------------------------------------------------------------------------------
 
@@ -170,13 +210,15 @@ class LocalProvider:
         job = self._new_job(request, request_key)  # outside the lock: a resolver may touch the disk
         if isinstance(job, Rejected):
             return job
+        if self._store is not None:
+            row, created = self._store.create(job.job_id, request_key, _params(job), self._owner, self._clock.now())
+            if not created:  # the key's job exists, made by this or another process, maybe before a restart
+                return Accepted(row.job_id, self._take_over_or_observe(row))
         with self._lock:
             if (known := self._known(request_key)) is not None:  # a concurrent submit with the same key won
                 return known
             self._sweep()
-            self._jobs[job.job_id] = job
-            self._by_key[request_key] = job.job_id
-            self._pool.submit(self._run, job)
+            self._start(job)
             return Accepted(job.job_id, self._observe(job))
 
     def query(self, job_id: str) -> Observation | NotFound | QueryFailed:
@@ -184,12 +226,16 @@ class LocalProvider:
             job = self._jobs.get(job_id)
             if job is not None:
                 return self._observe(job)
-        return self._from_disk(job_id)
+        row = self._store.get(job_id) if self._store is not None and _JOB_ID.fullmatch(job_id) else None
+        return self._from_disk(job_id) if row is None else self._take_over_or_observe(row)
 
     def find(self, request_key: str) -> Observation | NotFound | Unsupported | QueryFailed:
         with self._lock:
             job_id = self._by_key.get(request_key)
-            return NotFound() if job_id is None else self._observe(self._jobs[job_id])
+            if job_id is not None:
+                return self._observe(self._jobs[job_id])
+        row = self._store.by_key(request_key) if self._store is not None else None
+        return NotFound() if row is None else self._take_over_or_observe(row)
 
     def list_jobs(self, created_after: datetime, created_before: datetime) -> Unsupported:
         return Unsupported()
@@ -198,7 +244,7 @@ class LocalProvider:
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None:
-                return QueryFailed(_REJECT, f"no job {job_id!r}")
+                return self._cancel_stored(job_id)
             if job.status is JobStatus.CANCELED:
                 return Canceled()
             if job.status in _FINISHED:
@@ -209,6 +255,13 @@ class LocalProvider:
             _stop(proc)  # return only once ffmpeg is gone, so "canceled" means no CPU is being spent
         return Canceled()
 
+    def _cancel_stored(self, job_id: str) -> Canceled | TooLate | QueryFailed:
+        """A job this instance does not render: stopped in the store, where its renderer (if any) sees it."""
+        row = self._store.cancel(job_id, self._clock.now()) if self._store is not None else None
+        if row is None:
+            return QueryFailed(_REJECT, f"no job {job_id!r}")
+        return Canceled() if row.state is JobStatus.CANCELED else TooLate()
+
     def parse_callback(self, headers: Mapping[str, str], raw_body: bytes, now: datetime) -> list[Observation]:
         raise CallbackRejected("the local provider sends no callbacks")
 
@@ -218,15 +271,17 @@ class LocalProvider:
                 return
             self._closed = True
             running = [j for j in self._jobs.values() if j.status not in _FINISHED]
-            for job in running:  # stopped, not failed: nothing was delivered nor billed, the engine may resubmit
-                self._finish(job, JobStatus.ABORTED, "provider_closed", "the local provider was shut down")
+            for job in running:  # stopped, not failed: nothing was delivered nor billed
+                self._stopped(job, "provider_closed", "the local provider was shut down")
             procs = [j.process for j in running if j.process is not None]
         for proc in procs:
             _stop(proc)
-        self._server.shutdown()
-        self._server.server_close()
+        if self._store is not None:  # the next engine on this data dir renders them again, same job ids
+            self._store.release([j.job_id for j in running], self._owner, self._clock.now())
+        owners.LIVE_TOKENS.discard(self._token)
+        self._outputs.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self._server_thread.join(timeout=5)
+        self._outputs.join()
 
     def __enter__(self) -> LocalProvider:
         return self
@@ -242,13 +297,61 @@ class LocalProvider:
             job = self._jobs.get(job_id)
             return job.process.pid if job is not None and job.process is not None else None
 
-    def output_url(self, job_id: str, expires: int | None = None) -> str:
-        """A signed URL for the job's output, valid until `expires` (unix seconds; default now + TTL)."""
+    def output_url(self, job_id: str, expires: int | None = None, index: int = 0) -> str:
+        """A signed URL for the job's output `index`, valid until `expires` (unix seconds; default now + TTL)."""
         if expires is None:
             expires = int(self._clock.now().timestamp()) + self._ttl_s
-        return f"{self.base_url}/outputs/{job_id}.mp4?expires={expires}&sig={self._sign(job_id, expires)}"
+        name = _output_name(job_id, index)
+        return self._outputs.url(name, expires)
 
     # --- jobs ------------------------------------------------------------------------------------------------
+
+    def _start(self, job: _Job) -> None:
+        """Hold `job` in memory and queue its render (caller holds the lock)."""
+        self._jobs[job.job_id] = job
+        self._by_key[job.request_key] = job.job_id
+        self._pool.submit(self._run, job)
+
+    def _take_over_or_observe(self, row: LocalJob) -> Observation:
+        """A stored job this instance does not hold: rendered again here if nobody renders it (its process
+        died, or released it), else reported as the store has it."""
+        assert self._store is not None
+        if not row.finished and not self._closed:
+            claimed = self._store.claim(row.job_id, self._owner, owners.orphaned, self._clock.now(), MAX_RENDERS)
+            if claimed is not None:
+                log.info("local provider: rendering job %s again (its render was cut short)", row.job_id)
+                job = _job_of(claimed, self._clock.now())
+                with self._lock:
+                    if row.job_id not in self._jobs and not self._closed:
+                        self._start(job)
+                release = self._closed
+                if release:  # closed meanwhile: give it back to the next engine
+                    self._store.release([row.job_id], self._owner, self._clock.now())
+            with self._lock:
+                if (held := self._jobs.get(row.job_id)) is not None:
+                    return self._observe(held)
+            row = self._store.get(row.job_id) or row
+        return self._observe_stored(row)
+
+    def _observe_stored(self, row: LocalJob) -> Observation:
+        outputs: tuple[Output, ...] = ()
+        if row.state is JobStatus.SUCCEEDED:
+            expires = int(self._clock.now().timestamp()) + self._ttl_s
+            url = self.output_url(row.job_id, expires)
+            expires_at = datetime.fromtimestamp(expires, UTC)
+            outputs = (Output(url=url, content_type="video/mp4", expires_at=expires_at, size_bytes=row.size_bytes),)
+        progress = 100 if row.state is JobStatus.SUCCEEDED else row.progress
+        return Observation(
+            job_id=row.job_id,
+            status=row.state,
+            provider_updated_at=row.updated_at,
+            progress=progress,
+            outputs=outputs,
+            error_code=row.error_code,
+            error_message=row.error_message,
+            request_key=row.request_key,
+            raw={"status": row.state.value, "progress": progress, "stored": True},
+        )
 
     def _known(self, request_key: str) -> SubmitResult | None:
         if self._closed:
@@ -265,8 +368,11 @@ class LocalProvider:
         self._swept_at = now
         for job in [j for j in self._jobs.values() if j.status in _FINISHED]:
             if (now - job.updated_at).total_seconds() > self._retention_s:
-                (self.root / f"{job.job_id}.mp4").unlink(missing_ok=True)
+                for index in range(job.n):
+                    (self.root / f"{_output_name(job.job_id, index)}.mp4").unlink(missing_ok=True)
                 del self._jobs[job.job_id], self._by_key[job.request_key]
+        if self._store is not None:
+            self._store.purge(now - timedelta(seconds=self._retention_s))
 
     def _new_job(self, request: GenerationRequest, request_key: str) -> _Job | Rejected:
         model = self._models.get(request.model)
@@ -295,19 +401,22 @@ class LocalProvider:
             prompt=request.prompt,
             image=image,
             updated_at=self._clock.now(),
+            n=max(1, min(request.n, LOCAL_LIMITS.max_outputs)),
         )
 
     def _observe(self, job: _Job) -> Observation:
         outputs: tuple[Output, ...] = ()
         if job.status is JobStatus.SUCCEEDED:  # a fresh URL on every look, as vendors re-sign on each poll
             expires = int(self._clock.now().timestamp()) + self._ttl_s
-            outputs = (
+            outputs = tuple(
                 Output(
-                    url=self.output_url(job.job_id, expires),
+                    url=self.output_url(job.job_id, expires, index),
                     content_type="video/mp4",
                     expires_at=datetime.fromtimestamp(expires, UTC),
-                    size_bytes=job.size_bytes,
-                ),
+                    size_bytes=size,
+                    index=index,
+                )
+                for index, size in enumerate(job.sizes)
             )
         return Observation(
             job_id=job.job_id,
@@ -318,6 +427,8 @@ class LocalProvider:
             error_code=job.error_code,
             error_message=job.error_message,
             request_key=job.request_key,
+            # every output made is billed; reported only for n > 1, where the price list alone would not say it
+            billed_outputs=len(job.sizes) if job.n > 1 and job.status is JobStatus.SUCCEEDED else None,
             raw={"status": job.status.value, "progress": job.progress},
         )
 
@@ -331,17 +442,25 @@ class LocalProvider:
             stat = None
         if stat is not None:  # renamed into place only once complete: the render finished before the restart
             expires = int(self._clock.now().timestamp()) + self._ttl_s
-            out = Output(
-                url=self.output_url(job_id, expires),
-                content_type="video/mp4",
-                expires_at=datetime.fromtimestamp(expires, UTC),
-                size_bytes=stat.st_size,
+            sizes = [stat.st_size]
+            while (more := self.root / f"{_output_name(job_id, len(sizes))}.mp4").is_file():
+                sizes.append(more.stat().st_size)
+            outs = tuple(
+                Output(
+                    url=self.output_url(job_id, expires, index),
+                    content_type="video/mp4",
+                    expires_at=datetime.fromtimestamp(expires, UTC),
+                    size_bytes=size,
+                    index=index,
+                )
+                for index, size in enumerate(sizes)
             )
             return Observation(
                 job_id=job_id,
                 status=JobStatus.SUCCEEDED,
                 progress=100,
-                outputs=(out,),
+                outputs=outs,
+                billed_outputs=len(sizes) if len(sizes) > 1 else None,
                 provider_updated_at=datetime.fromtimestamp(stat.st_mtime, UTC),
                 raw={"status": JobStatus.SUCCEEDED.value, "recovered": True},
             )
@@ -359,11 +478,52 @@ class LocalProvider:
             raw={"status": JobStatus.ABORTED.value, "recovered": True},
         )
 
+    def _stopped(self, job: _Job, code: str, message: str) -> None:
+        """The render was cut short, not failed: nothing was delivered nor billed (caller holds the lock). With a
+        store the job is forgotten here and the caller releases it, once its ffmpeg is gone, for a render under
+        the same id; without one it is ABORTED (the engine submits again)."""
+        if self._store is None:
+            self._finish(job, JobStatus.ABORTED, code, message)
+            return
+        job.status, job.error_code, job.error_message = JobStatus.ABORTED, code, message
+        self._forget(job)
+
+    def _stored(self, write: Callable[..., Any], *args: Any, **values: Any) -> Any:
+        """A store write from a render thread; None when the database refused it. The render goes on: this
+        instance still answers from memory, and the row, left as it was, is this live instance's."""
+        try:
+            return write(*args, **values)
+        except Exception:  # a locked or unreachable database must not wedge the render thread
+            log.warning("local provider: could not record job %s", args[0] if args else "?", exc_info=True)
+            return None
+
+    def _forget(self, job: _Job) -> None:
+        if self._jobs.get(job.job_id) is job:
+            del self._jobs[job.job_id]
+            self._by_key.pop(job.request_key, None)
+
     def _finish(self, job: _Job, status: JobStatus, code: str | None = None, message: str | None = None) -> None:
         job.status, job.error_code, job.error_message = status, code, message
         if status is JobStatus.SUCCEEDED:
             job.progress = 100
         job.updated_at = self._clock.now()
+        if self._store is not None and status is JobStatus.CANCELED:
+            self._stored(self._store.cancel, job.job_id, job.updated_at)  # its renderer sees so at its next write
+        elif self._store is not None:
+            output = str(self.root / f"{job.job_id}.mp4") if status is JobStatus.SUCCEEDED else None
+            self._stored(
+                self._store.record,
+                job.job_id,
+                self._owner,
+                job.updated_at,
+                state=status,
+                progress=job.progress,
+                output_path=output,
+                size_bytes=job.size_bytes,
+                error_code=code,
+                error_message=message,
+                owner=None,
+            )
         if status is JobStatus.ABORTED:  # the engine may only ask after a restart: answer it then too
             try:
                 (self._tombstones / job.job_id).write_text(f"{code or 'aborted'}\n{message or ''}", "utf-8")
@@ -375,7 +535,7 @@ class LocalProvider:
             if job.status is not JobStatus.QUEUED:  # canceled while it waited for a slot
                 return
             job.status, job.updated_at = JobStatus.RUNNING, self._clock.now()
-        work = self._work / job.job_id
+        work = self._work / f"{job.job_id}.{self._token}"  # per render: a takeover never shares it
         try:
             work.mkdir(parents=True, exist_ok=True)
             self._render(job, work)
@@ -386,15 +546,57 @@ class LocalProvider:
                     self._finish(job, JobStatus.FAILED, "render_crashed", f"{type(exc).__name__}: {exc}"[:200])
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        self._report_end(job)
+
+    def _report_end(self, job: _Job) -> None:
+        """Tell the engine the job ended, instead of letting it find out at its next poll (best effort)."""
+        with self._lock:
+            if self._report is None or job.status not in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+                return  # stopped (rendered again later) or canceled (the engine asked for it): nothing to tell
+            # an id of its own, as a vendor's webhook has: a report the engine could not use yet (it raced the
+            # submit's own commit) must not make the poll's observation of the same state look like a repeat
+            observation = replace(self._observe(job), event_id=f"report:{job.job_id}:{job.status.value}")
+        try:
+            self._report(self.name, observation)
+        except Exception:  # the engine's poll is the fallback; a render thread must never die of this
+            log.warning("local provider: could not report job %s; its next poll will", job.job_id, exc_info=True)
 
     def _render(self, job: _Job, work: Path) -> None:
         caption, font = None, self._font_for(job.prompt)
         if font is not None:
             caption = work / "caption.txt"
             caption.write_text(render.caption_text(job.prompt, job.spec.width, job.spec.height), encoding="utf-8")
-        partial = work / "out.mp4"
+        made: list[Path] = []
+        for index in range(job.n):
+            partial = work / ("out.mp4" if index == 0 else f"out-{index}.mp4")
+            spec = job.spec if index == 0 else replace(job.spec, variant=index)
+            if not self._render_one(job, work, spec, partial, caption, font, index):
+                return
+            made.append(partial)
+        with self._lock:
+            if job.status is not JobStatus.RUNNING:
+                return
+            # the variants first, output 0 last: its file in place means the whole job is done (`_from_disk`)
+            for index in reversed(range(job.n)):
+                os.replace(made[index], self.root / f"{_output_name(job.job_id, index)}.mp4")
+            job.sizes = [(self.root / f"{_output_name(job.job_id, i)}.mp4").stat().st_size for i in range(job.n)]
+            job.size_bytes = job.sizes[0]
+            self._finish(job, JobStatus.SUCCEEDED)
+
+    def _render_one(
+        self,
+        job: _Job,
+        work: Path,
+        spec: render.ClipSpec,
+        partial: Path,
+        caption: Path | None,
+        font: Path | None,
+        index: int,
+    ) -> bool:
+        """Render output `index` into `partial`; True when it was made, else the job has been ended (or, stopped,
+        handed back to the store for a render under the same id)."""
         argv = sandbox.prefix(sandbox.encoder_cpu_s(self._timeout_s), 2 * 1024**3) + render.clip_argv(
-            job.spec, partial, image=job.image, caption_file=caption, font_file=font, ffmpeg_bin=self._ffmpeg
+            spec, partial, image=job.image, caption_file=caption, font_file=font, ffmpeg_bin=self._ffmpeg
         )
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
         with open(work / "stderr.log", "wb") as errors:  # a file, not a pipe: a chatty ffmpeg cannot block
@@ -404,33 +606,40 @@ class LocalProvider:
                 )
             except sandbox.Interrupted:  # this process is stopping its children: not a verdict on the request
                 with self._lock:
-                    if job.status is JobStatus.RUNNING:
-                        self._finish(
-                            job,
-                            JobStatus.ABORTED,
-                            "render_interrupted",
-                            "the render was not started: the engine is stopping",
-                        )
-                return
+                    stopped = job.status is JobStatus.RUNNING
+                    if stopped:
+                        self._stopped(job, "render_interrupted", "the render was not started: the engine is stopping")
+                if stopped:
+                    self._release(job)
+                return False
             except OSError as exc:
                 with self._lock:
                     if job.status is JobStatus.RUNNING:
                         self._finish(job, JobStatus.FAILED, "ffmpeg_unavailable", str(exc)[:200])
-                return
+                return False
             with child:
                 with self._lock:
                     job.process = child
                     if job.status is not JobStatus.RUNNING:  # canceled or closed between spawn and here
                         child.interrupt()
+                if self._store is not None and index == 0:
+                    if self._stored(self._store.started, job.job_id, self._owner, self._clock.now()) is False:
+                        self._lost(job, child)
                 watchdog = threading.Timer(self._timeout_s, child.expire)  # recorded as ours before the kill
                 watchdog.daemon = True
                 watchdog.start()
                 try:
                     assert child.proc.stdout is not None
+                    stored = index * 100 // job.n
                     for line in child.proc.stdout:
-                        if (percent := render.progress_percent(line, job.spec.duration_s)) is not None:
+                        if (percent := render.progress_percent(line, spec.duration_s)) is not None:
+                            overall = (index * 100 + percent) // job.n  # n outputs share the job's 0-99 %
                             with self._lock:
-                                job.progress = max(job.progress, percent)
+                                job.progress = max(job.progress, overall)
+                            if self._store is not None and overall >= stored + 10:  # for other instances' eyes
+                                stored = overall
+                                if self._progress(job, overall) is False:
+                                    self._lost(job, child)
                     code = child.wait()
                 finally:
                     watchdog.cancel()
@@ -438,19 +647,40 @@ class LocalProvider:
         with self._lock:
             job.process = None
             if job.status is not JobStatus.RUNNING:
-                return
-            if ending is sandbox.Ending.TIMEOUT:
+                return False
+            if ending is sandbox.Ending.INTERRUPTED:  # stopped, not failed: nothing to bill, render again
+                self._stopped(job, "render_interrupted", f"the render was {child.describe(code)}")
+            elif ending is sandbox.Ending.TIMEOUT:
                 self._finish(job, JobStatus.FAILED, "render_timeout", f"render exceeded {self._timeout_s:g} s")
-            elif ending is sandbox.Ending.INTERRUPTED:  # stopped, not failed: nothing to bill, submit again
-                self._finish(job, JobStatus.ABORTED, "render_interrupted", f"the render was {child.describe(code)}")
+                return False
             elif code != 0:
                 reason = render.error_summary((work / "stderr.log").read_bytes(), (work, job.image))
                 self._finish(job, JobStatus.FAILED, "render_failed", reason or f"ffmpeg exited with {code}")
+                return False
             else:
-                final = self.root / f"{job.job_id}.mp4"
-                os.replace(partial, final)
-                job.size_bytes = final.stat().st_size
-                self._finish(job, JobStatus.SUCCEEDED)
+                return True
+        self._release(job)  # interrupted: the job goes back to the store for the next render
+        return False
+
+    def _progress(self, job: _Job, percent: int) -> bool | None:
+        assert self._store is not None
+        done: bool | None = self._stored(
+            self._store.record, job.job_id, self._owner, self._clock.now(), progress=percent
+        )
+        return done
+
+    def _release(self, job: _Job) -> None:
+        """A stopped render's job back to the store, for the next asker (this instance, unless it is closing)."""
+        if self._store is not None:
+            self._stored(self._store.release, [job.job_id], self._owner, self._clock.now())
+
+    def _lost(self, job: _Job, child: sandbox.Child) -> None:
+        """The store says the job is no longer ours (canceled elsewhere, or taken over): stop rendering it."""
+        with self._lock:
+            if job.status is JobStatus.RUNNING:
+                job.status = JobStatus.CANCELED
+                self._forget(job)
+        child.interrupt()
 
     def _font_for(self, prompt: str) -> Path | None:
         if self._font is not None and render.needs_cjk(prompt):
@@ -459,66 +689,10 @@ class LocalProvider:
 
     # --- output serving --------------------------------------------------------------------------------------
 
-    def _sign(self, job_id: str, expires: int) -> str:
-        return hmac.new(self._key, f"{job_id}\n{expires}".encode(), hashlib.sha256).hexdigest()
 
-    def _authorize(self, raw_path: str) -> tuple[int, Path | None]:
-        """(HTTP status, file): 404 for anything but an output path, 403 for a bad or expired signature."""
-        parts = urlsplit(raw_path)
-        match = _OUTPUT_PATH.fullmatch(parts.path)
-        if match is None:
-            return 404, None
-        query = parse_qs(parts.query, keep_blank_values=True)
-        expires, sig = query.get("expires", []), query.get("sig", [])
-        if len(expires) != 1 or len(sig) != 1 or not expires[0].isdigit() or len(expires[0]) > 12:
-            return 403, None
-        if not hmac.compare_digest(sig[0], self._sign(match.group(1), int(expires[0]))):
-            return 403, None
-        if int(expires[0]) < self._clock.now().timestamp():
-            return 403, None
-        path = self.root / f"{match.group(1)}.mp4"
-        return (200, path) if path.is_file() else (404, None)
-
-
-class _OutputServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = False
-
-    def __init__(self, provider: LocalProvider) -> None:
-        self.provider = provider
-        super().__init__(("127.0.0.1", 0), _OutputHandler)
-
-
-class _OutputHandler(BaseHTTPRequestHandler):
-    """GET of one finished output; no listing, no other files. Other methods get the stdlib's 501."""
-
-    server: _OutputServer
-    server_version = "aivedio-local"
-    sys_version = ""
-
-    def do_GET(self) -> None:  # stdlib naming
-        failpoint("local.serve_output")  # tests hold a download here (a slow CDN) to stop the engine mid-fetch
-        status, path = self.server.provider._authorize(self.path)
-        try:
-            handle = open(path, "rb") if path is not None else None  # noqa: SIM115 (closed below)
-        except OSError:  # swept between the check and the open
-            handle, status = None, 404
-        if handle is None:
-            self.send_error(status)
-            return
-        with handle:
-            self.send_response(200)
-            self.send_header("Content-Type", "video/mp4")
-            self.send_header("Content-Length", str(os.fstat(handle.fileno()).st_size))
-            self.send_header("Cache-Control", "private, no-store")
-            self.end_headers()
-            try:
-                shutil.copyfileobj(handle, self.wfile, 256 * 1024)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client went away; nothing to clean up
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass  # request lines carry signed query strings, which must never reach logs
+def _output_name(job_id: str, index: int) -> str:
+    """The served file's stem: output 0 keeps the job id alone, as before multi-output jobs existed."""
+    return job_id if index == 0 else f"{job_id}-{index}"
 
 
 def _stop(child: sandbox.Child) -> None:
@@ -536,3 +710,20 @@ def _remove_stale(root: Path, work: Path, work_age_s: float, output_age_s: float
     for entry in [*root.glob("loc_*.mp4"), *(root / _TOMBSTONES).glob("loc_*")]:
         if now - entry.stat().st_mtime > output_age_s:
             entry.unlink(missing_ok=True)
+
+
+def _params(job: _Job) -> dict[str, Any]:
+    """What a later process needs to render the job again."""
+    return {"spec": dataclasses.asdict(job.spec), "prompt": job.prompt, "image": str(job.image) if job.image else None}
+
+
+def _job_of(row: LocalJob, now: datetime) -> _Job:
+    p = row.params
+    return _Job(
+        job_id=row.job_id,
+        request_key=row.request_key,
+        spec=render.ClipSpec(**p["spec"]),
+        prompt=p["prompt"],
+        image=Path(p["image"]) if p.get("image") else None,
+        updated_at=now,
+    )

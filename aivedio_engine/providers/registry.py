@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from aivedio_engine.config import ProviderSettings, Settings
-from aivedio_engine.providers.base import Provider
+from aivedio_engine.domain.references import ModelLimits
+from aivedio_engine.providers.base import Observation, Provider
+
+#: adapters whose callbacks carry a signed timestamp: they take `webhooks.tolerance_s` as their replay window
+TIMESTAMPED_CALLBACKS = frozenset({"sim", "replicate", "fal"})
+
+if TYPE_CHECKING:
+    from aivedio_engine.db.handles import Engine
 
 #: adapter name → "module:Class"
 ADAPTERS: dict[str, str] = {
@@ -28,8 +35,17 @@ class UnknownProvider(KeyError):
 class ProviderRegistry(Mapping[str, Provider]):
     """Adapters are created on first use, so a process only builds the providers it talks to."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine | None = None,
+        report: Callable[[str, Observation], object] | None = None,
+    ) -> None:
         self._settings = settings
+        #: the engine's database, where the `local` adapter keeps its jobs (none: they live in memory)
+        self._engine = engine
+        #: where an adapter running in this process reports a job's end itself (`local`; none: polls only)
+        self._report = report
         self._built: dict[str, Provider] = {}
         # worker threads ask for the same provider at once; two instances of a stateful adapter (local keeps
         # its jobs in memory) would each know only half of the jobs
@@ -44,7 +60,7 @@ class ProviderRegistry(Mapping[str, Provider]):
                 cfg = self._settings.providers.get(name)
                 if cfg is None or not cfg.enabled:
                     raise UnknownProvider(name)
-                self._built[name] = build_adapter(name, cfg, self._settings)
+                self._built[name] = build_adapter(name, cfg, self._settings, self._engine, self._report)
             return self._built[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -61,7 +77,25 @@ class ProviderRegistry(Mapping[str, Provider]):
         self._built.clear()
 
 
-def build_adapter(name: str, cfg: ProviderSettings, settings: Settings) -> Provider:
+def model_limits(cfg: ProviderSettings, model: str) -> ModelLimits:
+    """What `model` accepts through this provider's adapter, without building the adapter (the catalog needs no
+    HTTP client). Each adapter module answers with its module-level `model_limits(model)`, the same function its
+    Capabilities are built from."""
+    target = ADAPTERS.get(cfg.adapter)
+    if target is None:  # building the adapter says so; the catalog keeps the most conservative shape meanwhile
+        return ModelLimits()
+    module = importlib.import_module(target.split(":")[0])
+    limits: ModelLimits = module.model_limits(model)
+    return limits
+
+
+def build_adapter(
+    name: str,
+    cfg: ProviderSettings,
+    settings: Settings,
+    engine: Engine | None = None,
+    report: Callable[[str, Observation], object] | None = None,
+) -> Provider:
     target = ADAPTERS.get(cfg.adapter)
     if target is None:
         raise UnknownProvider(f"provider {name!r}: unknown adapter {cfg.adapter!r}")
@@ -70,4 +104,11 @@ def build_adapter(name: str, cfg: ProviderSettings, settings: Settings) -> Provi
     kwargs: dict[str, Any] = {}
     if cfg.adapter == "local":
         kwargs["data_dir"] = settings.data_dir
+        if engine is not None:
+            from aivedio_engine.db.local_jobs import LocalJobs
+
+            kwargs["jobs"] = LocalJobs(engine, name)
+        kwargs["report"] = report
+    if cfg.adapter in TIMESTAMPED_CALLBACKS:
+        kwargs["webhook_tolerance_s"] = settings.webhooks.tolerance_s
     return cls(name, cfg, **kwargs)

@@ -15,7 +15,8 @@ What Replicate's documentation says, and where:
 - Signing is Standard Webhooks: `webhook-id` / `webhook-timestamp` / `webhook-signature`, HMAC-SHA256 over
   `{id}.{timestamp}.{raw body}`, one `whsec_` secret per account from `GET /v1/webhooks/default/secret`
   (trigger.dev/docs/webhooks/providers/replicate; triggerdotdev hand-authored replicate.ts). Verified by
-  `providers.webhooks.verify_webhook` (±300 s, several secrets during rotation); `webhook-id` is the event id.
+  `providers.webhooks.verify_webhook` (±`webhooks.tolerance_s`, several secrets during rotation); `webhook-id` is
+  the event id.
 - API predictions' inputs, outputs and files are deleted after one hour (mission_anchors §2.3).
 - Billing for public models: `aborted` is not charged, `canceled` is (mission_anchors §1b, §2.3).
 
@@ -38,16 +39,24 @@ Not documented, so [inference]:
 - Error bodies are problem+json (`detail`, `title`); 504 from the API gateway is Ambiguous (the prediction may
   exist); other explicit 5xx mean not created.
 - A `failed` prediction's billing is left unknown (compute time may have been charged).
+- References: every model names its own inputs, so `MODELS` lists the ones we know (from each model's page on
+  replicate.com, as recalled, not re-read): google/veo-3* `image` (+ `last_frame` on 3.1), 4/6/8 s, 16:9 and
+  9:16; kwaivgi/kling-v2.1 `start_image` + `end_image`, 5/10 s; runwayml/gen4-aleph `video` (required) +
+  `reference_image`. Any other model gets one `image` and no video. Replicate documents no size limit for inputs
+  given by URL: we hold images to 10 MB and videos to 32 MB, the smallest limits of the vendors we call
+  (Kling's image limit, Runway's video limit).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from aivedio_engine.config import ProviderSettings
+from aivedio_engine.domain.references import MB, ModelLimits
 from aivedio_engine.domain.retry import ErrorClass
 from aivedio_engine.httpclient import HttpClient, Response
 from aivedio_engine.providers import _vendor as v
@@ -66,9 +75,10 @@ from aivedio_engine.providers.base import (
     SubmitResult,
     TooLate,
     Unsupported,
+    units_to_seconds,
 )
 from aivedio_engine.providers.fingerprint import echoed_fingerprint
-from aivedio_engine.providers.webhooks import verify_webhook
+from aivedio_engine.providers.webhooks import DEFAULT_TOLERANCE_S, verify_webhook
 
 DEFAULT_BASE_URL = "https://api.replicate.com"
 OUTPUT_URL_TTL_S = 3600
@@ -84,14 +94,58 @@ STATUSES = {
 }
 BILLED = {JobStatus.SUCCEEDED: True, JobStatus.CANCELED: True, JobStatus.ABORTED: False}
 TERMINAL = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.ABORTED}
+IMAGE_BYTES, VIDEO_BYTES = 10 * MB, 32 * MB
+_VEO = ("16:9", "9:16")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInputs:
+    """Where one model reads its references: image input names in order (first frame, last frame), video input."""
+
+    limits: ModelLimits
+    image_fields: tuple[str, ...] = ("image",)
+    video_field: str | None = None
+
+
+DEFAULT_INPUTS = ModelInputs(ModelLimits(1, 0, 0, IMAGE_BYTES, 0))
+MODELS: dict[str, ModelInputs] = {
+    "google/veo-3": ModelInputs(ModelLimits(1, 0, 0, IMAGE_BYTES, 0, _VEO, (4, 6, 8))),
+    "google/veo-3-fast": ModelInputs(ModelLimits(1, 0, 0, IMAGE_BYTES, 0, _VEO, (4, 6, 8))),
+    "google/veo-3.1": ModelInputs(ModelLimits(2, 0, 0, IMAGE_BYTES, 0, _VEO, (4, 6, 8)), ("image", "last_frame")),
+    "google/veo-3.1-fast": ModelInputs(ModelLimits(2, 0, 0, IMAGE_BYTES, 0, _VEO, (4, 6, 8)), ("image", "last_frame")),
+    "kwaivgi/kling-v2.1": ModelInputs(
+        ModelLimits(2, 0, 0, IMAGE_BYTES, 0, ("16:9", "9:16", "1:1"), (5, 10)), ("start_image", "end_image")
+    ),
+    "runwayml/gen4-aleph": ModelInputs(
+        ModelLimits(1, 1, 1, IMAGE_BYTES, VIDEO_BYTES, durations=(5,)), ("reference_image",), "video"
+    ),
+}
+
+
+def model_inputs(model: str) -> ModelInputs:
+    return MODELS.get(model.partition(":")[0], DEFAULT_INPUTS)
+
+
+def model_limits(model: str) -> ModelLimits:
+    return model_inputs(model).limits
+
+
 #: 100 predictions a page; a reconciliation window never needs more unless the account is very busy
 MAX_LIST_PAGES = 50
 
 
 class ReplicateProvider:
-    def __init__(self, name: str, settings: ProviderSettings, http: HttpClient | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        settings: ProviderSettings,
+        http: HttpClient | None = None,
+        *,
+        webhook_tolerance_s: float = DEFAULT_TOLERANCE_S,
+    ) -> None:
         self.name = name
         self._settings = settings
+        self._tolerance_s = webhook_tolerance_s
         self._http = v.client_for(settings, DEFAULT_BASE_URL, http)
         self.capabilities = v.capabilities(
             settings,
@@ -102,6 +156,7 @@ class ReplicateProvider:
             supports_cancel=True,
             output_url_ttl_s=OUTPUT_URL_TTL_S,
             cancel_is_billed=True,
+            model_limits=model_limits,
         )
 
     def _headers(self) -> dict[str, str]:
@@ -109,6 +164,10 @@ class ReplicateProvider:
 
     def submit(self, request: GenerationRequest, request_key: str) -> SubmitResult:
         # request_key has nowhere to go: Replicate takes no idempotency key or client reference.
+        inputs = model_inputs(request.model)
+        refused = v.over_limits(request, inputs.limits)
+        if refused is not None:
+            return refused
         model_input: dict[str, Any] = {
             "prompt": request.prompt,
             "duration": request.duration_s,
@@ -117,8 +176,9 @@ class ReplicateProvider:
         }
         if request.seed is not None:
             model_input["seed"] = request.seed
-        if request.reference_urls:
-            model_input["image"] = request.reference_urls[0]
+        model_input.update(zip(inputs.image_fields, request.reference_urls, strict=False))
+        if inputs.video_field and request.reference_video_urls:
+            model_input[inputs.video_field] = request.reference_video_urls[0]
         body: dict[str, Any] = {"input": model_input}
         if request.callback_url:
             body["webhook"] = request.callback_url
@@ -209,7 +269,12 @@ class ReplicateProvider:
 
     def parse_callback(self, headers: Mapping[str, str], raw_body: bytes, now: datetime) -> list[Observation]:
         verified = verify_webhook(
-            headers, raw_body, self._settings.webhook_secrets, now, max_body_bytes=v.MAX_CALLBACK_BYTES
+            headers,
+            raw_body,
+            self._settings.webhook_secrets,
+            now,
+            tolerance_s=self._tolerance_s,
+            max_body_bytes=v.MAX_CALLBACK_BYTES,
         )
         data = verified.json()
         if not isinstance(data, dict):
@@ -262,6 +327,12 @@ class ReplicateProvider:
             if data.get("data_removed") is True:
                 outputs, error_code = (), "data_removed"  # past the hour: the files are gone
         error = data.get("error")
+        # `metrics.predict_time`: the seconds of hardware time the prediction ran, what Replicate bills by for
+        # time-priced models; as output seconds only with the provider's configured rate
+        metrics = data.get("metrics")
+        predict = metrics.get("predict_time") if isinstance(metrics, dict) and status in TERMINAL else None
+        compute = float(predict) if isinstance(predict, int | float) and not isinstance(predict, bool) else None
+        billed = BILLED.get(status)
         return Observation(
             job_id=job_id,
             status=status,
@@ -269,7 +340,9 @@ class ReplicateProvider:
             outputs=outputs,
             error_code=error_code,
             error_message=error[:500] if isinstance(error, str) and error else None,
-            billed=BILLED.get(status),
+            billed=billed,
+            vendor_cost=compute,
+            billed_seconds=units_to_seconds(compute, self._settings.vendor_unit_seconds) if billed else None,
             event_id=event_id,
             raw=data,
         )

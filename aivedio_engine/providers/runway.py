@@ -16,7 +16,20 @@ What Runway's documentation says, and where:
   directly in your product" (docs.dev.runwayml.com/assets/outputs). We take the lower bound, 24 h, counted from
   the response's Date header (else the task's createdAt, which is earlier and so safer).
 
+- References: `promptImage` is one URL, or a list of `{uri, position: first | last}` for models that take a last
+  frame; `POST /v1/video_to_video` {model: gen4_aleph, videoUri, promptText, ratio, references: [{type: image,
+  uri}]} edits a source clip (Runway API reference, video_to_video, as mirrored by CometAPI's "official format"
+  page). Input size limits by URL: image 16 MB, video 32 MB; URLs must be https, no redirects, with
+  Content-Type and Content-Length, HEAD supported (docs.dev.runwayml.com/assets/inputs). An input image's
+  width/height must lie between 0.5 and 2 (docs.comfy.org, Runway Gen4 Turbo node, quoting Runway's check).
+- Ratio sets per model: gen4_turbo and gen4_aleph 1280:720, 720:1280, 1104:832, 832:1104, 960:960, 1584:672;
+  gen3a_turbo 1280:768, 768:1280; veo3* 1280:720, 720:1280 (1920:1080, 1080:1920 at 1080p).
+
 Not documented, so [inference]:
+- Durations: gen4_turbo and gen3a_turbo 5 or 10 s (the 2024-11-06 reference; later pages allow 2–10, the narrower
+  set is the safe one); Veo 3.x 4, 6 or 8 s; gen4_aleph takes no duration (the output follows the source clip):
+  we accept 5 s only, the shortest clip Runway bills for it.
+- gen3a_turbo and veo3.1* take a first and a last frame (two images); gen4_turbo only a first frame.
 - No client idempotency key or external id exists: `find` is Unsupported and `supports_lookup_by_request_key` is
   False; an ambiguous submit can only be reconciled by a human or the invoice.
 - 500 is not in Runway's matrix; we treat an explicit 500 like the other 5xx (job not created).
@@ -26,6 +39,9 @@ Not documented, so [inference]:
 - A fresh task id may briefly answer 404 (a relay's docs warn of `task_not_exist`): NotFound, "not visible yet".
 - `progress` (0–1) on RUNNING tasks appears in SDK responses, not in the pages read; used for display only.
 - Billing: only SUCCEEDED is marked billed; Runway documents nothing about charges for failed or cancelled tasks.
+  A task object carries no credits or billed seconds (usage is reported per account, by `GET /v1/organization`):
+  the observation's billed units stay None, so settlement charges the price list × the requested seconds, and
+  `aivedio ledger reconcile` corrects it from the invoice.
 - Because DELETE also deletes finished tasks (and with them the output), `cancel` reads the task first and
   answers TooLate without deleting when it has already ended. A task finishing between the read and the
   DELETE can still be deleted: that window is Runway's API, not ours to close.
@@ -38,6 +54,7 @@ from datetime import datetime
 from typing import Any
 
 from aivedio_engine.config import ProviderSettings
+from aivedio_engine.domain.references import MB, ModelLimits
 from aivedio_engine.domain.retry import ErrorClass
 from aivedio_engine.httpclient import HttpClient, Response
 from aivedio_engine.providers import _vendor as v
@@ -73,17 +90,44 @@ STATUSES = {
 }
 TERMINAL = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED}
 
-#: (aspect ratio, resolution) → Runway's pixel ratio.
-RATIOS = {
-    ("16:9", "720p"): "1280:720",
-    ("9:16", "720p"): "720:1280",
-    ("1:1", "720p"): "960:960",
-    ("4:3", "720p"): "1104:832",
-    ("3:4", "720p"): "832:1104",
-    ("21:9", "720p"): "1584:672",
-    ("16:9", "1080p"): "1920:1080",
-    ("9:16", "1080p"): "1080:1920",
+#: aspect ratio → Runway's pixel ratio, per model family (the ratio set depends on the model)
+GEN4_RATIOS = {
+    "16:9": "1280:720",
+    "9:16": "720:1280",
+    "1:1": "960:960",
+    "4:3": "1104:832",
+    "3:4": "832:1104",
+    "21:9": "1584:672",
 }
+GEN3A_RATIOS = {"16:9": "1280:768", "9:16": "768:1280"}
+VEO_RATIOS = {"16:9": "1280:720", "9:16": "720:1280"}
+HD_RATIOS = {"16:9": "1920:1080", "9:16": "1080:1920"}
+IMAGE_BYTES = 16 * MB  # by URL; a data URI would allow 5 MB, and we always send URLs
+VIDEO_BYTES = 32 * MB
+IMAGE_RATIO = (0.5, 2.0)
+
+#: model → (its limits, its pixel ratios); a model not listed gets gen4_turbo's, the narrowest common shape
+MODELS: dict[str, tuple[ModelLimits, dict[str, str]]] = {
+    "gen4_turbo": (
+        ModelLimits(1, 0, 0, IMAGE_BYTES, 0, tuple(GEN4_RATIOS), (5, 10), IMAGE_RATIO),
+        GEN4_RATIOS,
+    ),
+    "gen3a_turbo": (
+        ModelLimits(2, 0, 0, IMAGE_BYTES, 0, tuple(GEN3A_RATIOS), (5, 10), IMAGE_RATIO),
+        GEN3A_RATIOS,
+    ),
+    "gen4_aleph": (
+        ModelLimits(1, 1, 1, IMAGE_BYTES, VIDEO_BYTES, tuple(GEN4_RATIOS), (5,), IMAGE_RATIO),
+        GEN4_RATIOS,
+    ),
+    "veo3": (ModelLimits(1, 0, 0, IMAGE_BYTES, 0, tuple(VEO_RATIOS), (4, 6, 8), IMAGE_RATIO), VEO_RATIOS),
+    "veo3.1": (ModelLimits(2, 0, 0, IMAGE_BYTES, 0, tuple(VEO_RATIOS), (4, 6, 8), IMAGE_RATIO), VEO_RATIOS),
+    "veo3.1_fast": (ModelLimits(2, 0, 0, IMAGE_BYTES, 0, tuple(VEO_RATIOS), (4, 6, 8), IMAGE_RATIO), VEO_RATIOS),
+}
+
+
+def model_limits(model: str) -> ModelLimits:
+    return MODELS.get(model, MODELS["gen4_turbo"])[0]
 
 
 class RunwayProvider:
@@ -99,6 +143,7 @@ class RunwayProvider:
             supports_lookup_by_request_key=False,
             supports_cancel=True,
             output_url_ttl_s=OUTPUT_URL_TTL_S,
+            model_limits=model_limits,
         )
 
     def _headers(self) -> dict[str, str]:
@@ -108,26 +153,17 @@ class RunwayProvider:
 
     def submit(self, request: GenerationRequest, request_key: str) -> SubmitResult:
         # request_key has nowhere to go: Runway takes no idempotency key or external id.
-        ratio = _ratio(request.aspect_ratio, request.resolution)
+        refused = v.over_limits(request, model_limits(request.model))
+        if refused is not None:
+            return refused
+        ratio = _ratio(request.model, request.aspect_ratio, request.resolution)
         if ratio is None:
             return Rejected(
                 ErrorClass.LOCAL_INVALID,
                 code="unsupported_ratio",
                 message=f"no Runway ratio for {request.aspect_ratio} at {request.resolution}",
             )
-        body: dict[str, Any] = {
-            "model": request.model,
-            "promptText": request.prompt[:1000],
-            "ratio": ratio,
-            "duration": request.duration_s,
-        }
-        if request.seed is not None:
-            body["seed"] = request.seed
-        if request.reference_urls:
-            body["promptImage"] = request.reference_urls[0]
-            path = "/v1/image_to_video"
-        else:
-            path = "/v1/text_to_video"
+        path, body = _body(request, ratio)
         resp = v.send_submit(self._http, "POST", path, json=body, headers=self._headers())
         if not isinstance(resp, Response):
             return resp
@@ -223,11 +259,32 @@ class RunwayProvider:
         )
 
 
-def _ratio(aspect_ratio: str, resolution: str) -> str | None:
+def _body(request: GenerationRequest, ratio: str) -> tuple[str, dict[str, Any]]:
+    """The endpoint and body: video_to_video for a source clip, image_to_video for frames, else text_to_video."""
+    body: dict[str, Any] = {"model": request.model, "promptText": request.prompt[:1000], "ratio": ratio}
+    if request.seed is not None:
+        body["seed"] = request.seed
+    images = list(request.reference_urls)
+    if request.reference_video_urls:
+        body["videoUri"] = request.reference_video_urls[0]
+        if images:
+            body["references"] = [{"type": "image", "uri": u} for u in images]
+        return "/v1/video_to_video", body  # no duration: the output follows the source clip
+    body["duration"] = request.duration_s
+    if len(images) == 1:
+        body["promptImage"] = images[0]
+    elif images:
+        body["promptImage"] = [{"uri": u, "position": p} for u, p in zip(images, ("first", "last"), strict=False)]
+    return ("/v1/image_to_video" if images else "/v1/text_to_video"), body
+
+
+def _ratio(model: str, aspect_ratio: str, resolution: str) -> str | None:
     parts = aspect_ratio.split(":")
     if len(parts) == 2 and all(p.isdigit() and int(p) >= 100 for p in parts):
         return aspect_ratio  # already one of Runway's pixel ratios
-    return RATIOS.get((aspect_ratio, resolution))
+    if resolution == "1080p":
+        return HD_RATIOS.get(aspect_ratio)
+    return MODELS.get(model, MODELS["gen4_turbo"])[1].get(aspect_ratio)
 
 
 def _progress(value: Any) -> int | None:

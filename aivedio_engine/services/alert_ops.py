@@ -12,24 +12,20 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy import Engine
-
 from aivedio_engine.clock import Clock
+from aivedio_engine.db import alerts
+from aivedio_engine.db.alerts import AlertState, AlertView
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import alerts, generation_tasks
-from aivedio_engine.domain.status import TASK_TERMINAL, AlertSeverity, AlertStatus
+from aivedio_engine.domain.status import ALERT_LIST_STATUSES, AlertSeverity, AlertStatus
 from aivedio_engine.services.errors import InvalidInput
 from aivedio_engine.services.operations import Operation, record
 
-_al = alerts.c
-_t = generation_tasks.c
 UNRESOLVED = (AlertStatus.OPEN.value, AlertStatus.ACKNOWLEDGED.value)
-#: `list` filters by these names; "unresolved" = OPEN and ACKNOWLEDGED
-LIST_STATUSES = ("unresolved", "open", "acknowledged", "resolved", "all")
+#: `list` filters by these names
+LIST_STATUSES = ALERT_LIST_STATUSES
 _STATUS_FILTER: dict[str, tuple[str, ...]] = {
     "unresolved": UNRESOLVED,
     "open": (AlertStatus.OPEN.value,),
@@ -39,41 +35,6 @@ _STATUS_FILTER: dict[str, tuple[str, ...]] = {
 }
 MAX_IDS = 1000
 NOT_FOUND = "not found"
-
-
-@dataclass(frozen=True)
-class AlertView:
-    id: uuid.UUID
-    rule: str
-    severity: str
-    status: str
-    subject_type: str | None
-    subject_id: str | None
-    message: str
-    raised_at: datetime
-    last_seen_at: datetime
-    acknowledged_by: str | None
-    acknowledged_at: datetime | None
-    resolved_at: datetime | None
-
-    def to_dict(self) -> dict[str, Any]:
-        def when(t: datetime | None) -> str | None:
-            return t.isoformat() if t else None
-
-        return {
-            "id": str(self.id),
-            "rule": self.rule,
-            "severity": self.severity,
-            "status": self.status,
-            "subject_type": self.subject_type,
-            "subject_id": self.subject_id,
-            "message": self.message,
-            "raised_at": when(self.raised_at),
-            "last_seen_at": when(self.last_seen_at),
-            "acknowledged_by": self.acknowledged_by,
-            "acknowledged_at": when(self.acknowledged_at),
-            "resolved_at": when(self.resolved_at),
-        }
 
 
 @dataclass(frozen=True)
@@ -104,14 +65,11 @@ class AlertOps:
             )
         if not 1 <= limit <= 10_000:
             raise InvalidInput("limit must be between 1 and 10000", field="limit")
-        stmt = sa.select(alerts).where(_al.status.in_(_STATUS_FILTER[status]))
-        if rule:
-            stmt = stmt.where(_al.rule == rule)
-        if severity:
-            stmt = stmt.where(_al.severity == severity)
-        with self._engine.connect() as conn:
-            rows = conn.execute(stmt.order_by(_al.raised_at.desc(), _al.id.desc()).limit(limit)).all()
-        return [_view(r) for r in rows]
+        return alerts.find(self._engine, _STATUS_FILTER[status], rule, severity, limit=limit)
+
+    def count(self, status: str = "unresolved", rule: str | None = None, severity: str | None = None) -> int:
+        """How many alerts `list` would return without its limit (a list cut by --limit says so)."""
+        return alerts.count(self._engine, _STATUS_FILTER[status], rule, severity)
 
     def acknowledge(self, ids: Sequence[uuid.UUID], op: Operation) -> AlertChange:
         """OPEN → ACKNOWLEDGED, by `op.actor`."""
@@ -134,14 +92,7 @@ class AlertOps:
             raise InvalidInput(f"at most {MAX_IDS} alerts per change", field="ids")
         now = self._clock.now()
         with write_tx(self._engine) as conn:
-            found = {
-                r.id: r
-                for r in conn.execute(
-                    sa.select(_al.id, _al.status, _al.subject_type, _al.subject_id)
-                    .where(_al.id.in_(wanted))
-                    .with_for_update()
-                )
-            }
+            found = alerts.lock_states(conn, wanted)
             skipped = [
                 (i, NOT_FOUND if i not in found else f"already {found[i].status}")
                 for i in wanted
@@ -167,7 +118,7 @@ class AlertOps:
                     values |= {"acknowledged_by": op.actor[:128], "acknowledged_at": now}
                 else:
                     values["resolved_at"] = now
-                conn.execute(alerts.update().where(_al.id.in_(changing), _al.status.in_(allowed)).values(**values))
+                alerts.set_status(conn, changing, allowed=allowed, values=values)
             record(
                 conn,
                 op,
@@ -180,10 +131,10 @@ class AlertOps:
         return AlertChange(changing, skipped, op.dry_run, refused)
 
 
-def _parked_tasks(conn: sa.Connection, rows: Sequence[Any]) -> dict[str, str]:
+def _parked_tasks(conn: Connection, rows: Sequence[AlertState]) -> dict[str | None, str]:
     """subject id → parked reason, for the alerts' tasks that are still parked and unfinished: the alert is then
     the only sign a human must act (audit I2.2), so it may be acknowledged but not resolved."""
-    ids = {}
+    ids: dict[uuid.UUID, str | None] = {}
     for r in rows:
         if r.subject_type == "task" and r.subject_id:
             try:
@@ -192,26 +143,5 @@ def _parked_tasks(conn: sa.Connection, rows: Sequence[Any]) -> dict[str, str]:
                 continue
     if not ids:
         return {}
-    parked = conn.execute(
-        sa.select(_t.id, _t.parked_reason).where(
-            _t.id.in_(list(ids)), _t.parked_reason.is_not(None), _t.status.not_in([s.value for s in TASK_TERMINAL])
-        )
-    )
-    return {ids[r.id]: r.parked_reason for r in parked}
-
-
-def _view(r: Any) -> AlertView:
-    return AlertView(
-        r.id,
-        r.rule,
-        r.severity,
-        r.status,
-        r.subject_type,
-        r.subject_id,
-        r.message,
-        r.raised_at,
-        r.last_seen_at,
-        r.acknowledged_by,
-        r.acknowledged_at,
-        r.resolved_at,
-    )
+    parked = alerts.parked_unfinished(conn, list(ids))
+    return {ids[task_id]: reason for task_id, reason in parked.items()}

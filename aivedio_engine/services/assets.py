@@ -29,13 +29,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
-import sqlalchemy as sa
-from sqlalchemy import Engine
-
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
+from aivedio_engine.db import uploads
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import assets, tenants, upload_sessions
 from aivedio_engine.domain.status import AssetKind, AssetStatus, UploadSessionStatus
 from aivedio_engine.media.probe import MediaLimits
 from aivedio_engine.services.errors import (
@@ -48,6 +46,7 @@ from aivedio_engine.services.errors import (
     PayloadTooLarge,
     ServiceError,
 )
+from aivedio_engine.services.quarantine import clear_quarantine
 from aivedio_engine.services.tenants import Principal
 from aivedio_engine.services.upload_validation import UploadValidator, discard
 from aivedio_engine.storage import keys
@@ -73,8 +72,6 @@ MAX_FILENAME = 255
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 #: Unicode categories dropped from display names: controls (NUL...), format chars (RTL override), separators
 _DROP = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}
-_a = assets.c
-_s = upload_sessions.c
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,33 +171,21 @@ class AssetService:
         ttl = self._settings.storage.upload_url_ttl_s
         with write_tx(self._engine) as conn:
             self._check_rate(conn, principal, now)
-            conn.execute(
-                assets.insert().values(
-                    id=asset_id,
-                    tenant_id=principal.tenant_id,
-                    kind=CONTENT_TYPES[ctype].value,
-                    status=AssetStatus.UPLOADING.value,
-                    bucket=self._store.bucket,
-                    object_key=key,
-                    size_bytes=size_bytes,
-                    # the schema has no filename column; the display name rides in the probe document
-                    probe={"upload": {"filename": display_name(filename)}},
-                    created_at=now,
-                )
-            )
-            conn.execute(
-                upload_sessions.insert().values(
-                    id=session_id,
-                    tenant_id=principal.tenant_id,
-                    asset_id=asset_id,
-                    status=UploadSessionStatus.OPEN.value,
-                    object_key=key,
-                    declared_size_bytes=size_bytes,
-                    declared_content_type=ctype,
-                    declared_sha256=digest,
-                    expires_at=now + timedelta(seconds=ttl),
-                    created_at=now,
-                )
+            uploads.create(
+                conn,
+                asset_id=asset_id,
+                session_id=session_id,
+                tenant_id=principal.tenant_id,
+                kind=CONTENT_TYPES[ctype].value,
+                bucket=self._store.bucket,
+                key=key,
+                size_bytes=size_bytes,
+                content_type=ctype,
+                sha256=digest,
+                # the schema has no filename column; the display name rides in the probe document
+                probe={"upload": {"filename": display_name(filename)}},
+                expires_at=now + timedelta(seconds=ttl),
+                now=now,
             )
         target: UploadTarget | PartUrls
         if parts is None:
@@ -212,28 +197,21 @@ class AssetService:
     def _upload_cap(self, principal: Principal) -> int:
         """The tenant's plan cap when it has one, else the platform's (U2)."""
         with self._engine.connect() as conn:
-            cap = conn.execute(
-                sa.select(tenants.c.max_upload_bytes).where(tenants.c.id == principal.tenant_id)
-            ).scalar()
+            cap = uploads.upload_cap(conn, principal.tenant_id)
         return cap or self._settings.api.max_upload_bytes
 
-    def _check_rate(self, conn: sa.Connection, principal: Principal, now: datetime) -> None:
+    def _check_rate(self, conn: Connection, principal: Principal, now: datetime) -> None:
         """At most `limits.uploads_per_tenant_per_min` sessions per tenant per sliding minute. Counted from the
         assets table (index tenant_id, created_at), so the limit holds across API processes in both modes; the
         tenant row lock serialises one tenant's creates on PostgreSQL (SQLite's write lock already does)."""
         limit = self._settings.limits.uploads_per_tenant_per_min
-        conn.execute(sa.select(tenants.c.id).where(tenants.c.id == principal.tenant_id).with_for_update(key_share=True))
-        oldest_counted = conn.execute(
-            sa.select(_a.created_at)
-            .where(
-                _a.tenant_id == principal.tenant_id,
-                _a.created_at > now - timedelta(seconds=60),
-                _a.kind.in_([k.value for k in set(CONTENT_TYPES.values())]),
-            )
-            .order_by(_a.created_at.desc())
-            .offset(limit - 1)
-            .limit(1)
-        ).scalar()
+        oldest_counted = uploads.rate_window(
+            conn,
+            principal.tenant_id,
+            since=now - timedelta(seconds=60),
+            kinds=[k.value for k in set(CONTENT_TYPES.values())],
+            limit=limit,
+        )
         if oldest_counted is not None:
             wait = max(1, math.ceil((_aware(oldest_counted) + timedelta(seconds=60) - now).total_seconds()))
             raise RateLimited(
@@ -263,7 +241,7 @@ class AssetService:
         assert isinstance(store, MultipartStore)  # checked by _check_parts
         upload_id = store.create_multipart(key, ctype)
         with write_tx(self._engine) as conn:
-            conn.execute(upload_sessions.update().where(_s.id == session_id).values(multipart_upload_id=upload_id))
+            uploads.set_multipart_id(conn, session_id, upload_id)
         return PartUrls(store.presign_parts(key, upload_id, parts, ttl), now + timedelta(seconds=ttl))
 
     # --- read ----------------------------------------------------------------------------------------------
@@ -273,25 +251,14 @@ class AssetService:
             row = self._row(conn, principal, _parse_id(asset_id))
         return self._view(row)
 
-    def _row(self, conn: sa.Connection, principal: Principal, asset_id: uuid.UUID) -> Any:
-        declared = (
-            sa.select(_s.declared_content_type)
-            .where(_s.asset_id == _a.id)
-            .order_by(_s.created_at.desc())
-            .limit(1)
-            .scalar_subquery()
-        )
-        row = conn.execute(
-            sa.select(assets, declared.label("declared_content_type")).where(
-                _a.id == asset_id, _a.tenant_id == principal.tenant_id
-            )
-        ).first()
+    def _row(self, conn: Connection, principal: Principal, asset_id: uuid.UUID) -> uploads.UploadedAsset:
+        row = uploads.asset_of(conn, principal.tenant_id, asset_id)
         if row is None:  # another tenant's asset reads exactly like a missing one
             raise NotFound("asset not found")
         return row
 
     @staticmethod
-    def _view(row: Any) -> AssetView:
+    def _view(row: uploads.UploadedAsset) -> AssetView:
         probe = row.probe or {}
         rate = f"{row.frame_rate_num}/{row.frame_rate_den}" if row.frame_rate_num and row.frame_rate_den else None
         return AssetView(
@@ -318,9 +285,7 @@ class AssetService:
         asset_id = _parse_id(asset_id)
         with self._engine.connect() as conn:  # read only
             row = self._row(conn, principal, asset_id)
-            session = conn.execute(
-                sa.select(upload_sessions).where(_s.asset_id == asset_id).order_by(_s.created_at.desc()).limit(1)
-            ).first()
+            session = uploads.latest_session(conn, asset_id)
         now = self._clock.now()
         if row.status not in (AssetStatus.UPLOADING.value, AssetStatus.VALIDATING.value) or (
             row.status == AssetStatus.VALIDATING.value and not self._claim_expired(row, now)
@@ -333,25 +298,14 @@ class AssetService:
         revision = new_id()
         claim = {**(row.probe or {}), "validation": {"started_at": now.isoformat(), "revision": str(revision)}}
         with write_tx(self._engine) as conn:
-            if (
-                conn.execute(
-                    assets.update()
-                    .where(_a.id == asset_id, _a.status == row.status)
-                    .values(status=AssetStatus.VALIDATING.value, probe=claim)
-                ).rowcount
-                != 1
-            ):
+            if not uploads.claim(conn, asset_id, row.status, claim):
                 return self.get(principal, asset_id)  # another call claimed it first
         try:
             outcome = self._validator.validate(row, session, head, revision)
         except BaseException:
             unclaimed = {k: v for k, v in claim.items() if k != "validation"}
             with write_tx(self._engine) as conn:  # our fault (ffprobe missing, storage down): let the client retry
-                conn.execute(
-                    assets.update()
-                    .where(_a.id == asset_id, _a.status == AssetStatus.VALIDATING.value)
-                    .values(status=AssetStatus.UPLOADING.value, probe=unclaimed)
-                )
+                uploads.unclaim(conn, asset_id, unclaimed)
             raise
 
         now = self._clock.now()
@@ -379,38 +333,25 @@ class AssetService:
         if outcome.published:
             values.update(object_key=outcome.published, ready_at=now)
         with write_tx(self._engine) as conn:  # compare-and-set on our claim
-            won = (
-                conn.execute(
-                    assets.update()
-                    .where(
-                        _a.id == asset_id,
-                        _a.tenant_id == principal.tenant_id,
-                        _a.status == AssetStatus.VALIDATING.value,
-                    )
-                    .values(**values)
-                ).rowcount
-                == 1
+            won = uploads.finish_validation(
+                conn, asset_id=asset_id, tenant_id=principal.tenant_id, session_id=session.id, values=values, now=now
             )
-            if won:
-                conn.execute(
-                    upload_sessions.update()
-                    .where(_s.id == session.id, _s.status == UploadSessionStatus.OPEN.value)
-                    .values(status=UploadSessionStatus.COMPLETED.value, completed_at=now)
-                )
-        # the staging object is either refused or copied: not kept (rejected bytes are attacker-controlled)
-        discard(self._store, session.object_key)
-        if not won and outcome.published:
-            discard(self._store, outcome.published)
+        if outcome.published:
+            # promoted: the quarantined original has served its purpose. A rejected one stays in quarantine for
+            # `sweeper.rejected_upload_grace_s` (an operator may look at it), then services/quarantine.py deletes it.
+            clear_quarantine(self._engine, self._store, session.id, session.object_key, now)
+            if not won:
+                discard(self._store, outcome.published)
         return self.get(principal, asset_id)
 
-    def _claim_expired(self, row: Any, now: datetime) -> bool:
+    def _claim_expired(self, row: uploads.UploadedAsset, now: datetime) -> bool:
         started: Any = ((row.probe or {}).get("validation") or {}).get("started_at")
         try:
             return now - _aware(datetime.fromisoformat(started)) > timedelta(seconds=self._claim_ttl_s)
         except (TypeError, ValueError):
             return True  # a VALIDATING row without a readable claim can only be taken over
 
-    def _uploaded(self, session: Any) -> StoredObject:
+    def _uploaded(self, session: uploads.UploadSession) -> StoredObject:
         """The uploaded object's facts; a multipart upload is completed here, from the parts S3 recorded."""
         key, store = session.object_key, self._store
         head = store.head(key)
@@ -431,42 +372,21 @@ class AssetService:
         storage) and any staging object deleted. Returns how many were expired."""
         cutoff = self._clock.now() - timedelta(seconds=older_than_s)
         with self._engine.connect() as conn:
-            stale = conn.execute(
-                sa.select(upload_sessions)
-                .join(assets, _a.id == _s.asset_id)
-                .where(
-                    _s.status == UploadSessionStatus.OPEN.value,
-                    _s.expires_at < cutoff,
-                    _a.status == AssetStatus.UPLOADING.value,
-                )
-                .order_by(_s.expires_at)
-                .limit(batch)
-            ).all()
+            stale = uploads.abandoned(conn, cutoff, batch)
         expired = 0
         for session in stale:
             with write_tx(self._engine) as conn:  # a concurrent complete() claims UPLOADING first, or loses here
-                if (
-                    conn.execute(
-                        assets.update()
-                        .where(_a.id == session.asset_id, _a.status == AssetStatus.UPLOADING.value)
-                        .values(
-                            status=AssetStatus.REJECTED.value,
-                            error="upload abandoned: not completed before the upload URL expired",
-                        )
-                    ).rowcount
-                    != 1
+                if not uploads.expire_abandoned(
+                    conn, session, "upload abandoned: not completed before the upload URL expired"
                 ):
                     continue
-                conn.execute(
-                    upload_sessions.update().where(_s.id == session.id).values(status=UploadSessionStatus.EXPIRED.value)
-                )
             expired += 1
             if session.multipart_upload_id and isinstance(self._store, MultipartStore):
                 try:
                     self._store.abort_multipart(session.object_key, session.multipart_upload_id)
                 except Exception:  # noqa: BLE001 - the bucket's abort-incomplete-multipart rule is the backstop
                     pass
-            discard(self._store, session.object_key)
+            clear_quarantine(self._engine, self._store, session.id, session.object_key, self._clock.now())
         return expired
 
     # --- fs uploads and downloads (served by the API) ------------------------------------------------------
@@ -487,7 +407,7 @@ class AssetService:
         if not store.verify("PUT", f"uploads/{session_id}", expires, sig, now=now):
             raise Forbidden("invalid or expired upload signature")
         with self._engine.connect() as conn:
-            session = conn.execute(sa.select(upload_sessions).where(_s.id == session_id)).first()
+            session = uploads.session(conn, session_id)
         if session is None:
             raise NotFound("upload not found")
         if session.status != UploadSessionStatus.OPEN.value:
@@ -495,11 +415,32 @@ class AssetService:
             raise Conflict("the upload session is closed")
         if _aware(session.expires_at) < now:
             raise Forbidden("the upload URL has expired")
+        return self._write(session, chunks, content_length)
+
+    def write_upload(
+        self, principal: Principal, asset_id: uuid.UUID, chunks: Iterable[bytes], content_length: int | None = None
+    ) -> StoredObject:
+        """The bytes of an upload written by the engine's own process (the embedded client, a workflow step's
+        shot image): straight to the session's staging key in whichever store is configured. A signed URL is how
+        a remote client proves it may write; an in-process caller holds the principal, and S3 has no local URL it
+        could call (`receive_upload` exists only for the fs store). The same open-session and size rules apply."""
+        with self._engine.connect() as conn:
+            self._row(conn, principal, asset_id)  # NotFound for another tenant's asset
+            session = uploads.latest_session(conn, asset_id)
+        if session is None or session.status != UploadSessionStatus.OPEN.value:
+            raise Conflict("the asset has no open upload session")
+        if _aware(session.expires_at) < self._clock.now():
+            raise Forbidden("the upload session has expired")
+        return self._write(session, chunks, content_length)
+
+    def _write(
+        self, session: uploads.UploadSession, chunks: Iterable[bytes], content_length: int | None
+    ) -> StoredObject:
         declared = int(session.declared_size_bytes)
         if content_length is not None and content_length > declared:
             raise PayloadTooLarge(f"body is larger than the declared {declared} bytes")
         try:
-            return store.put_stream(session.object_key, chunks, session.declared_content_type, max_bytes=declared)
+            return self._store.put_stream(session.object_key, chunks, session.declared_content_type, max_bytes=declared)
         except ObjectTooLarge:
             raise PayloadTooLarge(f"body is larger than the declared {declared} bytes") from None
 
@@ -514,6 +455,8 @@ class AssetService:
             keys.validate_key(key)
         except keys.InvalidKey:
             raise Forbidden("invalid signature") from None
+        if keys.is_quarantined(key):  # no URL is ever signed for one; refuse even a forged or legacy one
+            raise Forbidden("invalid signature")
         if not store.verify("GET", f"objects/{key}", expires, sig, filename=filename, now=self._clock.now()):
             raise Forbidden("invalid or expired signature")
         head = store.head(key)

@@ -1,32 +1,58 @@
-"""Closing a task's credit reservation, by the effect the state machine asked for (DESIGN §4, §11).
+"""Closing a task's credit reservation, by the effect the state machine asked for and the vendor's bill (DESIGN
+§4, §11; the rule table is `domain/settlement.py`).
 
-Sign convention: RESERVE −estimate; SETTLE +(estimate − actual); RELEASE +estimate. Business keys make every
-booking happen at most once, however often a closing transition's consumer is redelivered.
+Sign convention: RESERVE −estimate; SETTLE +(estimate − actual), the released difference; RELEASE +estimate;
+REFUND +what the vendor gave back (never more than was charged). Business keys make every booking happen at
+most once, however often a closing transition's consumer is redelivered.
+
+The vendor's bill is read from the task's latest attempt, where the reducer recorded it from the job's
+terminal observation (`task_attempts.vendor_billed`, `billed_seconds`, ...): callers pass nothing new.
 """
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy import Connection
-
-from aivedio_engine.db import ledger
-from aivedio_engine.db.tables import generation_tasks, task_attempts
-from aivedio_engine.domain.status import AttemptStatus, LedgerEntryType
+from aivedio_engine.db import alerts, attempts, ledger
+from aivedio_engine.db.handles import Connection
+from aivedio_engine.domain.settlement import Bill, Quote, Settlement, refund_after_close, settle
+from aivedio_engine.domain.status import AlertSeverity, LedgerEntryType
 from aivedio_engine.domain.transitions import Decision, Effect
 
-#: attempts the provider accepted: under the usual vendor rule these are billed even when they fail later
-_ACCEPTED = (
-    AttemptStatus.ACKED.value,
-    AttemptStatus.RUNNING.value,
-    AttemptStatus.SUCCEEDED.value,
-    AttemptStatus.FAILED.value,
-    AttemptStatus.CANCELED.value,
-    AttemptStatus.UNKNOWN.value,
-)
+
+def refund_key(task_id: uuid.UUID, attempt_id: uuid.UUID | None) -> str:
+    """One vendor refund per job: at closing or later (a void), whichever comes first books it."""
+    return f"refund:{task_id}:vendor:{attempt_id}"
+
+
+def quote_of(task: Any) -> Quote:
+    """What the client was quoted, from the task row (the price per second is the estimate's, as reserved)."""
+    params = task.params if isinstance(task.params, dict) else {}
+    seconds = params.get("duration_s")
+    outputs = params.get("n")
+    return Quote(
+        estimate=Decimal(task.estimated_cost),
+        reserved=Decimal(task.reserved_amount or 0),
+        requested_seconds=int(seconds) if isinstance(seconds, int) and seconds > 0 else 1,
+        requested_outputs=int(outputs) if isinstance(outputs, int) and outputs > 0 else 1,
+    )
+
+
+def bill_from(recorded: attempts.VendorBill | None, verdict: bool | None = None) -> Bill:
+    """The domain's view of a recorded bill; a caller's explicit verdict (e.g. "canceled before it ran: not
+    billed") wins over the recorded one."""
+    if recorded is None:
+        return Bill(billed=verdict)
+    return Bill(
+        billed=verdict if verdict is not None else recorded.billed,
+        seconds=recorded.seconds,
+        outputs=recorded.outputs,
+        refunded=bool(recorded.refunded),
+    )
 
 
 def close_reservation(
@@ -39,55 +65,146 @@ def close_reservation(
     billed: bool | None = None,
     created_by: str = "engine",
 ) -> Decimal | None:
-    """Book SETTLE or RELEASE for a closing transition; returns the actual cost booked (None if nothing)."""
-    reserved = Decimal(task.reserved_amount or 0)
-    if reserved == 0:
+    """Book the closing rows for a closing transition; returns the actual cost booked (None if nothing)."""
+    quote = quote_of(task)
+    if quote.reserved <= 0:
         return None
-    if Effect.RELEASE_CREDITS in decision.effects:
-        actual = Decimal(0)
-    elif Effect.SETTLE_CREDITS in decision.effects:
-        actual = Decimal(task.estimated_cost)
-    elif Effect.SETTLE_PER_BILLING_RULE in decision.effects:
-        actual = Decimal(task.estimated_cost) if _was_billed(conn, task.id, billed) else Decimal(0)
-    else:
+    recorded = attempts.bill_of(conn, task.id)
+    accepted = attempts.any_accepted(conn, task.id)
+    result = settle(tuple(decision.effects), quote, bill_from(recorded, billed), accepted=accepted)
+    if result.entry is None:
         return None
-    if actual == 0:
-        ledger.post(
-            conn,
-            tenant_id=task.tenant_id,
-            task_id=task.id,
-            entry_type=LedgerEntryType.RELEASE,
-            amount=reserved,
-            business_key=f"release:{task.id}:{reason}",
-            now=now,
-            created_by=created_by,
-            reason=reason,
-        )
+    attempt_id = recorded.attempt_id if recorded is not None else None
+    book(conn, task, result, now, reason=reason, created_by=created_by, attempt_id=attempt_id)
+    return result.actual
+
+
+def book(
+    conn: Connection,
+    task: Any,
+    result: Settlement,
+    now: datetime,
+    *,
+    reason: str,
+    created_by: str,
+    attempt_id: uuid.UUID | None,
+) -> None:
+    """The rows of one settlement, the alert for a bill above the reservation, and the task's cost."""
+    if result.entry is LedgerEntryType.RELEASE:
+        key = f"release:{task.id}:{reason}"
     else:
-        ledger.post(
-            conn,
-            tenant_id=task.tenant_id,
-            task_id=task.id,
-            entry_type=LedgerEntryType.SETTLE,
-            amount=reserved - actual,
-            business_key=f"settle:{task.id}",
-            now=now,
-            created_by=created_by,
-            reason=reason,
-        )
-    conn.execute(
-        generation_tasks.update().where(generation_tasks.c.id == task.id).values(reserved_amount=0, actual_cost=actual)
+        key = f"settle:{task.id}"
+    note = reason if result.rule.value == reason else f"{reason} ({result.rule.value})"
+    ledger.post(
+        conn,
+        tenant_id=task.tenant_id,
+        task_id=task.id,
+        attempt_id=attempt_id,
+        entry_type=result.entry or LedgerEntryType.SETTLE,
+        amount=result.amount,
+        business_key=key,
+        now=now,
+        created_by=created_by,
+        reason=note,
     )
-    return actual
+    if result.refund > 0:
+        ledger.post(
+            conn,
+            tenant_id=task.tenant_id,
+            task_id=task.id,
+            attempt_id=attempt_id,
+            entry_type=LedgerEntryType.REFUND,
+            amount=result.refund,
+            business_key=refund_key(task.id, attempt_id),
+            now=now,
+            created_by=created_by,
+            reason=f"{reason}: the vendor refunded its charge",
+        )
+    if result.over_reservation > 0:
+        alerts.raise_alert(
+            conn,
+            alerts.Rule.VENDOR_BILL_OVER_RESERVATION,
+            AlertSeverity.WARNING,
+            dedup_key=str(task.id),
+            now=now,
+            subject_type="task",
+            subject_id=str(task.id),
+            message=(
+                f"the vendor billed {result.vendor_charge} credits' worth for a reservation of {result.charged}; "
+                f"{result.over_reservation} not charged to the tenant"
+            ),
+            details={
+                "vendor_charge": str(result.vendor_charge),
+                "charged": str(result.charged),
+                "over_reservation": str(result.over_reservation),
+            },
+        )
+    ledger.close_task_charge(conn, task.id, result.actual)
 
 
-def _was_billed(conn: Connection, task_id: Any, billed: bool | None) -> bool:
-    """The provider's verdict when it gave one; otherwise billed iff some attempt was accepted by it."""
-    if billed is not None:
-        return billed
-    accepted = conn.execute(
-        sa.select(sa.func.count())
-        .select_from(task_attempts)
-        .where(task_attempts.c.task_id == task_id, task_attempts.c.submit_state.in_(_ACCEPTED))
-    ).scalar_one()
-    return accepted > 0
+def refund(
+    conn: Connection,
+    task: Any,
+    now: datetime,
+    *,
+    business_key: str,
+    reason: str,
+    created_by: str = "engine",
+    amount: Decimal | None = None,
+    attempt_id: uuid.UUID | None = None,
+    vendor_amount: Decimal | None = None,
+    vendor_currency: str | None = None,
+) -> Decimal:
+    """A vendor refund after the task was closed (a voided job, an invoice credit): one REFUND row of at most what
+    the task is still charged (`amount` None: all of it), and the task's cost lowered by it. Returns the amount
+    booked (0: nothing to refund, not closed yet, or this key was booked before)."""
+    if Decimal(task.reserved_amount or 0) > 0:
+        return Decimal(0)  # still open: its closing reads the refund from the attempt instead
+    charged = Decimal(task.actual_cost or 0)
+    value = refund_after_close(charged, amount)
+    if value <= 0:
+        return Decimal(0)
+    booked = ledger.post(
+        conn,
+        tenant_id=task.tenant_id,
+        task_id=task.id,
+        attempt_id=attempt_id,
+        entry_type=LedgerEntryType.REFUND,
+        amount=value,
+        business_key=business_key,
+        now=now,
+        created_by=created_by,
+        reason=reason,
+        vendor_amount=vendor_amount,
+        vendor_currency=vendor_currency,
+    )
+    if not booked:
+        return Decimal(0)
+    ledger.set_task_cost(conn, task.id, charged - value)
+    return value
+
+
+def settle_late_bill(conn: Connection, task: Any, now: datetime, *, attempt_id: uuid.UUID) -> Decimal:
+    """A bill that arrives after the task was closed without it (a cancel confirmed by the cancel call, a deadline):
+    when the table, given the bill now recorded on the attempt, charges less than was charged, the difference is
+    REFUNDed once per attempt. A higher bill changes nothing: the charge never grows after the close."""
+    if Decimal(task.reserved_amount or 0) > 0:
+        return Decimal(0)
+    closed = ledger.settled(conn, task.id)
+    recorded = attempts.bill_of(conn, task.id)
+    if closed is None or recorded is None or recorded.attempt_id != attempt_id:
+        return Decimal(0)
+    reserved, charged = closed
+    quote = replace(quote_of(task), reserved=reserved)
+    table = settle((Effect.SETTLE_CREDITS,), quote, bill_from(recorded), accepted=True)
+    if table.charged >= charged:
+        return Decimal(0)
+    return refund(
+        conn,
+        task,
+        now,
+        business_key=f"refund:{task.id}:late_bill:{attempt_id}",
+        reason=f"the vendor's bill, reported after the close, is {table.charged} ({table.rule.value})",
+        amount=charged - table.charged,
+        attempt_id=attempt_id,
+    )

@@ -11,12 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine
-
 from aivedio_engine.clock import Clock
+from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.domain.status import EventSource
-from aivedio_engine.providers.base import CallbackRejected
+from aivedio_engine.providers.base import CallbackRejected, Observation
 from aivedio_engine.services import observations
 from aivedio_engine.services.errors import NotFound, Unauthorized
 from aivedio_engine.testing.failpoints import failpoint
@@ -57,5 +56,14 @@ class CallbackService:
                 stored += observations.record(
                     conn, provider_name, obs, EventSource.CALLBACK, now, raw_body=raw_body, headers_digest=digest
                 )
-        failpoint("callback.after_persist")
+            failpoint("callback.before_commit")
+        failpoint("callback.after_commit")
         return CallbackResult(received=len(found), stored=stored)
+
+    def report(self, provider_name: str, observation: Observation) -> bool:
+        """A provider running in this process (`local`) reports a job's change itself: stored as its callback
+        would be (nothing to verify: it never crossed a network), deduplicated by its event id; False for a repeat."""
+        failpoint("callback.report")  # chaos tests lose the report here: the poll must still complete the task
+        now = self._clock.now()
+        with write_tx(self._engine) as conn:
+            return observations.record(conn, provider_name, observation, EventSource.CALLBACK, now)

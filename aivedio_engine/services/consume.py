@@ -16,10 +16,10 @@ from datetime import datetime
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
 from sqlalchemy.dialects import postgresql, sqlite
 
 from aivedio_engine.db.engine import SQLITE_BEGIN_OPTION
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.tables import inbox_dedup
 from aivedio_engine.testing.failpoints import failpoint
 
@@ -143,6 +143,8 @@ def consume_once(
                     .values(result_digest=digest[:_DIGEST_MAX])
                 )
             failpoint("consume.before_commit")
+            failpoint(f"{consumer_group}.before_commit")
+        failpoint(f"{consumer_group}.after_commit")
         return PROCESSED
 
 

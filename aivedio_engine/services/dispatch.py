@@ -1,36 +1,38 @@
 """The dispatcher: QUEUED tasks → a fenced slot → DISPATCHING with a NEW attempt → `provider.submit.requested`.
 
-The database is scanned directly, so a lost `generation.queued` message delays nothing. Admission is planned
+The database is scanned directly (a task entering QUEUED only wakes it, after the commit). Admission is planned
 with `domain.admission.select` (tiers, tenant round-robin, four nested limits) and enforced by the slot store;
 each pick is claimed with a version-checked transition, so two schedulers never dispatch one task twice.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Engine
 
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
-from aivedio_engine.db import attempts, outbox, tasks, wakeup
+from aivedio_engine.db import attempts, tasks
+from aivedio_engine.db import degraded as degraded_db
+from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import generation_tasks, task_attempts, tenants
-from aivedio_engine.domain import admission
-from aivedio_engine.domain.events import EventType
+from aivedio_engine.db.tables import generation_tasks, tenants
+from aivedio_engine.domain import admission, degraded
+from aivedio_engine.domain.retry import ErrorOutcome
 from aivedio_engine.domain.status import ATTEMPT_TERMINAL, EventSource, TaskStatus
 from aivedio_engine.domain.transitions import Decision, TaskEvent, Trigger, decide
+from aivedio_engine.services import provider_switch
 from aivedio_engine.services.provider_health import Health, provider_health
-from aivedio_engine.slots.base import Lease, SlotStore
+from aivedio_engine.services.transition import AfterCommit, Change, NewAttempt, execute
+from aivedio_engine.slots.base import Lease, SlotStore, SlotStoreUnavailable
 from aivedio_engine.testing.failpoints import failpoint
 
 _t = generation_tasks.c
-#: the submit message must be consumed within this; after it the sweeper re-emits it
-SUBMIT_GRACE = timedelta(seconds=60)
+log = logging.getLogger(__name__)
 
 
 class Dispatcher:
@@ -48,6 +50,8 @@ class Dispatcher:
         self._settings = settings
         self._slots = slots
         self._cursor: dict[int, str] = {}
+        #: the redis_down_dispatch mode while the slot store is unreachable, None while it answers
+        self.degraded: str | None = None
 
     def limits(self, now: datetime, tenant_limits: dict[str, int], health: Health) -> admission.Limits:
         providers = {}
@@ -70,12 +74,40 @@ class Dispatcher:
         candidates, tenant_limits = self._candidates(now, limit=max(500, max_picks * 5))
         if not candidates:
             return 0
-        if self._rebuild_slots is not None and self._slots.current_fence() == 0:
-            # the store lost its state (Redis flushed or restarted): counts read now would be zero and admit
-            # far too much, so rebuild them from the in-flight attempts before planning
+        try:
+            counts = self._live_counts()
+        except SlotStoreUnavailable as exc:
+            return self._degraded_round(now, candidates, tenant_limits, max_picks, exc)
+        selection, limits = self._plan(now, candidates, tenant_limits, counts, max_picks, 1.0)
+        dispatched = 0
+        for pick in selection.picks:
+            dispatched += self._dispatch(pick, limits, now)
+        return dispatched
+
+    def _live_counts(self) -> dict[str, int]:
+        if self._rebuild_slots is not None and (self.degraded is not None or self._slots.current_fence() == 0):
+            # the store lost its state (Redis flushed or restarted), or it was unreachable and tasks were
+            # dispatched meanwhile without it: counts read now would admit far too much, so rebuild them from
+            # the in-flight attempts first (that also raises its fence counter above every degraded fence)
             self._rebuild_slots()
+        counts = self._slots.counts()
+        if self.degraded is not None:
+            log.warning("slot store reachable again after degraded dispatch (%s)", self.degraded)
+            self.degraded = None
+        return counts
+
+    def _plan(
+        self,
+        now: datetime,
+        candidates: list[admission.Candidate],
+        tenant_limits: dict[str, int],
+        counts: dict[str, int],
+        max_picks: int,
+        fraction: float,
+    ) -> tuple[admission.Selection, admission.Limits]:
         health = provider_health(self._engine, self._settings, now)
-        limits = self.limits(now, tenant_limits, health)
+        candidates = provider_switch.reroute(self._engine, self._settings, candidates, health, now)
+        limits = degraded.scaled(self.limits(now, tenant_limits, health), fraction * self._pressure(now))
         budget = {p: b for p, br in health.breakers.items() if (b := br.submit_budget(now)) is not None}
         for name, allowed in list(budget.items()):
             if allowed == 1 and health.sending.get(name):
@@ -84,13 +116,51 @@ class Dispatcher:
             if not throttle.can_submit(now):
                 budget[name] = 0  # Retry-After has not passed
         selection = admission.select(
-            candidates, self._slots.counts(), limits, max_picks=max_picks, cursor=self._cursor, submit_budget=budget
+            candidates, counts, limits, max_picks=max_picks, cursor=self._cursor, submit_budget=budget
         )
         self._cursor = dict(selection.cursor)
-        dispatched = 0
-        for pick in selection.picks:
-            dispatched += self._dispatch(pick, limits, now)
-        return dispatched
+        return selection, limits
+
+    def _pressure(self, now: datetime) -> float:
+        """Seed 000 §4.11.2: outputs about to expire still waiting to be fetched take bandwidth before new work."""
+        cfg = self._settings.fetch
+        if not cfg.pressure_urgent_outputs:
+            return 1.0
+        urgent = degraded_db.urgent_fetches(self._engine, now + timedelta(seconds=cfg.urgent_within_s))
+        return cfg.pressure_dispatch_fraction if urgent >= cfg.pressure_urgent_outputs else 1.0
+
+    def _degraded_round(
+        self,
+        now: datetime,
+        candidates: list[admission.Candidate],
+        tenant_limits: dict[str, int],
+        max_picks: int,
+        exc: SlotStoreUnavailable,
+    ) -> int:
+        """The slot store is unreachable: pause, or admit from PostgreSQL's in-flight counts under scaled
+        limits. Never fails a task, never touches a reservation, never resubmits: it only dispatches less."""
+        mode = self._settings.limits.redis_down_dispatch
+        if self.degraded is None:
+            log.warning("slot store unreachable, dispatch degrades to %s: %s", mode, exc)
+            if mode == "pg_count":
+                degraded_db.reseed_fences(self._engine)
+        self.degraded = mode
+        if mode == "pause":
+            return 0
+        with degraded_db.round_lock(self._engine) as mine:
+            if not mine:  # another scheduler is dispatching from the database counts: one at a time
+                return 0
+            counts = degraded_db.in_flight_counts(self._engine)
+            selection, limits = self._plan(
+                now, candidates, tenant_limits, counts, max_picks, self._settings.limits.redis_down_fraction
+            )
+            dispatched = 0
+            for pick in selection.picks:
+                attempt_id = new_id()
+                chain = limits.chain(pick.tenant_id, pick.provider, pick.model)
+                lease = Lease(str(attempt_id), degraded_db.next_fence(self._engine), tuple(s for s, _ in chain))
+                dispatched += int(self._claim(uuid.UUID(pick.task_id), attempt_id, pick, lease, now))
+            return dispatched
 
     def _candidates(self, now: datetime, limit: int) -> tuple[list[admission.Candidate], dict[str, int]]:
         stmt = (
@@ -120,7 +190,8 @@ class Dispatcher:
                 model=r.requested_model,
                 created_at=r.created_at,
                 priority=r.priority,
-                tier=r.priority_tier or admission.PriorityTier.PAID,
+                # re-capped here too: a tenant moved to a worse tier takes its queued tasks with it
+                tier=admission.capped_tier(r.priority, r.priority_tier),
             )
             for r in rows
         ]
@@ -148,6 +219,7 @@ class Dispatcher:
     def _claim(
         self, task_id: uuid.UUID, attempt_id: uuid.UUID, pick: admission.Candidate, lease: Lease, now: datetime
     ) -> bool:
+        after = AfterCommit(self._engine, self._slots)
         with write_tx(self._engine) as conn:
             task = tasks.read(conn, task_id, lock=True)
             if task is None:
@@ -158,89 +230,26 @@ class Dispatcher:
             previous = attempts.current(conn, task_id)
             if previous is not None and previous.submit_state not in {s.value for s in ATTEMPT_TERMINAL}:
                 return False  # the one-in-flight rule: never a second live attempt
-            attempt_no = int(task.current_attempt_no) + 1
-            attempts.create(
-                conn,
-                task_id=task_id,
-                attempt_no=attempt_no,
-                provider=pick.provider,
-                model=pick.model,
-                params=task.params,
-                now=now,
-                fencing_token=lease.fence,
-                attempt_id=attempt_id,
-                resubmitted_after_unknown=previous is not None and previous.last_error_class == "confirmed_not_created",
+            new = NewAttempt(
+                attempt_id,
+                pick.provider,
+                pick.model,
+                lease.fence,
+                resubmitted_after_unknown=previous is not None
+                and previous.last_error_class == ErrorOutcome.CONFIRMED_NOT_CREATED.value,
             )
-            tasks.apply(
-                conn,
-                task_id,
-                decision,
-                source=EventSource.SCHEDULER,
-                source_event_id=f"{task_id}:{decision.version}",
-                now=now,
-                extra={
-                    "current_attempt_no": attempt_no,
+            change = Change(
+                EventSource.SCHEDULER,
+                columns={
                     "selected_provider": pick.provider,
-                    "next_action_at": now + SUBMIT_GRACE,
+                    # the submit message must be consumed within this; after it the sweeper re-emits it
+                    "next_action_at": now + timedelta(seconds=self._settings.sweeper.idle_grace_s),
                 },
                 payload={"attempt_id": str(attempt_id), "fence": lease.fence},
+                new_attempt=new,
             )
-            outbox.add(
-                conn,
-                EventType.PROVIDER_SUBMIT_REQUESTED,
-                aggregate_type="attempt",
-                aggregate_id=attempt_id,
-                aggregate_version=decision.version,
-                tenant_id=task.tenant_id,
-                trace_id=task.trace_id,
-                now=now,
-                payload={"attempt_id": str(attempt_id), "task_id": str(task_id)},
-            )
+            execute(conn, task, decision, change, now, after)
+            failpoint("dispatch.before_commit")
+        failpoint("dispatch.after_commit")
+        after.run()
         return True
-
-
-def lease_of(attempt: Any, tenant_id: uuid.UUID) -> Lease | None:
-    """The lease an attempt row holds, from rows already read (no query)."""
-    if attempt.fencing_token is None:
-        return None
-    return Lease.of(
-        str(attempt.id), attempt.fencing_token, admission.scope_names(str(tenant_id), attempt.provider, attempt.model)
-    )
-
-
-def release_lease(engine: Engine, slots: SlotStore, lease: Lease) -> bool:
-    """Free a finished attempt's slot (after the commit that finished it); idempotent."""
-    released = slots.release(lease)
-    if released:  # a freed slot may admit a waiting task: wake the dispatcher
-        wakeup.committed(engine, (wakeup.DISPATCH,))
-    return released
-
-
-def attempt_lease(conn: Any, attempt_id: uuid.UUID) -> Lease | None:
-    """The lease an attempt row holds, rebuilt from the row (any process can release it)."""
-    row = conn.execute(
-        sa.select(
-            task_attempts.c.id,
-            task_attempts.c.provider,
-            task_attempts.c.model,
-            task_attempts.c.fencing_token,
-            generation_tasks.c.tenant_id,
-        )
-        .join(generation_tasks, generation_tasks.c.id == task_attempts.c.task_id)
-        .where(task_attempts.c.id == attempt_id)
-    ).first()
-    if row is None or row.fencing_token is None:
-        return None
-    return Lease.of(str(row.id), row.fencing_token, admission.scope_names(str(row.tenant_id), row.provider, row.model))
-
-
-def release_if_finished(engine: Engine, slots: SlotStore, attempt_id: uuid.UUID) -> bool:
-    """Free an attempt's slot once it is terminal; safe to call any number of times."""
-    with engine.connect() as conn:
-        state = conn.execute(
-            sa.select(task_attempts.c.submit_state).where(task_attempts.c.id == attempt_id)
-        ).scalar_one_or_none()
-        if state is None or state not in {s.value for s in ATTEMPT_TERMINAL}:
-            return False
-        lease = attempt_lease(conn, attempt_id)
-    return lease is not None and release_lease(engine, slots, lease)

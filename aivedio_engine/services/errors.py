@@ -62,6 +62,18 @@ class Overloaded(Unavailable):
     code = "overloaded"
 
 
+class TooManyStreams(ServiceError):
+    """An event stream beyond the tenant's or the process's cap (429); `retry_after_s` becomes Retry-After."""
+
+    code = "too-many-streams"
+
+
+class ModerationRejected(ServiceError):
+    """The input moderator refused the prompt or a reference (422): nothing was reserved or created."""
+
+    code = "moderation-rejected"
+
+
 class Forbidden(ServiceError):
     """A signed URL's signature is wrong or expired (the signature is the credential): 403."""
 

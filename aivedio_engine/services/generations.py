@@ -1,40 +1,50 @@
 """Generation tasks: idempotent creation with credit reservation, reads, and cancellation.
 
-Creation is ONE transaction (seed 000 §4.9.2 "事务 1"): RESERVE ledger row + task + its state events + the
-`generation.queued` outbox row commit together or not at all (`db.creation`). Idempotency is per tenant and
-key: the same key with the same normalized request returns the original task; with another request it is a
-409. Concurrent duplicates wait on the unique (tenant, key) index for the first and then replay it; a duplicate
-whose twin has not committed in time is told the first is still in flight.
+Creation is ONE transaction (seed 000 §4.9.2 "事务 1"): RESERVE ledger row + task + its state events commit
+together or not at all (`db.creation`); the commit wakes the dispatcher, which scans QUEUED tasks itself.
+Idempotency is per tenant and key: the same key with the same normalized request returns the original task;
+with another request it is a 409. Concurrent duplicates wait on the unique (tenant, key) index for the first
+and then replay it; a duplicate whose twin has not committed in time is told the first is still in flight.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
 
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
+from aivedio_engine.db import assets as asset_rows
 from aivedio_engine.db import creation, tasks
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import read_conn, write_tx
-from aivedio_engine.db.tables import assets, generation_tasks
-from aivedio_engine.domain.requests import Catalog, InvalidRequest, estimate_cost, normalize, request_hash
-from aivedio_engine.domain.status import AssetKind, AssetStatus, EventSource, TaskStatus
+from aivedio_engine.db.tables import generation_tasks
+from aivedio_engine.domain.admission import PriorityTier, capped_tier
+from aivedio_engine.domain.moderation import ModerationInput, ReferenceFacts
+from aivedio_engine.domain.references import LimitExceeded, Reference, check_references
+from aivedio_engine.domain.requests import (
+    Catalog,
+    GenerationParams,
+    InvalidRequest,
+    estimate_cost,
+    normalize,
+    request_hash,
+)
+from aivedio_engine.domain.status import AssetKind, AssetStatus, EventSource, ModerationVerdict, TaskStatus
 from aivedio_engine.domain.transitions import (
     Decision,
-    Effect,
     Rejection,
     RejectionKind,
     TaskEvent,
     TaskSnapshot,
     decide,
 )
-from aivedio_engine.services import billing
 from aivedio_engine.services.errors import (
     BadRequest,
     IdempotencyKeyInFlight,
@@ -43,10 +53,14 @@ from aivedio_engine.services.errors import (
     InsufficientCredits,
     InvalidInput,
     MissingIdempotencyKey,
+    ModerationRejected,
     NotFound,
     Overloaded,
 )
+from aivedio_engine.services.moderation import INPUT_REVIEW, InputModerator, build_moderator
 from aivedio_engine.services.shedding import BacklogGate
+from aivedio_engine.services.transition import Change, execute
+from aivedio_engine.testing.failpoints import failpoint
 
 MAX_IDEMPOTENCY_KEY = 255
 _t = generation_tasks.c
@@ -106,12 +120,23 @@ class Created:
 
 
 class GenerationService:
-    def __init__(self, engine: Engine, clock: Clock, catalog: Catalog, settings: Settings) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock,
+        catalog: Catalog,
+        settings: Settings,
+        tier_of: Callable[[uuid.UUID], int] | None = None,
+        moderator: InputModerator | None = None,
+    ) -> None:
         self._engine = engine
         self._clock = clock
         self._catalog = catalog
         self._settings = settings
         self._gate = BacklogGate(settings.limits)
+        #: the tenant's priority tier (cached per process), which caps a request's `priority`
+        self._tier_of = tier_of
+        self._moderator = moderator or build_moderator(settings)
 
     # ------------------------------------------------------------------------------------------- create
     def create(
@@ -132,19 +157,27 @@ class GenerationService:
             if existing is None:
                 raise
             return _replay(existing, digest)  # a client retrying a request that did get in still sees its task
-        if params.asset_ids:
-            try:
-                with self._engine.connect() as conn:
-                    self._check_assets(conn, tenant_id, params.asset_ids)
-            except (NotFound, InvalidInput):
-                existing = creation.by_key(self._engine, tenant_id, key)
-                if existing is None:
-                    raise
-                return _replay(existing, digest)  # made while its assets were still READY
         try:
-            task = creation.create(
-                self._engine, self._new_task(tenant_id, key, params.canonical(), digest, cost, trace_id)
-            )
+            refs: list[ReferenceFacts] = []
+            if params.asset_ids:
+                with self._engine.connect() as conn:
+                    refs = self._check_assets(conn, tenant_id, params)
+            # after validation, before the reservation (seed 000 §4.4 step 13): a refusal leaves nothing reserved
+            verdict = self._moderator.check(ModerationInput(params.prompt, tuple(refs)))
+            if verdict.verdict is ModerationVerdict.REJECT:
+                raise ModerationRejected(f"the request was refused by input moderation: {verdict.summary}")
+        except (NotFound, InvalidInput, ModerationRejected):
+            existing = creation.by_key(self._engine, tenant_id, key)
+            if existing is None:
+                raise
+            return _replay(existing, digest)  # made while its assets were still READY, or under older rules
+        stored = _stored(params, body)
+        if verdict.verdict is ModerationVerdict.WARN:
+            stored[INPUT_REVIEW] = verdict.summary  # the media step holds the output for a human
+        tenant_tier = self._tier_of(tenant_id) if self._tier_of is not None else PriorityTier.PAID
+        tier = capped_tier(params.priority, tenant_tier)
+        try:
+            task = creation.create(self._engine, self._new_task(tenant_id, key, stored, digest, cost, trace_id, tier))
         except creation.KeyTaken:
             return _replay(creation.by_key(self._engine, tenant_id, key), digest)
         except creation.KeyInFlight:
@@ -160,29 +193,39 @@ class GenerationService:
     def _by_key(self, conn: Connection, tenant_id: uuid.UUID, key: str) -> Any:
         return creation._by_key(conn, tenant_id, key)
 
-    def _check_assets(self, conn: Connection, tenant_id: uuid.UUID, asset_ids: tuple[str, ...]) -> None:
-        if not asset_ids:
-            return
-        wanted = [uuid.UUID(a) for a in asset_ids]
-        rows = {
-            r.id: r
-            for r in conn.execute(
-                sa.select(assets.c.id, assets.c.status, assets.c.kind).where(
-                    assets.c.id.in_(wanted), assets.c.tenant_id == tenant_id
-                )
-            )
-        }
-        for asset_id in wanted:
-            row = rows.get(asset_id)
+    def _check_assets(self, conn: Connection, tenant_id: uuid.UUID, params: GenerationParams) -> list[ReferenceFacts]:
+        """Each named asset is the tenant's, a READY input; together they fit the model's reference limits.
+        Returns what upload validation measured of each, for the moderator."""
+        refs: list[Reference] = []
+        facts: list[ReferenceFacts] = []
+        for asset_id, row in zip(
+            params.asset_ids, asset_rows.inputs_of(conn, tenant_id, params.asset_ids), strict=True
+        ):
             if row is None:
                 raise NotFound(f"asset {asset_id} not found")
             if row.kind not in (AssetKind.INPUT_IMAGE.value, AssetKind.INPUT_VIDEO.value):
                 raise InvalidInput(f"asset {asset_id} is not an input asset", field="asset_ids")
             if row.status != AssetStatus.READY.value:
                 raise InvalidInput(f"asset {asset_id} is {row.status}, not READY", field="asset_ids")
+            is_video = row.kind == AssetKind.INPUT_VIDEO.value
+            refs.append(Reference(asset_id, is_video, row.size_bytes, row.width, row.height))
+            facts.append(ReferenceFacts(asset_id, is_video, row.mime, row.size_bytes, row.width, row.height))
+        spec = self._catalog.find(params.model, params.provider)
+        try:
+            check_references(spec.model, spec.limits, refs)
+        except LimitExceeded as exc:
+            raise InvalidInput(str(exc), field=exc.field) from None
+        return facts
 
     def _new_task(
-        self, tenant_id: uuid.UUID, key: str, params: dict[str, Any], digest: bytes, cost: Decimal, trace_id: str | None
+        self,
+        tenant_id: uuid.UUID,
+        key: str,
+        params: dict[str, Any],
+        digest: bytes,
+        cost: Decimal,
+        trace_id: str | None,
+        tier: int,
     ) -> creation.NewTask:
         # The machine decides each creation step; the row is written once, at the state they lead to.
         now = self._clock.now()
@@ -205,7 +248,7 @@ class GenerationService:
             progress=snap.progress,
             model=params["model"],
             provider=params["provider"],
-            priority=params["priority"],
+            priority=tier,  # the tier it is served in: params["priority"] keeps what was asked
             cost=cost,
             prompt=params["prompt"],
             params=params,
@@ -213,12 +256,6 @@ class GenerationService:
             trace_id=trace_id,
             now=now,
             history=tuple(history),
-            queued_payload={
-                "task_id": str(task_id),
-                "requested_model": params["model"],
-                "priority": params["priority"],
-                "deadline_at": deadline.isoformat(),
-            },
         )
 
     # --------------------------------------------------------------------------------------------- read
@@ -278,7 +315,10 @@ class GenerationService:
                 created_by=requested_by,
                 payload={"requested_by": requested_by},
             )
-            return TaskView.of(tasks.read(conn, task_id))
+            view = TaskView.of(tasks.read(conn, task_id))
+            failpoint("cancel.before_commit")
+        failpoint("cancel.after_commit")
+        return view
 
 
 def apply_cancel(
@@ -291,23 +331,17 @@ def apply_cancel(
     created_by: str,
     payload: dict[str, Any],
 ) -> Decimal | None:
-    """Record a decided cancel on the locked task row: the transition, and the reservation released when no
-    provider job can have cost anything (the provider cancel itself is driven later from the task row).
-    Returns the cost booked, as `billing.close_reservation` does."""
-    extra: dict[str, Any] = {"cancel_requested_at": now}
-    if Effect.REQUEST_PROVIDER_CANCEL in decision.effects or Effect.SCHEDULE_RECONCILE in decision.effects:
-        extra["next_action_at"] = now
-    tasks.apply(
-        conn,
-        row.id,
-        decision,
-        source=source,
-        source_event_id=f"{row.id}:{decision.version}",
-        now=now,
-        extra=extra,
+    """Record a decided cancel on the locked task row through the executor: the transition, the provider cancel
+    (or reconciliation) scheduled on the row, and the reservation released when no provider job can have cost
+    anything. Returns the cost booked, as `billing.close_reservation` does."""
+    change = Change(
+        source,
+        columns={"cancel_requested_at": now},
         payload=payload,
+        ledger_reason="canceled",
+        created_by=created_by,
     )
-    return billing.close_reservation(conn, row, decision, now, reason="canceled", created_by=created_by)
+    return execute(conn, row, decision, change, now).booked
 
 
 def _check_key(key: str | None) -> str:
@@ -322,3 +356,10 @@ def _replay(row: Any, digest: bytes) -> Created:
     if bytes(row.request_hash) != digest:
         raise IdempotencyKeyReused("this Idempotency-Key was used with a different request")
     return Created(TaskView.of(row), replayed=True)
+
+
+def _stored(params: GenerationParams, body: dict[str, Any]) -> dict[str, Any]:
+    """The params a task keeps. `provider_pinned`: the client named the provider, so the task never moves to
+    another one (domain.provider_switch); kept beside the params, outside the request hash, as is
+    `input_review` (a WARN verdict's reasons, added by `create`)."""
+    return {**params.canonical(), "provider_pinned": body.get("provider") is not None}

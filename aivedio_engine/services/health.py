@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
+
+from aivedio_engine.db.handles import Engine, SQLAlchemyError
 
 
 def database_ready(engine: Engine) -> tuple[bool, str]:

@@ -1,8 +1,11 @@
-"""The `generation.queued` effect: mark a still-queued task as ready for the dispatcher.
+"""Legacy `generation.queued` consumer: mark a still-queued task as ready for the dispatcher.
 
-No state change happens here. The task's `version` is the guard: the event announces version N, and if the task
-has moved on since (canceled, expired, already dispatched) the event is stale and does nothing. The guard is part
-of the UPDATE itself, so a concurrent cancel can never be overwritten by a late `generation.queued`.
+Nothing writes `generation.queued` any more: the dispatcher scans QUEUED tasks itself and creation wakes it after
+its commit. This consumer stays so that rows an older version left in an outbox are consumed (deduplicated, and
+harmless) instead of going DEAD. No state change happens here. The task's `version` is the guard: the event
+announces version N, and if the task has moved on since (canceled, expired, already dispatched) the event is
+stale and does nothing. The guard is part of the UPDATE itself, so a concurrent cancel can never be overwritten
+by a late `generation.queued`.
 """
 
 from __future__ import annotations
@@ -10,9 +13,9 @@ from __future__ import annotations
 from datetime import datetime
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
 
 from aivedio_engine.db import wakeup
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.tables import generation_tasks
 from aivedio_engine.domain.status import TaskStatus
 from aivedio_engine.services.consume import Envelope, Outcome, consume_once

@@ -33,6 +33,7 @@ from aivedio_engine.db.tables import (
     generation_tasks,
     inbox_dedup,
     outbox_events,
+    projects,
     provider_events,
     review_items,
     slot_grants,
@@ -261,6 +262,75 @@ def _i4_6(s: Scope) -> sa.Select[Any]:
     )
 
 
+@check(
+    "I4.8",
+    "each closing follows the settlement table (domain/settlement.py): a SETTLE charges min(reservation, price "
+    "list × the vendor's billed units) — nothing where the vendor said 'not billed' — or a late bill's REFUND "
+    "brings it there; refunds never exceed the charge",
+)
+def _i4_8(s: Scope) -> sa.Select[Any]:
+    def of(kind: LedgerEntryType) -> Any:
+        return sa.func.coalesce(sa.func.sum(sa.case((_l.entry_type == kind.value, _l.amount), else_=0)), 0)
+
+    rows = (
+        sa.select(
+            _l.task_id,
+            (-of(LE.RESERVE)).label("reserved"),
+            of(LE.SETTLE).label("settle_amount"),
+            sa.func.count().filter(_l.entry_type == LE.SETTLE.value).label("settles"),
+            of(LE.REFUND).label("refunds"),
+        )
+        .where(_l.task_id.is_not(None))
+        .group_by(_l.task_id)
+        .subquery()
+    )
+    last = task_attempts.alias("last_attempt")
+    newest = sa.select(sa.func.max(_a.attempt_no)).where(_a.task_id == _t.id).scalar_subquery()
+    seconds = sa.func.coalesce(_t.params["duration_s"].as_float(), 1.0)
+    outputs = sa.func.coalesce(_t.params["n"].as_float(), 1.0)
+    no_units = sa.and_(last.c.billed_seconds.is_(None), last.c.billed_outputs.is_(None))
+    ratio = sa.case(
+        (no_units, 1.0),
+        else_=sa.func.coalesce(last.c.billed_seconds * 1.0 / seconds, 1.0)
+        * sa.func.coalesce(last.c.billed_outputs * 1.0 / outputs, 1.0),
+    )
+    bill = _t.estimated_cost * ratio
+    expected = sa.case((last.c.vendor_billed.is_(False), 0), (bill < rows.c.reserved, bill), else_=rows.c.reserved)
+    charged = rows.c.reserved - rows.c.settle_amount
+    tolerance = 0.000001
+    # the SETTLE matches the bill, or its charge less the refunds does (a bill reported after the close)
+    off = sa.and_(
+        sa.func.abs(charged - expected) > tolerance, sa.func.abs(charged - rows.c.refunds - expected) > tolerance
+    )
+    return (
+        sa.select(
+            _t.id.label("task_id"),
+            _t.status,
+            charged.label("charged"),
+            expected.label("table_says"),
+            rows.c.refunds,
+            last.c.vendor_billed,
+            last.c.billed_seconds,
+        )
+        .select_from(
+            generation_tasks.join(rows, rows.c.task_id == _t.id).outerjoin(
+                last, sa.and_(last.c.task_id == _t.id, last.c.attempt_no == newest)
+            )
+        )
+        .where(
+            _t.status.in_(TERMINAL),
+            _t.reserved_amount == 0,
+            sa.or_(
+                sa.and_(
+                    rows.c.settles > 0,
+                    sa.or_(off, rows.c.refunds > charged + tolerance),
+                ),
+                sa.and_(rows.c.settles == 0, rows.c.refunds > 0),
+            ),
+        )
+    )
+
+
 # --- I5 history ------------------------------------------------------------------------------------------------
 
 
@@ -378,11 +448,18 @@ def _i7_2(s: Scope) -> sa.Select[Any]:
 # --- I8 storage (rows only) ------------------------------------------------------------------------------------
 
 
-@check("I8.3", "every object key starts with tenants/{the asset's tenant}/")
+@check("I8.3", "every object key starts with tenants/{the asset's tenant}/ (or workflows/{a project of that tenant}/)")
 def _i8_3(s: Scope) -> sa.Select[Any]:
     prefix = "tenants/" + uuid_text(s, _as.tenant_id) + "/"
+    # System B's step files and deliveries live under workflows/{project}/ (workflows/executors.py); the tenant
+    # purge and retention find them through the project rows
+    project_prefix = "workflows/" + uuid_text(s, projects.c.id) + "/"
+    own_project = sa.exists().where(
+        projects.c.tenant_id == _as.tenant_id,
+        sa.func.substr(_as.object_key, 1, sa.func.length(project_prefix)) == project_prefix,
+    )
     return sa.select(_as.id.label("asset_id"), _as.tenant_id, _as.object_key).where(
-        sa.func.substr(_as.object_key, 1, sa.func.length(prefix)) != prefix
+        sa.func.substr(_as.object_key, 1, sa.func.length(prefix)) != prefix, sa.not_(own_project)
     )
 
 
@@ -415,8 +492,10 @@ def _i9_1(s: Scope) -> sa.Select[Any]:
         _as.status == AssetStatus.READY.value,
         _as.kind.in_([AssetKind.PROXY.value, AssetKind.HLS.value]),
     )
+    # an output retention or a tenant purge deleted on purpose (services/retention.py, tenant_purge.py)
+    deleted = sa.exists().where(_as.id == _t.output_asset_id, _as.status == AssetStatus.DELETED.value)
     return sa.select(_t.id.label("task_id"), _t.output_asset_id).where(
-        _t.status == TaskStatus.SUCCEEDED.value, sa.not_(playable)
+        _t.status == TaskStatus.SUCCEEDED.value, sa.not_(playable), sa.not_(deleted)
     )
 
 
@@ -519,3 +598,7 @@ def _run(conn: Connection, c: Check, scope: Scope, limit: int) -> CheckResult:
     count = conn.execute(sa.select(sa.func.count()).select_from(stmt.subquery())).scalar_one()
     rows = [dict(r._mapping) for r in conn.execute(stmt.limit(limit))] if count else []
     return CheckResult(c.id, c.description, int(count), rows)
+
+
+# the motion invariants (I2.4, I2.5, I7.4, I10.3) register themselves into CHECKS
+from aivedio_engine.services import invariants_motion  # noqa: E402, F401

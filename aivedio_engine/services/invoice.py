@@ -19,6 +19,11 @@ Classification, per line:
   attempt that FAILED or was CANCELED before a retry is the vendor's ordinary rule, not a finding;
 - `orphan` — a job id we never recorded: attributed to a task when its request key is one of ours (the task then
   has no other paid job), otherwise nobody's — such a line cannot be booked to any tenant and needs a human.
+- `vendor_credit` — the job a closed task was charged for, billed for less than we charged (a lower amount, or a
+  credit note: a line with a negative amount) once the provider's `invoice_credits_per_unit` turns its currency
+  into credits: a REFUND of the difference (Runway reports usage per account only, so its tasks are settled at
+  the price list and corrected here). Negative lines are credits, never duplicates. A bill above the charge is
+  not a finding: a tenant is never charged past what was settled.
 """
 
 from __future__ import annotations
@@ -80,6 +85,10 @@ class Finding:
     business_key: str | None
     #: after an apply: booked | already_booked | would_book | not_bookable
     booking: str | None = None
+    #: credits a `vendor_credit` gives back (0 for the other kinds: their rows are 0-credit ADJUSTMENTs)
+    credits: Decimal = Decimal(0)
+    #: the vendor's own amount behind the finding (the job's net over the invoice for a `vendor_credit`)
+    vendor_amount: Decimal | None = None
 
     def to_json(self) -> dict[str, Any]:
         a, ln = self.attempt, self.line
@@ -99,6 +108,53 @@ class Finding:
             "business_key": self.business_key,
             "booking": self.booking,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class ChargedJob:
+    """The job a closed task was charged for, and what it was charged before any invoice refund."""
+
+    attempt: KnownAttempt
+    charged: Decimal
+
+
+def refund_key(provider: str, job_id: str) -> str:
+    """`refund:invoice:{provider}:{job_id}`: one invoice correction per job, however often it is applied."""
+    key = f"refund:invoice:{provider}:{job_id}"
+    if len(key) <= _KEY_MAX:
+        return key
+    return "refund:invoice:sha256:" + hashlib.sha256(f"{provider}\n{job_id}".encode()).hexdigest()
+
+
+def vendor_credits(
+    lines: list[InvoiceLine], charged: dict[tuple[str, str], ChargedJob], rate: dict[str, Decimal]
+) -> list[Finding]:
+    """REFUND findings for jobs the vendor billed below what their closed task was charged. `charged` maps (provider,
+    job id) to the charged job; `rate` the provider to credits per invoice unit (1 when absent)."""
+    net: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    last: dict[tuple[str, str], InvoiceLine] = {}
+    for line in lines:
+        job = (line.provider, line.job_id)
+        net[job] += line.amount
+        last[job] = line
+    findings: list[Finding] = []
+    for job, total in net.items():
+        paid = charged.get(job)
+        if paid is None or paid.charged <= 0:
+            continue
+        vendor = (max(total, Decimal(0)) * rate.get(job[0], Decimal(1))).quantize(Decimal("0.00000001"))
+        if vendor >= paid.charged:
+            continue
+        back = paid.charged - vendor
+        ln = last[job]
+        note = (
+            f"the vendor billed {total} {ln.currency or ''} (= {vendor} credits) for a task charged {paid.charged}:"
+            f" {back} credits back"
+        ).replace("  ", " ")
+        findings.append(
+            Finding("vendor_credit", ln, paid.attempt, note, refund_key(*job), credits=back, vendor_amount=total)
+        )
+    return findings
 
 
 def parse_invoice(text: str) -> list[InvoiceLine]:
@@ -182,6 +238,8 @@ def classify(
     times: Counter[tuple[str, str]] = Counter()
     per_task: dict[uuid.UUID, list[_Billed]] = defaultdict(list)
     for line in lines:
+        if line.amount < 0:
+            continue  # a credit note: `vendor_credits` reads it
         job = (line.provider, line.job_id)
         times[job] += 1
         attempt = by_job.get(job) or (

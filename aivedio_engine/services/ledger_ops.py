@@ -9,8 +9,10 @@
 - `reconcile` — a provider invoice against our attempts (`services/invoice.py` defines the CSV and the
   classification). Applying books one ADJUSTMENT per duplicate or attributable orphan, for **0 credits**: the
   tenant is never charged for a job the platform or the vendor duplicated; the row is the ledger's record of
-  the incident (linked to tenant, task and attempt, with the vendor's amount in its reason), and its business
-  key — derived from provider and job id — makes re-applying the same invoice a no-op.
+  the incident (linked to tenant, task and attempt, the vendor's amount and currency in `vendor_amount` /
+  `vendor_currency`). A job a closed task paid for that the vendor billed for less (or credited) gets a REFUND
+  of the difference in credits (`invoice_credits_per_unit` of the provider), and the task's cost drops by it.
+  Business keys — derived from provider and job id — make re-applying the same invoice a no-op.
 
 Every change carries an `Operation` and writes its audit row in the same transaction.
 """
@@ -18,21 +20,29 @@ Every change carries an `Operation` and writes its audit row in the same transac
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
-
 from aivedio_engine.clock import Clock
-from aivedio_engine.db import ledger
+from aivedio_engine.db import ledger, ledger_queries
+from aivedio_engine.db.handles import Connection, Engine
+from aivedio_engine.db.ledger_queries import Account, InvoicedAttempt
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts, tenants
-from aivedio_engine.domain.status import AttemptStatus, LedgerEntryType
+from aivedio_engine.domain.status import LedgerEntryType
+from aivedio_engine.services import billing
 from aivedio_engine.services.errors import Conflict, InsufficientCredits, InvalidInput, NotFound
-from aivedio_engine.services.invoice import Finding, InvoiceLine, KnownAttempt, classify
+from aivedio_engine.services.invoice import (
+    ChargedJob,
+    Finding,
+    InvoiceLine,
+    KnownAttempt,
+    classify,
+    refund_key,
+    vendor_credits,
+)
 from aivedio_engine.services.operations import Operation, record
 
 MANUAL_KEY_PREFIX = "adjustment:manual:"
@@ -42,9 +52,6 @@ _QUANTUM = Decimal("0.00000001")
 _MAX_AMOUNT = Decimal("1e12")
 #: an invoice is taken to cover its lines' billing times, give or take this (jobs are billed after they start)
 PERIOD_SLACK = timedelta(days=1)
-_cl = credit_ledger.c
-_t = generation_tasks.c
-_a = task_attempts.c
 
 
 @dataclass(frozen=True)
@@ -99,35 +106,26 @@ class ReconcileReport:
 
 
 class LedgerOps:
-    def __init__(self, engine: Engine, clock: Clock) -> None:
+    def __init__(self, engine: Engine, clock: Clock, invoice_rates: Mapping[str, Decimal] | None = None) -> None:
         self._engine = engine
         self._clock = clock
+        #: provider → credits per unit of its invoice currency (absent: 1)
+        self._rates = dict(invoice_rates or {})
 
     # --- reading -------------------------------------------------------------------------------------------
 
     def balance(self, tenant_ref: str) -> Balance:
         with self._engine.connect() as conn:
             tenant = _tenant(conn, tenant_ref)
-            by_type = {
-                r.entry_type: Decimal(r.total)
-                for r in conn.execute(
-                    sa.select(_cl.entry_type, sa.func.sum(_cl.amount).label("total"))
-                    .where(_cl.tenant_id == tenant.id)
-                    .group_by(_cl.entry_type)
-                )
-            }
-            entries = conn.execute(sa.select(sa.func.count()).where(_cl.tenant_id == tenant.id)).scalar_one()
-            reserved = conn.execute(
-                sa.select(sa.func.coalesce(sa.func.sum(_t.reserved_amount), 0)).where(_t.tenant_id == tenant.id)
-            ).scalar_one()
+            totals = ledger_queries.totals(conn, tenant.id)
         return Balance(
             tenant.id,
             tenant.name,
-            Decimal(tenant.credit_balance),
-            sum(by_type.values(), Decimal(0)),
-            Decimal(reserved),
-            int(entries),
-            by_type,
+            tenant.credit_balance,
+            sum(totals.by_type.values(), Decimal(0)),
+            totals.reserved,
+            totals.entries,
+            totals.by_type,
         )
 
     def entries(
@@ -136,15 +134,9 @@ class LedgerOps:
         """Newest first."""
         if not 1 <= limit <= 10_000:
             raise InvalidInput("--limit must be within 1..10000", field="limit")
-        stmt = sa.select(credit_ledger).order_by(_cl.created_at.desc(), _cl.id.desc()).limit(limit)
         with self._engine.connect() as conn:
-            if tenant_ref is not None:
-                stmt = stmt.where(_cl.tenant_id == _tenant(conn, tenant_ref).id)
-            if task_id is not None:
-                if conn.execute(sa.select(_t.id).where(_t.id == task_id)).first() is None:
-                    raise NotFound(f"task {task_id} not found")
-                stmt = stmt.where(_cl.task_id == task_id)
-            rows = conn.execute(stmt).all()
+            tenant_id, task_id = _entries_of(conn, tenant_ref, task_id)
+            rows = ledger_queries.entries(conn, tenant_id=tenant_id, task_id=task_id, limit=limit)
         return [
             {
                 "id": r.id,
@@ -153,14 +145,22 @@ class LedgerOps:
                 "task_id": r.task_id,
                 "attempt_id": r.attempt_id,
                 "entry_type": r.entry_type,
-                "amount": Decimal(r.amount),
+                "amount": r.amount,
                 "unit": r.unit,
                 "business_key": r.business_key,
                 "reason": r.reason,
                 "created_by": r.created_by,
+                "vendor_amount": r.vendor_amount,
+                "vendor_currency": r.vendor_currency,
             }
             for r in rows
         ]
+
+    def count_entries(self, tenant_ref: str | None = None, task_id: uuid.UUID | None = None) -> int:
+        """How many entries `entries` would return without its limit (a list cut by --limit says so)."""
+        with self._engine.connect() as conn:
+            tenant_id, task_id = _entries_of(conn, tenant_ref, task_id)
+            return ledger_queries.count_entries(conn, tenant_id=tenant_id, task_id=task_id)
 
     # --- adjust --------------------------------------------------------------------------------------------
 
@@ -200,9 +200,7 @@ class LedgerOps:
                     ):
                         # booked by a concurrent adjustment of another tenant since _evaluate looked
                         raise Conflict(f"business key {key!r} was just used by another adjustment; retry to see it")
-                    entry_id = conn.execute(
-                        sa.select(_cl.id).where(_cl.business_key == result.business_key)
-                    ).scalar_one()
+                    entry_id = ledger_queries.entry_id(conn, result.business_key)
                     result = replace(result, outcome="booked", entry_id=entry_id)
                 affected = [result.entry_id] if result.entry_id and result.outcome == "booked" else []
                 record(conn, op, affected_ids=affected, outcome="dry_run" if op.dry_run else result.outcome, now=now)
@@ -228,15 +226,15 @@ class LedgerOps:
         stored_key = MANUAL_KEY_PREFIX + key
         tenant = _tenant(conn, tenant_ref, lock=lock)
         if task_id is not None:
-            owner = conn.execute(sa.select(_t.tenant_id).where(_t.id == task_id)).scalar()
+            owner = ledger_queries.task_tenant(conn, task_id)
             if owner is None:
                 raise NotFound(f"task {task_id} not found")
             if owner != tenant.id:
                 raise InvalidInput(f"task {task_id} belongs to another tenant", field="task")
-        balance = Decimal(tenant.credit_balance)
-        existing = conn.execute(sa.select(credit_ledger).where(_cl.business_key == stored_key)).first()
+        balance = tenant.credit_balance
+        existing = ledger_queries.entry(conn, stored_key)
         if existing is not None:
-            if (existing.tenant_id, Decimal(existing.amount), existing.task_id) != (tenant.id, amount, task_id):
+            if (existing.tenant_id, existing.amount, existing.task_id) != (tenant.id, amount, task_id):
                 raise Conflict(
                     f"business key {key!r} was already used for a different adjustment "
                     f"({existing.amount} credits, tenant {existing.tenant_id}); choose a new key"
@@ -274,12 +272,35 @@ class LedgerOps:
         with self._engine.connect() as conn:
             by_job, by_key = _known_attempts(conn, considered)
             missing = _missing(conn, providers, period, {(ln.provider, ln.job_id) for ln in considered})
-        report = ReconcileReport(
-            len(lines), len(considered), providers, billed, period, classify(considered, by_job, by_key), missing
-        )
+            paid = _charged_jobs(conn, by_job)
+        findings = classify(considered, by_job, by_key) + vendor_credits(considered, paid, self._rates)
+        findings.sort(key=lambda f: f.line.line_no)
+        report = ReconcileReport(len(lines), len(considered), providers, billed, period, findings, missing)
         if op is not None:
             self._book(report, op)
         return report
+
+    def _refund(self, conn: Connection, f: Finding, now: datetime, actor: str, reason: str) -> bool:
+        assert f.attempt is not None and f.business_key is not None
+        task = ledger_queries.task(conn, f.attempt.task_id)
+        ln = f.line
+        note = (
+            f"invoice {ln.provider} job {ln.job_id}: billed {f.vendor_amount} {ln.currency or ''} (line "
+            f"{ln.line_no}), below the charge: {f.credits} credits back. {reason}"
+        )
+        booked = billing.refund(
+            conn,
+            task,
+            now,
+            business_key=f.business_key,
+            reason=note,
+            created_by=actor,
+            amount=f.credits,
+            attempt_id=f.attempt.id,
+            vendor_amount=f.vendor_amount,
+            vendor_currency=(ln.currency or None) and ln.currency[:16],
+        )
+        return booked > 0
 
     def _book(self, report: ReconcileReport, op: Operation) -> None:
         reason = op.require_reason()
@@ -291,11 +312,15 @@ class LedgerOps:
                 if f.business_key is None or f.attempt is None:
                     f.booking = "not_bookable"
                     continue
-                exists = conn.execute(sa.select(_cl.id).where(_cl.business_key == f.business_key)).first()
-                if exists is not None:
+                if ledger_queries.is_booked(conn, f.business_key):
                     f.booking = "already_booked"
                 elif op.dry_run:
                     f.booking = "would_book"
+                elif f.kind == "vendor_credit":
+                    booked = self._refund(conn, f, now, op.actor[:128], reason)
+                    f.booking = "booked" if booked else "already_booked"
+                    if booked:
+                        booked_keys.append(f.business_key)
                 else:
                     ln = f.line
                     note = (
@@ -314,18 +339,30 @@ class LedgerOps:
                         task_id=f.attempt.task_id,
                         attempt_id=f.attempt.id,
                         reason=note,
+                        vendor_amount=ln.amount,
+                        vendor_currency=(ln.currency or None) and ln.currency[:16],
                     )
                     f.booking = "booked" if booked else "already_booked"
                     if booked:
                         booked_keys.append(f.business_key)
             if booked_keys:
-                report.booked_entry_ids = [
-                    str(i) for i in conn.execute(sa.select(_cl.id).where(_cl.business_key.in_(booked_keys))).scalars()
-                ]
+                report.booked_entry_ids = [str(i) for i in ledger_queries.entry_ids(conn, booked_keys)]
             outcome = "dry_run" if op.dry_run else ("booked" if booked_keys else "nothing")
             if report.not_bookable and not op.dry_run:
                 outcome = "partial"
             record(conn, op, affected_ids=report.booked_entry_ids, outcome=outcome, now=now)
+
+
+def _charged_jobs(conn: Connection, by_job: dict[tuple[str, str], KnownAttempt]) -> dict[tuple[str, str], ChargedJob]:
+    """The recorded jobs whose closed task paid for them (its latest attempt), with the charge before any invoice
+    refund of that job, so a second look at the same invoice computes the same difference."""
+    closed = ledger.closed_charges(conn, {a.task_id for a in by_job.values()})
+    mine = {job: a for job, a in by_job.items() if a.task_id in closed and closed[a.task_id].attempt_no == a.attempt_no}
+    refunded = ledger.booked_amounts(conn, {refund_key(*job) for job in mine})
+    return {
+        job: ChargedJob(a, closed[a.task_id].actual_cost + refunded.get(refund_key(*job), Decimal(0)))
+        for job, a in mine.items()
+    }
 
 
 def _amount(value: Any) -> Decimal:
@@ -340,44 +377,19 @@ def _amount(value: Any) -> Decimal:
     return amount
 
 
-def _tenant(conn: Connection, ref: str, lock: bool = False) -> Any:
+def _tenant(conn: Connection, ref: str, lock: bool = False) -> Account:
     """A tenant by id or by name."""
     try:
-        cond = tenants.c.id == uuid.UUID(ref)
+        found = ledger_queries.account(conn, tenant_id=uuid.UUID(ref), lock=lock)
     except ValueError:
-        cond = tenants.c.name == ref
-    stmt = sa.select(tenants).where(cond)
-    if lock and conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update()  # serialises with reservations and other adjustments of this tenant
-    row = conn.execute(stmt).first()
-    if row is None:
+        found = ledger_queries.account(conn, name=ref, lock=lock)
+    if found is None:
         raise NotFound(f"tenant {ref!r} not found")
-    return row
+    return found
 
 
-_ATTEMPT_COLUMNS = (
-    _a.id,
-    _a.task_id,
-    _t.tenant_id,
-    _a.attempt_no,
-    _a.provider,
-    _a.provider_job_id,
-    _a.provider_request_key,
-    _a.submit_state,
-)
-
-
-def _known(row: Any) -> KnownAttempt:
-    return KnownAttempt(
-        row.id,
-        row.task_id,
-        row.tenant_id,
-        row.attempt_no,
-        row.provider,
-        row.provider_job_id,
-        row.provider_request_key,
-        row.submit_state,
-    )
+def _known(row: InvoicedAttempt) -> KnownAttempt:
+    return KnownAttempt(**asdict(row))  # the same fields: the persistence layer's record, the invoice's type
 
 
 def _known_attempts(
@@ -385,20 +397,24 @@ def _known_attempts(
 ) -> tuple[dict[tuple[str, str], KnownAttempt], dict[tuple[str, str], KnownAttempt]]:
     by_job: dict[tuple[str, str], KnownAttempt] = {}
     by_key: dict[tuple[str, str], KnownAttempt] = {}
-    base = sa.select(*_ATTEMPT_COLUMNS).join(generation_tasks, _t.id == _a.task_id)
     for provider in sorted({ln.provider for ln in lines}):
         jobs = sorted({ln.job_id for ln in lines if ln.provider == provider})
         keys = sorted({ln.request_key for ln in lines if ln.provider == provider and ln.request_key})
-        for start in range(0, len(jobs), 500):
-            batch = jobs[start : start + 500]
-            for row in conn.execute(base.where(_a.provider == provider, _a.provider_job_id.in_(batch))):
-                by_job[(provider, row.provider_job_id)] = _known(row)
-        for start in range(0, len(keys), 500):
-            for row in conn.execute(
-                base.where(_a.provider == provider, _a.provider_request_key.in_(keys[start : start + 500]))
-            ):
-                by_key[(provider, row.provider_request_key)] = _known(row)
+        for job_id, row in ledger_queries.attempts_by_job(conn, provider, jobs).items():
+            by_job[(provider, job_id)] = _known(row)
+        for key, row in ledger_queries.attempts_by_request_key(conn, provider, keys).items():
+            by_key[(provider, key)] = _known(row)
     return by_job, by_key
+
+
+def _entries_of(
+    conn: Connection, tenant_ref: str | None, task_id: uuid.UUID | None
+) -> tuple[uuid.UUID | None, uuid.UUID | None]:
+    """The tenant's id (None: any) and the task (None: any) whose entries are asked for; NotFound for either."""
+    tenant_id = _tenant(conn, tenant_ref).id if tenant_ref is not None else None
+    if task_id is not None and not ledger_queries.task_exists(conn, task_id):
+        raise NotFound(f"task {task_id} not found")
+    return tenant_id, task_id
 
 
 def _missing(
@@ -407,29 +423,18 @@ def _missing(
     """Jobs we believe are billable — their attempt SUCCEEDED or we charged the task — that the invoice omits."""
     if not providers or period is None:
         return []
-    sent = sa.func.coalesce(_a.submitted_at, _a.created_at)
-    rows = conn.execute(
-        sa.select(*_ATTEMPT_COLUMNS, _t.actual_cost, sent.label("sent_at"))
-        .join(generation_tasks, _t.id == _a.task_id)
-        .where(
-            _a.provider.in_(providers),
-            _a.provider_job_id.is_not(None),
-            sent.between(*period),
-            sa.or_(_a.submit_state == AttemptStatus.SUCCEEDED.value, _t.actual_cost > 0),
-        )
-        .order_by(sent, _a.id)
-    ).all()
     return [
         {
-            "provider": r.provider,
-            "job_id": r.provider_job_id,
-            "attempt_id": r.id,
-            "task_id": r.task_id,
-            "tenant_id": r.tenant_id,
-            "submit_state": r.submit_state,
+            "provider": r.attempt.provider,
+            "job_id": r.attempt.provider_job_id,
+            "attempt_id": r.attempt.id,
+            "task_id": r.attempt.task_id,
+            "tenant_id": r.attempt.tenant_id,
+            "task_status": r.task_status,
+            "submit_state": r.attempt.submit_state,
             "sent_at": r.sent_at,
-            "charged": Decimal(r.actual_cost) if r.actual_cost is not None else None,
+            "charged": r.actual_cost,
         }
-        for r in rows
-        if (r.provider, r.provider_job_id) not in invoiced
+        for r in ledger_queries.billable_attempts(conn, providers, period)
+        if (r.attempt.provider, r.attempt.provider_job_id) not in invoiced
     ]

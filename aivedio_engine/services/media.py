@@ -7,6 +7,9 @@ records the probe facts and every derivative's own status, and decides: every re
 moderation hook → SUCCEEDED with the credit settlement and notification in the same transaction (or
 MANUAL_REVIEW with a review item); a gate rejection → FAILED_FINAL; a failure that may pass on another run →
 retry within the `media` budget, past which a human decides (seed §4.9.5: media failures never regenerate).
+A job of several outputs (`n`) gets one message per raw output, each processed and retried on its own; the
+task moves on (moderation, SUCCEEDED) only in the run that finds every output's required derivatives READY
+(runs are serialized by the task row's lock, so exactly one of them sees the last output done).
 An interrupted run (the engine stopping, SIGINT/SIGTERM/SIGHUP on a child: `media.sandbox` tells who ended it)
 is such a retry, due at once: nothing was wrong with the output or with us, so there is nothing to back off from.
 """
@@ -19,23 +22,19 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
-import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
-
-from aivedio_engine.clock import Clock, new_id
+from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
-from aivedio_engine.db import alerts, outbox, tasks
-from aivedio_engine.db.tables import assets, generation_tasks, review_items
-from aivedio_engine.domain.events import EventType
+from aivedio_engine.db import alerts, tasks
+from aivedio_engine.db import assets as asset_rows
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.domain.requests import Catalog, InvalidRequest
-from aivedio_engine.domain.retry import ErrorClass, FailureContext, Step, Verdict, decide_retry
+from aivedio_engine.domain.retry import ErrorClass, ErrorOutcome, Step, Verdict
 from aivedio_engine.domain.status import (
     AlertSeverity,
     AssetKind,
     AssetStatus,
     DerivativeProfile,
     EventSource,
-    ReviewState,
     TaskStatus,
 )
 from aivedio_engine.domain.transitions import TaskEvent
@@ -48,8 +47,11 @@ from aivedio_engine.media.probe import (
     ProbeUnavailable,
     probe_file,
 )
-from aivedio_engine.services import billing
+from aivedio_engine.services import follow_on, media_partial
 from aivedio_engine.services.consume import Envelope, consume_once
+from aivedio_engine.services.follow_on import MediaProcessRequested
+from aivedio_engine.services.moderation import INPUT_REVIEW
+from aivedio_engine.services.transition import Change, ReviewOrder, decide_and_execute
 from aivedio_engine.storage import keys
 from aivedio_engine.storage.base import ObjectStore, iter_file, sha256_of
 
@@ -60,6 +62,8 @@ KIND = {
     DerivativeProfile.THUMBNAIL: AssetKind.THUMBNAIL,
     DerivativeProfile.WAVEFORM: AssetKind.WAVEFORM,
 }
+#: the state a media run applies to: a normal run, or a derivatives-only run after a proxy-only success
+_STATUS_FOR = {False: TaskStatus.POST_PROCESSING.value, True: TaskStatus.SUCCEEDED.value}
 #: a little slack over the model's maximum: vendors round clip lengths up to whole frames or GOPs
 DURATION_SLACK_S = 1.0
 
@@ -71,11 +75,15 @@ class ModerationHook(Protocol):
 
 @dataclass(frozen=True)
 class PromptTermsModeration:
-    """The built-in rule: hold outputs whose prompt mentions a configured term. No terms: everything passes."""
+    """The built-in rule: hold outputs whose prompt mentions a configured term, and those of requests the input
+    moderator let through with a warning (`input_review`, services/moderation.py). No terms: the rest passes."""
 
     terms: tuple[str, ...] = ()
 
     def hold_reason(self, task: Any, probe: ProbeResult) -> str | None:
+        warned = (task.params or {}).get(INPUT_REVIEW)
+        if warned:
+            return f"input moderation: {warned}"
         prompt = str(task.prompt).casefold()
         hit = next((t for t in self.terms if t.casefold() in prompt), None)
         return None if hit is None else f"prompt matches review term {hit!r}"
@@ -128,13 +136,14 @@ class MediaService:
         self.profiles = tuple(dict.fromkeys(self.required + tuple(media.optional_profiles)))
 
     def handle(self, envelope: Envelope) -> str:
-        task_id, asset_id = uuid.UUID(envelope.payload["task_id"]), uuid.UUID(envelope.payload["asset_id"])
+        request = MediaProcessRequested.parse(envelope.payload)
+        task_id, asset_id = request.task_id, request.asset_id
         with self._engine.connect() as conn:
             task = tasks.read(conn, task_id)
-            raw = conn.execute(sa.select(assets).where(assets.c.id == asset_id)).first()
+            raw = asset_rows.read(conn, asset_id)
         if task is None or raw is None:
             return "unknown task or asset"
-        if task.status != TaskStatus.POST_PROCESSING.value:
+        if task.status != _STATUS_FOR[request.derivatives_only]:
             return f"skipped: task is {task.status}"
         outcome = self._process(task, raw, self.limits_for(task))
         result: list[str] = []
@@ -158,8 +167,9 @@ class MediaService:
 
     # --- files (no transaction open) ---------------------------------------------------------------------
 
-    def _process(self, task: Any, raw: Any, limits: MediaLimits) -> Outcome:
+    def _process(self, task: Any, raw: asset_rows.Asset, limits: MediaLimits) -> Outcome:
         with derive.job_dir() as workdir:
+            limits = replace(limits, workdir=workdir)  # every file of the job is in it: the sandbox may isolate
             src = workdir / "raw.mp4"
             try:
                 self._store.download_to(raw.object_key, src)
@@ -182,7 +192,7 @@ class MediaService:
                 outcome.derived[profile] = self._upload(task, raw, res)
         return outcome
 
-    def _upload(self, task: Any, raw: Any, res: derive.DerivativeResult) -> Derived:
+    def _upload(self, task: Any, raw: asset_rows.Asset, res: derive.DerivativeResult) -> Derived:
         pv = self._settings.media.pipeline_version
         if res.status != "READY" or res.main is None:
             return Derived(
@@ -207,11 +217,15 @@ class MediaService:
 
     # --- the decision (one transaction) ------------------------------------------------------------------
 
-    def _record(self, conn: Connection, envelope: Envelope, raw: Any, outcome: Outcome) -> str:
+    def _record(self, conn: Connection, envelope: Envelope, raw: asset_rows.Asset, outcome: Outcome) -> str:
         now = self._clock.now()
+        assert raw.task_id is not None, "a raw output names its task (check raw_output_key)"
         task = tasks.read(conn, raw.task_id, lock=True)
-        if task.status != TaskStatus.POST_PROCESSING.value:
+        request = MediaProcessRequested.parse(envelope.payload)
+        if task.status != _STATUS_FOR[request.derivatives_only]:
             return f"skipped: task is {task.status}"
+        if request.derivatives_only:  # the task succeeded on its proxy: only the derivatives' own rows change
+            return self._record_late(conn, task, raw, request, outcome, now)
         if outcome.rejected:
             _set_asset(conn, raw.id, status=AssetStatus.REJECTED.value, error=outcome.rejected[:2000])
             return self._fail(conn, task, outcome.rejected, now)
@@ -225,7 +239,8 @@ class MediaService:
             for p in self.required
             if outcome.derived.get(p) is None or outcome.derived[p].status != AssetStatus.READY.value
         ]
-        if outcome.unavailable or missing:
+        partial = media_partial.proxy_suffices(self._settings, missing, outcome.derived, outcome.unavailable)
+        if (outcome.unavailable or missing) and not partial:
             reasons = outcome.unavailable or "; ".join(
                 f"{p.value}: {outcome.derived[p].error if p in outcome.derived else 'not built'}" for p in missing
             )
@@ -237,22 +252,49 @@ class MediaService:
             )
             return self._retry_or_escalate(conn, envelope, task, raw, reasons, final, now, interrupted=interrupted)
         assert outcome.probe is not None
+        waiting = self._outputs_waiting(conn, raw.id, partial)
+        if waiting:  # this output is done; another run finishes the task
+            return f"output {raw.output_index or 0} ready; waiting for output(s) {', '.join(map(str, waiting))}"
         hold = self._moderation.hold_reason(task, outcome.probe)
         if hold:
             return self._review(conn, task, raw.id, hold, now)
-        decision = tasks.decide_and_apply(
-            conn,
-            task,
-            TaskEvent.PLAYABLE_ASSET_READY,
-            now,
-            source=EventSource.WORKER,
+        change = Change(
+            EventSource.WORKER,
             payload={"profiles": sorted(p.value for p in outcome.derived)},
+            ledger_reason="succeeded",
         )
-        billing.close_reservation(conn, task, decision, now, reason="succeeded")
+        decide_and_execute(conn, task, TaskEvent.PLAYABLE_ASSET_READY, change, now)
+        if partial:  # written after the transition, so the late run is announced at the SUCCEEDED version
+            media_partial.schedule_rebuild(conn, tasks.read(conn, task.id), request, self._settings, now, self._rng)
+            return "succeeded on the proxy; " + ", ".join(p.value for p in missing) + " to be rebuilt"
         return "succeeded"
 
-    def _save_derivative(self, conn: Connection, task: Any, raw: Any, d: Derived, now: datetime) -> None:
-        a = assets.c
+    def _record_late(
+        self,
+        conn: Connection,
+        task: Any,
+        raw: asset_rows.Asset,
+        request: MediaProcessRequested,
+        outcome: Outcome,
+        now: datetime,
+    ) -> str:
+        built = [d for d in outcome.derived.values() if d.status == "READY"]
+        for derived in built:
+            self._save_derivative(conn, task, raw, derived, now)
+        missing = [p for p in self.required if p not in {d.profile for d in built}]
+        if not missing:
+            return "derivatives rebuilt"
+        if media_partial.schedule_rebuild(conn, task, request, self._settings, now, self._rng):
+            return "derivatives still missing: " + ", ".join(p.value for p in missing) + "; retried later"
+        return "derivatives still missing: " + ", ".join(p.value for p in missing) + "; left FAILED"
+
+    def _outputs_waiting(self, conn: Connection, raw_id: uuid.UUID, proxy_only: bool = False) -> list[int]:
+        """The indexes of the job's other outputs whose required derivatives are not all READY yet."""
+        required = {DerivativeProfile.PROXY_MP4.value} if proxy_only else {p.value for p in self.required}
+        outputs = asset_rows.raw_outputs(conn, raw_id, self._settings.media.pipeline_version)
+        return [o.index for o in outputs if o.id != raw_id and not required <= o.ready_profiles]
+
+    def _save_derivative(self, conn: Connection, task: Any, raw: asset_rows.Asset, d: Derived, now: datetime) -> None:
         values = dict(
             status=AssetStatus.READY.value if d.status == "READY" else AssetStatus.FAILED.value,
             object_key=d.key,
@@ -262,26 +304,17 @@ class MediaService:
             error=d.error and d.error[:2000],
             ready_at=now if d.status == "READY" else None,
         )
-        pv = self._settings.media.pipeline_version
-        existing = conn.execute(
-            sa.select(a.id).where(a.parent_asset_id == raw.id, a.profile == d.profile.value, a.pipeline_version == pv)
-        ).scalar()
-        if existing is not None:
-            conn.execute(assets.update().where(a.id == existing).values(**values))
-            return
-        conn.execute(
-            assets.insert().values(
-                id=new_id(),
-                tenant_id=task.tenant_id,
-                kind=KIND[d.profile].value,
-                parent_asset_id=raw.id,
-                task_id=task.id,
-                profile=d.profile.value,
-                pipeline_version=pv,
-                bucket=self._store.bucket,
-                created_at=now,
-                **values,
-            )
+        asset_rows.save_derivative(
+            conn,
+            parent_id=raw.id,
+            task_id=task.id,
+            tenant_id=task.tenant_id,
+            kind=KIND[d.profile].value,
+            profile=d.profile.value,
+            pipeline_version=self._settings.media.pipeline_version,
+            bucket=self._store.bucket,
+            now=now,
+            values=values,
         )
 
     def _retry_or_escalate(
@@ -289,76 +322,43 @@ class MediaService:
         conn: Connection,
         envelope: Envelope,
         task: Any,
-        raw: Any,
+        raw: asset_rows.Asset,
         reason: str,
         final: bool,
         now: datetime,
         *,
         interrupted: bool = False,
     ) -> str:
-        p = envelope.payload
-        tried = int(p.get("try", 1))
-        first = _ts(p.get("first_failure_at")) or now
-        verdict, why, retry_at = Verdict.GIVE_UP, "not retryable", None
+        verdict, why = Verdict.GIVE_UP, "not retryable"
         if not final:
-            decision = decide_retry(
-                FailureContext(
-                    ErrorClass.MEDIA_WORKER_CRASHED,
-                    tried,
-                    first,
-                    _ts(p.get("step_started_at")) or first,
-                    task.deadline_at,
-                ),
-                self._settings.retry.budget(Step.MEDIA),
-                now,
-                self._rng,
-            )
-            verdict, why, retry_at = decision.verdict, decision.reason, decision.retry_at
-        if verdict is Verdict.RETRY:
-            if interrupted:  # a stop, not a fault: no backoff, the next engine to run picks it up at once
-                retry_at, why = now, f"interrupted: {reason}"[:200]
-            conn.execute(
-                generation_tasks.update()
-                .where(generation_tasks.c.id == task.id)
-                .values(
-                    last_error_class=ErrorClass.MEDIA_WORKER_CRASHED.value,
-                    last_error_code="media_interrupted" if interrupted else "media_retry",
-                    updated_at=now,
-                )
-            )
-            outbox.add(
+            retried = follow_on.retry_step(
                 conn,
-                EventType.MEDIA_PROCESS_REQUESTED,
-                aggregate_type="task",
-                aggregate_id=task.id,
-                aggregate_version=int(task.version),
-                tenant_id=task.tenant_id,
-                trace_id=task.trace_id,
+                task,
+                MediaProcessRequested.parse(envelope.payload),
+                ErrorClass.MEDIA_WORKER_CRASHED,
+                "media_interrupted" if interrupted else "media_retry",
+                budget=self._settings.retry.budget(Step.MEDIA),
                 now=now,
-                available_at=retry_at or now,
-                payload={
-                    **p,
-                    "try": tried + 1,
-                    "first_failure_at": first.isoformat(),
-                    "step_started_at": (_ts(p.get("step_started_at")) or first).isoformat(),
-                },
+                rng=self._rng,
+                # a stop, not a fault: no backoff, the next engine to run picks it up at once
+                at_once=interrupted,
             )
-            return f"retry: {why}"
+            verdict, why = retried.verdict, retried.reason
+        if verdict is Verdict.RETRY:
+            return f"retry: {f'interrupted: {reason}'[:200] if interrupted else why}"
         if verdict is Verdict.MANUAL:
             return self._review(conn, task, raw.id, f"media processing failed ({why}): {reason}", now)
         return self._fail(conn, task, reason, now)
 
     def _fail(self, conn: Connection, task: Any, reason: str, now: datetime) -> str:
-        decision = tasks.decide_and_apply(
-            conn,
-            task,
-            TaskEvent.FINAL_FAILURE,
-            now,
-            source=EventSource.WORKER,
-            extra={"last_error_class": "media_rejected", "last_error_code": reason[:128]},
+        change = Change(
+            EventSource.WORKER,
+            error=ErrorOutcome.MEDIA_REJECTED,
+            error_code=reason,
             payload={"reason": reason[:500]},
+            ledger_reason="media_failed",
         )
-        billing.close_reservation(conn, task, decision, now, reason="media_failed")
+        decide_and_execute(conn, task, TaskEvent.FINAL_FAILURE, change, now)
         alerts.raise_alert(
             conn,
             alerts.Rule.MEDIA_FAILED,
@@ -372,25 +372,8 @@ class MediaService:
         return f"failed: {reason[:80]}"
 
     def _review(self, conn: Connection, task: Any, asset_id: uuid.UUID, reason: str, now: datetime) -> str:
-        tasks.decide_and_apply(
-            conn,
-            task,
-            TaskEvent.REVIEW_REQUIRED,
-            now,
-            source=EventSource.WORKER,
-            extra={"review_state": ReviewState.PENDING.value},
-            payload={"reason": reason[:500]},
-        )
-        conn.execute(
-            review_items.insert().values(
-                id=new_id(),
-                task_id=task.id,
-                asset_id=asset_id,
-                reason=reason[:2000],
-                state=ReviewState.PENDING.value,
-                created_at=now,
-            )
-        )
+        change = Change(EventSource.WORKER, payload={"reason": reason[:500]}, review=ReviewOrder(asset_id, reason))
+        decide_and_execute(conn, task, TaskEvent.REVIEW_REQUIRED, change, now)
         return "held for review"
 
 
@@ -408,13 +391,9 @@ def _probe_columns(probe: ProbeResult) -> dict[str, Any]:
 
 
 def _set_asset(conn: Connection, asset_id: uuid.UUID, **values: Any) -> None:
-    conn.execute(assets.update().where(assets.c.id == asset_id).values(**values))
+    asset_rows.set_columns(conn, asset_id, values)
 
 
 def _keep(sink: list[str], value: str) -> str:
     sink.append(value)
     return value
-
-
-def _ts(value: Any) -> datetime | None:
-    return datetime.fromisoformat(value) if isinstance(value, str) else value

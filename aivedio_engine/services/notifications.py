@@ -15,12 +15,12 @@ from typing import Any
 
 import sqlalchemy as sa
 import structlog
-from sqlalchemy import Connection, Engine
 
 from aivedio_engine.db import tasks
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.tables import task_state_events
 from aivedio_engine.domain.status import TASK_TERMINAL, StateEventOutcome, TaskStatus
-from aivedio_engine.notify import Notifier
+from aivedio_engine.notify import Notifier, Subscription
 from aivedio_engine.services.consume import Envelope
 from aivedio_engine.services.errors import NotFound
 
@@ -32,9 +32,14 @@ def on_status_changed(notifier: Notifier, engine: Engine, envelope: Envelope) ->
     """Consume `task.status.changed`: wake the task's streams (no inbox dedup: streams dedupe by version), and
     for a terminal status write the task's summary line."""
     notifier.publish(envelope.aggregate_id, envelope.aggregate_version)
-    status = envelope.payload.get("status")
-    if status and TaskStatus(status) in TASK_TERMINAL:
+    if is_terminal(envelope):
         log_summary(engine, envelope.aggregate_id)
+
+
+def is_terminal(envelope: Envelope) -> bool:
+    """Whether a `task.status.changed` message announces a terminal status."""
+    status = envelope.payload.get("status")
+    return isinstance(status, str) and bool(status) and TaskStatus(status) in TASK_TERMINAL
 
 
 def log_summary(engine: Engine, task_id: uuid.UUID) -> None:
@@ -144,12 +149,22 @@ async def open_stream(
     task_id: uuid.UUID,
     after_version: int | None,
     heartbeat_s: float,
+    max_batch: int = 50,
 ) -> AsyncIterator[list[dict[str, Any]] | None]:
     """Check the task belongs to the tenant (NotFound before any byte is sent), then return the stream: batches
-    of events after `after_version`, or None after every `heartbeat_s` without news; it ends once the
-    task's terminal event has been yielded."""
+    of events after `after_version` (at most `max_batch`, the newest: see `coalesce`), or None after every
+    `heartbeat_s` without news; it ends once the task's terminal event has been yielded."""
     await asyncio.to_thread(_check_owner, engine, tenant_id, task_id)
-    return _follow(engine, notifier, tenant_id, task_id, after_version, heartbeat_s)
+    return _follow(engine, notifier, tenant_id, task_id, after_version, heartbeat_s, max_batch)
+
+
+def coalesce(events: list[dict[str, Any]], max_batch: int) -> list[dict[str, Any]]:
+    """The newest `max_batch` events of a batch (seed 000 §4.10.6 "message coalescing"). A stream is only read
+    again once its previous write drained, and every signal in between collapses into that one read, so a burst
+    or a slow client yields one batch; this bounds it, so a client that fell far behind gets the latest state
+    (whose version it resumes after) instead of an unbounded backlog. The full history stays in the database
+    (`aivedio tasks show ID` merges it into the task's timeline)."""
+    return events[-max_batch:] if len(events) > max_batch else events
 
 
 async def _follow(
@@ -159,20 +174,59 @@ async def _follow(
     task_id: uuid.UUID,
     after_version: int | None,
     heartbeat_s: float,
+    max_batch: int,
 ) -> AsyncIterator[list[dict[str, Any]] | None]:
     # subscribed before the first read: a change committed after that read still wakes the wait below
     with notifier.subscribe(task_id) as sub:
         after = after_version
+        woken = False
         while True:
             try:
-                read = await asyncio.to_thread(_read, engine, tenant_id, task_id, after)
+                if woken:  # one read per wake-up for all the task's streams in this process
+                    read = _since(await _shared_read(engine, tenant_id, sub), after)
+                else:  # the first read, and each heartbeat's: this stream's own
+                    read = await asyncio.to_thread(_read, engine, tenant_id, task_id, after)
             except NotFound:
                 return  # checked at open; gone since (tenant removed): nothing more to say
             if read.events:
                 after = read.events[-1]["version"]
-                yield read.events
+                yield coalesce(read.events, max_batch)
             if read.finished and (after is None or after >= read.version):
                 return
             # a timeout re-reads too: signals may be lost (Redis reconnect, a process without a notify worker)
-            if not await sub.wait(heartbeat_s):
+            woken = await sub.wait(heartbeat_s)
+            if not woken:
                 yield None  # the caller's heartbeat
+
+
+#: reads in flight, per event loop, engine and (tenant, task): (the signal number when it started, the read)
+_inflight: dict[tuple[int, int, uuid.UUID, uuid.UUID], tuple[int, asyncio.Future[_Read]]] = {}
+
+
+async def _shared_read(engine: Engine, tenant_id: uuid.UUID, sub: Subscription) -> _Read:
+    """The task's whole history, from a read that started after the signal that woke `sub`: one already in flight
+    when there is one (a signal to N streams costs one read, not N), else a new one the next streams can join.
+    The tenant is part of the key, so a read is only ever shared by streams that passed the same owner check."""
+    loop = asyncio.get_running_loop()
+    key = (id(loop), id(engine), tenant_id, sub.task_id)
+    entry = _inflight.get(key)
+    if entry is None or entry[0] < sub.woken_seq:
+        started = sub.current_seq()
+        future = loop.create_task(asyncio.to_thread(_read, engine, tenant_id, sub.task_id, None))
+        _inflight[key] = entry = (started, future)
+
+        def done(f: asyncio.Future[_Read]) -> None:
+            if _inflight.get(key, (0, None))[1] is f:
+                del _inflight[key]
+            if not f.cancelled():
+                f.exception()  # retrieved here: every waiter may have gone (clients closed) before it ended
+
+        future.add_done_callback(done)
+    # shielded: one stream closing must not cancel the read the others wait for
+    return await asyncio.shield(entry[1])
+
+
+def _since(read: _Read, after: int | None) -> _Read:
+    if after is None:
+        return read
+    return _Read([e for e in read.events if e["version"] > after], read.status, read.version)

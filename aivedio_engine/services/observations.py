@@ -3,7 +3,9 @@
 Both sources converge here: the raw event and its `provider.status.observed` outbox row commit together, so a
 callback answered 2xx is never lost, and a repeated one (same webhook id, or the same fingerprint for polls)
 is stored once. An event whose job id matches no attempt yet is kept as an orphan; `rematch` re-emits it when
-the submit response that carries the job id is finally recorded (a callback can beat the submit response).
+the submit response that carries the job id is finally recorded (a callback can beat the submit response). Its
+request key alone binds it only to an ambiguous submit (the reducer does that): an early callback for an attempt
+still being sent is an orphan too, and so is one the reducer found no attempt for (`keep_as_orphan`).
 """
 
 from __future__ import annotations
@@ -11,21 +13,25 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Connection
+import structlog
 from sqlalchemy.dialects import postgresql, sqlite
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import attempts, outbox
+from aivedio_engine.db.handles import Connection
 from aivedio_engine.db.tables import generation_tasks, provider_events, task_attempts
 from aivedio_engine.domain.events import EventType
-from aivedio_engine.domain.status import EventSource
+from aivedio_engine.domain.status import AttemptStatus, EventSource
+from aivedio_engine.domain.text import is_storable
 from aivedio_engine.providers.base import Observation
 
 ORPHAN_TTL = timedelta(days=7)
+log = structlog.get_logger("aivedio.callbacks")
 _pe = provider_events.c
 
 
@@ -63,6 +69,7 @@ def to_payload(
         "error_code": obs.error_code,
         "error_message": (obs.error_message or "")[:500],
         "billed": obs.billed,
+        **obs.billed_units(),
         "request_key": obs.request_key,
         "outputs": [
             {
@@ -88,15 +95,24 @@ def record(
     headers_digest: str | None = None,
     verified: bool = True,
 ) -> bool:
-    """Store one observation and queue it for the reducer. Returns False for a repeat (nothing stored)."""
+    """Store one observation and queue it for the reducer. Returns False for a repeat (nothing stored), and for
+    an observation that cannot be used (see `unusable`), which is kept as a rejected raw event instead."""
+    reason = unusable(obs)
+    if reason is not None:
+        _store_rejected(conn, provider, obs, source, now, reason, raw_body, headers_digest, verified)
+        return False
     dedup_key = f"wh:{obs.event_id}" if obs.event_id else fingerprint(provider, obs)
     attempt = attempts.by_job(conn, provider, obs.job_id)
     if attempt is None and obs.request_key:
-        attempt = conn.execute(
-            sa.select(task_attempts.c.id, task_attempts.c.task_id).where(
+        by_key = conn.execute(
+            sa.select(task_attempts.c.id, task_attempts.c.task_id, task_attempts.c.submit_state).where(
                 task_attempts.c.provider == provider, task_attempts.c.provider_request_key == obs.request_key
             )
         ).first()
+        # only an ambiguous submit is bound by its request key (the reducer does it); an attempt whose job id
+        # is simply not recorded yet gets this event when it is (`rematch`), so it waits as an orphan
+        if by_key is not None and by_key.submit_state == AttemptStatus.UNKNOWN.value:
+            attempt = by_key
     event_id = new_id()
     payload = to_payload(provider, obs, source, dedup_key, event_id)
     insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
@@ -129,6 +145,75 @@ def record(
     return True
 
 
+#: the provider_events columns an observation's identifiers go into (tables.py); `wh:` prefixes the event id
+_ID_LIMITS = {"job_id": 256, "request_key": 128, "event_id": 250}
+
+
+def unusable(obs: Observation) -> str | None:
+    """Why a (validly signed) observation cannot be stored as such, or None. A vendor's oversized id or a NUL in
+    its text must not fail the transaction — a 500 makes the vendor retry it forever — so the event is kept
+    raw, for an engineer, and never reaches the reducer."""
+    for name, limit in _ID_LIMITS.items():
+        value = getattr(obs, name)
+        if value is not None and (not isinstance(value, str) or not value or len(value) > limit):
+            return f"{name} is not a string of 1-{limit} characters"
+    if not all(map(is_storable, _strings(to_payload("", obs, EventSource.CALLBACK, "", uuid.UUID(int=0))))):
+        return "a text field holds NUL or an unpaired surrogate"
+    return None
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _strings(v)
+
+
+def _store_rejected(
+    conn: Connection,
+    provider: str,
+    obs: Observation,
+    source: EventSource,
+    now: datetime,
+    reason: str,
+    raw_body: bytes | None,
+    headers_digest: str | None,
+    verified: bool,
+) -> None:
+    event_id = obs.event_id if isinstance(obs.event_id, str) and _usable_id(obs.event_id, 250) else None
+    # a repeat delivery of the same rejected event is the same row: by webhook id, else by what it said
+    dedup_key = f"wh:{event_id}" if event_id else fingerprint(provider, obs)
+    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    conn.execute(
+        insert(provider_events)
+        .values(
+            id=new_id(),
+            provider=provider,
+            source=source.value,
+            webhook_id=event_id,
+            dedup_key=dedup_key,
+            verified=verified,
+            headers_digest=headers_digest,
+            body=raw_body,
+            orphan=False,
+            received_at=now,
+            expires_at=now + ORPHAN_TTL,
+            observation={"rejected": reason},
+        )
+        .on_conflict_do_nothing(index_elements=[_pe.provider, _pe.dedup_key])
+    )
+    log.warning("provider event rejected", provider=provider, source=source.value, reason=reason)
+
+
+def _usable_id(value: str, limit: int) -> bool:
+    return 0 < len(value) <= limit and is_storable(value)
+
+
 def rematch(conn: Connection, provider: str, job_id: str, attempt_id: uuid.UUID, now: datetime) -> int:
     """Attach orphan events of `job_id` to the attempt that now owns it, and queue them for the reducer."""
     rows = conn.execute(
@@ -144,6 +229,18 @@ def rematch(conn: Connection, provider: str, job_id: str, attempt_id: uuid.UUID,
         if row.observation:
             _emit(conn, provider, obs_payload=dict(row.observation), task_id=attempt.task_id, now=now)
     return len(rows)
+
+
+def keep_as_orphan(conn: Connection, obs_payload: dict[str, Any]) -> None:
+    """The reducer found no attempt for this observation (its job id is not bound yet): it becomes an orphan
+    again, so that binding the job id replays it instead of it being consumed as unmatched and lost."""
+    event_id = obs_payload.get("provider_event_id")
+    if event_id:
+        conn.execute(
+            provider_events.update()
+            .where(_pe.id == uuid.UUID(str(event_id)), _pe.orphan.is_(False))
+            .values(orphan=True, matched_attempt_id=None)
+        )
 
 
 def _emit(conn: Connection, provider: str, *, obs_payload: dict[str, Any], task_id: uuid.UUID, now: datetime) -> None:

@@ -16,11 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
-
-from aivedio_engine.clock import new_id
-from aivedio_engine.db.tables import audit_log
+from aivedio_engine.db import audit
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.services.errors import InvalidInput
 
 MAX_REASON = 2000
@@ -58,28 +55,22 @@ class Operation:
 
 def record(conn: Connection, op: Operation, *, affected_ids: Sequence[Any], outcome: str, now: datetime) -> None:
     """Append the audit row for `op` in the caller's transaction."""
-    conn.execute(
-        audit_log.insert().values(
-            id=new_id(),
-            actor=op.actor,
-            command=op.command,
-            reason=(op.reason or "").strip()[:MAX_REASON] or None,
-            args=_json_safe(op.args),
-            affected_ids=[str(i) for i in affected_ids],
-            outcome=outcome[:32],
-            dry_run=op.dry_run,
-            created_at=now,
-        )
+    audit.insert_entry(
+        conn,
+        actor=op.actor,
+        command=op.command,
+        reason=(op.reason or "").strip()[:MAX_REASON] or None,
+        args=_json_safe(op.args),
+        affected_ids=[str(i) for i in affected_ids],
+        outcome=outcome[:32],
+        dry_run=op.dry_run,
+        now=now,
     )
 
 
 def recent(engine: Engine, *, limit: int = 50, command: str | None = None) -> list[Any]:
     """The newest audit rows first."""
-    stmt = sa.select(audit_log).order_by(audit_log.c.created_at.desc(), audit_log.c.id.desc()).limit(limit)
-    if command:
-        stmt = stmt.where(audit_log.c.command == command)
-    with engine.connect() as conn:
-        return list(conn.execute(stmt))
+    return audit.recent(engine, limit=limit, command=command)
 
 
 def _json_safe(value: Any) -> Any:

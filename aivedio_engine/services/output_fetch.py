@@ -10,6 +10,13 @@ download is spooled to disk and compared; equal bytes reuse the object, differen
 and raise an alert. A 403/404/410 first asks the provider for a fresh URL (seed §4.9.3); other failures retry
 within the `output_fetch` budget through a delayed outbox row, then fail the task (the provider delivered, so
 its cost is settled) with an alert.
+
+Fewer hops: when the outputs are small (`media.inline_after_fetch_max_bytes`) and this worker also runs the media
+step, the fetch's transaction writes no `media.process.requested` row and the same actor run goes straight on to
+the media step after the commit, under an envelope of its own (its own inbox row, transaction and state change):
+two recorded steps, one broker message. A process that dies between the two leaves the task POST_PROCESSING
+with no pending request, which the sweeper re-drives as it does a lost message; a media run that raises
+queues its request after all.
 """
 
 from __future__ import annotations
@@ -20,27 +27,32 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
-from aivedio_engine.db import alerts, attempts, outbox, tasks
-from aivedio_engine.db.tables import assets, generation_tasks
-from aivedio_engine.domain.events import EventType, fetch_route
-from aivedio_engine.domain.retry import ErrorClass, FailureContext, Step, Verdict, decide_retry
-from aivedio_engine.domain.status import AlertSeverity, AssetKind, AssetStatus, EventSource, TaskStatus
+from aivedio_engine.db import alerts, attempts, tasks
+from aivedio_engine.db import outputs as output_rows
+from aivedio_engine.db.handles import Connection, Engine
+from aivedio_engine.domain.events import Route, fetch_route
+from aivedio_engine.domain.retry import ErrorClass, Step, Verdict
+from aivedio_engine.domain.status import AlertSeverity, EventSource, TaskStatus
 from aivedio_engine.domain.transitions import TaskEvent
 from aivedio_engine.fetch.fetcher import Fetcher, FetchError
 from aivedio_engine.fetch.policy import FetchPolicy
 from aivedio_engine.providers.base import Observation
 from aivedio_engine.providers.registry import ProviderRegistry
-from aivedio_engine.services import billing
+from aivedio_engine.services import follow_on
 from aivedio_engine.services.consume import Envelope, consume_once
+from aivedio_engine.services.follow_on import FetchRequested, MediaProcessRequested
+from aivedio_engine.services.transition import Change, decide_and_execute
 from aivedio_engine.storage import keys
 from aivedio_engine.storage.base import HashingCounter, ObjectStore, iter_file, sha256_of
+from aivedio_engine.testing.failpoints import failpoint
+
+if TYPE_CHECKING:
+    from aivedio_engine.services.inline_media import InlineMedia
 
 CONSUMER_GROUP = "output-fetch"
 RAW_CONTENT_TYPE = "video/mp4"
@@ -77,7 +89,9 @@ class OutputFetchService:
         store: ObjectStore,
         fetcher: Fetcher,
         rng: random.Random | None = None,
+        media: InlineMedia | None = None,
     ) -> None:
+        """`media`: the media step, when this worker may run it itself after a small fetch (None: always queue)."""
         self._engine = engine
         self._clock = clock
         self._settings = settings
@@ -85,12 +99,13 @@ class OutputFetchService:
         self._store = store
         self._fetcher = fetcher
         self._rng = rng or random.Random()
+        self._media = media
 
     # --- the consumer ------------------------------------------------------------------------------------
 
     def handle(self, envelope: Envelope) -> str:
-        p = envelope.payload
-        task_id, attempt_id = uuid.UUID(p["task_id"]), uuid.UUID(p["attempt_id"])
+        request = FetchRequested.parse(envelope.payload)
+        task_id, attempt_id = request.task_id, request.attempt_id
         with self._engine.connect() as conn:
             task = tasks.read(conn, task_id)
             attempt = attempts.read(conn, attempt_id)
@@ -99,7 +114,7 @@ class OutputFetchService:
             return "unknown task"
         if task.status != TaskStatus.OUTPUT_FETCHING.value:
             return f"skipped: task is {task.status}"
-        outputs = sorted(p.get("outputs") or [], key=lambda o: o.get("index", 0))
+        outputs = sorted(request.outputs, key=lambda o: o.get("index", 0))
         # each try may ask for fresh URLs once (the last fresh ones may have expired too); that one answer then
         # serves every output of the try, by index: the other outputs' observed URLs expired just the same
         fresh: dict[int, dict[str, Any]] = {}
@@ -117,15 +132,22 @@ class OutputFetchService:
         except FetchFailure as failure:
             self._failed(envelope, failure)
             return f"failed: {failure.code}"
+        inline = self._media is not None and self._media.takes(sum(s.size for s in stored))
+        follow: list[tuple[int, tuple[MediaProcessRequested, ...]]] = []
         consume_once(
             self._engine,
             CONSUMER_GROUP,
             envelope.event_id,
             task_id,
-            lambda conn: self._persisted(conn, task_id, attempt_id, stored),
+            lambda conn: self._persisted(conn, task_id, attempt_id, stored, inline, follow),
             self._clock.now(),
         )
-        return f"stored {len(stored)}"
+        if self._media is None or not follow or not follow[0][1]:
+            return f"stored {len(stored)}"
+        version, requests = follow[0]
+        # committed: from here to the media step's own commit, a crash is the sweeper's to re-drive
+        failpoint("output_fetch.before_inline_media")
+        return f"stored {len(stored)}; " + self._media.run(task, version, requests, envelope.event_id)
 
     # --- network -----------------------------------------------------------------------------------------
 
@@ -140,10 +162,12 @@ class OutputFetchService:
         """`fresh`: this try's fresh URLs by index, empty until asked for; filled here on the first expiry."""
         index = int(out.get("index", 0))
         key = keys.raw_output_key(task.tenant_id, task.id, attempt.id, index)
+        url = (fresh.get(index) or out)["url"]
         try:
-            return self._download(task, attempt, key, index, (fresh.get(index) or out)["url"])
+            return self._download(task, attempt, key, index, url)
         except FetchError as exc:
-            if exc.status not in _EXPIRED or fresh:
+            moved = exc.reason == "blocked_host" and self._origin_moved(attempt.provider, url)
+            if (exc.status not in _EXPIRED and not moved) or fresh:
                 raise _failure(exc, bool(fresh)) from None
         fresh.update((int(o.get("index", 0)), o) for o in self._fresh_outputs(attempt))
         if index not in fresh:
@@ -157,6 +181,15 @@ class OutputFetchService:
             return self._download(task, attempt, key, index, fresh[index]["url"])
         except FetchError as exc:
             raise _failure(exc, True) from None
+
+    def _origin_moved(self, provider: str, url: str) -> bool:
+        """A URL on the host of a provider whose origin is picked at run time (`local`: a loopback port per
+        process) but not on its origin now: made by an earlier process, so ask for a fresh one, which the same
+        policy then checks. Configured origins never move: their refusals stand without a query."""
+        origin = getattr(self._providers[provider], "base_url", "")
+        if self._settings.providers[provider].base_url or not origin:
+            return False
+        return urlsplit(url).hostname == urlsplit(origin).hostname and not url.startswith(origin + "/")
 
     def _fresh_outputs(self, attempt: Any) -> list[dict[str, Any]]:
         answer = self._providers[attempt.provider].query(attempt.provider_job_id)
@@ -217,7 +250,17 @@ class OutputFetchService:
 
     # --- database ----------------------------------------------------------------------------------------
 
-    def _persisted(self, conn: Connection, task_id: uuid.UUID, attempt_id: uuid.UUID, stored: list[Stored]) -> str:
+    def _persisted(
+        self,
+        conn: Connection,
+        task_id: uuid.UUID,
+        attempt_id: uuid.UUID,
+        stored: list[Stored],
+        inline: bool,
+        follow: list[tuple[int, tuple[MediaProcessRequested, ...]]],
+    ) -> str:
+        """`inline`: the media requests go to `follow` (with the new task version) for this run to carry out
+        after the commit, instead of to the outbox."""
         now = self._clock.now()
         task = tasks.read(conn, task_id, lock=True)
         if task.status != TaskStatus.OUTPUT_FETCHING.value:
@@ -226,114 +269,68 @@ class OutputFetchService:
         ids = []
         for item in stored:
             if item.index in existing:
-                ids.append(_raw_asset_id(conn, task_id, attempt_id, item.index))
+                ids.append(output_rows.raw_asset_id(conn, task_id, attempt_id, item.index))
                 continue
             asset_id = new_id()
-            conn.execute(
-                assets.insert().values(
-                    id=asset_id,
-                    tenant_id=task.tenant_id,
-                    kind=AssetKind.RAW_OUTPUT.value,
-                    task_id=task_id,
-                    attempt_id=attempt_id,
-                    output_index=item.index,
-                    status=AssetStatus.PROCESSING.value,
-                    bucket=self._store.bucket,
-                    object_key=item.key,
-                    size_bytes=item.size,
-                    checksum_algorithm="sha256",
-                    checksum_value=item.sha256,
-                    mime_detected=RAW_CONTENT_TYPE,
-                    created_at=now,
-                )
+            output_rows.insert_raw_output(
+                conn,
+                asset_id=asset_id,
+                tenant_id=task.tenant_id,
+                task_id=task_id,
+                attempt_id=attempt_id,
+                index=item.index,
+                bucket=self._store.bucket,
+                key=item.key,
+                size=item.size,
+                sha256=item.sha256,
+                mime=RAW_CONTENT_TYPE,
+                now=now,
             )
             ids.append(asset_id)
-        decision = tasks.decide_and_apply(
-            conn,
-            task,
-            TaskEvent.OUTPUT_PERSISTED,
-            now,
-            source=EventSource.WORKER,
-            extra={"output_asset_id": ids[0]},
+        change = Change(
+            EventSource.WORKER,
+            columns={"output_asset_id": ids[0]},
             payload={"outputs": len(ids), "bytes": sum(s.size for s in stored)},
+            media_assets=tuple(ids),
+            media_inline=inline,
         )
-        outbox.add(
-            conn,
-            EventType.MEDIA_PROCESS_REQUESTED,
-            aggregate_type="task",
-            aggregate_id=task_id,
-            aggregate_version=decision.version,
-            tenant_id=task.tenant_id,
-            trace_id=task.trace_id,
-            now=now,
-            payload={"task_id": str(task_id), "asset_id": str(ids[0])},
-        )
+        done = decide_and_execute(conn, task, TaskEvent.OUTPUT_PERSISTED, change, now)
+        follow[:] = [(done.decision.version, done.media)]
         return f"persisted {len(ids)}"
 
     def _failed(self, envelope: Envelope, failure: FetchFailure) -> None:
         now = self._clock.now()
-        p = envelope.payload
+        request = FetchRequested.parse(envelope.payload)
+
+        def route_for(again: FetchRequested, at: datetime) -> Route:
+            return fetch_route(again.expiries(), at, self._settings.fetch.urgent_within_s)
 
         def record(conn: Connection) -> str:
-            task = tasks.read(conn, uuid.UUID(p["task_id"]), lock=True)
+            task = tasks.read(conn, request.task_id, lock=True)
             if task.status != TaskStatus.OUTPUT_FETCHING.value:
                 return f"skipped: task is {task.status}"
-            tried = int(p.get("try", 1))
-            first = _ts(p.get("first_failure_at")) or now
-            verdict, reason, retry_at = Verdict.GIVE_UP, f"{failure.code}: output refused by fetch policy", None
-            if failure.error_class is not None:
-                retry_decision = decide_retry(
-                    FailureContext(
-                        failure.error_class,
-                        tried,
-                        first,
-                        _ts(p.get("step_started_at")) or first,
-                        task.deadline_at,
-                        url_refreshed=failure.url_refreshed,
-                    ),
-                    self._settings.retry.budget(Step.OUTPUT_FETCH),
-                    now,
-                    self._rng,
-                )
-                verdict, reason, retry_at = retry_decision.verdict, retry_decision.reason, retry_decision.retry_at
-            error = {
-                "last_error_class": (failure.error_class or ErrorClass.PROVIDER_REJECTED).value,
-                "last_error_code": failure.code[:128],
-            }
-            if verdict in (Verdict.RETRY, Verdict.REFRESH_URL):
-                conn.execute(
-                    sa.update(generation_tasks).where(generation_tasks.c.id == task.id).values(**error, updated_at=now)
-                )
-                expiries = [_ts(o.get("expires_at")) for o in p.get("outputs") or []]
-                outbox.add(
-                    conn,
-                    EventType.FETCH_REQUESTED,
-                    aggregate_type="task",
-                    aggregate_id=task.id,
-                    aggregate_version=int(task.version),
-                    tenant_id=task.tenant_id,
-                    trace_id=task.trace_id,
-                    now=now,
-                    available_at=retry_at or now,
-                    route=fetch_route(expiries, retry_at or now, self._settings.fetch.urgent_within_s),
-                    payload={
-                        **p,
-                        "try": tried + 1,
-                        "first_failure_at": first.isoformat(),
-                        "step_started_at": (_ts(p.get("step_started_at")) or first).isoformat(),
-                    },
-                )
-                return f"retry: {reason}"
-            decision = tasks.decide_and_apply(
+            verdict = follow_on.retry_step(
                 conn,
                 task,
-                TaskEvent.FINAL_FAILURE,
-                now,
-                source=EventSource.WORKER,
-                extra=error,
-                payload={"reason": reason, "error": str(failure)[:500]},
+                request,
+                failure.error_class,
+                failure.code,
+                budget=self._settings.retry.budget(Step.OUTPUT_FETCH),
+                now=now,
+                rng=self._rng,
+                url_refreshed=failure.url_refreshed,
+                route_for=route_for,
             )
-            billing.close_reservation(conn, task, decision, now, reason="output_fetch_failed")
+            if verdict.verdict in (Verdict.RETRY, Verdict.REFRESH_URL):
+                return f"retry: {verdict.reason}"
+            change = Change(
+                EventSource.WORKER,
+                error=failure.error_class or ErrorClass.PROVIDER_REJECTED,
+                error_code=failure.code,
+                payload={"reason": verdict.reason, "error": str(failure)[:500]},
+                ledger_reason="output_fetch_failed",
+            )
+            decide_and_execute(conn, task, TaskEvent.FINAL_FAILURE, change, now)
             alerts.raise_alert(
                 conn,
                 alerts.Rule.OUTPUT_FETCH_FAILED,
@@ -342,11 +339,11 @@ class OutputFetchService:
                 now=now,
                 subject_type="task",
                 subject_id=str(task.id),
-                message=f"output fetch gave up ({reason}): {str(failure)[:300]}",
+                message=f"output fetch gave up ({verdict.reason}): {str(failure)[:300]}",
             )
-            return f"gave up: {reason}"
+            return f"gave up: {verdict.reason}"
 
-        consume_once(self._engine, CONSUMER_GROUP, envelope.event_id, uuid.UUID(p["task_id"]), record, now)
+        consume_once(self._engine, CONSUMER_GROUP, envelope.event_id, request.task_id, record, now)
 
 
 def _failure(exc: FetchError, refreshed: bool) -> FetchFailure:
@@ -359,28 +356,7 @@ def _failure(exc: FetchError, refreshed: bool) -> FetchFailure:
 
 
 def _raw_assets(conn: Connection, task_id: uuid.UUID, attempt_id: uuid.UUID) -> dict[int, Stored]:
-    a = assets.c
-    rows = conn.execute(
-        sa.select(a.output_index, a.object_key, a.size_bytes, a.checksum_value).where(
-            a.task_id == task_id, a.attempt_id == attempt_id, a.kind == AssetKind.RAW_OUTPUT.value
-        )
-    ).all()
     return {
-        r.output_index: Stored(r.output_index, r.object_key, r.size_bytes or 0, r.checksum_value or "") for r in rows
+        r.output_index: Stored(r.output_index, r.object_key, r.size_bytes or 0, r.checksum_value or "")
+        for r in output_rows.raw_assets(conn, task_id, attempt_id)
     }
-
-
-def _raw_asset_id(conn: Connection, task_id: uuid.UUID, attempt_id: uuid.UUID, index: int) -> uuid.UUID:
-    a = assets.c
-    return conn.execute(
-        sa.select(a.id).where(
-            a.task_id == task_id,
-            a.attempt_id == attempt_id,
-            a.output_index == index,
-            a.kind == AssetKind.RAW_OUTPUT.value,
-        )
-    ).scalar_one()
-
-
-def _ts(value: Any) -> datetime | None:
-    return datetime.fromisoformat(value) if isinstance(value, str) else value

@@ -15,15 +15,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlencode
 
-import sqlalchemy as sa
-from sqlalchemy import Engine
-
 from aivedio_engine.config import Settings
-from aivedio_engine.db.tables import assets, generation_tasks
-from aivedio_engine.domain.status import AssetStatus, DerivativeProfile
+from aivedio_engine.db import outputs as output_rows
+from aivedio_engine.db.handles import Engine
+from aivedio_engine.domain.status import DerivativeProfile
 from aivedio_engine.services.errors import Forbidden, NotFound
 from aivedio_engine.storage.base import ObjectStore
 from aivedio_engine.storage.signing import UrlSigner
@@ -49,6 +46,15 @@ class OutputFile:
     sha256: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One output of a job of `n` (index 0 is the one `files()` describes): the raw output and its derivatives."""
+
+    index: int
+    original: OutputFile
+    files: dict[str, OutputFile]
+
+
 class OutputService:
     def __init__(self, engine: Engine, settings: Settings, store: ObjectStore, signer: UrlSigner) -> None:
         self._engine = engine
@@ -58,22 +64,8 @@ class OutputService:
 
     def files(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> dict[str, OutputFile]:
         """READY derivatives of the task's output under the current pipeline version, by profile."""
-        a, t = assets.c, generation_tasks.c
-        stmt = (
-            sa.select(
-                a.id, a.profile, a.object_key, a.size_bytes, a.width, a.height, a.checksum_algorithm, a.checksum_value
-            )
-            .join(generation_tasks, t.output_asset_id == a.parent_asset_id)
-            .where(
-                t.id == task_id,
-                t.tenant_id == tenant_id,
-                a.tenant_id == tenant_id,
-                a.status == AssetStatus.READY.value,
-                a.pipeline_version == self._settings.media.pipeline_version,
-            )
-        )
         with self._engine.connect() as conn:
-            rows = conn.execute(stmt).all()
+            rows = output_rows.ready_derivatives(conn, tenant_id, task_id, self._settings.media.pipeline_version)
         return {
             r.profile: OutputFile(r.id, r.profile, r.object_key, r.size_bytes, r.width, r.height, _sha256(r))
             for r in rows
@@ -82,17 +74,32 @@ class OutputService:
     def original(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> OutputFile | None:
         """The raw provider output the derivatives were made from, for this machine's own user (embedded mode:
         `aivedio generations download`). Never handed out over the API: clients get transcoded derivatives only."""
-        a, t = assets.c, generation_tasks.c
-        stmt = (
-            sa.select(a.id, a.object_key, a.size_bytes, a.width, a.height, a.checksum_algorithm, a.checksum_value)
-            .join(generation_tasks, t.output_asset_id == a.id)
-            .where(t.id == task_id, t.tenant_id == tenant_id, a.tenant_id == tenant_id)
-        )
         with self._engine.connect() as conn:
-            r = conn.execute(stmt).first()
+            r = output_rows.original(conn, tenant_id, task_id)
         return (
             None if r is None else OutputFile(r.id, ORIGINAL, r.object_key, r.size_bytes, r.width, r.height, _sha256(r))
         )
+
+    def variants(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> list[Variant]:
+        """Every output of the job the task's output came from, by index, each with its READY derivatives under
+        the current pipeline version (a job of one output: one variant, the same files as `files()`)."""
+        pv = self._settings.media.pipeline_version
+        with self._engine.connect() as conn:
+            rows = output_rows.job_raw_outputs(conn, tenant_id, task_id)
+            derived = output_rows.ready_derivatives_of(conn, tenant_id, [r.id for r in rows], pv) if rows else []
+        by_parent: dict[uuid.UUID, dict[str, OutputFile]] = {r.id: {} for r in rows}
+        for parent, d in derived:
+            by_parent[parent][d.profile] = OutputFile(
+                d.id, d.profile, d.object_key, d.size_bytes, d.width, d.height, _sha256(d)
+            )
+        return [
+            Variant(
+                r.output_index or 0,
+                OutputFile(r.id, ORIGINAL, r.object_key, r.size_bytes, r.width, r.height, _sha256(r)),
+                by_parent[r.id],
+            )
+            for r in rows
+        ]
 
     def urls(
         self, tenant_id: uuid.UUID, task_id: uuid.UUID, files: dict[str, OutputFile] | None = None
@@ -121,13 +128,7 @@ class OutputService:
         if not self._signer.verify("GET", path, expires, sig):
             raise Forbidden("invalid or expired playback signature")
         with self._engine.connect() as conn:
-            key = conn.execute(
-                sa.select(assets.c.object_key).where(
-                    assets.c.id == asset_uuid,
-                    assets.c.profile == DerivativeProfile.HLS.value,
-                    assets.c.status == AssetStatus.READY.value,
-                )
-            ).scalar()
+            key = output_rows.hls_playlist_key(conn, asset_uuid)
         if key is None:
             raise NotFound("playlist not found")
         with self._store.open_read(key) as f:
@@ -171,5 +172,5 @@ def safe_segment_name(name: str) -> bool:
     return bool(_SAFE_NAME.fullmatch(name))
 
 
-def _sha256(row: Any) -> str | None:
+def _sha256(row: output_rows.OutputAsset) -> str | None:
     return str(row.checksum_value) if row.checksum_algorithm == "sha256" and row.checksum_value else None

@@ -9,37 +9,21 @@ them the recent history.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy import Engine
 
 from aivedio_engine.config import Settings
-from aivedio_engine.db.tables import task_attempts
+from aivedio_engine.db import capacity
+from aivedio_engine.db.capacity import AttemptOutcome
+from aivedio_engine.db.handles import Engine
 from aivedio_engine.domain.breaker import Breaker, counts_as_failure
 from aivedio_engine.domain.retry import ErrorClass
 from aivedio_engine.domain.status import AttemptStatus
 from aivedio_engine.domain.throttle import Throttle
 
-_a = task_attempts.c
 #: how far back a 429 still shrinks a provider's capacity
 THROTTLE_MEMORY = timedelta(seconds=60)
-#: an attempt whose submit ended: its outcome feeds the breaker
-_DECIDED = [
-    s.value
-    for s in (
-        AttemptStatus.FAILED_BEFORE_ACCEPT,
-        AttemptStatus.ACKED,
-        AttemptStatus.RUNNING,
-        AttemptStatus.SUCCEEDED,
-        AttemptStatus.FAILED,
-        AttemptStatus.CANCELED,
-        AttemptStatus.UNKNOWN,
-    )
-]
 _RETRY_AFTER = re.compile(r"retry-after=(\d+(?:\.\d+)?)")
 
 
@@ -66,26 +50,17 @@ def provider_health(engine: Engine, settings: Settings, now: datetime, window: i
         for name, cfg in settings.providers.items():
             if not cfg.enabled:
                 continue
-            rows = conn.execute(
-                sa.select(_a.submit_state, _a.last_error_class, _a.provider_error_code, _a.updated_at)
-                .where(_a.provider == name, _a.submit_state.in_(_DECIDED), _a.submitted_at.is_not(None))
-                .order_by(_a.updated_at.desc())
-                .limit(window)
-            ).all()
+            rows = capacity.decided_attempts(conn, name, window)
             breakers[name] = _breaker(reversed(rows))
             throttles[name] = _throttle(rows, cfg.max_concurrency, now)
-            sending[name] = conn.execute(
-                sa.select(sa.func.count())
-                .select_from(task_attempts)
-                .where(_a.provider == name, _a.submit_state.in_([AttemptStatus.NEW.value, AttemptStatus.SENDING.value]))
-            ).scalar_one()
+            sending[name] = capacity.sending_count(conn, name)
     return Health(breakers, throttles, sending)
 
 
-def _failed(row: Any) -> bool:
+def _failed(row: AttemptOutcome) -> bool:
     if row.submit_state == AttemptStatus.UNKNOWN.value:
         return True
-    if row.submit_state != AttemptStatus.FAILED_BEFORE_ACCEPT.value:
+    if row.submit_state != AttemptStatus.FAILED_BEFORE_ACCEPT.value or row.last_error_class is None:
         return False
     try:
         return counts_as_failure(ErrorClass(row.last_error_class))
@@ -93,14 +68,14 @@ def _failed(row: Any) -> bool:
         return False
 
 
-def _breaker(rows: Any) -> Breaker:
+def _breaker(rows: Iterable[AttemptOutcome]) -> Breaker:
     breaker = Breaker()
     for row in rows:
         breaker = breaker.record(_failed(row), row.updated_at)
     return breaker
 
 
-def _throttle(rows: Sequence[Any], max_capacity: int, now: datetime) -> Throttle:
+def _throttle(rows: Sequence[AttemptOutcome], max_capacity: int, now: datetime) -> Throttle:
     throttle = Throttle.at_max(max_capacity)
     limited = [
         r

@@ -16,22 +16,18 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
 
 from aivedio_engine.clock import Clock
+from aivedio_engine.db import unknown_submits
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import alerts, generation_tasks, task_attempts
-from aivedio_engine.domain.status import AlertStatus, AttemptStatus, TaskStatus
+from aivedio_engine.db.unknown_submits import UnknownSubmit
+from aivedio_engine.domain.status import TaskStatus
 from aivedio_engine.services.errors import IllegalState, InvalidInput, NotFound
 from aivedio_engine.services.operations import Operation, record
 from aivedio_engine.services.sync import ProviderSync
 
 log = logging.getLogger("aivedio.reconcile")
-_a = task_attempts.c
-_t = generation_tasks.c
 COMMAND = "reconcile"
 
 #: ProviderSync outcomes → what the operator is told
@@ -54,6 +50,8 @@ class Candidate:
     last_lookup_at: datetime | None
     next_action_at: datetime | None
     parked: bool
+    #: False: the provider cannot find a job by our request key (see ProviderSync.can_look_up)
+    provider_can_look_up: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +71,7 @@ class Outcome:
     parked: bool
     #: open alerts about the task or its attempt after the run (e.g. submit_unknown_parked)
     alerts: list[str]
+    provider_can_look_up: bool | None
 
 
 class ReconcileOps:
@@ -95,29 +94,23 @@ class ReconcileOps:
         those tasks and lifts the limit."""
         if limit < 1:
             raise InvalidInput("limit must be at least 1", field="limit")
-        stmt = _unknown()
         if among is not None:
-            stmt = stmt.where(_a.task_id.in_(list(among)))
             limit = max(1, len(among))
-        if provider is not None:
-            stmt = stmt.where(_a.provider == provider)
-        if older_than is not None:
-            stmt = stmt.where(sa.func.coalesce(_a.submitted_at, _a.created_at) <= self._clock.now() - older_than)
+        sent_before = self._clock.now() - older_than if older_than is not None else None
         with self._engine.connect() as conn:
             if task_id is not None:
                 self._check_task(conn, task_id)
-                stmt = stmt.where(_a.task_id == task_id)
-            rows = conn.execute(
-                stmt.order_by(sa.func.coalesce(_a.submitted_at, _a.created_at), _a.id).limit(limit)
-            ).all()
-        return [_candidate(r) for r in rows]
+            rows = unknown_submits.unknown_submits(
+                conn, limit=limit, among=among, provider=provider, sent_before=sent_before, task_id=task_id
+            )
+        return [_candidate(r, self._sync.can_look_up(r.provider)) for r in rows]
 
     def _check_task(self, conn: Connection, task_id: uuid.UUID) -> None:
         """`--task ID` names one task: say why there is nothing to do rather than print an empty list."""
-        status = conn.execute(sa.select(_t.status).where(_t.id == task_id)).scalar()
+        status = unknown_submits.task_status(conn, task_id)
         if status is None:
             raise NotFound(f"task {task_id} not found")
-        if conn.execute(_unknown().where(_a.task_id == task_id)).first() is None:
+        if unknown_submits.unknown_submit(conn, task_id) is None:
             raise IllegalState(
                 f"task {task_id} is {status}: it has no ambiguous submit to reconcile", current_status=status
             )
@@ -144,18 +137,14 @@ class ReconcileOps:
             if resolved:
                 # the engine parks without ever un-parking: a task resolved on an operator's word is no longer
                 # waiting for a human, and a stale reason would send the next on-call engineer after it
-                conn.execute(
-                    generation_tasks.update()
-                    .where(_t.id.in_(resolved), _t.parked_reason.is_not(None))
-                    .values(parked_reason=None)
-                )
+                unknown_submits.unpark(conn, resolved)
             audited = replace(op, args={**op.args, "results": dict(sorted(counts.items()))})
             record(conn, audited, affected_ids=[o.task_id for o in outcomes], outcome=verdict, now=self._clock.now())
         return outcomes
 
     def _one(self, task_id: uuid.UUID) -> Outcome:
         with self._engine.connect() as conn:
-            row = conn.execute(_unknown().where(_a.task_id == task_id)).first()
+            row = unknown_submits.unknown_submit(conn, task_id)
         if row is None:
             return self._describe(task_id, None, "skipped", "not-unknown")
         try:
@@ -167,55 +156,26 @@ class ReconcileOps:
 
     def _describe(self, task_id: uuid.UUID, attempt_id: uuid.UUID | None, result: str, detail: str) -> Outcome:
         with self._engine.connect() as conn:
-            task = conn.execute(sa.select(generation_tasks).where(_t.id == task_id)).first()
-            attempt = conn.execute(sa.select(task_attempts).where(_a.id == attempt_id)).first() if attempt_id else None
-            subjects = [str(task_id)] + ([str(attempt_id)] if attempt_id else [])
-            open_rules = sorted(
-                set(
-                    conn.execute(
-                        sa.select(alerts.c.rule).where(
-                            alerts.c.subject_id.in_(subjects), alerts.c.status != AlertStatus.RESOLVED.value
-                        )
-                    ).scalars()
-                )
-            )
-        status = task.status if task is not None else None
-        parked = bool(task is not None and task.parked_reason)
+            seen = unknown_submits.after_lookup(conn, task_id, attempt_id)
+        status = seen.task_status
+        parked = bool(seen.parked_reason)
         return Outcome(
             task_id=task_id,
             attempt_id=attempt_id,
-            provider=attempt.provider if attempt else None,
+            provider=seen.provider,
             result=result,
             action=_action(result, status, parked),
             detail=detail,
             task_status=status,
-            provider_job_id=attempt.provider_job_id if attempt else None,
-            next_action_at=task.next_action_at if task is not None else None,
+            provider_job_id=seen.provider_job_id,
+            next_action_at=seen.next_action_at,
             parked=parked,
-            alerts=open_rules,
+            alerts=seen.open_alerts,
+            provider_can_look_up=self._sync.can_look_up(seen.provider) if seen.provider is not None else None,
         )
 
 
-def _unknown() -> Any:
-    return (
-        sa.select(
-            _a.task_id,
-            _t.tenant_id,
-            _a.id.label("attempt_id"),
-            _a.provider,
-            _t.status.label("task_status"),
-            sa.func.coalesce(_a.submitted_at, _a.created_at).label("sent_at"),
-            _a.lookup_count,
-            _a.last_lookup_at,
-            _t.next_action_at,
-            _t.parked_reason,
-        )
-        .join(generation_tasks, _t.id == _a.task_id)
-        .where(_a.submit_state == AttemptStatus.UNKNOWN.value)
-    )
-
-
-def _candidate(r: Any) -> Candidate:
+def _candidate(r: UnknownSubmit, can_look_up: bool) -> Candidate:
     return Candidate(
         task_id=r.task_id,
         tenant_id=r.tenant_id,
@@ -223,10 +183,11 @@ def _candidate(r: Any) -> Candidate:
         provider=r.provider,
         task_status=r.task_status,
         sent_at=r.sent_at,
-        lookup_count=int(r.lookup_count),
+        lookup_count=r.lookup_count,
         last_lookup_at=r.last_lookup_at,
         next_action_at=r.next_action_at,
         parked=bool(r.parked_reason),
+        provider_can_look_up=can_look_up,
     )
 
 

@@ -14,14 +14,15 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
 
-from aivedio_engine.db import alerts, attempts, observing, outbox, tasks, wakeup
+from aivedio_engine.db import alerts, attempts, observing, tasks, wakeup
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import pg_transaction
-from aivedio_engine.db.tables import generation_tasks, task_attempts, task_state_events
-from aivedio_engine.domain.events import EventType, fetch_route
+from aivedio_engine.db.tables import task_state_events
+from aivedio_engine.domain.retry import ErrorOutcome
 from aivedio_engine.domain.status import (
-    ATTEMPT_TERMINAL,
+    ATTEMPT_IN_FLIGHT,
+    TASK_TERMINAL,
     AlertSeverity,
     AttemptStatus,
     EventSource,
@@ -29,20 +30,28 @@ from aivedio_engine.domain.status import (
     TaskStatus,
 )
 from aivedio_engine.domain.transitions import (
+    AttemptDecision,
     AttemptEvent,
     Decision,
-    Effect,
     Rejection,
     RejectionKind,
     TaskEvent,
     Trigger,
     decide,
+    decide_attempt,
 )
 from aivedio_engine.providers.base import JobStatus
-from aivedio_engine.services import billing
+from aivedio_engine.services import billing, observations
+from aivedio_engine.services import reducer_cases as cases
+from aivedio_engine.services.after_commit import AfterCommit, finished_lease, release_if_finished
 from aivedio_engine.services.consume import DUPLICATE, PROCESSED, Envelope, Outcome, consume_once
-from aivedio_engine.services.dispatch import lease_of
-from aivedio_engine.slots.base import Lease
+from aivedio_engine.services.transition import (
+    Change,
+    FetchOrder,
+    execute,
+    lock_attempt,
+)
+from aivedio_engine.slots.base import Lease, SlotStore
 from aivedio_engine.testing.failpoints import failpoint
 
 _ATTEMPT_EVENT = {
@@ -52,6 +61,16 @@ _ATTEMPT_EVENT = {
     JobStatus.ABORTED: AttemptEvent.PROVIDER_FAILED,
     JobStatus.CANCELED: AttemptEvent.CANCEL_CONFIRMED,
 }
+#: task states in which the task's attempt may still be in flight at the provider
+_WITH_A_JOB = frozenset(
+    {
+        TaskStatus.DISPATCHING,
+        TaskStatus.SUBMITTED,
+        TaskStatus.RUNNING,
+        TaskStatus.SUBMIT_UNKNOWN,
+        TaskStatus.CANCEL_REQUESTED,
+    }
+)
 _OUTCOME = {
     RejectionKind.DUPLICATE: StateEventOutcome.DUPLICATE,
     RejectionKind.STALE: StateEventOutcome.STALE,
@@ -73,36 +92,24 @@ def task_event_for(status: JobStatus, task_status: str) -> TaskEvent | None:
     }.get(status)
 
 
-def reduce(
-    conn: Connection,
-    obs: dict[str, Any],
-    now: datetime,
-    urgent_fetch_s: float = 900,
-    after: dict[str, Any] | None = None,
-) -> str:
+def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s: float, after: AfterCommit) -> str:
     """Apply one observation (the outbox payload built by `services.observations`). Returns a digest.
 
-    The attempt is locked before the task (the order submit's tx B uses): read without its lock, a concurrent
-    reducer could move it between the read and the task's lock, and the task would move while the attempt kept
-    its old state and its slot. `after["lease"]` is set when the attempt ends up terminal: the caller frees that
-    slot once this transaction has committed."""
-    attempt = attempts.by_job(conn, obs["provider"], obs["job_id"], lock=True)
+    The task and then its attempt are locked (the engine's one lock order, `transition.lock_attempt`) before
+    either is read for a decision: read without its lock, a concurrent reducer could move the attempt between
+    the read and the writes, and the task would move while the attempt kept its old state and its slot. When
+    the attempt ends up terminal its slot goes to `after`, freed once this transaction has committed. An
+    observation no attempt owns yet (a callback that beat the submit's answer) is kept as an orphan, which
+    binding the job id replays (`observations.rematch`)."""
+    found = attempts.by_job(conn, obs["provider"], obs["job_id"])  # unlocked, for its id only
+    if found is not None:
+        task, attempt = lock_attempt(conn, found.id)
+    else:
+        task, attempt = cases.bind_ambiguous(conn, obs, now, after)
     if attempt is None:
-        attempt = _bind_ambiguous(conn, obs, now)
-    if attempt is None:
+        observations.keep_as_orphan(conn, obs)
         return "unmatched"
-    task = tasks.read(conn, attempt.task_id, lock=True)
-    moved: dict[str, AttemptStatus] = {}
-    digest = _reduce(conn, attempt, task, obs, now, urgent_fetch_s, moved)
-    if after is not None:
-        after["lease"] = _finished_lease(attempt, task, moved.get("to"))
-    return digest
-
-
-def _finished_lease(attempt: Any, task: Any, now_in: AttemptStatus | None = None) -> Lease | None:
-    """The slot to free once the transaction has committed: the attempt's, if it is (now) terminal."""
-    state = now_in or AttemptStatus(attempt.submit_state)
-    return lease_of(attempt, task.tenant_id) if state in ATTEMPT_TERMINAL else None
+    return _reduce(conn, attempt, task, obs, now, urgent_fetch_s, after)
 
 
 def _reduce(
@@ -112,8 +119,27 @@ def _reduce(
     obs: dict[str, Any],
     now: datetime,
     urgent_fetch_s: float,
-    moved: dict[str, AttemptStatus],
+    after: AfterCommit,
     seen: bool | None = None,
+) -> str:
+    """Reduce on the locked rows; the attempt's slot, if it is (now) terminal, is freed after the commit: also
+    when an earlier delivery ended it and died before freeing it."""
+    moved: dict[str, AttemptStatus] = {}
+    digest = _reduce_locked(conn, attempt, task, obs, now, urgent_fetch_s, after, moved, seen)
+    after.release(finished_lease(attempt, task.tenant_id, moved.get("to")))
+    return digest
+
+
+def _reduce_locked(
+    conn: Connection,
+    attempt: Any,
+    task: Any,
+    obs: dict[str, Any],
+    now: datetime,
+    urgent_fetch_s: float,
+    after: AfterCommit,
+    moved: dict[str, AttemptStatus],
+    seen: bool | None,
 ) -> str:
     source = EventSource(obs["source"])
     if seen is None:
@@ -140,11 +166,12 @@ def _reduce(
     )
 
     if attempt.provider_updated_at and observed_at and observed_at < attempt.provider_updated_at:
-        _record(conn, task, status, StateEventOutcome.STALE, base, "older than the newest applied observation")
+        why = "older than the newest applied observation" + cases.stale_bill(conn, task, attempt, obs, now)
+        cases.record(conn, task, status, StateEventOutcome.STALE, base, why)
         return "stale"
     if status is JobStatus.SUCCEEDED and int(task.current_attempt_no) != int(attempt.attempt_no):
         # a success of a superseded attempt: a second paid job exists (ambiguous submit resubmitted)
-        _record(conn, task, status, StateEventOutcome.ANOMALY, base, "success of a superseded attempt")
+        cases.record(conn, task, status, StateEventOutcome.ANOMALY, base, "success of a superseded attempt")
         alerts.raise_alert(
             conn,
             alerts.Rule.DUPLICATE_PROVIDER_JOB,
@@ -158,15 +185,20 @@ def _reduce(
         return "anomaly"
 
     _move_attempt(conn, attempt, status, obs, observed_at, now, moved)
+    if TaskStatus(task.status) in TASK_TERMINAL:
+        if obs.get("refunded") is True:
+            return cases.late_refund(conn, task, attempt, status, base, now)
+        if attempts.bill_values(obs) and int(attempt.attempt_no) == int(task.current_attempt_no or 0):
+            billing.settle_late_bill(conn, task, now, attempt_id=attempt.id)  # then recorded as before
     event = task_event_for(status, task.status)
     if event is None:  # queued / throttled: nothing to decide, but progress is worth showing
         _progress_only(conn, task, obs.get("progress"), now)
-        _record(conn, task, status, StateEventOutcome.DUPLICATE, base, f"{status.value}: no task transition")
+        cases.record(conn, task, status, StateEventOutcome.DUPLICATE, base, f"{status.value}: no task transition")
         return "no-op"
     result = decide(tasks.snapshot(task), Trigger(event, progress=obs.get("progress")), now)
     if isinstance(result, Rejection):
         outcome = StateEventOutcome.ANOMALY if result.anomaly else _OUTCOME[result.kind]
-        _record(conn, task, status, outcome, base, result.reason, event_type=event.value)
+        cases.record(conn, task, status, outcome, base, result.reason, event_type=event.value)
         if result.anomaly:
             alerts.raise_alert(
                 conn,
@@ -181,41 +213,8 @@ def _reduce(
         if result.kind is RejectionKind.DUPLICATE:
             _progress_only(conn, task, obs.get("progress"), now)
         return outcome.value
-    _apply(conn, task, attempt, result, obs, base, now, urgent_fetch_s)
+    _apply(conn, task, attempt, result, obs, base, now, urgent_fetch_s, after, moved)
     return f"applied:{result.to_status.value}"
-
-
-def _bind_ambiguous(conn: Connection, obs: dict[str, Any], now: datetime) -> Any:
-    """A status for an unknown job id that carries the request key of one of our ambiguous submits is the proof a
-    lookup would have given (seed §4.8.4): the job exists. Bind it, move SUBMIT_UNKNOWN → SUBMITTED, and let the
-    observation apply. Without this, a vendor without lookup would leave such a task parked while it is billed."""
-    key = obs.get("request_key")
-    if not key:
-        return None
-    a = task_attempts.c
-    found = conn.execute(
-        sa.select(a.id).where(
-            a.provider == obs["provider"], a.provider_request_key == key, a.submit_state == AttemptStatus.UNKNOWN.value
-        )
-    ).first()
-    if found is None:
-        return None
-    attempt = attempts.read(conn, found.id, lock=True)
-    attempts.transition(
-        conn, attempt, AttemptEvent.PROVIDER_JOB_FOUND, now, provider_job_id=obs["job_id"], next_poll_at=now
-    )
-    task = tasks.read(conn, attempt.task_id, lock=True)
-    if task.status == TaskStatus.SUBMIT_UNKNOWN.value:
-        tasks.decide_and_apply(
-            conn,
-            task,
-            TaskEvent.PROVIDER_JOB_FOUND,
-            now,
-            source=EventSource(obs["source"]),
-            payload={"job_id": obs["job_id"], "via": "request key in a provider status"},
-            extra={"next_action_at": None, "parked_reason": None},
-        )
-    return attempts.read(conn, attempt.id)
 
 
 def _move_attempt(
@@ -234,16 +233,17 @@ def _move_attempt(
     if expiries:
         values["output_url_expires_at"] = min(e for e in expiries if e)
     event = _ATTEMPT_EVENT.get(status)
-    try:
-        if event is not None:
-            if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.ABORTED, JobStatus.CANCELED):
-                values["completed_at"] = now
-            if status is not JobStatus.SUCCEEDED and obs.get("error_code"):
-                values["provider_error_code"] = str(obs["error_code"])[:128]
-            moved["to"] = attempts.transition(conn, attempt, event, now, **values).to_status
-            return
-    except attempts.AttemptConflict:
-        pass  # a late or repeated status for the attempt: its own state already says more
+    if event is not None and isinstance(decide_attempt(AttemptStatus(attempt.submit_state), event), AttemptDecision):
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.ABORTED, JobStatus.CANCELED):
+            values["completed_at"] = now
+            values.update(attempts.bill_values(obs))  # what the vendor billed: settlement reads it here
+        if status is not JobStatus.SUCCEEDED and obs.get("error_code"):
+            values["provider_error_code"] = str(obs["error_code"])[:128]
+        # both rows are locked, so the CAS cannot lose; if it ever did, AttemptConflict refuses the whole
+        # transaction (the message is retried) rather than let the task move without its attempt
+        moved["to"] = attempts.transition(conn, attempt, event, now, **values).to_status
+        return
+    # otherwise a late or repeated status for the attempt: its own state already says more
     if values:
         attempts.update(conn, attempt.id, **values)
 
@@ -257,75 +257,39 @@ def _apply(
     base: dict[str, Any],
     now: datetime,
     urgent_fetch_s: float,
+    after: AfterCommit,
+    moved: dict[str, AttemptStatus],
 ) -> None:
-    extra: dict[str, Any] = {}
-    if decision.from_status in (TaskStatus.SUBMITTED, TaskStatus.DISPATCHING) and task.started_at is None:
-        extra["started_at"] = now
-    if decision.event in (TaskEvent.FINAL_FAILURE, TaskEvent.RETRYABLE_FAILURE):
-        extra["last_error_class"] = "provider_failed"
-        extra["last_error_code"] = (obs.get("error_code") or obs["status"])[:128]
-    if decision.event is TaskEvent.RETRYABLE_FAILURE:
-        extra["next_retry_at"] = now
-        extra["next_action_at"] = now
-    tasks.apply(
-        conn,
-        task.id,
-        decision,
-        source=base["source"],
-        source_event_id=base["source_event_id"],
-        now=now,
-        extra=extra,
-        payload=base["payload"],
-    )
-    failpoint("reducer.after_cas")
-    if Effect.REQUEST_OUTPUT_FETCH in decision.effects:
-        expiries = [_ts(o.get("expires_at")) for o in obs.get("outputs", [])]
-        outbox.add(
-            conn,
-            EventType.FETCH_REQUESTED,
-            aggregate_type="task",
-            aggregate_id=task.id,
-            aggregate_version=decision.version,
-            tenant_id=task.tenant_id,
-            trace_id=task.trace_id,
-            now=now,
-            route=fetch_route(expiries, now, urgent_fetch_s),
-            payload={
-                "task_id": str(task.id),
-                "attempt_id": str(attempt.id),
-                "provider": attempt.provider,
-                "job_id": attempt.provider_job_id,
-                "outputs": obs.get("outputs", []),
-            },
+    attempt_now = AttemptStatus(moved.get("to") or attempt.submit_state)
+    if decision.to_status not in _WITH_A_JOB and attempt_now in ATTEMPT_IN_FLIGHT:
+        # never half-applied: a task past its provider step with its job's attempt still in flight would keep
+        # the slot and be polled forever (issue 14); refused as a whole, the delivery is retried
+        raise attempts.AttemptConflict(
+            f"task {task.id} would become {decision.to_status} while attempt {attempt.id} is {attempt_now}"
         )
-    billing.close_reservation(conn, task, decision, now, reason=decision.event.value, billed=obs.get("billed"))
-
-
-def _record(
-    conn: Connection,
-    task: Any,
-    status: JobStatus,
-    outcome: StateEventOutcome,
-    base: dict[str, Any],
-    reason: str,
-    event_type: str | None = None,
-) -> None:
-    tasks.record_event(
-        conn,
-        event_type=event_type or f"provider_{status.value}",
-        from_status=task.status,
-        to_status=None,
-        task_version=int(task.version),
-        outcome=outcome,
-        **{**base, "payload": {**base["payload"], "reason": reason}},
+    columns: dict[str, Any] = {}
+    if decision.from_status in (TaskStatus.SUBMITTED, TaskStatus.DISPATCHING) and task.started_at is None:
+        columns["started_at"] = now
+    failed = decision.event in (TaskEvent.FINAL_FAILURE, TaskEvent.RETRYABLE_FAILURE)
+    if decision.event is TaskEvent.RETRYABLE_FAILURE:
+        columns["next_retry_at"] = now  # aborted before it started: nothing to back off from
+    change = Change(
+        base["source"],
+        source_event_id=base["source_event_id"],
+        payload=base["payload"],
+        columns=columns,
+        error=ErrorOutcome.PROVIDER_FAILED if failed else None,
+        error_code=(obs.get("error_code") or obs["status"]) if failed else None,
+        fetch=FetchOrder(attempt, tuple(obs.get("outputs", [])), urgent_fetch_s),
+        billed=obs.get("billed"),
+        failpoint_after_cas="reducer.after_cas",
     )
+    execute(conn, task, decision, change, now, after)
 
 
 def _progress_only(conn: Connection, task: Any, progress: Any, now: datetime) -> None:
     if isinstance(progress, int) and 0 <= progress <= 100 and progress > task.progress:
-        conn.execute(
-            generation_tasks.update().where(generation_tasks.c.id == task.id).values(progress=progress, updated_at=now)
-        )
+        tasks.set_columns(conn, task.id, progress=progress, updated_at=now)
 
 
 def _summary(obs: dict[str, Any]) -> dict[str, Any]:
@@ -350,10 +314,8 @@ CONSUMER_GROUP = "reducer"
 @dataclass(frozen=True, slots=True)
 class Reduced:
     outcome: Outcome
-    #: the slot of an attempt this event left terminal, to free now that the transaction has committed
+    #: the slot of an attempt this event found terminal; freed after the commit when the caller gave `slots`
     finished_lease: Lease | None = None
-    #: False for a duplicate whose attempt was not read: the caller checks the slot from the rows itself
-    slot_checked: bool = False
 
 
 def reduce_event(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s: float = 900) -> Outcome:
@@ -361,19 +323,40 @@ def reduce_event(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch
     return reduce_observation(engine, envelope, now, urgent_fetch_s).outcome
 
 
-def reduce_observation(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s: float = 900) -> Reduced:
+def reduce_observation(
+    engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s: float = 900, slots: SlotStore | None = None
+) -> Reduced:
+    """Consume one observation; once committed, free the slot of an attempt it left (or found) terminal."""
+    after = _Leases(engine, slots)
     if engine.dialect.name == "postgresql":
-        return _reduce_pg(engine, envelope, now, urgent_fetch_s)
-    after: dict[str, Any] = {}
-    outcome = consume_once(
-        engine,
-        CONSUMER_GROUP,
-        envelope.event_id,
-        envelope.aggregate_id,
-        lambda conn: reduce(conn, envelope.payload, now, urgent_fetch_s, after),
-        now,
-    )
-    return Reduced(outcome, after.get("lease") if outcome == PROCESSED else None, slot_checked=outcome == PROCESSED)
+        outcome = _reduce_pg(engine, envelope, now, urgent_fetch_s, after)
+    else:
+        outcome = consume_once(
+            engine,
+            CONSUMER_GROUP,
+            envelope.event_id,
+            envelope.aggregate_id,
+            lambda conn: reduce(conn, envelope.payload, now, urgent_fetch_s, after),
+            now,
+        )
+        if outcome == DUPLICATE and slots is not None:
+            # the first delivery may have committed and died before freeing the slot: check from the rows
+            attempt_id = attempt_of(engine, envelope.payload)
+            if attempt_id is not None:
+                release_if_finished(engine, slots, attempt_id)
+    after.run()
+    return Reduced(outcome, after.lease)
+
+
+class _Leases(AfterCommit):
+    """AfterCommit that also remembers the lease it frees (reported in `Reduced`)."""
+
+    lease: Lease | None = None
+
+    def release(self, lease: Lease | None) -> None:
+        if lease is not None:
+            self.lease = lease
+        super().release(lease)
 
 
 def attempt_of(engine: Engine, obs: dict[str, Any]) -> Any:
@@ -383,7 +366,7 @@ def attempt_of(engine: Engine, obs: dict[str, Any]) -> Any:
     return None if row is None else row.id
 
 
-def _reduce_pg(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s: float) -> Reduced:
+def _reduce_pg(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s: float, after: AfterCommit) -> Outcome:
     """`consume_once` + `reduce` in as few round trips as the protocol allows: BEGIN with the four reads, the
     writes, then the inbox digest with COMMIT — 6 for a new RUNNING observation, 2 for a duplicate delivery
     (research/performance_profile.md counted 22 and 13 at the actor)."""
@@ -405,18 +388,16 @@ def _reduce_pg(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s
                 failpoint("consume.duplicate")
                 observing.commit(raw, group=CONSUMER_GROUP, event_id=envelope.event_id, digest=None)  # wrote nothing
                 # the first delivery may have committed and died before freeing the slot: free it from these rows
-                lease = _finished_lease(got.attempt, got.task) if got.attempt is not None else None
-                return Reduced(DUPLICATE, lease, slot_checked=True)
-            lease = None
+                if got.attempt is not None:
+                    after.release(finished_lease(got.attempt, got.task.tenant_id))
+                return DUPLICATE
             if got.attempt is None:  # an orphan, or bound by request key: the general path
-                after: dict[str, Any] = {}
                 digest = reduce(conn, obs, now, urgent_fetch_s, after)
-                lease = after.get("lease")
             else:
-                moved: dict[str, AttemptStatus] = {}
-                digest = _reduce(conn, got.attempt, got.task, obs, now, urgent_fetch_s, moved, seen=got.seen)
-                lease = _finished_lease(got.attempt, got.task, moved.get("to"))
+                digest = _reduce(conn, got.attempt, got.task, obs, now, urgent_fetch_s, after, seen=got.seen)
             failpoint("consume.before_commit")
+            failpoint("reducer.before_commit")
             observing.commit(raw, group=CONSUMER_GROUP, event_id=envelope.event_id, digest=digest)
         wakeup.flush_noted(engine, conn)
-    return Reduced(PROCESSED, lease, slot_checked=True)
+    failpoint("reducer.after_commit")
+    return PROCESSED

@@ -19,34 +19,36 @@ short transaction that re-checks every row and writes the audit row. Every repla
 - **outbox** — a DEAD row (the relay failed to enqueue it `max_publish_attempts` times) goes back to PENDING
   with its publish attempts reset and `available_at = now`; its id, hence the message id, is unchanged.
 
+A dead letter or DEAD outbox row whose message occurred before the inbox retention (`webhooks.dedup_retention_days`)
+is refused with that reason, never re-applied: its inbox row may already be deleted, so a duplicate could not be
+told from a first delivery.
+
 A row that no longer qualifies when the replay runs (already replayed, no longer an orphan, no longer DEAD) is
 skipped and reported, so applying the same plan twice changes nothing the second time.
 """
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
-from sqlalchemy.dialects import postgresql, sqlite
-
 from aivedio_engine.clock import Clock
-from aivedio_engine.db import attempts, wakeup
+from aivedio_engine.config import Settings
+from aivedio_engine.db import attempts, replay_queries, wakeup
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.outbox import NOTIFY_CHANNEL
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import dead_letters, outbox_events, provider_events
+from aivedio_engine.domain.durations import parse_seconds
 from aivedio_engine.domain.events import BY_ACTOR, EventType
 from aivedio_engine.domain.status import OutboxStatus
 from aivedio_engine.services import observations
 from aivedio_engine.services.consume import Envelope, InvalidEnvelope
 from aivedio_engine.services.errors import InvalidInput
 from aivedio_engine.services.operations import Operation, record
+from aivedio_engine.services.retention import replay_refusal
 
 Kind = Literal["dlq", "orphans", "outbox"]
 KINDS: tuple[Kind, ...] = ("dlq", "orphans", "outbox")
@@ -55,20 +57,18 @@ DONE_KEY: dict[str, str] = {"dlq": "replayed", "orphans": "rematched", "outbox":
 #: one transaction per replay: bulk commands take a --limit, and a plan cannot exceed what was previewed
 MAX_LIMIT = 10_000
 #: outbox rows are written with these aggregate types (anything else is a task); used only to re-create a row
-_AGGREGATE_TYPES = {EventType.PROVIDER_SUBMIT_REQUESTED.value: "attempt"}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-_dl = dead_letters.c
-_pe = provider_events.c
-_ob = outbox_events.c
+_AGGREGATE_TYPES = {
+    EventType.PROVIDER_SUBMIT_REQUESTED.value: "attempt",
+    EventType.WEBHOOK_DELIVERY_REQUESTED.value: "webhook_delivery",
+}
 
 
 def parse_since(text: str, now: datetime) -> datetime:
     """`30m`, `2h`, `7d` (that long before `now`) or an ISO-8601 time (UTC when it has no offset)."""
-    match = _DURATION.match(text or "")
-    if match:
-        return now - timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
+    try:
+        return now - timedelta(seconds=parse_seconds(text))
+    except ValueError:
+        pass  # not a duration: an ISO time?
     try:
         when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
@@ -147,9 +147,10 @@ class ReplayResult:
 
 
 class ReplayService:
-    def __init__(self, engine: Engine, clock: Clock) -> None:
+    def __init__(self, engine: Engine, clock: Clock, settings: Settings) -> None:
         self._engine = engine
         self._clock = clock
+        self._settings = settings
 
     # --- what matches --------------------------------------------------------------------------------------
 
@@ -158,19 +159,24 @@ class ReplayService:
         _check_kind(kind)
         if not 1 <= flt.limit <= MAX_LIMIT:
             raise InvalidInput(f"--limit must be within 1..{MAX_LIMIT}", field="limit")
-        table, order, where = _matching(kind, flt)
-        with self._engine.connect() as conn:
-            total = conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one()
-            rows = conn.execute(sa.select(table).where(*where).order_by(*order).limit(flt.limit)).all()
-        return Preview(kind, int(total), [_ITEM[kind](r) for r in rows])
+        _check_filter(kind, flt)
+        total, rows = replay_queries.matching(
+            self._engine,
+            kind,
+            provider=flt.provider,
+            actor=flt.actor,
+            error_class=flt.error_class,
+            since=flt.since,
+            limit=flt.limit,
+        )
+        return Preview(kind, total, [_ITEM[kind](r) for r in rows])
 
     def preview_ids(self, kind: Kind, ids: Sequence[str]) -> Preview:
         """The rows of a plan, as they are now (a row that no longer qualifies is still listed)."""
         _check_kind(kind)
         keys = _uuids(ids)
-        table = _TABLE[kind]
         with self._engine.connect() as conn:
-            found = {r.id: r for r in _chunked_select(conn, table, keys)}
+            found = {r.id: r for r in replay_queries.by_ids(conn, kind, keys)}
         return Preview(kind, len(found), [_ITEM[kind](found[k]) for k in keys if k in found])
 
     # --- acting --------------------------------------------------------------------------------------------
@@ -185,11 +191,13 @@ class ReplayService:
         result = ReplayResult(kind, op.dry_run)
         now = self._clock.now()
         with write_tx(self._engine) as conn:
-            rows = {r.id: r for r in _chunked_select(conn, _TABLE[kind], keys, lock=True)}
+            rows = {r.id: r for r in replay_queries.by_ids(conn, kind, keys, lock=True)}
             for key in keys:
                 row = rows.get(key)
                 if row is None:
                     result.skipped.append({"id": str(key), "reason": "not found"})
+                elif (refusal := self._too_old(kind, row, now)) is not None:
+                    result.failed.append({"id": str(key), "reason": refusal})
                 else:
                     _ACT[kind](conn, row, result, now)
             if result.done and not op.dry_run and kind != "orphans":
@@ -197,6 +205,16 @@ class ReplayService:
             affected = [d["id"] for d in result.done] + [i for d in result.done for i in d.get("also", [])]
             record(conn, op, affected_ids=affected, outcome=result.outcome, now=now)
         return result
+
+    def _too_old(self, kind: str, row: Any, now: datetime) -> str | None:
+        """Why a message is too old to replay (services/retention.py `replay_refusal`), or None. A rematched
+        orphan is deduped by the state events' source id, not by the inbox, so it is never too old."""
+        if kind == "orphans":
+            return None
+        if kind == "outbox":
+            return replay_refusal(self._settings, [row.created_at], now)
+        envelope, _ = _envelope_of(row)
+        return replay_refusal(self._settings, [row.first_seen_at, *([envelope.occurred_at] if envelope else [])], now)
 
 
 # --- filters and rendering of rows -----------------------------------------------------------------------------
@@ -207,46 +225,18 @@ def _check_kind(kind: str) -> None:
         raise InvalidInput(f"unknown replay kind {kind!r} (one of: {', '.join(KINDS)})", field="kind")
 
 
-def _contains(column: Any, text: str) -> Any:
-    return sa.func.lower(column).contains(text.lower(), autoescape=True)
-
-
-def _matching(kind: str, flt: ReplayFilter) -> tuple[sa.Table, list[Any], list[Any]]:
+def _check_filter(kind: str, flt: ReplayFilter) -> None:
     if kind == "orphans":
         if flt.actor or flt.error_class:
             raise InvalidInput("--actor and --error-class do not apply to orphans (use --provider)", field="actor")
-        where: list[sa.ColumnElement[bool]] = [_pe.orphan.is_(True)]
-        if flt.provider:
-            where.append(_pe.provider == flt.provider)
-        if flt.since:
-            where.append(_pe.received_at >= flt.since)
-        return provider_events, [_pe.received_at, _pe.id], where
-    if flt.provider:
+    elif flt.provider:
         raise InvalidInput(f"--provider applies to orphans only, not {kind}", field="provider")
-    if kind == "dlq":
-        # the stored error is "ClassName: first line", so one substring test serves class and text alike
-        where = [_dl.replayed_at.is_(None)]
-        if flt.actor:
-            where.append(_dl.actor == flt.actor)
-        if flt.error_class:
-            where.append(_contains(_dl.error, flt.error_class))
-        if flt.since:
-            where.append(_dl.last_seen_at >= flt.since)
-        return dead_letters, [_dl.last_seen_at, _dl.id], where
-    where = [_ob.status == OutboxStatus.DEAD.value]
-    if flt.actor:
-        where.append(_ob.target == flt.actor)
-    if flt.error_class:
-        where.append(_contains(_ob.last_error, flt.error_class))
-    if flt.since:
-        # the relay sets available_at to the moment it marks a row DEAD
-        where.append(_ob.available_at >= flt.since)
-    return outbox_events, [_ob.available_at, _ob.id], where
 
 
 def _dlq_item(r: Any) -> dict[str, Any]:
     return {
         "id": str(r.id),
+        "task_id": _task_of(r.message),
         "message_id": r.message_id,
         "actor": r.actor,
         "queue": r.queue,
@@ -256,6 +246,21 @@ def _dlq_item(r: Any) -> dict[str, Any]:
         "last_seen_at": r.last_seen_at.isoformat(),
         "replayed_at": r.replayed_at.isoformat() if r.replayed_at else None,
     }
+
+
+def _task_of(message: Any) -> str | None:
+    """The task a dead letter was about, so on-call can open it (`tasks show`): named in the payload, or the
+    envelope's aggregate when that is a task; None for other aggregates (a webhook delivery) or no envelope."""
+    args = (message or {}).get("args") or []
+    env: dict[str, Any] = args[0] if len(args) == 1 and isinstance(args[0], dict) else {}
+    payload = env.get("payload")
+    named = payload.get("task_id") if isinstance(payload, dict) else None
+    if named is None and _AGGREGATE_TYPES.get(str(env.get("event_type")), "task") == "task":
+        named = env.get("aggregate_id")
+    try:
+        return str(uuid.UUID(str(named))) if named is not None else None
+    except ValueError:
+        return None
 
 
 def _orphan_item(r: Any) -> dict[str, Any]:
@@ -286,7 +291,6 @@ def _outbox_item(r: Any) -> dict[str, Any]:
     }
 
 
-_TABLE = {"dlq": dead_letters, "orphans": provider_events, "outbox": outbox_events}
 _ITEM = {"dlq": _dlq_item, "orphans": _orphan_item, "outbox": _outbox_item}
 
 
@@ -298,16 +302,6 @@ def _uuids(ids: Sequence[str]) -> list[uuid.UUID]:
         except ValueError:
             raise InvalidInput(f"not a row id: {raw!r}", field="ids") from None
     return list(seen)
-
-
-def _chunked_select(conn: Connection, table: sa.Table, keys: list[uuid.UUID], lock: bool = False) -> list[Any]:
-    rows: list[Any] = []
-    for start in range(0, len(keys), 500):  # bounded IN lists
-        stmt = sa.select(table).where(table.c.id.in_(keys[start : start + 500]))
-        if lock and conn.dialect.name == "postgresql":
-            stmt = stmt.with_for_update()  # two operators replaying the same rows: the second sees them done
-        rows.extend(conn.execute(stmt).all())
-    return rows
 
 
 # --- the three replays ---------------------------------------------------------------------------------------
@@ -323,7 +317,7 @@ def _replay_letter(conn: Connection, row: Any, result: ReplayResult, now: dateti
         return
     if not result.dry_run:
         _upsert_pending(conn, envelope, row.actor, now)
-        conn.execute(dead_letters.update().where(_dl.id == row.id).values(replayed_at=now))
+        replay_queries.mark_letter_replayed(conn, row.id, now)
     result.done.append({"id": str(row.id), "event_id": str(envelope.event_id), "actor": row.actor})
 
 
@@ -344,34 +338,21 @@ def _envelope_of(row: Any) -> tuple[Envelope | None, str]:
 
 def _upsert_pending(conn: Connection, env: Envelope, actor: str, now: datetime) -> None:
     """Put the event's outbox row back to PENDING, or re-create it under the same id if it is gone."""
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    stmt = insert(outbox_events).values(
-        id=env.event_id,
+    replay_queries.upsert_pending_outbox(
+        conn,
+        event_id=env.event_id,
         aggregate_type=_AGGREGATE_TYPES.get(env.event_type, "task"),
         aggregate_id=env.aggregate_id,
         aggregate_version=env.aggregate_version,
         event_type=env.event_type,
         schema_version=env.schema_version,
         payload=env.payload,
-        status=OutboxStatus.PENDING.value,
         target=actor,
-        available_at=now,
-        publish_attempts=0,
         tenant_id=env.tenant_id,
         trace_id=env.trace_id,
         causation_id=env.causation_id,
-        created_at=env.occurred_at,
-    )
-    conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[_ob.id],
-            set_={
-                "status": OutboxStatus.PENDING.value,
-                "available_at": now,
-                "publish_attempts": 0,
-                "published_at": None,
-            },
-        )
+        occurred_at=env.occurred_at,
+        now=now,
     )
 
 
@@ -393,18 +374,7 @@ def _rematch_orphan(conn: Connection, row: Any, result: ReplayResult, now: datet
         result.still_orphan.append({"id": str(row.id), "provider": row.provider, "job_id": row.provider_job_id})
         return
     # rematch takes every orphan event of the job: the others are reported, never left half-matched
-    same_job = (
-        conn.execute(
-            sa.select(_pe.id).where(
-                _pe.provider == row.provider,
-                _pe.provider_job_id == row.provider_job_id,
-                _pe.orphan.is_(True),
-                _pe.id != row.id,
-            )
-        )
-        .scalars()
-        .all()
-    )
+    same_job = replay_queries.other_orphans_of_job(conn, row.provider, row.provider_job_id, row.id)
     if not result.dry_run:
         observations.rematch(conn, row.provider, row.provider_job_id, owner.id, now)
     result.done.append(
@@ -434,11 +404,7 @@ def _republish(conn: Connection, row: Any, result: ReplayResult, now: datetime) 
         result.failed.append({"id": str(row.id), "reason": f"target {row.target!r} is not an actor of this build"})
         return
     if not result.dry_run:
-        conn.execute(
-            outbox_events.update()
-            .where(_ob.id == row.id, _ob.status == OutboxStatus.DEAD.value)
-            .values(status=OutboxStatus.PENDING.value, publish_attempts=0, available_at=now)
-        )
+        replay_queries.republish(conn, row.id, now)
     result.done.append(
         {"id": str(row.id), "event_type": row.event_type, "target": row.target, "last_error": row.last_error}
     )

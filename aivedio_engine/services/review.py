@@ -12,6 +12,10 @@ row. Only the claimant decides; an item nobody holds is claimed implicitly by de
 playable output: a task held because media processing failed has none, and approving it would be a SUCCEEDED
 task a client cannot play (invariant I9) — such a task can only be rejected.
 
+An item about a System B step (seed 004 §9: a manual_required step) is decided the same way, but the decision
+moves the step instead of a task: approve → success, reject → failed, through the WorkflowService in the same
+transaction as the item and the audit row. No credits move: a step's cost was settled by its own generation task.
+
 A dry run goes through exactly the same statements inside a savepoint that is rolled back, so the preview is
 what the real decision would do; only its audit row is kept.
 """
@@ -26,34 +30,33 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
-
 from aivedio_engine.clock import Clock
-from aivedio_engine.db import tasks
+from aivedio_engine.db import reviews, tasks
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import assets, generation_tasks, review_items
-from aivedio_engine.domain.status import AssetKind, AssetStatus, EventSource, ReviewState, TaskStatus
+from aivedio_engine.domain.retry import ErrorOutcome
+from aivedio_engine.domain.status import EventSource, ReviewState, TaskStatus
 from aivedio_engine.domain.transitions import TaskEvent
-from aivedio_engine.services import billing, operations
-from aivedio_engine.services.errors import Conflict, InvalidInput, NotFound
+from aivedio_engine.domain.workflow import StepEvent, StepStatus
+from aivedio_engine.services import operations
+from aivedio_engine.services.errors import Conflict, IllegalState, InvalidInput, NotFound
 from aivedio_engine.services.operations import Operation
+from aivedio_engine.services.transition import Change, VersionConflict, decide_and_execute
+from aivedio_engine.services.workflows import WorkflowService
 
-_r, _t, _as = review_items.c, generation_tasks.c, assets.c
 DEFAULT_TTL_S = 900
 MAX_TTL_S = 86_400
 #: `review list --state` values; "pending" includes items whose claim has expired (anyone may take them)
 LIST_STATES = ("pending", "claimed", "decided")
 _OPEN = (ReviewState.PENDING.value, ReviewState.CLAIMED.value)
 _DECIDED = (ReviewState.APPROVED.value, ReviewState.REJECTED.value)
-#: derivatives a player can use; one READY is what "playable" means for approval
-_PLAYABLE = (AssetKind.PROXY.value, AssetKind.HLS.value)
 
 
 @dataclass(frozen=True, slots=True)
 class ReviewView:
     id: uuid.UUID
-    task_id: uuid.UUID
+    #: the generation task under review; None for an item about a workflow step
+    task_id: uuid.UUID | None
     asset_id: uuid.UUID | None
     reason: str
     state: str  # pending / claimed / approved / rejected, with expired claims shown as pending
@@ -63,7 +66,18 @@ class ReviewView:
     decided_at: datetime | None
     note: str | None
     created_at: datetime
+    #: the subject's status: the task's, or the step's (manual_required while it waits)
     task_status: str
+    workflow_task_id: uuid.UUID | None = None
+    project_id: uuid.UUID | None = None
+    step_key: str | None = None
+
+    @property
+    def subject(self) -> str:
+        """What is under review, for one-line renderings."""
+        if self.workflow_task_id is not None:
+            return f"project {self.project_id} step {self.step_key}"
+        return f"task {self.task_id}"
 
     @classmethod
     def of(cls, row: Any, now: datetime) -> ReviewView:
@@ -84,12 +98,15 @@ class ReviewView:
             row.note,
             row.created_at,
             row.task_status,
+            row.workflow_task_id,
+            row.project_id,
+            row.step_key,
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": str(self.id),
-            "task_id": str(self.task_id),
+            "task_id": None if self.task_id is None else str(self.task_id),
             "asset_id": None if self.asset_id is None else str(self.asset_id),
             "reason": self.reason,
             "state": self.state,
@@ -100,6 +117,9 @@ class ReviewView:
             "note": self.note,
             "created_at": _iso(self.created_at),
             "task_status": self.task_status,
+            "workflow_task_id": None if self.workflow_task_id is None else str(self.workflow_task_id),
+            "project_id": None if self.project_id is None else str(self.project_id),
+            "step_key": self.step_key,
         }
 
 
@@ -111,26 +131,31 @@ class Decided:
     dry_run: bool
 
 
+def _check_state(state: str | None) -> None:
+    if state is not None and state not in LIST_STATES:
+        raise InvalidInput(f"state must be one of {', '.join(LIST_STATES)}, got {state!r}", field="state")
+
+
 class ReviewService:
-    def __init__(self, engine: Engine, clock: Clock) -> None:
+    def __init__(self, engine: Engine, clock: Clock, workflows: WorkflowService) -> None:
         self._engine = engine
         self._clock = clock
+        # the context's: a verdict on a workflow step must reach the notifier the project streams listen on
+        self._workflows = workflows
 
     def list(self, state: str | None = None, limit: int = 200) -> list[ReviewView]:
         """Oldest first (the queue order); `state` is one of LIST_STATES, None for all."""
         now = self._clock.now()
-        stmt = _select().order_by(_r.created_at, _r.id).limit(limit)
-        live = sa.and_(_r.state == ReviewState.CLAIMED.value, _r.claimed_until > now)
-        if state == "pending":
-            stmt = stmt.where(_r.state.in_(_OPEN), sa.not_(live))
-        elif state == "claimed":
-            stmt = stmt.where(live)
-        elif state == "decided":
-            stmt = stmt.where(_r.state.in_(_DECIDED))
-        elif state is not None:
-            raise InvalidInput(f"state must be one of {', '.join(LIST_STATES)}, got {state!r}", field="state")
+        _check_state(state)
         with self._engine.connect() as conn:
-            return [ReviewView.of(row, now) for row in conn.execute(stmt)]
+            return [ReviewView.of(row, now) for row in reviews.list_items(conn, state, now, limit=limit)]
+
+    def count(self, state: str | None = None) -> int:
+        """How many items `list` would return without its limit (a list cut by --limit says so)."""
+        now = self._clock.now()
+        _check_state(state)
+        with self._engine.connect() as conn:
+            return reviews.count_items(conn, state, now)
 
     def claim(self, ref: uuid.UUID, reviewer: str, op: Operation, ttl_s: float = DEFAULT_TTL_S) -> ReviewView:
         """Take (or extend) the lease on an open item; Conflict if another reviewer holds a live claim."""
@@ -157,102 +182,92 @@ class ReviewService:
         reason = op.require_reason()
         verdict = ReviewState.APPROVED if approve else ReviewState.REJECTED
         now = self._clock.now()
+        settled: Decimal | None = None
         with write_tx(self._engine) as conn:
             item = _resolve(conn, ref)
             with _maybe_rolled_back(conn, op.dry_run):
                 if item.state in _DECIDED:
                     raise Conflict(f"review item {item.id} was already {item.state.lower()} by {item.decided_by}")
-                task = tasks.read(conn, item.task_id, lock=True)
-                if task.status != TaskStatus.MANUAL_REVIEW.value:
-                    raise Conflict(f"task {task.id} is {task.status}, not MANUAL_REVIEW: nothing to decide")
-                if approve and not _playable(conn, task):
-                    raise Conflict(
-                        f"task {task.id} has no playable output (media processing did not finish):"
-                        " it can only be rejected"
-                    )
-                _take(conn, item, reviewer, now, now)  # only the claimant, or an unclaimed item, gets past here
-                conn.execute(
-                    review_items.update()
-                    .where(_r.id == item.id, _r.state == ReviewState.CLAIMED.value, _r.claimed_by == reviewer)
-                    .values(
-                        state=verdict.value,
-                        decision=verdict.value,
-                        decided_by=reviewer,
-                        decided_at=now,
-                        note=reason or None,
-                        claimed_until=None,
-                    )
-                )
-                settled = self._move_task(conn, task, item, reviewer, reason, approve, now)
-                view = ReviewView.of(_read(conn, item.id), now)
-            operations.record(conn, op, affected_ids=[item.id, item.task_id], outcome=verdict.value.lower(), now=now)
+                if item.workflow_task_id is not None:
+                    view = self._decide_step(conn, item, reviewer, reason, approve, now)
+                else:
+                    view, settled = self._decide_task(conn, item, reviewer, reason, approve, now)
+            subject = item.task_id or item.workflow_task_id
+            operations.record(conn, op, affected_ids=[item.id, subject], outcome=verdict.value.lower(), now=now)
+        if view.project_id is not None and not op.dry_run:
+            self._workflows.signal(view.project_id)
         return Decided(view, view.task_status, settled, op.dry_run)
+
+    def _decide_task(
+        self, conn: Connection, item: Any, reviewer: str, reason: str, approve: bool, now: datetime
+    ) -> tuple[ReviewView, Decimal | None]:
+        verdict = ReviewState.APPROVED if approve else ReviewState.REJECTED
+        task = tasks.read(conn, item.task_id, lock=True)
+        if task.status != TaskStatus.MANUAL_REVIEW.value:
+            raise Conflict(f"task {task.id} is {task.status}, not MANUAL_REVIEW: nothing to decide")
+        if approve and not _playable(conn, task):
+            raise Conflict(
+                f"task {task.id} has no playable output (media processing did not finish): it can only be rejected"
+            )
+        _take(conn, item, reviewer, now, now)  # only the claimant, or an unclaimed item, gets past here
+        reviews.record_decision(conn, item.id, reviewer, verdict, reason or None, now)
+        settled = self._move_task(conn, task, item, reviewer, reason, approve, now)
+        return ReviewView.of(_read(conn, item.id), now), settled
+
+    def _decide_step(
+        self, conn: Connection, item: Any, reviewer: str, reason: str, approve: bool, now: datetime
+    ) -> ReviewView:
+        """Inside `_decide`'s transaction (and dry-run savepoint): the step moves and its item closes together."""
+        step = reviews.step_of(conn, item.workflow_task_id)
+        _take(conn, item, reviewer, now, now)
+        event = StepEvent.APPROVED if approve else StepEvent.REJECTED
+        try:
+            self._workflows.decide_in(conn, step.project_id, step.step_key, event, by=reviewer, note=reason)
+        except IllegalState as exc:
+            raise Conflict(str(exc)) from None
+        return ReviewView.of(_read(conn, item.id), now)
 
     def _move_task(
         self, conn: Connection, task: Any, item: Any, reviewer: str, reason: str, approve: bool, now: datetime
     ) -> Decimal | None:
         event = TaskEvent.REVIEW_APPROVED if approve else TaskEvent.REVIEW_REJECTED
-        extra: dict[str, Any] = {"review_state": (ReviewState.APPROVED if approve else ReviewState.REJECTED).value}
-        if not approve:
+        change = Change(
+            EventSource.ADMIN,
+            columns={"review_state": (ReviewState.APPROVED if approve else ReviewState.REJECTED).value},
+            payload={"review_item_id": str(item.id), "reviewer": reviewer, "reason": reason[:500]},
             # a stable code; the reviewer's words are in the review note and the state event payload
-            extra.update(last_error_class="review_rejected", last_error_code="rejected_in_review")
+            error=None if approve else ErrorOutcome.REVIEW_REJECTED,
+            error_code=None if approve else "rejected_in_review",
+            created_by=reviewer,
+        )
         try:
-            decision = tasks.decide_and_apply(
-                conn,
-                task,
-                event,
-                now,
-                source=EventSource.ADMIN,
-                extra=extra,
-                payload={"review_item_id": str(item.id), "reviewer": reviewer, "reason": reason[:500]},
-            )
-        except tasks.VersionConflict as exc:
+            return decide_and_execute(conn, task, event, change, now).booked
+        except VersionConflict as exc:
             raise Conflict(f"task {task.id} changed while deciding; try again ({exc})") from None
-        return billing.close_reservation(conn, task, decision, now, reason=event.value, created_by=reviewer)
-
-
-def _select() -> sa.Select[Any]:
-    return sa.select(review_items, _t.status.label("task_status")).join(generation_tasks, _t.id == _r.task_id)
 
 
 def _read(conn: Connection, item_id: uuid.UUID) -> Any:
-    return conn.execute(_select().where(_r.id == item_id)).one()
+    return reviews.read_item(conn, item_id)
 
 
 def _resolve(conn: Connection, ref: uuid.UUID) -> Any:
-    """The item by its id, else the open item of the task with that id (operators often hold a task id)."""
-    for where in (_r.id == ref, sa.and_(_r.task_id == ref, _r.state.in_(_OPEN))):
-        stmt = sa.select(review_items).where(where)
-        if conn.dialect.name == "postgresql":
-            stmt = stmt.with_for_update()
-        row = conn.execute(stmt).first()
-        if row is not None:
-            return row
+    """The item by its id, else the open item of the task (or step) with that id (operators often hold those)."""
+    row = reviews.resolve(conn, ref)
+    if row is not None:
+        return row
     raise NotFound(f"review item {ref} not found (neither an item id nor a task with an open item)")
 
 
 def _take(conn: Connection, item: Any, reviewer: str, now: datetime, until: datetime) -> None:
     """The conditional UPDATE that makes a claim; explains the refusal when it matches nothing."""
-    free = sa.or_(
-        _r.state == ReviewState.PENDING.value,
-        sa.and_(
-            _r.state == ReviewState.CLAIMED.value,
-            sa.or_(_r.claimed_until.is_(None), _r.claimed_until <= now, _r.claimed_by == reviewer),
-        ),
-    )
-    still_under_review = sa.exists().where(_t.id == _r.task_id, _t.status == TaskStatus.MANUAL_REVIEW.value)
-    values: dict[str, Any] = {"state": ReviewState.CLAIMED.value, "claimed_by": reviewer}
-    if until > now:  # a decision claims implicitly without extending anyone's lease
-        values["claimed_until"] = until
-    won = conn.execute(
-        review_items.update().where(_r.id == item.id, free, still_under_review).values(**values).returning(_r.id)
-    ).first()
-    if won is not None:
+    if reviews.take(conn, item.id, reviewer, now, until):
         return
     row = _read(conn, item.id)
     if row.state in _DECIDED:
         raise Conflict(f"review item {item.id} was already {row.state.lower()} by {row.decided_by}")
-    if row.task_status != TaskStatus.MANUAL_REVIEW.value:
+    if row.workflow_task_id is not None and row.task_status != StepStatus.MANUAL_REQUIRED.value:
+        raise Conflict(f"step {row.step_key} is {row.task_status}, not manual_required: nothing to review")
+    if row.task_id is not None and row.task_status != TaskStatus.MANUAL_REVIEW.value:
         raise Conflict(f"task {row.task_id} is {row.task_status}, not MANUAL_REVIEW: nothing to review")
     raise Conflict(f"review item {item.id} is claimed by {row.claimed_by} until {_iso(row.claimed_until)}")
 
@@ -260,15 +275,7 @@ def _take(conn: Connection, item: Any, reviewer: str, now: datetime, until: date
 def _playable(conn: Connection, task: Any) -> bool:
     if task.output_asset_id is None:
         return False
-    return conn.execute(
-        sa.select(
-            sa.exists().where(
-                _as.parent_asset_id == task.output_asset_id,
-                _as.kind.in_(_PLAYABLE),
-                _as.status == AssetStatus.READY.value,
-            )
-        )
-    ).scalar_one()
+    return reviews.has_playable(conn, task.output_asset_id)
 
 
 @contextmanager

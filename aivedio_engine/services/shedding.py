@@ -12,12 +12,10 @@ import threading
 import uuid
 from datetime import datetime
 
-import sqlalchemy as sa
-from sqlalchemy import Engine
-
 from aivedio_engine.config import LimitsSettings
 from aivedio_engine.db import outbox
-from aivedio_engine.db.tables import tenants
+from aivedio_engine.db import tenants as tenant_repo
+from aivedio_engine.db.handles import Engine
 from aivedio_engine.domain.admission import PriorityTier, backlogged, exempt_from_shedding
 from aivedio_engine.observability.metrics import CREATES_SHED
 from aivedio_engine.services.errors import Overloaded
@@ -44,7 +42,7 @@ class BacklogGate:
         if not backlogged(age, self._limit_s):
             return
         with engine.connect() as conn:
-            tier = conn.execute(sa.select(tenants.c.priority_tier).where(tenants.c.id == tenant_id)).scalar()
+            tier = tenant_repo.priority_tier(conn, tenant_id)
         if exempt_from_shedding(tier or PriorityTier.PAID, self._exempt_up_to):
             return
         CREATES_SHED.inc()

@@ -3,10 +3,12 @@
 failed, a staging upload whose cleanup failed. Nobody will ever serve them, but they are paid for.
 
 An object is an orphan when all of these hold:
-- no `assets.object_key` in this store's bucket names it, and it is not a file of a recorded derivative
-  (an HLS asset row names its playlist; the init and media segments beside it belong to it too —
-  `keys.derivative_owner`);
-- no OPEN upload session stages it (a client may still be uploading);
+- no `assets.object_key` of a live (not DELETED) asset in this store's bucket names it, and it is not a file of
+  a recorded live derivative (an HLS asset row names its playlist; the init and media segments beside it belong
+  to it too — `keys.derivative_owner`);
+- for a key in a tenant's upload quarantine (`keys.is_quarantined`): no upload session still owns it — open (a
+  client may still be uploading), or closed without its quarantined object recorded as cleared (a rejected upload
+  in its grace, services/quarantine.py). Asset rows do not count for these keys;
 - it is older than the grace (`sweeper.storage_scan_grace_s`): a fetch or media run writes its object first
   and commits its row afterwards, so a young unreferenced object is most likely a commit still on its way.
 
@@ -31,20 +33,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
-
 from aivedio_engine.clock import new_id
+from aivedio_engine.db import lifecycle, storage_queries
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import assets, storage_scans, upload_sessions
-from aivedio_engine.domain.status import UploadSessionStatus
 from aivedio_engine.storage.base import ListedObject
-from aivedio_engine.storage.keys import TENANTS_PREFIX, derivative_owner
+from aivedio_engine.storage.keys import TENANTS_PREFIX, derivative_owner, is_quarantined
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection, Engine
-
     from aivedio_engine.clock import Clock
     from aivedio_engine.config import Settings
+    from aivedio_engine.db.handles import Connection, Engine
     from aivedio_engine.storage.base import ObjectStore
 
 log = logging.getLogger("aivedio.storage_scan")
@@ -115,18 +113,17 @@ class StorageScanner:
             log.warning("storage scan failed: %s", result.error)
         result.finished_at = self._clock.now()
         with write_tx(self._engine) as conn:
-            conn.execute(
-                storage_scans.insert().values(
-                    id=result.id,
-                    started_at=result.started_at,
-                    finished_at=result.finished_at,
-                    objects=result.objects,
-                    bytes=result.bytes,
-                    orphans=result.orphans,
-                    orphan_bytes=result.orphan_bytes,
-                    sample=[o.key for o in result.orphan_objects[:SAMPLE_SIZE]] if result.ok else None,
-                    error=result.error,
-                )
+            storage_queries.record_scan(
+                conn,
+                scan_id=result.id,
+                started_at=result.started_at,
+                finished_at=result.finished_at,
+                objects=result.objects,
+                bytes_=result.bytes,
+                orphans=result.orphans,
+                orphan_bytes=result.orphan_bytes,
+                sample=[o.key for o in result.orphan_objects[:SAMPLE_SIZE]] if result.ok else None,
+                error=result.error,
             )
         if result.ok:
             log.info(
@@ -146,7 +143,7 @@ class StorageScanner:
         if self._not_before is not None and now < self._not_before:
             return None  # known not due: no query on every sweep
         with self._engine.connect() as conn:
-            last = latest_finished_at(conn)
+            last = storage_queries.latest_finished_at(conn)
         if last is not None and now - last < interval:
             self._not_before = last + interval
             return None
@@ -181,32 +178,16 @@ class StorageScanner:
     def referenced(self, conn: Connection, keys: Iterable[str]) -> set[str]:
         """Which of `keys` some row references (see the module docstring)."""
         keys = list(keys)
-        a, u = assets.c, upload_sessions.c
-        # bucket first: the unique (bucket, object_key) index answers the lookup
-        found = set(
-            conn.execute(
-                sa.select(a.object_key).where(a.bucket == self._store.bucket, a.object_key.in_(keys))
-            ).scalars()
-        )
-        found.update(
-            conn.execute(
-                sa.select(u.object_key).where(u.status == UploadSessionStatus.OPEN.value, u.object_key.in_(keys))
-            ).scalars()
-        )
+        quarantined = [k for k in keys if is_quarantined(k)]
+        # a quarantined key belongs to its upload session until the session records it cleared; the asset row of
+        # a rejected upload names it too, but only as a record, so it does not keep the bytes alive
+        found = lifecycle.quarantine_owned(conn, quarantined)
+        keys = [k for k in keys if not is_quarantined(k)]
+        found.update(storage_queries.live_keys(conn, self._store.bucket, keys))
         owners = {k: owner for k in keys if k not in found and (owner := derivative_owner(k)) is not None}
         if owners:
-            recorded = {
-                (row[0], row[1], int(row[2]))
-                for row in conn.execute(
-                    sa.select(a.parent_asset_id, a.profile, a.pipeline_version).where(
-                        a.bucket == self._store.bucket,
-                        a.parent_asset_id.in_({parent for parent, _, _ in owners.values()}),
-                    )
-                )
-            }
+            recorded = storage_queries.live_derivatives(
+                conn, self._store.bucket, {parent for parent, _, _ in owners.values()}
+            )
             found.update(k for k, owner in owners.items() if owner in recorded)
         return found
-
-
-def latest_finished_at(conn: Connection) -> datetime | None:
-    return conn.execute(sa.select(sa.func.max(storage_scans.c.finished_at))).scalar()

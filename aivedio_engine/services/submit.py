@@ -17,22 +17,31 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
 
 from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
 from aivedio_engine.db import assets as asset_rows
 from aivedio_engine.db import attempts, tasks
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import generation_tasks, task_attempts
+from aivedio_engine.db.tables import task_attempts
 from aivedio_engine.domain.polling import PollPolicy, next_poll_at
-from aivedio_engine.domain.retry import ErrorClass, FailureContext, Step, Verdict, decide_retry
+from aivedio_engine.domain.retry import ErrorClass, ErrorOutcome, FailureContext, Step, Verdict, decide_retry
 from aivedio_engine.domain.status import AttemptStatus, EventSource, TaskStatus
-from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent
+from aivedio_engine.domain.transitions import AttemptEvent, TaskEvent
 from aivedio_engine.providers.base import Accepted, Ambiguous, GenerationRequest, Provider, Rejected, SubmitResult
-from aivedio_engine.services import billing, observations
+from aivedio_engine.services import observations, provider_switch
 from aivedio_engine.services.provider_health import error_code_with_retry_after
 from aivedio_engine.services.references import ReferenceResolver, ReferenceUnavailable
+from aivedio_engine.services.transition import (
+    AfterCommit,
+    AttemptMove,
+    Change,
+    decide_and_execute,
+    lock_attempt,
+    move_attempt,
+)
+from aivedio_engine.slots.base import SlotStore
 from aivedio_engine.testing.failpoints import failpoint
 
 
@@ -46,8 +55,10 @@ class SubmitService:
         rng: random.Random | None = None,
         callback_base: str | None = None,
         references: ReferenceResolver | None = None,
+        slots: SlotStore | None = None,
     ) -> None:
         self._engine = engine
+        self._slots = slots
         self._references = references
         self._clock = clock
         self._settings = settings
@@ -78,27 +89,34 @@ class SubmitService:
 
     # tx A
     def _claim(self, attempt_id: uuid.UUID) -> tuple[Any, Any, list[asset_rows.InputAsset | None]] | str:
+        after = AfterCommit(self._engine, self._slots)
         with write_tx(self._engine) as conn:
-            attempt = attempts.read(conn, attempt_id, lock=True)
+            task, attempt = lock_attempt(conn, attempt_id)
             if attempt is None:
                 return "skipped:missing"
             if attempt.submit_state != AttemptStatus.NEW.value:
                 return f"skipped:{attempt.submit_state}"
-            task = tasks.read(conn, attempt.task_id)
             if task.status != TaskStatus.DISPATCHING.value:
-                # canceled (or expired) between dispatch and send: the attempt never leaves
-                attempts.transition(
+                # canceled (or expired) between dispatch and send: the attempt never leaves, its slot is freed
+                move_attempt(
                     conn,
                     attempt,
                     AttemptEvent.REJECTED_BEFORE_ACCEPT,
                     self._clock.now(),
-                    last_error_class="not_sent_task_moved",
+                    tenant_id=task.tenant_id,
+                    after=after,
+                    error=ErrorOutcome.NOT_SENT_TASK_MOVED,
                 )
-                return f"skipped:task-{task.status}"
-            now = self._clock.now()
-            attempts.transition(conn, attempt, AttemptEvent.SEND_STARTED, now, submitted_at=now)
-            inputs = asset_rows.inputs_of(conn, task.tenant_id, task.params.get("asset_ids") or ())
-            return attempts.read(conn, attempt_id), task, inputs
+                claimed: tuple[Any, Any, list[asset_rows.InputAsset | None]] | str = f"skipped:task-{task.status}"
+            else:
+                now = self._clock.now()
+                attempts.transition(conn, attempt, AttemptEvent.SEND_STARTED, now, submitted_at=now)
+                inputs = asset_rows.inputs_of(conn, task.tenant_id, task.params.get("asset_ids") or ())
+                claimed = attempts.read(conn, attempt_id), task, inputs
+            failpoint("submit.claim.before_commit")
+        failpoint("submit.claim.after_commit")
+        after.run()
+        return claimed
 
     def _request(self, task: Any, provider: Provider, inputs: list[asset_rows.InputAsset | None]) -> GenerationRequest:
         p = task.params
@@ -121,6 +139,7 @@ class SubmitService:
             resolution=p["resolution"],
             aspect_ratio=p["aspect_ratio"],
             seed=p.get("seed"),
+            n=int(p.get("n") or 1),
             reference_urls=images,
             reference_video_urls=videos,
             callback_url=callback,
@@ -128,37 +147,52 @@ class SubmitService:
 
     # tx B
     def _record(self, attempt_id: uuid.UUID, result: SubmitResult) -> None:
+        after = AfterCommit(self._engine, self._slots)
         with write_tx(self._engine) as conn:
-            attempt = attempts.read(conn, attempt_id, lock=True)
-            task = tasks.read(conn, attempt.task_id, lock=True)
+            task, attempt = lock_attempt(conn, attempt_id)
             now = self._clock.now()
             if isinstance(result, Accepted):
-                self._accepted(conn, attempt, task, result, now)
+                self._accepted(conn, attempt, task, result, now, after)
             elif isinstance(result, Rejected):
-                self._rejected(conn, attempt, task, result, now)
+                self._rejected(conn, attempt, task, result, now, after)
             else:
-                self._ambiguous(conn, attempt, task, result, now)
+                self._ambiguous(conn, attempt, task, result, now, after)
+            failpoint("submit.record.before_commit")
+        failpoint("submit.record.after_commit")
+        after.run()  # a rejected attempt's slot is free once this has committed
 
-    def _accepted(self, conn: Connection, attempt: Any, task: Any, result: Accepted, now: datetime) -> None:
-        attempts.transition(
-            conn,
+    def _accepted(
+        self, conn: Connection, attempt: Any, task: Any, result: Accepted, now: datetime, after: AfterCommit
+    ) -> None:
+        move = AttemptMove(
             attempt,
             AttemptEvent.PROVIDER_ACCEPTED,
-            now,
-            provider_job_id=result.job_id,
-            next_poll_at=next_poll_at(self._poll, submitted_at=attempt.submitted_at or now, now=now, rng=self._rng),
+            {
+                "provider_job_id": result.job_id,
+                "next_poll_at": next_poll_at(
+                    self._poll, submitted_at=attempt.submitted_at or now, now=now, rng=self._rng
+                ),
+            },
         )
         if task.status == TaskStatus.DISPATCHING.value:
-            self._apply(conn, task, TaskEvent.PROVIDER_ACCEPTED, now, attempt.id, {"job_id": result.job_id})
+            change = self._change(attempt, {"job_id": result.job_id}, attempt_move=move)
+            decide_and_execute(conn, task, TaskEvent.PROVIDER_ACCEPTED, change, now, after)
+        else:
+            move_attempt(conn, attempt, move.event, now, tenant_id=task.tenant_id, after=after, **move.values)
         observations.rematch(conn, attempt.provider, result.job_id, attempt.id, now)
 
-    def _rejected(self, conn: Connection, attempt: Any, task: Any, result: Rejected, now: datetime) -> None:
-        attempts.transition(
+    def _rejected(
+        self, conn: Connection, attempt: Any, task: Any, result: Rejected, now: datetime, after: AfterCommit
+    ) -> None:
+        # the attempt moves first: the retry budget counts this failure among the task's failed attempts
+        move_attempt(
             conn,
             attempt,
             AttemptEvent.REJECTED_BEFORE_ACCEPT,
             now,
-            last_error_class=result.error_class.value,
+            tenant_id=task.tenant_id,
+            after=after,
+            error=result.error_class,
             provider_error_code=error_code_with_retry_after(result.code, result.retry_after_s),
         )
         if task.status != TaskStatus.DISPATCHING.value:
@@ -167,31 +201,41 @@ class SubmitService:
             self._failure_context(conn, task, result, now), self._settings.retry.budget(Step.SUBMIT), now, self._rng
         )
         detail = {"error_class": result.error_class.value, "code": result.code, "reason": verdict.reason}
-        extra: dict[str, Any] = {"last_error_class": result.error_class.value, "last_error_code": result.code}
+        error, code = result.error_class, result.code
         if verdict.verdict is Verdict.RETRY:
-            extra.update(next_retry_at=verdict.retry_at, next_action_at=verdict.retry_at)
-            self._apply(conn, task, TaskEvent.RETRYABLE_FAILURE, now, attempt.id, detail, extra)
+            retry_at = verdict.retry_at
+            retry: dict[str, Any] = {}
+            moved = provider_switch.after_rejection(conn, self._settings, task.id, attempt.provider, result.error_class)
+            if moved.provider is not None:  # the backoff was for the provider that failed, not for the next one
+                retry_at = now
+                retry["selected_provider"] = moved.provider
+                detail["switched"] = moved.reason
+            retry.update(next_retry_at=retry_at, next_action_at=retry_at)
+            change = self._change(attempt, detail, columns=retry, error=error, error_code=code)
+            decide_and_execute(conn, task, TaskEvent.RETRYABLE_FAILURE, change, now, after)
         else:
-            decision = self._apply(conn, task, TaskEvent.FINAL_FAILURE, now, attempt.id, detail, extra)
-            billing.close_reservation(conn, task, decision, now, reason="submit_failed", billed=False)
+            change = self._change(
+                attempt, detail, error=error, error_code=code, billed=False, ledger_reason="submit_failed"
+            )
+            decide_and_execute(conn, task, TaskEvent.FINAL_FAILURE, change, now, after)
 
-    def _ambiguous(self, conn: Connection, attempt: Any, task: Any, result: Ambiguous, now: datetime) -> None:
-        attempts.transition(conn, attempt, AttemptEvent.SUBMIT_AMBIGUOUS, now, last_error_class="submit_ambiguous")
+    def _ambiguous(
+        self, conn: Connection, attempt: Any, task: Any, result: Ambiguous, now: datetime, after: AfterCommit
+    ) -> None:
         first_lookup = now + timedelta(seconds=self._settings.reconcile.lookup_after_s[0])
+        move = AttemptMove(attempt, AttemptEvent.SUBMIT_AMBIGUOUS, error=ErrorClass.SUBMIT_AMBIGUOUS)
         if task.status == TaskStatus.DISPATCHING.value:
-            self._apply(
-                conn,
-                task,
-                TaskEvent.SUBMIT_AMBIGUOUS,
-                now,
-                attempt.id,
+            change = self._change(
+                attempt,
                 {"reason": result.reason},
-                {"next_action_at": first_lookup, "last_error_class": "submit_ambiguous"},
+                attempt_move=move,
+                columns={"next_action_at": first_lookup},
+                error=ErrorClass.SUBMIT_AMBIGUOUS,
             )
+            decide_and_execute(conn, task, TaskEvent.SUBMIT_AMBIGUOUS, change, now, after)
         else:
-            conn.execute(
-                generation_tasks.update().where(generation_tasks.c.id == task.id).values(next_action_at=first_lookup)
-            )
+            move_attempt(conn, attempt, move.event, now, tenant_id=task.tenant_id, after=after, error=move.error)
+            tasks.set_columns(conn, task.id, next_action_at=first_lookup)
 
     def _failure_context(self, conn: Connection, task: Any, result: Rejected, now: datetime) -> FailureContext:
         failed = conn.execute(
@@ -209,22 +253,8 @@ class SubmitService:
             retry_after_s=result.retry_after_s,
         )
 
-    def _apply(
-        self,
-        conn: Connection,
-        task: Any,
-        event: TaskEvent,
-        now: datetime,
-        attempt_id: uuid.UUID,
-        payload: dict[str, Any],
-        extra: dict[str, Any] | None = None,
-    ) -> Decision:
-        return tasks.decide_and_apply(
-            conn,
-            task,
-            event,
-            now,
-            source=EventSource.WORKER,
-            extra=extra,
-            payload={"attempt_id": str(attempt_id), **payload},
+    @staticmethod
+    def _change(attempt: Any, payload: dict[str, Any], *, attempt_move: AttemptMove | None = None, **kw: Any) -> Change:
+        return Change(
+            EventSource.WORKER, payload={"attempt_id": str(attempt.id), **payload}, attempt=attempt_move, **kw
         )

@@ -6,52 +6,63 @@ here and driven on (DESIGN §3). Every scan is idempotent; running two sweepers 
 - SENDING attempts older than the grace (crash between tx A and tx B) → treated as ambiguous: UNKNOWN.
 - Non-terminal tasks past `deadline_at` → EXPIRED, the reservation closed by the billing rule.
 - SUBMIT_UNKNOWN → reconciliation; CANCEL_REQUESTED → provider cancel; due polls.
-- OUTPUT_FETCHING / POST_PROCESSING untouched for `data_plane_stuck_s` with no request pending (its message
-  went to the dead letters, or the worker died holding it) → the fetch or media request is published again.
+- OUTPUT_FETCHING / POST_PROCESSING untouched for its step's budget (`fetch_stuck_s`, `media_stuck_s`) with no
+  request pending (its message went to the dead letters, or the worker died holding it) → the fetch or media
+  request is published again.
+- A stored provider observation never applied (its message lost) → reduced again from its row; an orphan whose
+  job id is bound now → rematched; an ACKED/RUNNING attempt of a task that ended → closed, its slot freed
+  (`services.keep_moving`, after `observation_stuck_s`).
 - Orphan provider events past their TTL → an alert (kept, never silently dropped).
-- Upload sessions abandoned for a day → expired (their multipart uploads aborted, staging bytes deleted).
+- Upload sessions abandoned for a day → expired (their multipart uploads aborted, staging bytes deleted); the
+  quarantined objects of closed sessions deleted when due (services.quarantine).
 - Slot leases rebuilt from the in-flight attempts.
 - Alert rules over live data (seed 004 §17), at most every `alerts.interval_s` (observability.alert_rules).
 - The orphan object scan (services.storage_scan) when the last one is `storage_scan_interval_s` old. It lists the
   whole store inline, so it runs last; its failures are logged (and recorded by the scanner when it can),
   never raised: a broken bucket must not stop the repairs.
+- One page of orphan garbage collection (services.storage_gc) every `storage_gc_interval_s`, after the scan.
+- Retention of tenant data and of the engine's bookkeeping (services.retention) every `retention.interval_s`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Engine
 
 from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
-from aivedio_engine.db import alerts, attempts, outbox, tasks
+from aivedio_engine.db import alerts, attempts, tasks
+from aivedio_engine.db import assets as asset_rows
+from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import generation_tasks, outbox_events, provider_events, review_items, task_attempts
+from aivedio_engine.db.tables import generation_tasks, outbox_events, provider_events, task_attempts
 from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.retry import ErrorOutcome
 from aivedio_engine.domain.status import (
     TASK_TERMINAL,
     AlertSeverity,
     AttemptStatus,
     EventSource,
     OutboxStatus,
-    ReviewState,
     TaskStatus,
 )
-from aivedio_engine.domain.transitions import AttemptEvent, Decision, Effect, TaskEvent, Trigger, decide
-from aivedio_engine.services import billing
+from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent, Trigger, decide
+from aivedio_engine.services import follow_on
+from aivedio_engine.services.follow_on import FetchRequested, MediaProcessRequested, SubmitRequested
+from aivedio_engine.services.keep_moving import KeepMoving
 from aivedio_engine.services.sync import ProviderSync
+from aivedio_engine.services.transition import AfterCommit, Change, execute, lock_attempt, move_attempt
+from aivedio_engine.slots.base import SlotStoreUnavailable
 from aivedio_engine.testing.failpoints import failpoint
 
 log = logging.getLogger("aivedio.sweeper")
 _t = generation_tasks.c
 _a = task_attempts.c
-SENDING_GRACE = timedelta(seconds=60)
 
 
 @dataclass
@@ -65,11 +76,20 @@ class SweepReport:
     polled: int = 0
     orphans_expired: int = 0
     redriven: int = 0
+    #: stored observations reduced again, orphans rematched, attempts of ended tasks closed (keep_moving)
+    rereduced: int = 0
+    rematched: int = 0
+    attempts_closed: int = 0
     uploads_expired: int = 0
     alerts: int = 0
     slots: dict[str, Any] = field(default_factory=dict)
     #: counts of the storage scan this sweep ran (empty when none was due)
     storage_scan: dict[str, Any] = field(default_factory=dict)
+    storage_gc: dict[str, Any] = field(default_factory=dict)
+    #: quarantined uploads deleted (promoted, rejected past their grace, abandoned)
+    quarantine_cleared: int = 0
+    #: what retention deleted this sweep (empty when it was not due)
+    retention: dict[str, Any] = field(default_factory=dict)
 
 
 class Sweeper:
@@ -79,10 +99,14 @@ class Sweeper:
         clock: Clock,
         settings: Settings,
         sync: ProviderSync,
+        keep_moving: KeepMoving,
         slot_reconciler: Any = None,
         upload_expirer: Callable[[], int] | None = None,
         alert_evaluator: Callable[[], int] | None = None,
         storage_scan: Callable[[], Any] | None = None,
+        storage_gc: Callable[[], Any] | None = None,
+        quarantine: Callable[[], int] | None = None,
+        retention: Callable[[], Any] | None = None,
     ) -> None:
         self._engine = engine
         self._clock = clock
@@ -92,6 +116,12 @@ class Sweeper:
         self._upload_expirer = upload_expirer
         self._alert_evaluator = alert_evaluator
         self._storage_scan = storage_scan
+        self._storage_gc = storage_gc
+        self._keep_moving = keep_moving
+        self._quarantine = quarantine
+        self._retention = retention
+        #: a SENDING attempt or an unconsumed submit message idle this long is presumed lost
+        self._idle_grace = timedelta(seconds=settings.sweeper.idle_grace_s)
 
     def sweep(self) -> SweepReport:
         r = SweepReport()
@@ -103,17 +133,50 @@ class Sweeper:
         r.reconciled = len(self._sync.reconcile_due())
         r.cancels = self._sync.cancel_due()
         r.polled = self._sync.poll_due()
+        kept = self._keep_moving.sweep()
+        r.rereduced, r.rematched, r.attempts_closed = kept.rereduced, kept.rematched, kept.attempts_closed
         r.orphans_expired = self._orphans()
         r.redriven = self._redrive_data_plane()
         if self._upload_expirer is not None:
             r.uploads_expired = self._upload_expirer()
+        if self._quarantine is not None:
+            r.quarantine_cleared = self._quarantine()
         if self._slot_reconciler is not None:
-            r.slots = dict(self._slot_reconciler())
+            r.slots = self._reconcile_slots()
         if self._alert_evaluator is not None:  # last: a failing rule must not keep the repairs above from running
             r.alerts = self._alert_evaluator()
         if self._storage_scan is not None:
             r.storage_scan = self._scan_storage()
+        if self._storage_gc is not None:
+            r.storage_gc = self._collect_garbage()
+        if self._retention is not None:
+            r.retention = self._apply_retention()
         return r
+
+    def _reconcile_slots(self) -> dict[str, Any]:
+        try:
+            return dict(self._slot_reconciler())
+        except SlotStoreUnavailable:  # Redis down: the alerts and scans below still run; the next pass retries
+            log.warning("slot store unreachable; slots not reconciled this pass")
+            return {"error": "slot store unreachable"}
+
+    def _apply_retention(self) -> dict[str, Any]:
+        try:
+            result = self._retention()  # type: ignore[misc]
+        except Exception:  # the store or the database refused; the next interval tries again
+            log.exception("retention failed")
+            return {"error": "failed"}
+        return {} if result is None else dict(result.to_json())
+
+    def _collect_garbage(self) -> dict[str, Any]:
+        try:
+            result = self._storage_gc()  # type: ignore[misc]
+        except Exception:  # the store or the database refused; the next interval tries again
+            log.exception("storage gc failed")
+            return {"error": "failed"}
+        if result is None:
+            return {}
+        return {"listed": result.listed, "deleted": result.deleted, "failed": len(result.failed)}
 
     def _scan_storage(self) -> dict[str, Any]:
         try:
@@ -144,31 +207,22 @@ class Sweeper:
 
     def _transition(self, task_id: Any, event: TaskEvent, extra: dict[str, Any]) -> int:
         now = self._clock.now()
-        live_job = None
+        after = AfterCommit(self._engine)
         with write_tx(self._engine) as conn:
             task = tasks.read(conn, task_id, lock=True)
             decision = decide(tasks.snapshot(task), Trigger(event, expected_version=int(task.version)), now)
             if not isinstance(decision, Decision):
                 return 0
-            tasks.apply(
-                conn,
-                task_id,
-                decision,
-                source=EventSource.SWEEPER,
-                source_event_id=f"{task_id}:{decision.version}",
-                now=now,
-                extra=extra,
+            change = Change(
+                EventSource.SWEEPER,
+                columns=extra,
+                ledger_reason=event.value,
+                created_by="sweeper",
+                # expired with a live job: stop paying for it (best effort, after the commit)
+                cancel_job=self._sync.cancel_job,
             )
-            billing.close_reservation(conn, task, decision, now, reason=event.value, created_by="sweeper")
-            if decision.from_status is TaskStatus.MANUAL_REVIEW:
-                _close_review_items(conn, task_id, now)
-            if Effect.REQUEST_PROVIDER_CANCEL in decision.effects:
-                current = attempts.current(conn, task_id)
-                if current is not None and current.provider_job_id:
-                    live_job = current
-        if live_job is not None:
-            # expired with a live job: stop paying for it (best effort, outside the transaction)
-            self._sync.cancel_job(live_job)
+            execute(conn, task, decision, change, now, after)
+        after.run()
         return 1
 
     def _resend_submits(self) -> int:
@@ -186,97 +240,91 @@ class Sweeper:
             ).all()
         for row in rows:
             with write_tx(self._engine) as conn:
-                outbox.add(
-                    conn,
-                    EventType.PROVIDER_SUBMIT_REQUESTED,
-                    aggregate_type="attempt",
-                    aggregate_id=row.id,
-                    aggregate_version=int(row.version),
-                    tenant_id=row.tenant_id,
-                    trace_id=row.trace_id,
-                    now=now,
-                    payload={"attempt_id": str(row.id), "task_id": str(row.task_id), "resent": True},
-                )
-                conn.execute(
-                    generation_tasks.update().where(_t.id == row.task_id).values(next_action_at=now + SENDING_GRACE)
-                )
+                message = SubmitRequested(row.id, row.task_id, resent=True)
+                follow_on.emit(conn, row, message, version=int(row.version), now=now)
+                tasks.set_columns(conn, row.task_id, next_action_at=now + self._idle_grace)
+                failpoint("sweeper.resend.before_commit")
+            failpoint("sweeper.resend.after_commit")
         return len(rows)
 
     def _stuck_sending(self) -> int:
         now = self._clock.now()
         ids = self._ids(
-            sa.select(_a.id).where(_a.submit_state == AttemptStatus.SENDING.value, _a.updated_at <= now - SENDING_GRACE)
+            sa.select(_a.id).where(
+                _a.submit_state == AttemptStatus.SENDING.value, _a.updated_at <= now - self._idle_grace
+            )
         )
+        after = AfterCommit(self._engine)
         for attempt_id in ids:
             with write_tx(self._engine) as conn:
-                attempt = attempts.read(conn, attempt_id, lock=True)
+                task, attempt = lock_attempt(conn, attempt_id)
                 if attempt.submit_state != AttemptStatus.SENDING.value:
                     continue
-                attempts.transition(conn, attempt, AttemptEvent.SUBMIT_AMBIGUOUS, now, last_error_class="sender_lost")
-                task = tasks.read(conn, attempt.task_id, lock=True)
+                error = ErrorOutcome.SENDER_LOST
+                move_attempt(
+                    conn,
+                    attempt,
+                    AttemptEvent.SUBMIT_AMBIGUOUS,
+                    now,
+                    tenant_id=task.tenant_id,
+                    after=after,
+                    error=error,
+                )
                 decision = decide(tasks.snapshot(task), Trigger(TaskEvent.SUBMIT_AMBIGUOUS, int(task.version)), now)
                 if isinstance(decision, Decision):
-                    tasks.apply(
-                        conn,
-                        task.id,
-                        decision,
-                        source=EventSource.SWEEPER,
-                        source_event_id=f"{task.id}:{decision.version}",
-                        now=now,
-                        extra={"next_action_at": now, "last_error_class": "sender_lost"},
-                    )
+                    change = Change(EventSource.SWEEPER, columns={"next_action_at": now}, error=error)
+                    execute(conn, task, decision, change, now, after)
+                failpoint("sweeper.stuck_sending.before_commit")
+            failpoint("sweeper.stuck_sending.after_commit")
+        after.run()
         return len(ids)
 
-    def _redrive_data_plane(self) -> int:
+    def redrive_lost_data_plane(self) -> int:
+        """At the start of a process whose broker is in memory (embedded): a fetch or media request a process
+        killed hard still held is gone with it, and its task would wait out its step's budget. Every such
+        task without a pending request is driven on now (a duplicate of a live process's run is harmless, as
+        for any re-drive)."""
+        return self._redrive_data_plane(stuck_before=self._clock.now())
+
+    def _redrive_data_plane(self, stuck_before: datetime | None = None) -> int:
         now = self._clock.now()
-        stuck_before = now - timedelta(seconds=self._settings.sweeper.data_plane_stuck_s)
+        cfg = self._settings.sweeper
         o = outbox_events.c
         steps = {
-            TaskStatus.OUTPUT_FETCHING.value: EventType.FETCH_REQUESTED,
-            TaskStatus.POST_PROCESSING.value: EventType.MEDIA_PROCESS_REQUESTED,
+            TaskStatus.OUTPUT_FETCHING.value: (EventType.FETCH_REQUESTED, cfg.fetch_stuck_s),
+            TaskStatus.POST_PROCESSING.value: (EventType.MEDIA_PROCESS_REQUESTED, cfg.media_stuck_s),
         }
         redriven = 0
-        for status, event_type in steps.items():
+        for status, (event_type, budget_s) in steps.items():
+            idle_since = stuck_before or now - timedelta(seconds=budget_s)
             pending = sa.exists().where(
                 o.aggregate_id == _t.id, o.event_type == event_type.value, o.status == OutboxStatus.PENDING.value
             )
             for task_id in self._ids(
-                sa.select(_t.id).where(_t.status == status, _t.updated_at <= stuck_before, ~pending)
+                sa.select(_t.id).where(_t.status == status, _t.updated_at <= idle_since, ~pending)
             ):
                 with write_tx(self._engine) as conn:
                     task = tasks.read(conn, task_id, lock=True)
                     if task.status != status:
                         continue
-                    payload = self._request_payload(conn, task, event_type)
-                    outbox.add(
-                        conn,
-                        event_type,
-                        aggregate_type="task",
-                        aggregate_id=task.id,
-                        aggregate_version=int(task.version),
-                        tenant_id=task.tenant_id,
-                        trace_id=task.trace_id,
-                        now=now,
-                        payload={**payload, "redriven": True},
-                    )
+                    for request in self._requests(conn, task, event_type):
+                        follow_on.emit(conn, task, request, version=int(task.version), now=now)
                     # the clock restarts, so one stuck task is re-driven once per window, not on every sweep
-                    conn.execute(generation_tasks.update().where(_t.id == task.id).values(updated_at=now))
-                    redriven += 1
+                    tasks.set_columns(conn, task.id, updated_at=now)
+                    failpoint("sweeper.redrive.before_commit")
+                failpoint("sweeper.redrive.after_commit")
+                redriven += 1
         return redriven
 
-    @staticmethod
-    def _request_payload(conn: Any, task: Any, event_type: EventType) -> dict[str, Any]:
+    def _requests(self, conn: Any, task: Any, event_type: EventType) -> list[FetchRequested | MediaProcessRequested]:
         if event_type is EventType.MEDIA_PROCESS_REQUESTED:
-            return {"task_id": str(task.id), "asset_id": str(task.output_asset_id)}
-        attempt = attempts.current(conn, task.id)
+            # every output of the job still without its required derivatives (a job of one: that one)
+            required = {p.value for p in self._settings.media.required_profiles}
+            outputs = asset_rows.raw_outputs(conn, task.output_asset_id, self._settings.media.pipeline_version)
+            pending = [o.id for o in outputs if not required <= o.ready_profiles] or [task.output_asset_id]
+            return [MediaProcessRequested(task.id, asset_id, redriven=True) for asset_id in pending]
         # no outputs: the fetcher asks the provider for fresh URLs (the old ones may have expired meanwhile)
-        return {
-            "task_id": str(task.id),
-            "attempt_id": str(attempt.id),
-            "provider": attempt.provider,
-            "job_id": attempt.provider_job_id,
-            "outputs": [],
-        }
+        return [replace(FetchRequested.of(task.id, attempts.current(conn, task.id)), redriven=True)]
 
     def _orphans(self) -> int:
         now = self._clock.now()
@@ -304,21 +352,3 @@ class Sweeper:
                     .values(expires_at=now + timedelta(days=30))
                 )
         return len(rows)
-
-
-def _close_review_items(conn: Any, task_id: Any, now: Any) -> None:
-    """An expired task's open review item closes with it: nobody can approve or reject it any more."""
-    conn.execute(
-        review_items.update()
-        .where(
-            review_items.c.task_id == task_id,
-            review_items.c.state.in_([ReviewState.PENDING.value, ReviewState.CLAIMED.value]),
-        )
-        .values(
-            state=ReviewState.EXPIRED.value,
-            decided_by="sweeper",
-            decided_at=now,
-            note="task expired while waiting for review",
-        )
-    )
-    conn.execute(generation_tasks.update().where(_t.id == task_id).values(review_state=ReviewState.EXPIRED.value))

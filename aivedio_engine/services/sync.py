@@ -14,16 +14,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, Engine
 
 from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
 from aivedio_engine.db import alerts, attempts, tasks
+from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.polling import LookupVerdict, PollPolicy, ReconcilePolicy, next_poll_at, reconcile_step
+from aivedio_engine.domain.retry import ErrorOutcome, Step
 from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, TaskStatus
-from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent
+from aivedio_engine.domain.transitions import AttemptEvent, TaskEvent
 from aivedio_engine.observability.metrics import PROVIDER_POLLS
 from aivedio_engine.providers.base import (
     Canceled,
@@ -35,7 +36,16 @@ from aivedio_engine.providers.base import (
     TooLate,
     Unsupported,
 )
-from aivedio_engine.services import billing, observations
+from aivedio_engine.services import observations, query_budget
+from aivedio_engine.services.transition import (
+    AfterCommit,
+    AttemptMove,
+    Change,
+    decide_and_execute,
+    lock_attempt,
+    move_attempt,
+)
+from aivedio_engine.testing.failpoints import failpoint
 
 _a = task_attempts.c
 _t = generation_tasks.c
@@ -60,7 +70,13 @@ class ProviderSync:
         p = settings.polling
         self._poll = PollPolicy(p.min_interval_s, p.max_interval_s, p.jitter)
         r = settings.reconcile
-        self._reconcile = ReconcilePolicy(tuple(r.lookup_after_s), r.park_after_s)
+        self._reconcile = ReconcilePolicy(tuple(r.lookup_after_s), r.park_after_s, r.visibility_lag_s)
+
+    def can_look_up(self, provider: str) -> bool:
+        """Whether `provider` finds a job by our request key. Without it a lookup can only list the vendor's jobs
+        and match the request (when the vendor lists at all), so an operator's reconcile may decide nothing."""
+        adapter = self._providers.get(provider)
+        return bool(adapter is not None and adapter.capabilities.supports_lookup_by_request_key)
 
     # ------------------------------------------------------------------------------------------ polling
     def poll_due(self, limit: int = 100) -> int:
@@ -74,7 +90,9 @@ class ProviderSync:
                     _a.provider_job_id,
                     _a.submitted_at,
                     _a.output_url_expires_at,
+                    _a.provider_error_code,
                     _t.status.label("task_status"),
+                    _t.deadline_at,
                 )
                 .join(generation_tasks, _t.id == _a.task_id)
                 .where(_a.submit_state.in_(POLLABLE), _a.next_poll_at <= now, _a.provider_job_id.is_not(None))
@@ -103,13 +121,30 @@ class ProviderSync:
             url_expires_at=row.output_url_expires_at,
             cancel_pending=row.task_status == TaskStatus.CANCEL_REQUESTED.value,
         )
+        values: dict[str, Any] = {"next_poll_at": nxt, "poll_count": _a.poll_count + 1}
+        failed = None
+        if isinstance(result, QueryFailed):  # changes nothing but the schedule, within [retry.query]
+            failed = query_budget.after_failure(
+                self._poll,
+                self._settings.retry.budget(Step.QUERY),
+                row.provider_error_code,
+                submitted_at=row.submitted_at,
+                deadline_at=row.deadline_at,
+                now=now,
+                rng=self._rng,
+            )
+            values.update(next_poll_at=failed.next_poll_at, provider_error_code=failed.code)
+        elif query_budget.streak_of(row.provider_error_code) is not None:
+            values["provider_error_code"] = None  # it answered: the streak of failures is over
         with write_tx(self._engine) as conn:
             if isinstance(result, Observation):
                 observations.record(conn, row.provider, result, EventSource.POLLING, now)
-            # NotFound on a fresh job id means "not visible yet"; QueryFailed changes nothing but the schedule
-            conn.execute(
-                task_attempts.update().where(_a.id == row.id).values(next_poll_at=nxt, poll_count=_a.poll_count + 1)
-            )
+            # NotFound on a fresh job id means "not visible yet"
+            conn.execute(task_attempts.update().where(_a.id == row.id).values(**values))
+            if failed is not None and failed.spent:
+                query_budget.alert_spent(conn, row, failed, now)
+            failpoint("poll.before_commit")
+        failpoint("poll.after_commit")
 
     # ------------------------------------------------------------------------------------ reconciliation
     def reconcile_due(self, limit: int = 100, task_id: uuid.UUID | None = None) -> list[tuple[uuid.UUID, str]]:
@@ -141,6 +176,10 @@ class ProviderSync:
         now = self._clock.now()
         verdict, wait_until = self._step(attempt, now)
         if force and verdict in (LookupVerdict.WAIT, LookupVerdict.PARK):
+            verdict = LookupVerdict.LOOK_UP
+        if verdict is LookupVerdict.PARK and int(attempt.lookup_count) == 0:
+            # never park what nobody asked about: when the reconciler itself was down past the window (a chaos run's
+            # scheduler failed every pass for minutes), one lookup first — it usually finds the job
             verdict = LookupVerdict.LOOK_UP
         if verdict is LookupVerdict.WAIT:
             self._set_next_action(attempt.task_id, wait_until)
@@ -180,45 +219,54 @@ class ProviderSync:
         )
 
     def _found(self, attempt: Any, obs: Observation, now: datetime) -> str:
+        after = AfterCommit(self._engine)
         with write_tx(self._engine) as conn:
-            fresh = attempts.read(conn, attempt.id, lock=True)
+            task, fresh = lock_attempt(conn, attempt.id)
             if fresh.submit_state != AttemptStatus.UNKNOWN.value:
                 return "already-resolved"
-            attempts.transition(
-                conn,
+            move = AttemptMove(
                 fresh,
                 AttemptEvent.PROVIDER_JOB_FOUND,
-                now,
-                provider_job_id=obs.job_id,
-                lookup_count=fresh.lookup_count + 1,
-                last_lookup_at=now,
-                next_poll_at=next_poll_at(self._poll, submitted_at=fresh.submitted_at or now, now=now, rng=self._rng),
+                {
+                    "provider_job_id": obs.job_id,
+                    "lookup_count": fresh.lookup_count + 1,
+                    "last_lookup_at": now,
+                    "next_poll_at": next_poll_at(
+                        self._poll, submitted_at=fresh.submitted_at or now, now=now, rng=self._rng
+                    ),
+                },
             )
-            task = tasks.read(conn, fresh.task_id, lock=True)
             if task.status == TaskStatus.SUBMIT_UNKNOWN.value:
-                self._apply(
-                    conn, task, TaskEvent.PROVIDER_JOB_FOUND, now, {"job_id": obs.job_id}, {"next_action_at": None}
-                )
+                change = self._change({"job_id": obs.job_id}, columns={"next_action_at": None}, attempt=move)
+                decide_and_execute(conn, task, TaskEvent.PROVIDER_JOB_FOUND, change, now, after)
+            else:
+                move_attempt(conn, fresh, move.event, now, tenant_id=task.tenant_id, after=after, **move.values)
             observations.rematch(conn, fresh.provider, obs.job_id, fresh.id, now)
             observations.record(conn, fresh.provider, obs, EventSource.POLLING, now)
+            failpoint("reconcile.before_commit")
+        failpoint("reconcile.after_commit")
+        after.run()
         return "found"
 
     def _not_created(self, attempt: Any, now: datetime) -> str:
+        after = AfterCommit(self._engine)
         with write_tx(self._engine) as conn:
-            fresh = attempts.read(conn, attempt.id, lock=True)
+            task, fresh = lock_attempt(conn, attempt.id)
             if fresh.submit_state != AttemptStatus.UNKNOWN.value:
                 return "already-resolved"
-            attempts.transition(
-                conn, fresh, AttemptEvent.CONFIRMED_NOT_CREATED, now, last_error_class="confirmed_not_created"
-            )
-            task = tasks.read(conn, fresh.task_id, lock=True)
+            move = AttemptMove(fresh, AttemptEvent.CONFIRMED_NOT_CREATED, error=ErrorOutcome.CONFIRMED_NOT_CREATED)
             if task.status == TaskStatus.SUBMIT_UNKNOWN.value:
-                self._apply(
-                    conn, task, TaskEvent.CONFIRMED_NOT_CREATED, now, {}, {"next_retry_at": now, "next_action_at": now}
-                )
+                retry = {"next_retry_at": now, "next_action_at": now}
+                change = self._change({}, columns=retry, attempt=move)
+                decide_and_execute(conn, task, TaskEvent.CONFIRMED_NOT_CREATED, change, now, after)
             elif task.status == TaskStatus.CANCEL_REQUESTED.value:
-                decision = self._apply(conn, task, TaskEvent.CANCEL_CONFIRMED, now, {"reason": "never created"})
-                billing.close_reservation(conn, task, decision, now, reason="canceled", billed=False)
+                change = self._change({"reason": "never created"}, attempt=move, billed=False, ledger_reason="canceled")
+                decide_and_execute(conn, task, TaskEvent.CANCEL_CONFIRMED, change, now, after)
+            else:
+                move_attempt(conn, fresh, move.event, now, tenant_id=task.tenant_id, after=after, error=move.error)
+            failpoint("reconcile.before_commit")
+        failpoint("reconcile.after_commit")
+        after.run()
         return "not-created"
 
     def _without_lookup(self, attempt: Any, now: datetime) -> str:
@@ -446,6 +494,8 @@ class ProviderSync:
                     EventSource.POLLING,
                     now,
                 )
+                failpoint("cancel.provider.before_commit")
+            failpoint("cancel.provider.after_commit")
             return "canceled"
         # too late, unsupported or failed: poll soon; completion or cancellation arrives through the reducer
         with write_tx(self._engine) as conn:
@@ -467,8 +517,8 @@ class ProviderSync:
             task = tasks.read(conn, task_id, lock=True)
             if task.status != TaskStatus.CANCEL_REQUESTED.value:
                 return "moved"
-            decision = self._apply(conn, task, TaskEvent.CANCEL_CONFIRMED, now, {"reason": "nothing at the provider"})
-            billing.close_reservation(conn, task, decision, now, reason="canceled", billed=billed)
+            change = self._change({"reason": "nothing at the provider"}, billed=billed, ledger_reason="canceled")
+            decide_and_execute(conn, task, TaskEvent.CANCEL_CONFIRMED, change, now)
         return "canceled"
 
     # ----------------------------------------------------------------------------------------- helpers
@@ -476,13 +526,6 @@ class ProviderSync:
         with write_tx(self._engine) as conn:
             conn.execute(generation_tasks.update().where(_t.id == task_id).values(next_action_at=at))
 
-    def _apply(
-        self,
-        conn: Connection,
-        task: Any,
-        event: TaskEvent,
-        now: datetime,
-        payload: dict[str, Any],
-        extra: dict[str, Any] | None = None,
-    ) -> Decision:
-        return tasks.decide_and_apply(conn, task, event, now, source=EventSource.SWEEPER, payload=payload, extra=extra)
+    @staticmethod
+    def _change(payload: dict[str, Any], **kw: Any) -> Change:
+        return Change(EventSource.SWEEPER, payload=payload, **kw)

@@ -8,7 +8,6 @@ Results are plain dataclasses and dicts whose keys are the JSON contract of `--j
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -16,13 +15,12 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy import Engine
-
 from aivedio_engine.clock import Clock
-from aivedio_engine.db import tasks
+from aivedio_engine.db import task_admin, tasks
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import generation_tasks, task_state_events, tenants
+from aivedio_engine.db.task_admin import TaskFilter, TaskRow
+from aivedio_engine.domain.durations import parse_seconds
 from aivedio_engine.domain.status import EventSource, TaskStatus
 from aivedio_engine.domain.transitions import Rejection, RejectionKind, TaskEvent, decide
 from aivedio_engine.services.errors import IllegalState, InvalidInput, NotFound
@@ -30,23 +28,28 @@ from aivedio_engine.services.generations import apply_cancel
 from aivedio_engine.services.operations import Operation, record
 from aivedio_engine.services.task_timeline import Timeline, build_timeline
 
-_t = generation_tasks.c
-_e = task_state_events.c
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 #: how far behind the newest event a live tail re-reads: a transaction that took its (time-ordered) id earlier
 #: may commit after a later one, and a tail that only looked past its cursor would never show it
 TAIL_GRACE = timedelta(seconds=5)
 
-__all__ = ["CancelResult", "EventTail", "TaskOps", "TaskRow", "Timeline", "jsonable", "parse_duration"]
+__all__ = ["CancelResult", "EventTail", "TaskOps", "TaskRow", "Timeline", "jsonable", "parse_duration", "prefix_range"]
 
 
 def parse_duration(text: str) -> timedelta:
     """`90`, `90s`, `10m`, `2h`, `1d` → timedelta."""
-    match = _DURATION.match(text or "")
-    if not match:
-        raise InvalidInput(f"not a duration: {text!r} (use e.g. 30s, 10m, 2h, 1d)", field="duration")
-    return timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
+    try:
+        return timedelta(seconds=parse_seconds(text))
+    except ValueError as exc:
+        raise InvalidInput(str(exc), field="duration") from None
+
+
+def prefix_range(prefix: str) -> tuple[uuid.UUID, uuid.UUID]:
+    """The smallest and largest id starting with `prefix` (hex digits, dashes ignored): a range the primary key
+    index answers, where `id::text LIKE 'prefix%'` would read every row."""
+    digits = prefix.strip().lower().replace("-", "")
+    if not digits or len(digits) > 32 or any(c not in "0123456789abcdef" for c in digits):
+        raise InvalidInput(f"{prefix.strip()!r} is not the start of an id (hex digits)", field="id_prefix")
+    return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
 
 
 def parse_status(text: str) -> TaskStatus:
@@ -78,23 +81,6 @@ def jsonable(value: Any) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class TaskRow:
-    task_id: uuid.UUID
-    tenant_id: uuid.UUID
-    tenant: str
-    status: str
-    version: int
-    model: str
-    provider: str | None
-    attempts: int
-    progress: int
-    parked_reason: str | None
-    last_error_class: str | None
-    created_at: datetime
-    updated_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
 class CancelResult:
     task_id: uuid.UUID
     tenant_id: uuid.UUID
@@ -121,55 +107,65 @@ class TaskOps:
         tenant: str | None = None,
         provider: str | None = None,
         older_than: timedelta | None = None,
+        id_prefix: str | None = None,
         limit: int = 50,
     ) -> list[TaskRow]:
         """Most recently changed first. `older_than` compares `updated_at`: a task nothing touched for that long
-        (the question on-call asks: what is stuck?), not merely one created long ago."""
+        (the question on-call asks: what is stuck?), not merely one created long ago. `id_prefix`: the tasks
+        whose id starts with these hex digits (what an operator copied from a narrow screen or a ticket)."""
         if limit < 1:
             raise InvalidInput("limit must be at least 1", field="limit")
-        stmt = sa.select(generation_tasks, tenants.c.name.label("tenant_name")).join(
-            tenants, tenants.c.id == _t.tenant_id
-        )
-        if status is not None:
-            stmt = stmt.where(_t.status == parse_status(status).value)
-        if provider is not None:
-            stmt = stmt.where(_t.selected_provider == provider)
-        if older_than is not None:
-            stmt = stmt.where(_t.updated_at <= self._clock.now() - older_than)
         with self._engine.connect() as conn:
-            if tenant is not None:
-                stmt = stmt.where(_t.tenant_id == self._tenant_id(conn, tenant))
-            rows = conn.execute(stmt.order_by(_t.updated_at.desc(), _t.id.desc()).limit(limit)).all()
-        return [
-            TaskRow(
-                task_id=r.id,
-                tenant_id=r.tenant_id,
-                tenant=r.tenant_name,
-                status=r.status,
-                version=int(r.version),
-                model=r.requested_model,
-                provider=r.selected_provider,
-                attempts=int(r.current_attempt_no),
-                progress=int(r.progress),
-                parked_reason=r.parked_reason,
-                last_error_class=r.last_error_class,
-                created_at=r.created_at,
-                updated_at=r.updated_at,
-            )
-            for r in rows
-        ]
+            where = self._filter(conn, status, tenant, provider, older_than)
+            id_range = prefix_range(id_prefix) if id_prefix is not None else None
+            return task_admin.list_tasks(conn, where, id_range=id_range, limit=limit)
+
+    def count(
+        self,
+        *,
+        status: str | None = None,
+        tenant: str | None = None,
+        provider: str | None = None,
+        older_than: timedelta | None = None,
+    ) -> int:
+        """How many tasks `list` would return without its limit (a list cut by --limit says so)."""
+        with self._engine.connect() as conn:
+            return task_admin.count_tasks(conn, self._filter(conn, status, tenant, provider, older_than))
+
+    def _filter(
+        self,
+        conn: Connection,
+        status: str | None,
+        tenant: str | None,
+        provider: str | None,
+        older_than: timedelta | None,
+    ) -> TaskFilter:
+        return TaskFilter(
+            status=parse_status(status).value if status is not None else None,
+            provider=provider,
+            updated_before=self._clock.now() - older_than if older_than is not None else None,
+            tenant_id=self._tenant_id(conn, tenant) if tenant is not None else None,
+        )
 
     @staticmethod
-    def _tenant_id(conn: sa.Connection, tenant: str) -> uuid.UUID:
+    def _tenant_id(conn: Connection, tenant: str) -> uuid.UUID:
         """A tenant given by id or by name; an unknown name is NotFound rather than an empty list."""
         try:
             return uuid.UUID(tenant)
         except ValueError:
             pass
-        found = conn.execute(sa.select(tenants.c.id).where(tenants.c.name == tenant)).scalar()
+        found = task_admin.tenant_id_by_name(conn, tenant)
         if found is None:
             raise NotFound(f"tenant {tenant!r} not found")
         return found
+
+    def prompt(self, task_id: uuid.UUID) -> str:
+        """What the client asked for: a reviewer judges the output against it (the timeline leaves it out)."""
+        with self._engine.connect() as conn:
+            row = tasks.read(conn, task_id)
+        if row is None:
+            raise NotFound(f"task {task_id} not found")
+        return str(row.prompt)
 
     # ----------------------------------------------------------------------------------------- timeline
     def timeline(self, task_id: uuid.UUID) -> Timeline:
@@ -251,27 +247,17 @@ class EventTail:
         self._seen: set[uuid.UUID] = set()
 
     def poll(self, limit: int = 500) -> list[dict[str, Any]]:
-        stmt = sa.select(task_state_events)
-        if self._to_status is not None:
-            stmt = stmt.where(_e.to_status == self._to_status)
         rows: Sequence[Any]
         with self._engine.connect() as conn:
             if not self._started:
-                rows = list(reversed(conn.execute(stmt.order_by(_e.id.desc()).limit(self._last)).all()))
-                self._start = (
-                    rows[-1].id
-                    if rows
-                    else conn.execute(  # PostgreSQL has no max(uuid)
-                        sa.select(_e.id).order_by(_e.id.desc()).limit(1)
-                    ).scalar()
-                )
+                rows = list(reversed(task_admin.newest_events(conn, self._to_status, self._last)))
+                self._start = rows[-1].id if rows else task_admin.newest_event_id(conn)
                 self.cursor = self._start
                 self._started = True
             else:
                 floors = [f for f in (_grace_floor(self.cursor), self._start) if f is not None]
-                if floors:
-                    stmt = stmt.where(_e.id > max(floors))
-                rows = conn.execute(stmt.order_by(_e.id).limit(limit + len(self._seen))).all()
+                floor = max(floors) if floors else None
+                rows = task_admin.events_after(conn, self._to_status, floor, limit + len(self._seen))
         fresh = [r for r in rows if r.id not in self._seen][:limit]
         if fresh:
             self.cursor = max(fresh[-1].id, self.cursor) if self.cursor else fresh[-1].id

@@ -9,24 +9,11 @@ the tie-break. Nothing here prints a signed URL, a request body or a prompt: ope
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy import Connection
-
-from aivedio_engine.db.tables import (
-    alerts,
-    assets,
-    credit_ledger,
-    generation_tasks,
-    outbox_events,
-    provider_events,
-    review_items,
-    task_attempts,
-    task_state_events,
-)
+from aivedio_engine.db import timeline
+from aivedio_engine.db.handles import Connection
 
 KINDS = ("state_event", "attempt", "provider_event", "ledger", "asset", "review", "alert", "outbox")
 
@@ -66,68 +53,33 @@ class Timeline:
 
 
 def build_timeline(conn: Connection, task_id: uuid.UUID) -> Timeline | None:
-    task = conn.execute(sa.select(generation_tasks).where(generation_tasks.c.id == task_id)).first()
+    task = timeline.task(conn, task_id)
     if task is None:
         return None
-    attempt_rows = conn.execute(
-        sa.select(task_attempts).where(task_attempts.c.task_id == task_id).order_by(task_attempts.c.attempt_no)
-    ).all()
-    items = [
-        _state_event(r)
-        for r in conn.execute(sa.select(task_state_events).where(task_state_events.c.task_id == task_id))
-    ]
+    attempt_rows = timeline.attempts(conn, task_id)
+    items = [_state_event(r) for r in timeline.state_events(conn, task_id)]
     items += [_attempt(r) for r in attempt_rows]
-    items += [_provider_event(r) for r in _provider_events(conn, attempt_rows)]
-    items += [_ledger(r) for r in conn.execute(sa.select(credit_ledger).where(credit_ledger.c.task_id == task_id))]
-    items += [_asset(r) for r in _assets(conn, task)]
-    items += [_review(r) for r in conn.execute(sa.select(review_items).where(review_items.c.task_id == task_id))]
-    items += [_alert(r) for r in _alerts(conn, task_id, attempt_rows)]
+    items += [_provider_event(r) for r in timeline.attempt_provider_events(conn, attempt_rows)]
+    items += [_ledger(r) for r in timeline.ledger_rows(conn, task_id)]
+    items += [_asset(r) for r in timeline.task_assets(conn, task.id, _input_assets(task))]
+    items += [_review(r) for r in timeline.review_rows(conn, task_id)]
+    items += [_alert(r) for r in timeline.subject_alerts(conn, task_id, [a.id for a in attempt_rows])]
     aggregates = [task_id, *(a.id for a in attempt_rows)]
-    items += [
-        _outbox(r) for r in conn.execute(sa.select(outbox_events).where(outbox_events.c.aggregate_id.in_(aggregates)))
-    ]
+    items += [_outbox(r) for r in timeline.outbox_rows(conn, aggregates)]
     items.sort(key=lambda i: (i["at"], i["id"].int))
     header = {"task_id": task.id, **{f: getattr(task, f) for f in _TASK_FIELDS}}
     return Timeline(task=header, items=items)
 
 
-def _provider_events(conn: Connection, attempt_rows: Sequence[Any]) -> list[Any]:
-    """Events matched to an attempt, and orphans carrying one of its job ids or request keys (a callback that
-    beat the submit response, or one for a job we never bound)."""
-    if not attempt_rows:
-        return []
-    pe = provider_events.c
-    ids = [a.id for a in attempt_rows]
-    conds: list[sa.ColumnElement[bool]] = [pe.matched_attempt_id.in_(ids)]
-    for a in attempt_rows:
-        keyed = [pe.provider_request_key == a.provider_request_key]
-        if a.provider_job_id:
-            keyed.append(pe.provider_job_id == a.provider_job_id)
-        conds.append(sa.and_(pe.provider == a.provider, sa.or_(*keyed)))
-    return list(conn.execute(sa.select(provider_events).where(sa.or_(*conds))))
-
-
-def _assets(conn: Connection, task: Any) -> list[Any]:
-    """The task's outputs and derivatives, plus the input assets its request named."""
+def _input_assets(task: Any) -> list[uuid.UUID]:
+    """The input assets the task's request named."""
     inputs = []
     for raw in (task.params or {}).get("asset_ids") or []:
         try:
             inputs.append(uuid.UUID(str(raw)))
         except ValueError:
             continue
-    cond = assets.c.task_id == task.id
-    if inputs:
-        cond = sa.or_(cond, assets.c.id.in_(inputs))
-    return list(conn.execute(sa.select(assets).where(cond)))
-
-
-def _alerts(conn: Connection, task_id: uuid.UUID, attempt_rows: Sequence[Any]) -> list[Any]:
-    subjects = [sa.and_(alerts.c.subject_type == "task", alerts.c.subject_id == str(task_id))]
-    if attempt_rows:
-        subjects.append(
-            sa.and_(alerts.c.subject_type == "attempt", alerts.c.subject_id.in_([str(a.id) for a in attempt_rows]))
-        )
-    return list(conn.execute(sa.select(alerts).where(sa.or_(*subjects))))
+    return inputs
 
 
 def _item(kind: str, at: Any, row_id: uuid.UUID, **fields: Any) -> dict[str, Any]:

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 import secrets
 import threading
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-import sqlalchemy as sa
-from sqlalchemy import Engine
-
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
-from aivedio_engine.db import ledger
+from aivedio_engine.db import api_keys, ledger
+from aivedio_engine.db import tenants as tenant_repo
+from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.session import read_conn, write_tx
-from aivedio_engine.db.tables import api_keys, tenants
+from aivedio_engine.db.tenants import TenantLimits
+from aivedio_engine.domain.admission import PriorityTier
 from aivedio_engine.domain.status import LedgerEntryType, TenantStatus
 from aivedio_engine.services.errors import Conflict, InvalidInput, NotFound
 from aivedio_engine.services.operations import Operation, record
@@ -31,6 +34,32 @@ class TenantView:
     status: str
     credit_balance: Decimal
     active_keys: int
+    #: the tenant's own limits (None fields: the config's default); None for a tenant not yet written
+    limits: TenantLimits | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveLimits:
+    """What applies to a tenant: its own value where it has one, else the config's default."""
+
+    rate_limit_per_s: float
+    rate_limit_burst: int
+    max_concurrency: int
+    priority_tier: int
+    max_upload_bytes: int
+    #: days; 0 keeps the data forever
+    retention_outputs_days: int = 0
+    retention_inputs_days: int = 0
+    retention_prompts_days: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsUpdate:
+    tenant_id: uuid.UUID
+    before: TenantLimits
+    #: the limits now, or for a dry run, what they would be
+    after: TenantLimits
+    changed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +68,32 @@ class Principal:
 
     tenant_id: uuid.UUID
     key_id: uuid.UUID
+
+
+def _check_limits(changes: Mapping[str, float | int | None]) -> dict[str, float | int | None]:
+    if not changes:
+        raise InvalidInput("nothing to change: give at least one limit")
+    clean: dict[str, float | int | None] = {}
+    for name, value in changes.items():
+        if name not in tenant_repo.LIMIT_COLUMNS:
+            raise InvalidInput(f"not a tenant limit: {name}", field=name)
+        if name == "priority_tier":
+            tiers = {t.value for t in PriorityTier}
+            if value is None or isinstance(value, float) or int(value) not in tiers:
+                names = ", ".join(f"{t.value} {t.name.lower()}" for t in PriorityTier)
+                raise InvalidInput(f"tier must be one of {names} (1 is served first)", field=name)
+            clean[name] = int(value)
+        elif value is None:
+            clean[name] = None
+        elif name == "rate_limit_per_s":
+            if not math.isfinite(value) or value <= 0:
+                raise InvalidInput("rate limit must be a number > 0 (requests per second)", field=name)
+            clean[name] = float(value)
+        else:
+            if isinstance(value, float) and not value.is_integer() or value < 1 or value > 2**62:
+                raise InvalidInput(f"{name.replace('_', ' ')} must be a whole number >= 1", field=name)
+            clean[name] = int(value)
+    return clean
 
 
 def hash_key(key: str) -> bytes:
@@ -105,22 +160,19 @@ class TenantService:
         now = self._clock.now()
         tenant_id = new_id()
         with write_tx(self._engine) as conn:
-            if conn.execute(sa.select(tenants.c.id).where(tenants.c.name == name)).first():
+            if tenant_repo.name_taken(conn, name):
                 raise Conflict(f"a tenant named {name!r} already exists")
             if op is not None and op.dry_run:
                 record(conn, op, affected_ids=[], outcome="would_create", now=now)
                 return TenantView(tenant_id, name, TenantStatus.ACTIVE.value, amount, 0)
-            conn.execute(
-                tenants.insert().values(
-                    id=tenant_id,
-                    name=name,
-                    status=TenantStatus.ACTIVE.value,
-                    credit_balance=0,
-                    max_concurrency=max_concurrency,
-                    max_upload_bytes=max_upload_bytes,
-                    created_at=now,
-                    updated_at=now,
-                )
+            tenant_repo.insert(
+                conn,
+                tenant_id,
+                name,
+                TenantStatus.ACTIVE.value,
+                now,
+                max_concurrency=max_concurrency,
+                max_upload_bytes=max_upload_bytes,
             )
             if amount:
                 ledger.post(
@@ -138,16 +190,59 @@ class TenantService:
         return TenantView(tenant_id, name, TenantStatus.ACTIVE.value, amount, 0)
 
     def list(self) -> list[TenantView]:
-        live_keys = (
-            sa.select(sa.func.count())
-            .where(api_keys.c.tenant_id == tenants.c.id, api_keys.c.revoked_at.is_(None))
-            .scalar_subquery()
-        )
-        stmt = sa.select(tenants.c.id, tenants.c.name, tenants.c.status, tenants.c.credit_balance, live_keys).order_by(
-            tenants.c.created_at
-        )
         with self._engine.connect() as conn:
-            return [TenantView(*row) for row in conn.execute(stmt)]
+            rows = tenant_repo.summaries(conn)
+        return [TenantView(r.id, r.name, r.status, r.credit_balance, r.active_keys, r.limits) for r in rows]
+
+    def limits(self, tenant_id: uuid.UUID) -> TenantLimits:
+        with read_conn(self._engine) as conn:
+            found = tenant_repo.limits(conn, tenant_id)
+        if found is None:
+            raise NotFound(f"tenant {tenant_id} not found")
+        return found
+
+    def effective(self, own: TenantLimits) -> EffectiveLimits:
+        api = self._settings.api
+        limits = self._settings.limits
+        return EffectiveLimits(
+            rate_limit_per_s=own.rate_limit_per_s or api.tenant_rate_limit_per_s,
+            rate_limit_burst=own.rate_limit_burst or api.tenant_rate_burst,
+            max_concurrency=own.max_concurrency or limits.tenant_default_max_concurrency,
+            priority_tier=own.priority_tier,
+            max_upload_bytes=own.max_upload_bytes or api.max_upload_bytes,
+            retention_outputs_days=own.retention_outputs_days or self._settings.retention.outputs_days,
+            retention_inputs_days=own.retention_inputs_days or self._settings.retention.inputs_days,
+            retention_prompts_days=own.retention_prompts_days or self._settings.retention.prompts_days,
+        )
+
+    def update_limits(
+        self, tenant_id: uuid.UUID, changes: Mapping[str, float | int | None], op: Operation
+    ) -> LimitsUpdate:
+        """Set (or, with None, clear back to the config default) some of a tenant's limits. Audited with the
+        values before and after. API processes apply a new rate within `api.auth_cache_ttl_s`; the dispatcher
+        reads concurrency and tier on its next round."""
+        op.require_reason()
+        clean = _check_limits(changes)
+        now = self._clock.now()
+        with write_tx(self._engine) as conn:
+            before = tenant_repo.limits(conn, tenant_id, lock=True)
+            if before is None:
+                raise NotFound(f"tenant {tenant_id} not found")
+            after = dataclasses.replace(before, **clean)  # type: ignore[arg-type]  # checked by _check_limits
+            changed = after != before
+            audited = dataclasses.replace(
+                op,
+                args={
+                    **op.args,
+                    "before": {k: getattr(before, k) for k in clean},
+                    "after": {k: getattr(after, k) for k in clean},
+                },
+            )
+            if changed and not op.dry_run:
+                tenant_repo.set_limits(conn, tenant_id, clean, now)
+            outcome = ("would_update" if op.dry_run else "updated") if changed else "unchanged"
+            record(conn, audited, affected_ids=[tenant_id], outcome=outcome, now=now)
+        return LimitsUpdate(tenant_id, before, after, changed)  # a dry run: what it would be
 
     def create_key(
         self, tenant_id: uuid.UUID, name: str | None = None, op: Operation | None = None
@@ -156,21 +251,12 @@ class TenantService:
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         key_id = new_id()
         with write_tx(self._engine) as conn:
-            if not conn.execute(sa.select(tenants.c.id).where(tenants.c.id == tenant_id)).first():
+            if not tenant_repo.exists(conn, tenant_id):
                 raise NotFound(f"tenant {tenant_id} not found")
             if op is not None and op.dry_run:
                 record(conn, op, affected_ids=[tenant_id], outcome="would_create", now=self._clock.now())
                 return key_id, ""
-            conn.execute(
-                api_keys.insert().values(
-                    id=key_id,
-                    tenant_id=tenant_id,
-                    key_hash=hash_key(key),
-                    prefix=key[:12],
-                    name=name,
-                    created_at=self._clock.now(),
-                )
-            )
+            api_keys.insert(conn, key_id, tenant_id, hash_key(key), key[:12], name, self._clock.now())
             if op is not None:  # the key itself is never recorded, only its id
                 record(conn, op, affected_ids=[tenant_id, key_id], outcome="created", now=self._clock.now())
         return key_id, key
@@ -178,12 +264,12 @@ class TenantService:
     def revoke_key(self, key_id: uuid.UUID, op: Operation | None = None) -> bool:
         """Revoke a key by id; False when it was already revoked (or, for a dry run, would be)."""
         with write_tx(self._engine) as conn:
-            row = conn.execute(sa.select(api_keys.c.revoked_at).where(api_keys.c.id == key_id)).first()
-            if row is None:
+            state = api_keys.state(conn, key_id)
+            if state is None:
                 raise NotFound(f"api key {key_id} not found")
-            changed = row.revoked_at is None
+            changed = state.revoked_at is None
             if changed and not (op and op.dry_run):
-                conn.execute(api_keys.update().where(api_keys.c.id == key_id).values(revoked_at=self._clock.now()))
+                api_keys.revoke(conn, key_id, self._clock.now())
             if op is not None:
                 record(
                     conn, op, affected_ids=[key_id], outcome="revoked" if changed else "already", now=self._clock.now()
@@ -193,21 +279,14 @@ class TenantService:
 
     def local_principal(self, name: str = "local") -> Principal:
         """Embedded mode's own user: the tenant `name` with a key, created with the default credits on first use."""
-        stmt = (
-            sa.select(api_keys.c.id, tenants.c.id.label("tenant_id"))
-            .join(
-                api_keys, sa.and_(api_keys.c.tenant_id == tenants.c.id, api_keys.c.revoked_at.is_(None)), isouter=True
-            )
-            .where(tenants.c.name == name)
-        )
         with self._engine.connect() as conn:
-            row = conn.execute(stmt).first()
+            row = api_keys.named_tenant_key(conn, name)
         if row is None:
             tenant_id = self.create(name).id
-        elif row.id is None:
+        elif row.key_id is None:
             tenant_id = row.tenant_id
         else:
-            return Principal(tenant_id=row.tenant_id, key_id=row.id)
+            return Principal(tenant_id=row.tenant_id, key_id=row.key_id)
         key_id, _ = self.create_key(tenant_id, name="embedded")
         return Principal(tenant_id=tenant_id, key_id=key_id)
 
@@ -223,19 +302,10 @@ class TenantService:
         cached = self._auth.get(digest, now)
         if cached is not None:
             return cached
-        stmt = (
-            sa.select(api_keys.c.id, api_keys.c.tenant_id)
-            .join(tenants, tenants.c.id == api_keys.c.tenant_id)
-            .where(
-                api_keys.c.key_hash == digest,
-                api_keys.c.revoked_at.is_(None),
-                tenants.c.status == TenantStatus.ACTIVE.value,
-            )
-        )
         with read_conn(self._engine) as conn:
-            row = conn.execute(stmt).first()
+            row = api_keys.live_key(conn, digest)
         if row is None:
             return None
-        principal = Principal(tenant_id=row.tenant_id, key_id=row.id)
+        principal = Principal(tenant_id=row.tenant_id, key_id=row.key_id)
         self._auth.put(digest, principal, now)
         return principal

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -85,7 +85,8 @@ class UploadValidator:
             if reason:
                 return Outcome(AssetStatus.REJECTED, reason, size=size, sha256=digest, mime=found.mime)
             try:
-                result = probe_file(local, sniff.family_of(session.declared_content_type), self._limits)
+                limits = replace(self._limits, workdir=Path(tmp))  # the sandbox may give the job a uid of its own
+                result = probe_file(local, sniff.family_of(session.declared_content_type), limits)
             except ProbeUnavailable as exc:
                 raise Unavailable(f"media validation unavailable: {exc}") from None
             except ProbeError as exc:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from aivedio_engine.config import Settings
-from aivedio_engine.slots.base import FenceUnavailable, Lease, RebuildReport, SlotStore
+from aivedio_engine.slots.base import FenceUnavailable, Lease, RebuildReport, SlotStore, SlotStoreUnavailable
 from aivedio_engine.slots.memory import MemorySlotStore
 
 
@@ -23,4 +23,12 @@ def build_slot_store(settings: Settings, fence_floor: Callable[[], int] | None =
     return MemorySlotStore(fence_floor=fence_floor)
 
 
-__all__ = ["FenceUnavailable", "Lease", "MemorySlotStore", "RebuildReport", "SlotStore", "build_slot_store"]
+__all__ = [
+    "FenceUnavailable",
+    "Lease",
+    "MemorySlotStore",
+    "RebuildReport",
+    "SlotStore",
+    "SlotStoreUnavailable",
+    "build_slot_store",
+]

@@ -81,6 +81,11 @@ class RebuildReport:
     counts: Mapping[str, int] = field(default_factory=dict)
 
 
+class SlotStoreUnavailable(RuntimeError):
+    """The store cannot be reached (Redis down): its counts are unknown. The dispatcher then degrades
+    (`services/dispatch_degraded.py`); nothing that already holds a slot is affected, the database is the truth."""
+
+
 class FenceUnavailable(RuntimeError):
     """The fence counter is missing and could not be re-created; no lease may be granted without a fence."""
 

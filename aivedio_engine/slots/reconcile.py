@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
 
 from aivedio_engine.db.engine import SQLITE_BEGIN_OPTION
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.tables import generation_tasks, slot_grants, task_attempts
 from aivedio_engine.domain.admission import scope_names
 from aivedio_engine.domain.status import ATTEMPT_IN_FLIGHT

@@ -13,9 +13,10 @@ put a hash tag in the prefix (e.g. "{aivedio}:") so they share a slot. Needs Red
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -24,6 +25,7 @@ from aivedio_engine.slots.base import (
     FenceUnavailable,
     Lease,
     RebuildReport,
+    SlotStoreUnavailable,
     holders_by_scope_inverted,
     validate_chain,
 )
@@ -212,6 +214,24 @@ return {kept, dropped, added, counts}
 )
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+#: what "Redis is not there" looks like; a script error or a wrong type is a bug and propagates as it is
+_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def _reachable(method: _F) -> _F:
+    """Turn "cannot reach Redis" into `SlotStoreUnavailable`, the one signal the dispatcher degrades on."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except _UNREACHABLE as exc:
+            raise SlotStoreUnavailable(f"slot store unreachable: {exc}") from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
 class RedisSlotStore:
     def __init__(
         self,
@@ -233,11 +253,13 @@ class RedisSlotStore:
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> RedisSlotStore:
-        return cls(redis.Redis.from_url(url), **kwargs)
+        # bounded waits: a Redis that hangs must degrade the dispatcher in seconds, not block it
+        return cls(redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5), **kwargs)
 
     def zset_key(self, scope: str) -> str:
         return self._p + "s:" + scope
 
+    @_reachable
     def acquire(self, scope_chain: Sequence[tuple[str, int]], holder: str, ttl_s: float) -> Lease | None:
         validate_chain(scope_chain)
         names = tuple(s for s, _ in scope_chain)
@@ -255,17 +277,21 @@ class RedisSlotStore:
             return None
         return Lease(str(holder), int(value), names)
 
+    @_reachable
     def renew(self, lease: Lease, ttl_s: float) -> bool:
         keys = [self.zset_key(s) for s in lease.scopes]
         return bool(self._renew(keys=keys, args=[lease.token, _ms(ttl_s)]))
 
+    @_reachable
     def release(self, lease: Lease) -> bool:
         keys = [self._backed_key, *(self.zset_key(s) for s in lease.scopes)]
         return bool(self._release(keys=keys, args=[lease.token]))
 
+    @_reachable
     def is_current(self, lease: Lease) -> bool:
         return bool(self._is_current(keys=[self.zset_key(s) for s in lease.scopes], args=[lease.token]))
 
+    @_reachable
     def counts(self) -> dict[str, int]:
         names = sorted(_text(n) for n in self._r.smembers(self._scopes_key))
         if not names:
@@ -273,13 +299,16 @@ class RedisSlotStore:
         values = self._counts(keys=[self.zset_key(n) for n in names])
         return {n: int(v) for n, v in zip(names, values, strict=True) if int(v)}
 
+    @_reachable
     def current_fence(self) -> int:
         value = self._r.get(self._fence_key)
         return int(value) if value is not None else 0
 
+    @_reachable
     def seed_fence(self, floor: int) -> int:
         return int(self._seed(keys=[self._fence_key], args=[int(floor), self._gap]))
 
+    @_reachable
     def rebuild(self, active: Mapping[str, Sequence[str]], *, ttl_s: float, fence_floor: int = 0) -> RebuildReport:
         want = holders_by_scope_inverted(active)
         known = {_text(n) for n in self._r.smembers(self._scopes_key)}

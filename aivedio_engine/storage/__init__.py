@@ -23,6 +23,8 @@ def build_store(settings: Settings, clock: Clock | None = None) -> ObjectStore:
             spool_dir=Path(settings.data_dir) / "spool",
             part_bytes=cfg.multipart_part_bytes,
             clock=clock,
+            encryption=cfg.server_side_encryption,
+            kms_key_id=cfg.sse_kms_key_id,
         )
     from aivedio_engine.storage.fs import FsStore, load_signing_key
 

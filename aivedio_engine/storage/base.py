@@ -9,6 +9,7 @@ Rules every implementation keeps:
   keys are server-generated and immutable-by-convention, e.g. derivatives carry their pipeline version);
 - `delete` of a missing key is not an error (S3 semantics), so retried cleanups are harmless;
 - signed URLs and upload targets are bearer tokens: short-lived, bound to one key (or upload) and one method;
+  no signed GET URL is made for a quarantined key (`readable_key`): only the upload validator reads those;
 - `iter_objects` streams what the store holds (page by page, never the whole listing in memory), in no
   promised order, and leaves out the store's own bookkeeping (the fs store's `.tmp`/`.meta`), which no key can
   name; it exists for the orphan scan (services/storage_scan.py), not for serving.
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import IO, Protocol, runtime_checkable
 from urllib.parse import quote
 
-from aivedio_engine.storage.keys import validate_key
+from aivedio_engine.storage.keys import InvalidKey, is_quarantined, validate_key
 
 #: read size for streaming copies and hashing
 CHUNK = 1024 * 1024
@@ -107,8 +108,9 @@ class ObjectStore(Protocol):
 
     def delete(self, key: str) -> None: ...
 
-    def iter_objects(self, prefix: str = "") -> Iterator[ListedObject]:
-        """Every object whose key starts with `prefix` (plain string prefix, S3 semantics), streamed."""
+    def iter_objects(self, prefix: str = "", start_after: str | None = None) -> Iterator[ListedObject]:
+        """Every object whose key starts with `prefix` (plain string prefix, S3 semantics), streamed in key order;
+        with `start_after`, only the keys after it (S3's StartAfter), so a long listing can resume in pages."""
         ...
 
     def signed_get_url(self, key: str, ttl_s: int, filename: str | None = None, *, now: datetime | None = None) -> str:
@@ -181,6 +183,14 @@ def validate_prefix(prefix: str) -> str:
     if prefix:
         validate_key(prefix[:-1] if prefix.endswith("/") else prefix)
     return prefix
+
+
+def readable_key(key: str) -> str:
+    """`key` if a signed URL may name it: valid and not in quarantine, whose bytes are unvalidated (§4.12.1)."""
+    validate_key(key)
+    if is_quarantined(key):
+        raise InvalidKey("a quarantined upload cannot be read through a URL")
+    return key
 
 
 def iter_file(stream: IO[bytes], chunk_size: int = CHUNK) -> Iterator[bytes]:

@@ -42,10 +42,12 @@ from aivedio_engine.storage.base import (
     StoredObject,
     StoreError,
     UploadTarget,
+    readable_key,
     validate_prefix,
 )
 from aivedio_engine.storage.keys import validate_key
 from aivedio_engine.storage.signing import UrlSigner
+from aivedio_engine.testing.failpoints import FailpointError, failpoint
 
 SIGNING_KEY_FILE = "signing.key"
 SIGNING_KEY_BYTES = 32
@@ -119,6 +121,12 @@ class FsStore:
 
     def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str, max_bytes: int) -> StoredObject:
         data_path, meta_path = self._data(key), self._meta(key)
+        # chaos runs arm these: a store answering with an error (as an S3 503 does) and a slow write
+        failpoint("storage.put_slow")
+        try:
+            failpoint("storage.put")
+        except FailpointError as exc:
+            raise StoreError(f"cannot store {key}: {exc}") from exc
         tmp_dir = self.root / ".tmp"
         tmp = tmp_dir / uuid.uuid4().hex
         meta_tmp = tmp_dir / f"{tmp.name}.json"
@@ -176,15 +184,16 @@ class FsStore:
             except IsADirectoryError:
                 pass
 
-    def iter_objects(self, prefix: str = "") -> Iterator[ListedObject]:
+    def iter_objects(self, prefix: str = "", start_after: str | None = None) -> Iterator[ListedObject]:
         validate_prefix(prefix)
         # walk only the deepest directory the prefix names in full; the rest of the prefix filters names
         start = self.root.joinpath(*prefix.split("/")[:-1])
-        yield from self._walk(start, prefix)
+        yield from self._walk(start, prefix, start_after or "")
 
-    def _walk(self, directory: Path, prefix: str) -> Iterator[ListedObject]:
+    def _walk(self, directory: Path, prefix: str, after: str) -> Iterator[ListedObject]:
         try:
-            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+            # a directory sorts as "name/": every key under it starts so, which makes the walk S3's key order
+            entries = sorted(os.scandir(directory), key=lambda e: e.name + "/" if e.is_dir() else e.name)
         except (FileNotFoundError, NotADirectoryError):
             return
         for entry in entries:
@@ -192,9 +201,12 @@ class FsStore:
                 continue
             key = Path(entry.path).relative_to(self.root).as_posix()
             if entry.is_dir(follow_symlinks=False):
-                if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
-                    yield from self._walk(Path(entry.path), prefix)
-            elif entry.is_file(follow_symlinks=False) and key.startswith(prefix):
+                inside = key + "/"
+                wanted = inside.startswith(prefix) or prefix.startswith(inside)
+                # skip a directory whose every key sorts at or before the resume point
+                if wanted and (inside > after or after.startswith(inside)):
+                    yield from self._walk(Path(entry.path), prefix, after)
+            elif entry.is_file(follow_symlinks=False) and key.startswith(prefix) and key > after:
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:  # deleted since the directory was read
@@ -222,7 +234,7 @@ class FsStore:
         return self._signer.verify(method, resource, expires, sig, filename=filename, now=self._now(now))
 
     def signed_get_url(self, key: str, ttl_s: int, filename: str | None = None, *, now: datetime | None = None) -> str:
-        validate_key(key)
+        readable_key(key)
         expires = int(self._now(now).timestamp()) + int(ttl_s)
         query = {"expires": str(expires), "sig": self.sign("GET", f"objects/{key}", expires, filename)}
         if filename:

@@ -68,11 +68,34 @@ def asset_original_key(
     return validate_key(f"{tenant_prefix(tenant_id)}assets/{_id(asset_id)}/original{suffix}{ext}")
 
 
+#: the segment of a tenant's quarantine: where client uploads land. (Sessions opened before 0022 staged under
+#: "uploads/"; those keys are named by their UPLOADING asset rows, as before, and no URL was ever signed for them.)
+QUARANTINE_SEGMENT = "quarantine"
+_QUARANTINE = re.compile(rf"tenants/[^/]+/{QUARANTINE_SEGMENT}/")
+
+
 def upload_staging_key(tenant_id: uuid.UUID | str, session_id: uuid.UUID | str) -> str:
-    """The only key a client can write (through its upload target). Never processed directly: `complete()`
-    validates a local copy and publishes that copy under `asset_original_key`, so re-using the upload URL
-    after validation changes nothing that is served or processed (reliability_anchors U5)."""
-    return validate_key(f"{tenant_prefix(tenant_id)}uploads/{_id(session_id)}")
+    """The only key a client can write (through its upload target), in the tenant's quarantine (seed 000 §4.12.1):
+    no signed URL is ever made for it (`is_quarantined`), so nothing reads unvalidated bytes. `complete()`
+    validates a local copy and publishes that copy under `asset_original_key`, so re-using the upload URL after
+    validation changes nothing that is served or processed (reliability_anchors U5)."""
+    return validate_key(f"{tenant_prefix(tenant_id)}{QUARANTINE_SEGMENT}/{_id(session_id)}")
+
+
+def is_quarantined(key: str) -> bool:
+    """True for a key in some tenant's quarantine: readable only by the validator, never through a URL."""
+    return _QUARANTINE.match(key) is not None
+
+
+def tenant_of(key: str) -> uuid.UUID | None:
+    """The tenant a key made by this module belongs to, else None."""
+    parts = key.split("/", 2)
+    if len(parts) < 3 or f"{parts[0]}/" != TENANTS_PREFIX:
+        return None
+    try:
+        return uuid.UUID(parts[1])
+    except ValueError:
+        return None
 
 
 def raw_output_key(

@@ -37,6 +37,7 @@ from aivedio_engine.storage.base import (
     StoreError,
     UploadTarget,
     content_disposition,
+    readable_key,
     validate_prefix,
 )
 from aivedio_engine.storage.keys import validate_key
@@ -74,6 +75,8 @@ class S3Store:
         spool_dir: Path,
         part_bytes: int = 8 * 1024 * 1024,
         clock: Clock | None = None,
+        encryption: str = "",
+        kms_key_id: str = "",
     ) -> None:
         self._client = client
         self.bucket = bucket
@@ -81,6 +84,12 @@ class S3Store:
         self._part_bytes = max(part_bytes, MIN_PART_BYTES)
         self._transfer = TransferConfig(multipart_threshold=self._part_bytes, multipart_chunksize=self._part_bytes)
         self._clock = clock or SystemClock()
+        # server-side encryption asked on every write (seed 000 §4.12.4): PUT, multipart and the client's POST
+        self._sse: dict[str, str] = {}
+        if encryption:
+            self._sse["ServerSideEncryption"] = encryption
+            if kms_key_id:
+                self._sse["SSEKMSKeyId"] = kms_key_id
 
     @classmethod
     def client_from(cls, endpoint_url: str, region: str, access_key_id: str, secret_access_key: str) -> Any:
@@ -118,7 +127,7 @@ class S3Store:
                 self.bucket,
                 key,
                 Config=self._transfer,
-                ExtraArgs={"ContentType": content_type, "Metadata": {"sha256": counter.hexdigest}},
+                ExtraArgs={"ContentType": content_type, "Metadata": {"sha256": counter.hexdigest}, **self._sse},
             )
         return StoredObject(key, counter.size, counter.hexdigest, content_type)
 
@@ -153,12 +162,13 @@ class S3Store:
     def delete(self, key: str) -> None:
         self._client.delete_object(Bucket=self.bucket, Key=validate_key(key))
 
-    def iter_objects(self, prefix: str = "") -> Iterator[ListedObject]:
+    def iter_objects(self, prefix: str = "", start_after: str | None = None) -> Iterator[ListedObject]:
         """ListObjectsV2 page by page (1,000 keys a request). In-progress multipart uploads are not objects yet
         and are not listed; the bucket's abort rule (`ensure_multipart_lifecycle`) is what reclaims them."""
-        pages = self._client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=validate_prefix(prefix)
-        )
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": validate_prefix(prefix)}
+        if start_after:
+            args["StartAfter"] = start_after
+        pages = self._client.get_paginator("list_objects_v2").paginate(**args)
         for page in pages:
             for item in page.get("Contents", ()):
                 yield ListedObject(str(item["Key"]), int(item["Size"]), item["LastModified"].astimezone(UTC))
@@ -169,7 +179,7 @@ class S3Store:
         """`now` is accepted for interface parity; SigV4 presigning always uses the real clock."""
         params = {
             "Bucket": self.bucket,
-            "Key": validate_key(key),
+            "Key": readable_key(key),
             "ResponseContentDisposition": content_disposition(filename),
         }
         return self._client.generate_presigned_url("get_object", Params=params, ExpiresIn=int(ttl_s))
@@ -177,11 +187,12 @@ class S3Store:
     def upload_target(
         self, key: str, size_bytes: int, content_type: str, ttl_s: int, *, upload_id: str, now: datetime | None = None
     ) -> UploadTarget:
+        fields = {"Content-Type": content_type, **self._sse_fields()}
         post = self._client.generate_presigned_post(
             Bucket=self.bucket,
             Key=validate_key(key),
-            Fields={"Content-Type": content_type},
-            Conditions=[{"Content-Type": content_type}, ["content-length-range", size_bytes, size_bytes]],
+            Fields=fields,
+            Conditions=[*({k: v} for k, v in fields.items()), ["content-length-range", size_bytes, size_bytes]],
             ExpiresIn=int(ttl_s),
         )
         return UploadTarget(
@@ -192,10 +203,20 @@ class S3Store:
             expires_at=(now or self._clock.now()) + timedelta(seconds=int(ttl_s)),
         )
 
+    def _sse_fields(self) -> dict[str, str]:
+        # the POST form's spelling of the same headers; the policy pins them, so a client cannot drop them
+        names = {
+            "ServerSideEncryption": "x-amz-server-side-encryption",
+            "SSEKMSKeyId": "x-amz-server-side-encryption-aws-kms-key-id",
+        }
+        return {names[k]: v for k, v in self._sse.items()}
+
     # --- multipart ---------------------------------------------------------------------------------------
 
     def create_multipart(self, key: str, content_type: str) -> str:
-        resp = self._client.create_multipart_upload(Bucket=self.bucket, Key=validate_key(key), ContentType=content_type)
+        resp = self._client.create_multipart_upload(
+            Bucket=self.bucket, Key=validate_key(key), ContentType=content_type, **self._sse
+        )
         return str(resp["UploadId"])
 
     def presign_parts(self, key: str, upload_id: str, part_count: int, ttl_s: int) -> list[str]:

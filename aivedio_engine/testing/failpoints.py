@@ -6,7 +6,12 @@ Enabled from the environment of a process (so chaos tests can arm subprocesses) 
     AIVEDIO_FAILPOINTS_SEED=7                  # probabilities are drawn from a seeded RNG per failpoint
     AIVEDIO_FAILPOINTS_LOG=/tmp/hits.log       # every hit of an armed failpoint appends "pid name n\\n"
 
-Actions: `count` (only record the hit), `raise` (FailpointError), `kill` (SIGKILL this process), `sleep:S`.
+Actions: `count` (only record the hit), `raise` (FailpointError), `kill` (SIGKILL this process), `sleep:S`,
+`crash` (FailpointCrash, a BaseException: no `except Exception` swallows it, every open transaction rolls back,
+nothing after the point runs: the in-process stand-in for a death, used by tests/support/crash_matrix.py).
+
+Commit boundaries are named `<step>.before_commit` (last statement inside the transaction) and
+`<step>.after_commit` (first statement after it committed, before any after-commit work).
 Modifiers: `@N` fires on the N-th hit only; `%P` fires with probability P. Entries are separated by `;`.
 
 The hit log doubles as an honest counter across processes: it is written with one unbuffered O_APPEND write
@@ -27,11 +32,15 @@ ENV_SPEC = "AIVEDIO_FAILPOINTS"
 ENV_SEED = "AIVEDIO_FAILPOINTS_SEED"
 ENV_LOG = "AIVEDIO_FAILPOINTS_LOG"
 
-ACTIONS = ("count", "raise", "kill", "sleep")
+ACTIONS = ("count", "raise", "kill", "sleep", "crash")
 
 
 class FailpointError(RuntimeError):
     """Raised by a failpoint armed with `raise`."""
+
+
+class FailpointCrash(BaseException):
+    """Raised by a failpoint armed with `crash`: the process is to be treated as dead from this point on."""
 
 
 @dataclass
@@ -79,6 +88,8 @@ def _fire(point: _Point, hit: int) -> None:
         point.callback()
     elif point.action == "raise":
         raise FailpointError(f"failpoint {point.name} fired (hit {hit})")
+    elif point.action == "crash":
+        raise FailpointCrash(f"failpoint {point.name} crashed the process (hit {hit})")
     elif point.action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif point.action == "sleep":

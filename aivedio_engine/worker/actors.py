@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 import dramatiq
 
 from aivedio_engine.domain.events import ALTERNATE_ROUTES, ROUTES, EventType
+from aivedio_engine.domain.workflow import STEP_SPECS, QueueName
 from aivedio_engine.observability.logging import task_context
 from aivedio_engine.observability.metrics import measure_actor
 from aivedio_engine.services import intake, notifications, reducer
 from aivedio_engine.services.consume import Envelope, InvalidEnvelope
-from aivedio_engine.services.dispatch import release_if_finished, release_lease
+from aivedio_engine.services.follow_on import SubmitRequested
 
 if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext
@@ -69,28 +70,24 @@ def consumes(event_type: EventType, **options: Any) -> Callable[[Handler], Handl
 
 @consumes(EventType.GENERATION_QUEUED, max_retries=5, min_backoff=500, max_backoff=30_000, time_limit=30_000)
 def on_generation_queued(ctx: AppContext, envelope: Envelope) -> None:
+    # nothing writes generation.queued any more (the dispatcher scans QUEUED tasks itself); this drains rows an
+    # older version left in the outbox, so they are consumed rather than going DEAD
     intake.mark_ready_for_dispatch(ctx.engine, envelope, now=ctx.clock.now())
 
 
 @consumes(EventType.PROVIDER_SUBMIT_REQUESTED, max_retries=0, min_backoff=1_000, max_backoff=1_000, time_limit=120_000)
 def submit_to_provider(ctx: AppContext, envelope: Envelope) -> None:
     # max_retries=0: a paid call is never repeated by the broker; the attempt logic owns submit retries, and a
-    # duplicate delivery is harmless because only the NEW → SENDING winner calls the provider
-    attempt_id = uuid.UUID(envelope.payload["attempt_id"])
-    ctx.submitter.submit(attempt_id)
-    release_if_finished(ctx.engine, ctx.slots, attempt_id)
+    # duplicate delivery is harmless because only the NEW → SENDING winner calls the provider. The service frees
+    # the slot of an attempt that ended, after its commit.
+    ctx.submitter.submit(SubmitRequested.parse(envelope.payload).attempt_id)
 
 
 @consumes(EventType.PROVIDER_STATUS_OBSERVED, max_retries=5, min_backoff=500, max_backoff=30_000, time_limit=30_000)
 def reduce_provider_status(ctx: AppContext, envelope: Envelope) -> None:
-    done = reducer.reduce_observation(ctx.engine, envelope, ctx.clock.now(), ctx.settings.fetch.urgent_within_s)
-    if done.finished_lease is not None:
-        release_lease(ctx.engine, ctx.slots, done.finished_lease)
-    elif not done.slot_checked:
-        # the first delivery may have committed and died before freeing the slot: check from the rows
-        attempt_id = reducer.attempt_of(ctx.engine, envelope.payload)
-        if attempt_id is not None:
-            release_if_finished(ctx.engine, ctx.slots, attempt_id)
+    reducer.reduce_observation(
+        ctx.engine, envelope, ctx.clock.now(), ctx.settings.fetch.urgent_within_s, slots=ctx.slots
+    )
 
 
 @consumes(EventType.FETCH_REQUESTED, max_retries=3, min_backoff=1_000, max_backoff=60_000, time_limit=900_000)
@@ -108,6 +105,43 @@ def process_media(ctx: AppContext, envelope: Envelope) -> None:
 @consumes(EventType.TASK_STATUS_CHANGED, max_retries=3, min_backoff=200, max_backoff=5_000, time_limit=10_000)
 def notify_status_changed(ctx: AppContext, envelope: Envelope) -> None:
     notifications.on_status_changed(ctx.notifier, ctx.engine, envelope)
+    if notifications.is_terminal(envelope):  # a System B vendor step waiting on this task finishes with it
+        ctx.workflow_runner.finish_waiting(envelope.aggregate_id)
+    # the client webhooks of the same change: deliveries written once per event (inbox dedup), sent by
+    # deliver_webhook on their own queue
+    ctx.webhooks.fan_out(envelope)
+
+
+#: a step actor outlives the longest local step of any queue (composition: 30 min, seed 004 §16); the sweeper's
+#: timeout scan, not this, is what ends a step that overruns its own type's timeout
+STEP_TIME_LIMIT_MS = (max(spec.timeout_s for spec in STEP_SPECS.values()) + 300) * 1000
+
+
+@consumes(EventType.STEP_DUE, max_retries=3, min_backoff=1_000, max_backoff=30_000, time_limit=STEP_TIME_LIMIT_MS)
+def run_step(ctx: AppContext, envelope: Envelope) -> None:
+    # one actor per step queue (`run_step_<queue>`), all this function: claim the queue's best due step within
+    # the limits and run it. A broker retry only follows an error around the claim; the step row is the truth.
+    ctx.workflow_runner.run_due(step_queue(envelope))
+
+
+@consumes(
+    EventType.WEBHOOK_DELIVERY_REQUESTED, max_retries=3, min_backoff=1_000, max_backoff=30_000, time_limit=180_000
+)
+def deliver_webhook(ctx: AppContext, envelope: Envelope) -> None:
+    # failed attempts are retried by the service within [retry.notification] (a delayed outbox row); broker
+    # retries only cover a database error around the attempt. time_limit exceeds client_webhooks.timeout_s (≤ 120)
+    attempts = envelope.payload.get("attempts")
+    ctx.webhook_deliverer.deliver(
+        uuid.UUID(envelope.payload["delivery_id"]), attempts if isinstance(attempts, int) else None
+    )
+
+
+def step_queue(envelope: Envelope) -> str:
+    """The step queue a `workflow.step.due` message wakes; InvalidEnvelope (no retry) for anything else."""
+    queue = envelope.payload.get("queue")
+    if queue not in {q.value for q in QueueName}:
+        raise InvalidEnvelope(f"payload.queue: not a step queue: {queue!r}")
+    return str(queue)
 
 
 def declare_actors(broker: dramatiq.Broker, ctx: AppContext) -> dict[str, dramatiq.Actor[Any, Any]]:

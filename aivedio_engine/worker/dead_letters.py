@@ -17,11 +17,11 @@ from typing import Any
 
 import dramatiq
 from dramatiq.broker import MessageProxy
-from sqlalchemy import Engine
 from sqlalchemy.dialects import postgresql, sqlite
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.config import mask_secrets
+from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.tables import dead_letters
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,10 @@ from typing import Any
 import dramatiq
 import sqlalchemy as sa
 from dramatiq.errors import BrokerConnectionError
-from sqlalchemy import Connection, Engine
 
 from aivedio_engine.clock import Clock
 from aivedio_engine.db.engine import SQLITE_BEGIN_OPTION
+from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.outbox import NOTIFY_CHANNEL
 from aivedio_engine.db.tables import outbox_events
 from aivedio_engine.db.wakeup import Waiter
@@ -137,6 +137,7 @@ class Relay:
                 for row, error in failures:
                     self._record_failure(conn, row, error, now)
                 failpoint("relay.before_commit")
+        failpoint("relay.after_commit")
         self.published_total += len(published)
         self.failed_total += len(failures)
         log.debug("outbox batch: claimed %d, published %d, failed %d", len(rows), len(published), len(failures))

@@ -21,6 +21,8 @@ import dramatiq
 from aivedio_engine.db import wakeup
 from aivedio_engine.db.wakeup import Waiter
 from aivedio_engine.domain.events import Queue
+from aivedio_engine.domain.workflow import QueueName as StepQueue
+from aivedio_engine.services.liveness import HeartbeatWriter
 from aivedio_engine.worker import undelivered
 from aivedio_engine.worker.actors import declare_actors
 from aivedio_engine.worker.broker import setup_broker
@@ -67,11 +69,18 @@ class Runtime:
         api_host: str | None = None,
         api_port: int | None = None,
         queues: Iterable[str] | None = None,
+        kind: str = "serve",
     ) -> None:
         self.ctx = ctx
+        #: "serve", or "embedded" when a command hosts the engine; written into the heartbeat
+        self.kind = kind
         self.roles = set(roles)
-        #: the worker role consumes only these queues (None: all), so a process can be given one kind of work
+        #: the worker role consumes only these broker queues (None: all), so a process can be given one kind of
+        #: work: engine queues (`state`, `fetch`, ...) and System B step queues (`image`, `real_video_clip`, seed
+        #: 004 §3 / §19) alike. A queue it is not given costs it nothing; one it is given and that is idle is a
+        #: consumer waiting on the broker (RabbitMQ pushes), with no database query
         self.queues = set(queues) if queues else None
+        ctx.worker_queues = None if self.queues is None else frozenset(self.queues)
         self.stop = stop
         self.api_host = api_host or ctx.settings.api.host
         self.api_port = api_port or ctx.settings.api.port
@@ -80,9 +89,16 @@ class Runtime:
         self.relays: list[Relay] = []
         self.failed: BaseException | None = None
         self._threads: list[threading.Thread] = []
+        #: per role, what it did last, in words: the heartbeat's `activity`
+        self.activity: dict[str, str] = {}
+        self.heartbeat: HeartbeatWriter | None = None
 
     def start(self) -> None:
         settings = self.ctx.settings
+        self.heartbeat = self.ctx.heartbeat_writer(
+            frozenset(self.roles & IMPLEMENTED), self.kind, activity=lambda: dict(self.activity)
+        )
+        self.heartbeat.start()
         for role in sorted(self.roles - IMPLEMENTED):
             log.warning("role %s is not available in this build yet; skipped", role)
         if self.roles & {"relay", "worker"}:
@@ -101,6 +117,8 @@ class Runtime:
                 worker_timeout=settings.broker.consumer_idle_timeout_ms,
             )
             self.worker.start()
+            queues = ",".join(sorted(self.queues)) if self.queues else "all queues"
+            self.activity["worker"] = f"consuming {queues} with {settings.broker.worker_threads} threads"
         if "relay" in self.roles:
             assert self.broker is not None
             relay = Relay(
@@ -110,17 +128,25 @@ class Runtime:
                 wakeup=None if settings.is_postgres else self.ctx.outbox_wakeup,
             )
             self.relays.append(relay)
+            self.activity["relay"] = "publishing the outbox"
             self._spawn("aivedio-relay", relay.run_forever, self.stop)
         if "scheduler" in self.roles:
             self._spawn("aivedio-scheduler", self._schedule_forever)
         if "sweeper" in self.roles:
-            self._spawn("aivedio-sweeper", self._loop, self.ctx.sweeper.sweep, settings.sweeper.interval_s)
+            if settings.broker.kind == "stub":  # messages of a process killed hard died with its broker
+                redriven = self.ctx.sweeper.redrive_lost_data_plane()
+                if redriven:
+                    log.info("%d fetch/media step(s) left by an earlier process driven on", redriven)
+            self._spawn("aivedio-sweeper", self._loop, self._sweep, settings.sweeper.interval_s, None, "sweeper")
         if "api" in self.roles:
+            self.activity["api"] = f"serving http://{self.api_host}:{self.api_port}"
             self._spawn("aivedio-api", self._serve_api)
         log.info("aivedio running roles: %s", ", ".join(sorted(self.roles & IMPLEMENTED)) or "none")
 
     def shutdown(self) -> None:
         self.stop.set()
+        for role in self.activity:
+            self.activity[role] = "stopping"
         for t in self._threads:
             if t.name == "aivedio-relay":
                 t.join(_JOIN_TIMEOUT_S)
@@ -131,7 +157,14 @@ class Runtime:
             self.hand_back_undelivered()
         for t in self._threads:
             t.join(_JOIN_TIMEOUT_S)
+        self.stop_heartbeat()
         log.info("aivedio stopped")
+
+    def stop_heartbeat(self) -> None:
+        """The row says "stopped" (part of `shutdown`; on its own when shutdown was cut short)."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.heartbeat = None
 
     def hand_back_undelivered(self) -> int:
         """In-memory broker: outbox rows of the messages it never finished → PENDING (see worker.undelivered).
@@ -160,6 +193,16 @@ class Runtime:
         t.start()
         self._threads.append(t)
 
+    def _sweep(self) -> None:
+        try:
+            self.ctx.sweeper.sweep()
+        finally:
+            # seed 004 §13: running steps past their type's timeout fail with TASK_TIMEOUT, retried by the rules;
+            # then the nets for lost messages: vendor steps whose generation ended, steps due long and unclaimed
+            self.ctx.workflows.sweep_timeouts()
+            self.ctx.workflow_runner.finish_waiting()
+            self.ctx.workflows.redrive_stale()
+
     def _schedule(self) -> None:
         self.ctx.dispatcher.run_once()
         self.ctx.sync.poll_due()
@@ -167,19 +210,23 @@ class Runtime:
     def _schedule_forever(self) -> None:
         waiter = Waiter(self.ctx.engine, wakeup.DISPATCH, self.ctx.dispatch_wakeup)
         try:
-            self._loop(self._schedule, SCHEDULER_INTERVAL_S, waiter.wait)
+            self._loop(self._schedule, SCHEDULER_INTERVAL_S, waiter.wait, role="scheduler")
         finally:
             waiter.close()
 
-    def _loop(self, step: Any, interval_s: float, wait: Any = None) -> None:
+    def _loop(self, step: Any, interval_s: float, wait: Any = None, role: str | None = None) -> None:
         """Run `step` every `interval_s` (or sooner, when `wait` returns early) until stopped; a failing step is
         logged and retried next tick, since the database holds all state and the next pass picks up where this
         one failed."""
         while not self.stop.is_set():
             try:
                 step()
-            except Exception:  # see docstring
+                outcome = "ok"
+            except Exception as exc:  # see docstring
                 log.exception("periodic step %s failed", getattr(step, "__name__", step))
+                outcome = f"failed ({type(exc).__name__})"
+            if role is not None and not self.stop.is_set():
+                self.activity[role] = f"last pass {self.ctx.clock.now():%H:%M:%S} UTC {outcome}"
             if wait is None:
                 self.stop.wait(interval_s)
             else:
@@ -193,11 +240,12 @@ class Runtime:
 
 
 def parse_queues(text: str | None) -> set[str] | None:
-    """`"state,fetch"` → {"state", "fetch"}; None or "" means every queue. Raises ValueError naming the valid ones."""
+    """`"state,fetch"` → {"state", "fetch"}; None or "" means every queue. Broker queues and System B step queues
+    (`video,ffmpeg`) may be mixed. Raises ValueError naming the valid ones."""
     if not text:
         return None
     parts = {p.strip() for p in text.split(",") if p.strip()}
-    known = [q.value for q in Queue]
+    known = [q.value for q in Queue] + [q.value for q in StepQueue]
     unknown = parts - set(known)
     if unknown or not parts:
         raise ValueError(

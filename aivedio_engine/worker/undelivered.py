@@ -19,8 +19,8 @@ from typing import Any
 
 import dramatiq
 import sqlalchemy as sa
-from sqlalchemy import Engine
 
+from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.tables import outbox_events
 from aivedio_engine.domain.status import OutboxStatus
 

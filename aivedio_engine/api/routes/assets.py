@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from aivedio_engine.api.deps import Auth, Ctx
 from aivedio_engine.api.problems import Problem
-from aivedio_engine.services.assets import AssetView, PartUrls, RateLimited
+from aivedio_engine.api.validation import MAX_BIGINT, Text
+from aivedio_engine.services.assets import CONTENT_TYPES, AssetView, PartUrls, RateLimited
 from aivedio_engine.services.errors import Forbidden, PayloadTooLarge
 from aivedio_engine.storage.base import CHUNK, UploadTarget, content_disposition
 
@@ -30,12 +31,15 @@ extra_routers = [files_router]
 class CreateAssetRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    #: a display name only, cleaned by the service (control and surrogate characters dropped): a file name from
+    #: a client's disk may hold bytes that are not UTF-8, which is no reason to refuse the upload
     filename: str = Field(min_length=1, max_length=255)
-    size_bytes: StrictInt
-    content_type: str = Field(min_length=1, max_length=128)
-    sha256: str | None = Field(default=None, max_length=64)
+    size_bytes: StrictInt = Field(ge=1, le=MAX_BIGINT)
+    content_type: Text = Field(min_length=1, max_length=128, json_schema_extra={"enum": list(CONTENT_TYPES)})
+    sha256: Text | None = Field(default=None, max_length=64, json_schema_extra={"pattern": "^[0-9a-fA-F]{64}$"})
     #: S3 only: upload in this many parts (each but the last ≥ 5 MiB), one presigned PUT URL per part
-    parts: StrictInt | None = None
+    #: (schema-only bounds: the service's 400 names the limit for this size, which depends on the store)
+    parts: StrictInt | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": 10_000})
 
 
 class Asset(BaseModel):

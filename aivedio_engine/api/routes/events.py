@@ -16,34 +16,39 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 
 from aivedio_engine.api.deps import Auth, Ctx
+from aivedio_engine.api.sse import MEDIA_TYPE, PING, open_event_stream
+from aivedio_engine.api.validation import MAX_BIGINT
 from aivedio_engine.services import notifications
 
 router = APIRouter(prefix="/v1/generations", tags=["generations"])
-
-MEDIA_TYPE = "text/event-stream"
-#: comment lines are ignored by EventSource; they only keep proxies and load balancers from idling us out
-PING = ": ping\n\n"
 
 
 @router.get(
     "/{task_id}/events",
     response_class=StreamingResponse,
-    responses={200: {"content": {MEDIA_TYPE: {}}, "description": "an event stream"}},
+    responses={
+        200: {"content": {MEDIA_TYPE: {}}, "description": "an event stream"},
+        429: {"description": "too many open streams (this tenant's or this server's cap); see Retry-After"},
+    },
 )
 async def generation_events(
     task_id: uuid.UUID,
     ctx: Ctx,
     principal: Auth,
-    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0)] = None,
-    last_event_id_query: Annotated[int | None, Query(alias="last_event_id", ge=0)] = None,
+    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0, le=MAX_BIGINT)] = None,
+    last_event_id_query: Annotated[int | None, Query(alias="last_event_id", ge=0, le=MAX_BIGINT)] = None,
 ) -> StreamingResponse:
     # the header wins: EventSource sends it on reconnect while the URL still carries the first query
     after = last_event_id if last_event_id is not None else last_event_id_query
-    stream = await notifications.open_stream(
-        ctx.engine, ctx.notifier, principal.tenant_id, task_id, after, ctx.settings.api.sse_heartbeat_s
-    )
-    return StreamingResponse(
-        _render(stream), media_type=MEDIA_TYPE, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    api = ctx.settings.api
+    return await open_event_stream(
+        ctx.stream_slots,
+        principal.tenant_id,
+        api.sse_send_timeout_s,
+        lambda: notifications.open_stream(
+            ctx.engine, ctx.notifier, principal.tenant_id, task_id, after, api.sse_heartbeat_s, api.sse_max_batch_events
+        ),
+        _render,
     )
 
 

@@ -6,32 +6,49 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from aivedio_engine.api.deps import Auth, Ctx
-from aivedio_engine.domain.status import TaskStatus
+from aivedio_engine.api.deps import Auth, Ctx, RateLimitedAuth
+from aivedio_engine.api.validation import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, Text
+from aivedio_engine.domain.requests import (
+    MAX_ASSETS,
+    MAX_OUTPUTS,
+    MAX_PROMPT_CHARS,
+    MIN_DEADLINE_S,
+    PRIORITY_RANGE,
+    SEED_MAX,
+)
+from aivedio_engine.domain.status import USER_STAGE, TaskStatus
 from aivedio_engine.services.generations import TaskView
+from aivedio_engine.services.outputs import OutputFile
 
 router = APIRouter(prefix="/v1/generations", tags=["generations"])
 #: states in which derivatives exist (a reviewer may look at a held output; the client gets it once approved)
 _PLAYABLE = frozenset({TaskStatus.SUCCEEDED.value})
+# schema-only: the service checks both (its 400 for a bad key and its message listing the statuses are API)
+_KEY_SCHEMA = {"pattern": IDEMPOTENCY_KEY_PATTERN, "maxLength": IDEMPOTENCY_KEY_MAX}
+_STATUS_SCHEMA = {"enum": [s.value for s in TaskStatus]}
 
 
 class GenerationRequest(BaseModel):
-    """What a client may ask for; `GET /v1/models` lists valid models, resolutions and durations."""
+    """What a client may ask for; `GET /v1/models` lists valid models, resolutions and durations (the OpenAPI
+    schema states them too: api/openapi.py fills in this deployment's catalog)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=4000)
-    model: str = Field(min_length=1, max_length=64)
-    provider: str | None = Field(default=None, max_length=64)
-    asset_ids: list[uuid.UUID] | None = Field(default=None, max_length=8)
-    duration_s: int | None = None
-    aspect_ratio: str | None = None
-    resolution: str | None = None
-    seed: int | None = None
-    priority: int | None = None
-    deadline_s: int | None = None
+    prompt: Text = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    model: Text = Field(min_length=1, max_length=64)
+    provider: Text | None = Field(default=None, min_length=1, max_length=64)
+    asset_ids: list[uuid.UUID] | None = Field(default=None, max_length=MAX_ASSETS)
+    duration_s: StrictInt | None = Field(default=None, ge=1)
+    aspect_ratio: Text | None = Field(default=None, max_length=16)
+    resolution: Text | None = Field(default=None, max_length=32)
+    seed: StrictInt | None = Field(default=None, ge=0, le=SEED_MAX)
+    priority: StrictInt | None = Field(default=None, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
+    deadline_s: StrictInt | None = Field(default=None, ge=MIN_DEADLINE_S)
+    #: outputs (variants) to make, 1-4 up to the model's `max_outputs`; part of the request and its hash
+    # the range is the domain's to check (its 422 names the model's own limit); the schema only states it
+    n: StrictInt | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": MAX_OUTPUTS})
 
 
 class OutputAsset(BaseModel):
@@ -40,9 +57,19 @@ class OutputAsset(BaseModel):
     sha256: str | None
 
 
+class GenerationVariant(BaseModel):
+    """One output of a request for `n`: its playback URLs and their asset rows, as `outputs`/`output_assets`."""
+
+    index: int
+    outputs: dict[str, str] = Field(default_factory=dict)
+    output_assets: dict[str, OutputAsset] = Field(default_factory=dict)
+
+
 class Generation(BaseModel):
     id: uuid.UUID
     status: str
+    #: the status in a user's words; "generated, processing" from the moment the provider's video exists
+    stage: str
     version: int
     progress: int
     model: str
@@ -65,6 +92,8 @@ class Generation(BaseModel):
     #: (for `hls` these describe the stored playlist, i.e. the served one with each signed URL put back to its
     #: file name)
     output_assets: dict[str, OutputAsset] = Field(default_factory=dict)
+    #: every output of the request (`n`), by index; `outputs` above is the first one's
+    variants: list[GenerationVariant] = Field(default_factory=list)
 
 
 class GenerationPage(BaseModel):
@@ -73,12 +102,16 @@ class GenerationPage(BaseModel):
 
 
 def render(
-    task: TaskView, outputs: dict[str, str] | None = None, output_assets: dict[str, OutputAsset] | None = None
+    task: TaskView,
+    outputs: dict[str, str] | None = None,
+    output_assets: dict[str, OutputAsset] | None = None,
+    variants: list[GenerationVariant] | None = None,
 ) -> Generation:
     base = f"/v1/generations/{task.id}"
     return Generation(
         id=task.id,
         status=task.status,
+        stage=USER_STAGE[TaskStatus(task.status)],
         version=task.version,
         progress=task.progress,
         model=task.model,
@@ -97,6 +130,7 @@ def render(
         links={"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel"},
         outputs=outputs or {},
         output_assets=output_assets or {},
+        variants=variants or [],
     )
 
 
@@ -109,9 +143,9 @@ def create_generation(
     request: Request,
     response: Response,
     ctx: Ctx,
-    principal: Auth,
+    principal: RateLimitedAuth,
     body: Annotated[GenerationRequest, Body()],
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", json_schema_extra=_KEY_SCHEMA)] = None,
 ) -> Generation:
     """Create a generation. The same Idempotency-Key with the same request returns the original task."""
     raw = body.model_dump(exclude_none=True, mode="json")
@@ -131,23 +165,36 @@ def get_generation(task_id: uuid.UUID, request: Request, ctx: Ctx, principal: Au
         return render(task)
     base = (ctx.settings.api.public_base_url or str(request.base_url)).rstrip("/")
     # links served by this API (fs objects, HLS playlists) come as paths: make them absolute for players
-    files = ctx.outputs.files(principal.tenant_id, task_id)
-    signed = ctx.outputs.urls(principal.tenant_id, task_id, files)
-    urls = {p: base + u if u.startswith("/") else u for p, u in signed.items()}
-    described = {
-        p: OutputAsset(id=f.asset_id, size_bytes=f.size_bytes, sha256=f.sha256) for p, f in files.items() if p in urls
-    }
-    return render(task, urls, described)
+
+    def signed(files: dict[str, OutputFile]) -> tuple[dict[str, str], dict[str, OutputAsset]]:
+        urls = {
+            p: base + u if u.startswith("/") else u
+            for p, u in ctx.outputs.urls(principal.tenant_id, task_id, files).items()
+        }
+        described = {
+            p: OutputAsset(id=f.asset_id, size_bytes=f.size_bytes, sha256=f.sha256)
+            for p, f in files.items()
+            if p in urls
+        }
+        return urls, described
+
+    urls, described = signed(ctx.outputs.files(principal.tenant_id, task_id))
+    variants = [
+        GenerationVariant(index=v.index, outputs=v_urls, output_assets=v_described)
+        for v in ctx.outputs.variants(principal.tenant_id, task_id)
+        for v_urls, v_described in [signed(v.files)]
+    ]
+    return render(task, urls, described, variants)
 
 
 @router.get("", response_model=GenerationPage)
 def list_generations(
     ctx: Ctx,
     principal: Auth,
-    status: str | None = None,
+    status: Annotated[Text | None, Query(max_length=32, json_schema_extra=_STATUS_SCHEMA)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: uuid.UUID | None = None,
-    idempotency_key: Annotated[str | None, Query(max_length=255)] = None,
+    idempotency_key: Annotated[Text | None, Query(min_length=1, max_length=IDEMPOTENCY_KEY_MAX)] = None,
 ) -> GenerationPage:
     if idempotency_key is not None:  # at most one task per key: lets a client resume a batch without re-sending
         found = ctx.generations.find_by_key(principal.tenant_id, idempotency_key)

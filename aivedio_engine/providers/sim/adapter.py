@@ -13,8 +13,10 @@ from typing import Any
 from urllib.parse import quote
 
 from aivedio_engine.config import ProviderSettings
+from aivedio_engine.domain.references import MB, ModelLimits
 from aivedio_engine.domain.retry import ErrorClass
 from aivedio_engine.httpclient import HttpClient, NotSent, Response, SentUnknown, Timeouts
+from aivedio_engine.providers._vendor import over_limits
 from aivedio_engine.providers.base import (
     Accepted,
     Ambiguous,
@@ -40,6 +42,14 @@ DEFAULT_TIMEOUTS = Timeouts(connect=2.0, read=15.0, write=15.0, pool=2.0)
 MAX_CALLBACK_BYTES = 256 * 1024
 #: a window of reconciliation holds a few minutes of jobs; more pages than this and the listing is not trusted
 MAX_LIST_PAGES = 50
+#: the simulator is a vendor with generous, but finite, limits: several images and a source clip, any duration
+SIM_LIMITS = ModelLimits(
+    max_reference_images=4, max_reference_videos=1, max_image_bytes=20 * MB, max_video_bytes=200 * MB, max_outputs=4
+)
+
+
+def model_limits(model: str) -> ModelLimits:
+    return SIM_LIMITS
 
 
 class SimProvider:
@@ -68,9 +78,13 @@ class SimProvider:
             supports_cancel=True,
             output_url_ttl_s=settings.output_url_ttl_s,
             cancel_is_billed=True,  # the sim charges a cancel once the job has started
+            model_limits={m: model_limits(m) for m in models},
         )
 
     def submit(self, request: GenerationRequest, request_key: str) -> SubmitResult:
+        refused = over_limits(request, SIM_LIMITS)
+        if refused is not None:
+            return refused
         body: dict[str, Any] = {
             "prompt": request.prompt,
             "model": request.model,
@@ -80,8 +94,12 @@ class SimProvider:
         }
         if request.seed is not None:
             body["seed"] = request.seed
+        if request.n > 1:
+            body["n"] = request.n
         if request.reference_urls:
             body["reference_urls"] = list(request.reference_urls)
+        if request.reference_video_urls:
+            body["reference_video_urls"] = list(request.reference_video_urls)
         if request.callback_url:
             body["callback_url"] = request.callback_url
         try:
@@ -223,9 +241,22 @@ def _observation(data: dict[str, Any], event_id: str | None = None) -> Observati
         outputs = (
             Output(url=out["url"], expires_at=_parse_time(out.get("expires_at")), content_type=out.get("content_type")),
         )
+    many = data.get("outputs")
+    if isinstance(many, list) and len(many) > 1:  # a job of n outputs lists them all, by index
+        outputs = tuple(
+            Output(
+                url=o["url"],
+                expires_at=_parse_time(o.get("expires_at")),
+                content_type=o.get("content_type"),
+                index=int(o.get("index", i)),
+            )
+            for i, o in enumerate(many)
+            if isinstance(o, dict) and isinstance(o.get("url"), str)
+        )
     error = err if isinstance(err := data.get("error"), dict) else {}
     progress = data.get("progress")
     billed = data.get("billed")
+    seconds, cost = data.get("billed_seconds"), data.get("cost")
     return Observation(
         job_id=job_id,
         status=status,
@@ -235,10 +266,19 @@ def _observation(data: dict[str, Any], event_id: str | None = None) -> Observati
         error_code=error.get("code"),
         error_message=error.get("message"),
         billed=billed if isinstance(billed, bool) else None,
+        billed_seconds=_number(seconds),
+        billed_outputs=int(b) if (b := _number(data.get("billed_outputs"))) is not None else None,
+        vendor_cost=_number(cost),
+        refunded=True if data.get("refunded") is True else None,
         request_key=data.get("request_key") if isinstance(data.get("request_key"), str) else None,
         event_id=event_id,
         raw=data,
     )
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+    return float(value) if ok else None
 
 
 def _summary(item: Any) -> JobSummary | None:

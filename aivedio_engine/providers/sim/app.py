@@ -75,7 +75,7 @@ def create_app(state: SimState) -> Any:
     @api.get("/outputs/{name}")
     def output(name: str, expires: str = "", sig: str = "") -> Response:
         latency()
-        job_id = name.removesuffix(".mp4")
+        job_id = _job_of(name)
         status = state.output_allowed(job_id, expires, sig)
         if status != 200:
             return JSONResponse({"error": "expired" if status == 403 else "not_found"}, status_code=status)
@@ -86,10 +86,15 @@ def create_app(state: SimState) -> Any:
     @api.get("/outputs/r/{name}")
     def redirected_output(name: str, expires: str = "", sig: str = "") -> Response:
         latency()
-        status = state.output_allowed(name.removesuffix(".mp4"), expires, sig)
+        status = state.output_allowed(_job_of(name), expires, sig)
         if status != 200:
             return JSONResponse({"error": "expired" if status == 403 else "not_found"}, status_code=status)
         return Response(sample_mp4(), media_type="video/mp4")
+
+    @api.post("/_sim/jobs/{job_id}/void")
+    def void(job_id: str) -> Response:
+        status, body = state.void(job_id)
+        return JSONResponse(body, status_code=status)
 
     @api.get("/_sim/truth")
     def truth() -> Response:
@@ -107,7 +112,16 @@ def create_app(state: SimState) -> Any:
 
     @api.post("/_sim/config")
     def configure(body: dict[str, Any]) -> Response:
-        allowed = {"lookup", "listing", "max_concurrency", "job_seconds", "webhook_url"}
+        allowed = {
+            "lookup",
+            "listing",
+            "max_concurrency",
+            "job_seconds",
+            "webhook_url",
+            "bill_factor",
+            "cost_per_second",
+            "billed_outputs",
+        }
         unknown = set(body) - allowed
         if unknown:
             return JSONResponse({"error": "unknown_keys", "detail": sorted(unknown)}, status_code=400)
@@ -322,3 +336,10 @@ def serve(state: SimState, host: str, port: int) -> None:
     finally:
         state.stop()
         sock.close()
+
+
+def _job_of(name: str) -> str:
+    """The job an output file name belongs to: `<job>.mp4`, or `<job>-<index>.mp4` for the others of n."""
+    stem = name.removesuffix(".mp4")
+    head, sep, index = stem.rpartition("-")
+    return head if sep and index.isdigit() else stem

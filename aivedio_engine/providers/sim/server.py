@@ -62,6 +62,12 @@ class SimConfig:
     webhook_url: str | None = None
     webhook_secrets: tuple[str, ...] = ()
     output_url_ttl_s: float = 3600.0
+    #: the bill a finished billed job reports: requested seconds × bill_factor (< 1 under-reports, > 1
+    #: over-reports what was asked for), and `cost` = those seconds × cost_per_second, in the sim's currency
+    bill_factor: float = 1.0
+    cost_per_second: float = 0.05
+    #: the billed outputs a finished billed job of n > 1 outputs reports (None: all n; fewer under-reports)
+    billed_outputs: int | None = None
 
 
 @dataclass(eq=False)
@@ -80,6 +86,8 @@ class Job:
     waiting: bool = False  # runnable but over the concurrency limit
     will_fail: bool = False
     billed: bool = True
+    #: the sim gave the charge back: a job voided after it ended, or one its own moderation failed
+    refunded: bool = False
     canceled: bool = False
     events: int = 0
 
@@ -276,6 +284,22 @@ class SimState:
                 self._start_waiting(now)
             return 200, self._job_json(job, now)
 
+    def void(self, job_id: str) -> tuple[int, dict[str, Any]]:
+        """Void a finished job and refund it, as a vendor does after the fact (a late moderation finding, a
+        billing correction): the job's status stays, `refunded` becomes true and a status callback goes out."""
+        with self._lock:
+            now = self.clock.now()
+            self._advance_jobs(now)
+            job = self.jobs.get(job_id)
+            if job is None:
+                return 404, {"error": "not_found"}
+            if job.status in ACTIVE:
+                return 409, {"error": "not_finished", "status": job.status}
+            if not job.refunded:
+                job.refunded, job.updated_at = True, now
+                self._emit(job, now)
+            return 200, self._job_json(job, now)
+
     def output_allowed(self, job_id: str, expires: str, sig: str) -> int:
         """200 when the signed output URL is valid now, else the status a vendor CDN would answer."""
         with self._lock:
@@ -327,7 +351,9 @@ class SimState:
     def _create(self, body: dict[str, Any], request_key: str | None, now: datetime) -> Job:
         self._seq += 1
         throttled = self.dice.roll("throttled", self.faults.p("throttled"))
-        will_fail = self.dice.roll("fail", self.faults.p("fail")) or "[fail]" in str(body.get("prompt", ""))
+        prompt = str(body.get("prompt", ""))
+        # "[moderation]": the sim's own moderation fails the job after charging it, and refunds it
+        will_fail = self.dice.roll("fail", self.faults.p("fail")) or "[fail]" in prompt or "[moderation]" in prompt
         j = self.config.job_seconds
         job = Job(
             id=f"job_{self._seq:05d}_{self.dice.token('job_id'):012x}",
@@ -390,7 +416,9 @@ class SimState:
             job.started_at = t
         job.status = "failed" if fail else "succeeded"
         job.updated_at = job.finished_at = t
-        if fail:
+        if fail and "[moderation]" in str(job.request.get("prompt", "")):
+            job.refunded = True  # charged, then given back: the vendor's moderation rejected the output
+        elif fail:
             job.billed = False  # like fal and Replicate: a failed generation is not charged
         self._emit(job, t)
         self._start_waiting(t)
@@ -416,6 +444,15 @@ class SimState:
             "model": job.request.get("model"),
             "billed": job.billed,
         }
+        if job.billed and job.status not in ACTIVE:
+            seconds = round(float(job.request.get("duration_s") or 0) * self.config.bill_factor, 3)
+            out["billed_seconds"] = seconds
+            out["cost"] = round(seconds * self.config.cost_per_second, 8)
+            if _outputs(job) > 1:
+                billed = self.config.billed_outputs
+                out["billed_outputs"] = _outputs(job) if billed is None else billed
+        if job.refunded:
+            out["refunded"] = True
         if job.status == "succeeded":
             ttl = self.faults.url_expire_s if self.faults.url_expire_s is not None else self.config.output_url_ttl_s
             expires = now + timedelta(seconds=ttl)
@@ -426,8 +463,23 @@ class SimState:
                 "expires_at": _iso(expires),
                 "content_type": "video/mp4",
             }
+            if _outputs(job) > 1:  # every output, by index; `output` stays the first, as for one
+                out["outputs"] = [
+                    {
+                        **out["output"],
+                        "url": f"{self.base_url}/outputs/{job.id}-{i}.mp4?expires={exp}&sig={sig}",
+                        "index": i,
+                    }
+                    if i
+                    else {**out["output"], "index": 0}
+                    for i in range(_outputs(job))
+                ]
         elif job.status == "failed":
-            out["error"] = {"code": "generation_failed", "message": "the simulated model failed"}
+            out["error"] = (
+                {"code": "moderation", "message": "the simulated vendor's moderation rejected the output"}
+                if job.refunded
+                else {"code": "generation_failed", "message": "the simulated model failed"}
+            )
         return out
 
     def _progress(self, job: Job, now: datetime) -> int:
@@ -442,6 +494,11 @@ class SimState:
         return hmac.new(self._url_key, f"{job_id}:{expires}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
+def _outputs(job: Job) -> int:
+    n = job.request.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 4 else 1
+
+
 def _validate(body: dict[str, Any]) -> str | None:
     if not isinstance(body.get("prompt"), str) or not body["prompt"].strip():
         return "prompt_required"
@@ -452,6 +509,9 @@ def _validate(body: dict[str, Any]) -> str | None:
     duration = body.get("duration_s")
     if not isinstance(duration, int) or isinstance(duration, bool) or not 1 <= duration <= 60:
         return "invalid_duration"
+    n = body.get("n", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 4:
+        return "invalid_n"
     return None
 
 
