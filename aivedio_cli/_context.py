@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import typer
 
 from aivedio_cli._render import ExitCode, fail
-from aivedio_engine.config import ConfigError, Settings, load_settings, merge_overrides
+
+if TYPE_CHECKING:  # the config model loads pydantic: only when a command needs settings, not at start-up
+    from aivedio_engine.config import Settings
 
 
 @dataclass
@@ -18,6 +21,8 @@ class CliState:
 
     def settings(self, **cli_args: object) -> Settings:
         """Effective settings; `cli_args` are nested dicts of values given as command options (highest rank)."""
+        from aivedio_engine.config import ConfigError, load_settings, merge_overrides
+
         if self._settings is not None and not cli_args:
             return self._settings
         try:
@@ -27,7 +32,7 @@ class CliState:
                     overrides[key] = value
             settings = load_settings(self.config_path, overrides)
         except ConfigError as exc:
-            fail(str(exc), ExitCode.USAGE)
+            fail(str(exc), ExitCode.USAGE, "config")
         if not cli_args:
             self._settings = settings
         return settings

@@ -14,12 +14,14 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from aivedio_cli._render import ExitCode, fail
-from aivedio_engine.services.operations import Operation
+
+if TYPE_CHECKING:  # loads the database tables: imported when a command runs, not when completion loads it
+    from aivedio_engine.services.operations import Operation
 
 PLAN_VERSION = 1
 
@@ -31,6 +33,8 @@ PLAN = typer.Option(None, "--plan", help="Apply exactly the set saved by --plan-
 
 
 def operation(command: str, reason: str | None, dry_run: bool, **args: Any) -> Operation:
+    from aivedio_engine.services.operations import Operation
+
     op = Operation(command=command, reason=reason, dry_run=dry_run, args=args)
     if not dry_run and not (reason or "").strip():
         fail(f"{command}: --reason is required (it is stored in the audit log)", ExitCode.USAGE)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from aivedio_cli._mutate import DRY_RUN, REASON, YES, confirm, operation
-from aivedio_cli._render import ExitCode, emit_json, out, parse_id
+from aivedio_cli._render import ExitCode, emit_json, out, parse_id, print_count
 from aivedio_cli._services import service_context
-from aivedio_engine.services.alert_ops import LIST_STATUSES, NOT_FOUND, AlertChange, AlertOps
+from aivedio_engine.domain.status import ALERT_LIST_STATUSES as LIST_STATUSES
+
+if TYPE_CHECKING:  # the services load SQLAlchemy: imported where a command runs, not when completion loads this
+    from aivedio_engine.services.alert_ops import AlertChange
 
 app = typer.Typer(help="Engine alerts: list, acknowledge, resolve.", no_args_is_help=True)
 
@@ -15,10 +20,16 @@ IDS = typer.Argument(..., help="Alert ids (from `aivedio alerts list`).")
 JSON = typer.Option(False, "--json", help="Print JSON.")
 
 
+def _complete_status(incomplete: str) -> list[str]:
+    return [s for s in LIST_STATUSES if s.startswith(incomplete.lower())]
+
+
 @app.command("list")
 def list_alerts(
     ctx: typer.Context,
-    status: str = typer.Option("unresolved", "--status", help=f"One of: {', '.join(LIST_STATUSES)}."),
+    status: str = typer.Option(
+        "unresolved", "--status", autocompletion=_complete_status, help=f"One of: {', '.join(LIST_STATUSES)}."
+    ),
     rule: str | None = typer.Option(None, "--rule", help="Only this rule, e.g. submit_unknown_parked."),
     severity: str | None = typer.Option(None, "--severity", help="info, warning or critical."),
     limit: int = typer.Option(100, "--limit", min=1, max=10_000),
@@ -26,9 +37,13 @@ def list_alerts(
 ) -> None:
     """Alerts, newest first (default: not yet resolved)."""
     with service_context(ctx) as app_ctx:
-        rows = AlertOps(app_ctx.engine, app_ctx.clock).list(status, rule, severity, limit)
+        alert_ops = app_ctx.alert_ops
+        rows = alert_ops.list(status, rule, severity, limit)
+        total = alert_ops.count(status, rule, severity) if len(rows) == limit else len(rows)
     if as_json:
         emit_json([a.to_dict() for a in rows])
+        if total > len(rows):
+            print_count(len(rows), total, "alert(s)")
         return
     if not rows:
         out().print(f"no {status} alerts")
@@ -43,6 +58,7 @@ def list_alerts(
             f"{a.raised_at.isoformat(timespec='seconds')}  {a.message}{by}",
             highlight=False,
         )
+    print_count(len(rows), total, "alert(s)")
 
 
 @app.command("ack")
@@ -79,7 +95,7 @@ def _change(
     if not dry_run:
         confirm(f"{verb} {len(alert_ids)} alert(s)?", yes)
     with service_context(ctx) as app_ctx:
-        service = AlertOps(app_ctx.engine, app_ctx.clock)
+        service = app_ctx.alert_ops
         change = (service.acknowledge if verb == "ack" else service.resolve)(alert_ids, op)
     if as_json:
         emit_json(
@@ -109,6 +125,8 @@ def _change(
 def _exit_code(change: AlertChange) -> ExitCode:
     """Already acknowledged/resolved is a no-op (0). Unknown ids alone → not found (5), refusals alone → refused
     (4); either beside ids that changed or were no-ops → partial (3)."""
+    from aivedio_engine.services.alert_ops import NOT_FOUND
+
     missing = [i for i, why in change.skipped if why == NOT_FOUND]
     if not missing and not change.refused:
         return ExitCode.OK

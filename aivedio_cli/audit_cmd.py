@@ -13,30 +13,37 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from aivedio_cli._params import duration_option
 from aivedio_cli._render import ExitCode, emit_json, out
 from aivedio_cli._services import service_context
-from aivedio_engine.services.invariants import DEFAULT_GRACE_S, AuditReport, InvariantService
+from aivedio_engine.domain.durations import format_seconds
+from aivedio_engine.services.invariants import DEFAULT_GRACE_S, AuditReport
 
 
 def audit(
     ctx: typer.Context,
-    grace: float = typer.Option(
-        DEFAULT_GRACE_S,
+    grace: float = duration_option(
+        format_seconds(DEFAULT_GRACE_S),
         "--grace",
-        help="Seconds a live system may lag (in-flight work, sweeper interval) before a "
-        "time-based check counts a row as stuck.",
+        help="How long a live system may lag (in-flight work, sweeper interval) before a "
+        "time-based check counts a row as stuck",
     ),
     limit: int = typer.Option(20, "--limit", min=1, help="Offending rows shown per check (all are counted)."),
     checks: list[str] = typer.Option([], "--check", help="Run only this check id (repeatable), e.g. --check I4.2."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Check the invariants I1-I10 that our own tables can answer; exit 1 with the offending rows on a violation."""
+    """Check the invariants I1-I10 that our own tables can answer; exit 1 with the offending rows on a violation.
+
+    When work waits and no engine process runs the role it needs, the summary says so instead of a clean bill."""
     with service_context(ctx) as app_ctx:
-        report = InvariantService(app_ctx.engine, app_ctx.clock).run(grace_s=grace, limit=limit, only=checks or None)
+        report = app_ctx.invariants.run(grace_s=grace, limit=limit, only=checks or None)
+        # the invariants can all hold on a system where nothing moves: say so instead of a clean bill
+        stalled = app_ctx.liveness.report().stalled()
     if as_json:
-        emit_json(_as_json(report))
+        emit_json({**_as_json(report), "stalled": stalled})
     else:
-        _print(report)
+        _print(report, stalled)
+    # a stall is said, not counted: it is a fact about processes, and the exit code stays the invariants' verdict
     if not report.ok:
         raise typer.Exit(int(ExitCode.FAILED))
 
@@ -58,7 +65,7 @@ def _as_json(report: AuditReport) -> dict[str, Any]:
     }
 
 
-def _print(report: AuditReport) -> None:
+def _print(report: AuditReport, stalled: list[str]) -> None:
     console = out()
     table = Table("check", "status", "violations", "invariant", title="Invariant audit")
     for r in report.results:
@@ -69,7 +76,9 @@ def _print(report: AuditReport) -> None:
         if r.ok:
             continue
         shown = f"first {len(r.rows)} of {r.violations}" if len(r.rows) < r.violations else str(r.violations)
-        rows = Table(*r.rows[0].keys(), title=f"{r.id} — {r.description} ({shown} offending rows)")
+        rows = Table(title=f"{r.id} — {r.description} ({shown} offending rows)")
+        for column in r.rows[0]:
+            rows.add_column(column, overflow="fold")  # ids wrap at a narrow terminal, never cut with "…"
         for row in r.rows:
             rows.add_row(*(_cell(v) for v in row.values()))
         console.print(rows)
@@ -80,6 +89,10 @@ def _print(report: AuditReport) -> None:
         console.print(skipped)
     failed = sum(1 for r in report.results if not r.ok)
     summary = "all checks hold" if failed == 0 else f"{failed} of {len(report.results)} checks violated"
+    if stalled:
+        # not a clean bill: work waits and no engine process will take it
+        verdict = "the invariants hold" if failed == 0 else summary
+        summary = f"{verdict}, but {'; '.join(stalled)}: start `aivedio serve` (`aivedio status` shows the roles)"
     console.print(f"{summary}; {len(report.skipped)} skipped", highlight=False)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from aivedio_cli._params import duration_option
 from aivedio_cli._render import ExitCode, emit_json, fail, out
 from aivedio_cli._services import service_context
 from aivedio_engine.domain.capacity import (
@@ -17,15 +18,14 @@ from aivedio_engine.domain.capacity import (
 )
 from aivedio_engine.domain.capacity import estimate as estimate_capacity
 from aivedio_engine.domain.capacity_live import LiveReport, Saturation, fmt_duration, parse_window, pressure_warnings
-from aivedio_engine.services.capacity_live import CapacityLiveService
 
-app = typer.Typer(help="Capacity planning with Little's law (seed 000 §4.10).", no_args_is_help=True)
+app = typer.Typer(help="Capacity planning with Little's law.", no_args_is_help=True)
 
 
 @app.command("estimate")
 def estimate(
     arrival_rate: float = typer.Option(..., "--arrival-rate", help="λ: peak task arrival rate, tasks/s."),
-    avg_duration: float = typer.Option(..., "--avg-duration", help="W: average provider run time, seconds."),
+    avg_duration: float = duration_option(..., "--avg-duration", help="W: average provider run time"),
     target_utilization: float = typer.Option(
         0.75, "--target-utilization", help="ρ: target utilization of provider slots, in (0, 1]."
     ),
@@ -37,16 +37,18 @@ def estimate(
     burst_factor: float = typer.Option(
         2.0, "--burst-factor", help="Fetch-link headroom for bursts and protocol overhead, >= 1."
     ),
-    media_seconds: float = typer.Option(45.0, "--media-seconds", help="Media processing time per output, seconds."),
+    media_seconds: float = duration_option("45s", "--media-seconds", help="Media processing time per output"),
     vcpu_per_media_job: float = typer.Option(2.0, "--vcpu-per-media-job", help="vCPU per media job."),
     transitions_per_task: float = typer.Option(14.0, "--transitions-per-task", help="State transitions per task."),
-    poll_interval: float = typer.Option(10.0, "--poll-interval", help="Provider status polling interval, seconds."),
+    poll_interval: float = duration_option("10s", "--poll-interval", help="Provider status polling interval"),
     backlog: int = typer.Option(0, "--backlog", help="Tasks the poller must visit when the backlog builds up."),
     connections: int = typer.Option(0, "--connections", help="Concurrent SSE / WebSocket connections."),
     kb_per_connection: float = typer.Option(20.0, "--kb-per-connection", help="Gateway memory per connection, KB."),
     as_json: bool = typer.Option(False, "--json", help="Print the 13 figures as JSON."),
 ) -> None:
-    """Estimate slots, polling, bandwidth, media CPU, DB writes and SSE memory at peak (defaults: seed 000 §4.10)."""
+    """Estimate slots, polling, bandwidth, media CPU, DB writes and SSE memory at peak.
+
+    The defaults describe the reference workload; change any of them."""
     try:
         inputs = CapacityInputs(
             arrival_rate=arrival_rate,
@@ -71,7 +73,7 @@ def estimate(
     if as_json:
         emit_json(result.figures())
         return
-    table = Table(title="Capacity estimate (seed 000 §4.10)")
+    table = Table(title="Capacity estimate")
     # Names and values must stay whole and greppable; only the explanation may wrap.
     table.add_column("figure", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
@@ -103,9 +105,7 @@ def live(
     if not 0 < target_utilization <= 1:
         fail(f"--target-utilization must be in (0, 1], got {target_utilization}", ExitCode.USAGE)
     with service_context(ctx) as app_ctx:
-        report = CapacityLiveService(app_ctx.engine, app_ctx.clock, app_ctx.settings).report(
-            window_s, target_utilization=target_utilization
-        )
+        report = app_ctx.capacity_live.report(window_s, target_utilization=target_utilization)
     if as_json:
         emit_json(_live_json(report))
     else:
@@ -207,7 +207,7 @@ def _print_live(r: LiveReport, window: str) -> None:
     if r.estimate is None or r.inputs is None:
         console.print(f"no model estimate: {r.why_no_estimate}", highlight=False)
         return
-    table = Table(title="Capacity model on measured rates (seed 000 §4.10)")
+    table = Table(title="Capacity model on measured rates")
     table.add_column("figure", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     table.add_column("unit", no_wrap=True)

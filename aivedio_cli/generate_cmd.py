@@ -4,6 +4,10 @@ Without `--api-url` the engine runs inside this command (embedded: data dir, sch
 on first use); with `--api-url` and `--api-key` the command is an HTTP client of a running `aivedio serve`.
 Progress goes to stderr, so `--json` leaves exactly one JSON document on stdout.
 
+Embedded, the engine runs only while a command hosts it (`generate --wait`, `generations wait`, `batch run`,
+`serve`), and each of those resumes every unfinished task of the data dir. `generate` without `--wait` only
+queues the task and says so in one line, as does `--wait` when it times out.
+
 Ctrl-C stops following, never the work: the command submits nothing more, the embedded engine shuts down
 gracefully (media work it stops is retried by the next engine that runs, nothing is marked failed), one line
 says how to follow the task again, and the exit code is 130. A second Ctrl-C stops waiting for that shutdown.
@@ -22,13 +26,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from aivedio_cli._context import state
+from aivedio_cli._params import complete_model, complete_provider, duration_option
 from aivedio_cli._render import ExitCode, emit_json, fail
+from aivedio_engine.domain.durations import format_seconds
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # Rich's progress and the engine load when a command runs, not when completion imports this
+    from rich.console import Console
+
     from aivedio_engine.client import GenerationClient, Snapshot
     from aivedio_engine.jobs import BatchResult, StopFlag
 
@@ -41,6 +47,8 @@ _API_KEY = typer.Option(None, "--api-key", envvar="AIVEDIO_API_KEY", help="API k
 
 
 def _err() -> Console:
+    from rich.console import Console
+
     return Console(file=sys.stderr)
 
 
@@ -69,7 +77,11 @@ def interrupted_line(text: str) -> None:
 
 
 @contextmanager
-def _client(ctx: typer.Context, api_url: str | None, api_key: str | None) -> Iterator[GenerationClient]:
+def _client(
+    ctx: typer.Context, api_url: str | None, api_key: str | None, *, host_engine: bool = True
+) -> Iterator[GenerationClient]:
+    """A client of the server at `api_url`, else of the data dir; `host_engine` runs the embedded engine for the
+    duration of the block (without it, tasks are only queued: starting renders only to stop them is waste)."""
     from aivedio_engine.client import ClientError, EmbeddedClient, RemoteClient
 
     if api_url:
@@ -89,8 +101,11 @@ def _client(ctx: typer.Context, api_url: str | None, api_key: str | None) -> Ite
     configure_logging(state(ctx).settings(), default_level="WARNING")
     app_ctx = build_context(state(ctx).settings())
     try:
-        with embedded.running(app_ctx) as principal:
-            yield EmbeddedClient(app_ctx, principal)
+        if host_engine:
+            with embedded.running(app_ctx) as principal:
+                yield EmbeddedClient(app_ctx, principal)
+        else:
+            yield EmbeddedClient(app_ctx, embedded.prepare(app_ctx))
     except (embedded.SchemaOutdated, ClientError) as exc:
         fail(str(exc))
     finally:
@@ -102,25 +117,43 @@ def generate(
     prompt: str = typer.Argument(..., help="What the video should show."),
     image: list[Path] = typer.Option([], "--image", help="Reference image (PNG/JPEG/WebP); repeatable."),
     video: list[Path] = typer.Option([], "--video", help="Reference video (MP4/WebM); repeatable."),
-    model: str | None = typer.Option(None, "--model", help="Model (default: the first one offered)."),
-    provider: str | None = typer.Option(None, "--provider", help="Provider (default: the model's default)."),
+    model: str | None = typer.Option(
+        None, "--model", autocompletion=complete_model, help="Model (default: the first one offered)."
+    ),
+    provider: str | None = typer.Option(
+        None, "--provider", autocompletion=complete_provider, help="Provider (default: the model's default)."
+    ),
     duration: int | None = typer.Option(None, "--duration", min=1, help="Length in seconds."),
     resolution: str | None = typer.Option(None, "--resolution", help="e.g. 720p."),
+    priority: int | None = typer.Option(
+        None, "--priority", min=1, max=5, help="Tier to be served in (1 first … 5); never better than your tenant's."
+    ),
+    n: int | None = typer.Option(
+        None, "--n", min=1, max=4, help="Outputs (variants) to make, up to the model's max_outputs; costs × n."
+    ),
     wait: bool = typer.Option(False, "--wait", help="Follow the task to its end and print the outputs."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     key: str | None = typer.Option(None, "--idempotency-key", help="Resubmitting with the same key is a no-op."),
-    timeout: float = typer.Option(900, "--timeout", min=1, help="Seconds --wait waits before giving up."),
+    timeout: float = duration_option("15m", "--timeout", help="How long --wait waits before giving up"),
     api_url: str | None = _API_URL,
     api_key: str | None = _API_KEY,
 ) -> None:
     """Generate one video. Exit code 0 only when the task SUCCEEDED (or, without --wait, was accepted); 130 when
     Ctrl-C stopped the command first (the task continues)."""
+    from aivedio_cli.generations_cmd import client_failed
     from aivedio_engine.client import ClientError
     from aivedio_engine.jobs import JobSpec, StopFlag, submit
 
     options = {
         k: v
-        for k, v in {"model": model, "provider": provider, "duration_s": duration, "resolution": resolution}.items()
+        for k, v in {
+            "model": model,
+            "provider": provider,
+            "duration_s": duration,
+            "resolution": resolution,
+            "priority": priority,
+            "n": n,
+        }.items()
         if v is not None
     }
     spec = JobSpec(prompt, tuple(image), tuple(video), options, key or f"cli:{uuid.uuid4()}")
@@ -133,7 +166,7 @@ def generate(
         return stop.is_set() and (snap is None or (wait and not snap.finished))
 
     try:
-        with ctrl_c_stops(stop), _client(ctx, api_url, api_key) as client:
+        with ctrl_c_stops(stop), _client(ctx, api_url, api_key, host_engine=wait) as client:
             try:
                 if not stop.is_set():
                     snap, resumed = submit(client, spec)
@@ -142,7 +175,7 @@ def generate(
                 if wait and snap is not None and not stop.is_set():
                     snap = follow_with_progress(client, snap, err, timeout, stop)
             except ClientError as exc:
-                fail(str(exc))
+                client_failed(exc)  # a refused request (e.g. a duration the model does not offer) is a usage error
             if interrupted():  # say so now: the embedded engine's graceful shutdown may take a moment
                 interrupted_line(_generate_interrupted_text(snap))
                 told = True
@@ -164,20 +197,41 @@ def generate(
             )
         raise typer.Exit(int(ExitCode.INTERRUPTED))
     assert snap is not None
+    timed_out = timed_out_text(snap, timeout, remote=bool(api_url)) if wait and not snap.finished else None
     if as_json:
-        emit_json(
-            {
-                "id": snap.id,
-                "status": snap.status,
-                "version": snap.version,
-                "error": snap.error,
-                "outputs": snap.outputs,
-            }
-        )
-    else:
+        doc = {"id": snap.id, "status": snap.status, "version": snap.version, "error": snap.error}
+        doc["outputs"] = snap.outputs
+        doc["variants"] = snap.variants
+        if timed_out:
+            doc |= {"error": timed_out, "error_type": "timeout"}
+        emit_json(doc)
+    elif not timed_out:
         _print_result(snap, err)
+    if not wait and not snap.finished:
+        print(_continue_line(snap, remote=bool(api_url)), file=sys.stderr, flush=True)
+    if timed_out:
+        fail(timed_out, ExitCode.FAILED, "timeout")
     if wait and snap.status != "SUCCEEDED":
         raise typer.Exit(int(ExitCode.FAILED))
+
+
+def _continue_line(snap: Snapshot, *, remote: bool) -> str:
+    """How a queued task goes on: embedded, nothing runs it once this command has ended."""
+    return f"queued; {_how_it_continues(snap, remote=remote)}"
+
+
+def _how_it_continues(snap: Snapshot, *, remote: bool) -> str:
+    if remote:
+        return f"the server runs it: follow it with `aivedio generations wait {snap.id}`"
+    return f"it runs while an engine runs: `aivedio generations wait {snap.id}` or `aivedio serve`"
+
+
+def timed_out_text(snap: Snapshot, timeout_s: float, *, remote: bool = False) -> str:
+    """What `--wait` / `generations wait` say when the time is up: the task is not lost, only no longer followed."""
+    return (
+        f"timed out after {format_seconds(timeout_s)}: generation {snap.id} is still {snap.status}; "
+        + _how_it_continues(snap, remote=remote)
+    )
 
 
 def _generate_interrupted_text(snap: Snapshot | None) -> str:
@@ -191,6 +245,8 @@ def follow_with_progress(
 ) -> Snapshot:
     """The live display of `generate --wait` and `generations wait`: one line per state change, a progress bar,
     the time elapsed; ends at a terminal state, at `timeout` or when `stop` is set."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from aivedio_engine.jobs import follow
 
     with Progress(
@@ -218,10 +274,11 @@ def _print_result(snap: Snapshot, err: Console) -> None:
         err.print(f"[green]SUCCEEDED[/green] {snap.id}")
         for profile, where in sorted(snap.outputs.items()):
             typer.echo(f"{profile}: {where}")
+        for variant in snap.variants[1:]:  # a request for n outputs: the others
+            for profile, where in sorted(variant["outputs"].items()):
+                typer.echo(f"v{variant['index']} {profile}: {where}")
     elif snap.finished:
         err.print(f"[red]{snap.status}[/red] {snap.id}" + (f" ({snap.error})" if snap.error else ""))
-    else:
-        err.print(f"{snap.status} {snap.id}: not finished; follow with --wait or `aivedio serve`")
 
 
 @batch_app.command("run")
@@ -230,13 +287,15 @@ def batch_run(
     file: Path = typer.Argument(..., help='JSONL: one {"prompt": ..., "images": [...], ...} per line.'),
     concurrency: int = typer.Option(4, "--concurrency", min=1, max=256, help="Generations in flight at once."),
     out: Path | None = typer.Option(None, "--out", help="Write one JSON result per line here."),
-    timeout: float = typer.Option(1800, "--timeout", min=1, help="Seconds to wait for each generation."),
+    timeout: float = duration_option("30m", "--timeout", help="How long to wait for each generation"),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     api_url: str | None = _API_URL,
     api_key: str | None = _API_KEY,
 ) -> None:
     """Run every line of FILE; a re-run resumes (same idempotency key per line). Exit 3 if some failed, 130 when
     Ctrl-C stopped the command first (the submitted tasks continue)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from aivedio_engine.client import ClientError
     from aivedio_engine.jobs import StopFlag, parse_batch, run_batch
 

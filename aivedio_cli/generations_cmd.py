@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aivedio_cli._context import state
+from aivedio_cli._params import complete_task_status, duration_option
 from aivedio_cli._render import ExitCode, emit_json, fail, parse_id
 
 if TYPE_CHECKING:
@@ -79,10 +80,9 @@ def task_client(
         finally:
             remote.close()
         return
-    from sqlalchemy.exc import OperationalError
-
     from aivedio_engine import embedded
     from aivedio_engine.bootstrap import build_context
+    from aivedio_engine.db.handles import OperationalError
     from aivedio_engine.observability.logging import configure_logging
 
     configure_logging(state(ctx).settings(), default_level="WARNING")
@@ -118,6 +118,7 @@ def snapshot_doc(snap: Snapshot) -> dict[str, Any]:
         "created_at": snap.created_at,
         "updated_at": snap.updated_at,
         "finished_at": snap.finished_at,
+        "variants": snap.variants,
     }
 
 
@@ -140,6 +141,10 @@ def _print_task(snap: Snapshot) -> None:
         typer.echo(f"{label:<9} {value}")
     for profile, where in sorted(snap.outputs.items()):
         typer.echo(f"{profile}: {where}")
+    if len(snap.variants) > 1:  # a request for n outputs: `outputs` above is the first; list the others
+        for variant in snap.variants[1:]:
+            for profile, where in sorted(variant["outputs"].items()):
+                typer.echo(f"v{variant['index']} {profile}: {where}")
 
 
 def _task_id(value: str) -> str:
@@ -168,7 +173,7 @@ def get(
 def wait(
     ctx: typer.Context,
     task_id: str = typer.Argument(..., metavar="ID", help="Generation id."),
-    timeout: float = typer.Option(900, "--timeout", min=0.1, help="Seconds to wait before giving up."),
+    timeout: float = duration_option("15m", "--timeout", help="How long to wait before giving up"),
     as_json: bool = JSON,
     api_url: str | None = API_URL,
     api_key: str | None = API_KEY,
@@ -193,15 +198,20 @@ def wait(
         if stop.is_set() and not snap.finished:
             interrupted_line(f"the task continues; follow it with `aivedio generations wait {tid}`")
             raise typer.Exit(INTERRUPTED)
+    else:  # already over: the display's last line, so a wait always ends on the state it found
+        err.print(f"  {snap.status}")
+    from aivedio_cli.generate_cmd import timed_out_text
+
+    timed_out = None if snap.finished else timed_out_text(snap, timeout, remote=bool(api_url))
     if as_json:
-        emit_json(snapshot_doc(snap))
+        doc = snapshot_doc(snap)
+        if timed_out:
+            doc |= {"error": timed_out, "error_type": "timeout"}
+        emit_json(doc)
     else:
         _print_result(snap, err)
-    if not snap.finished:
-        fail(
-            f"timed out after {timeout:g}s: generation {tid} is still {snap.status}; it continues — "
-            f"run `aivedio generations wait {tid}` again"
-        )
+    if timed_out:
+        fail(timed_out, ExitCode.FAILED, "timeout")
     if snap.status != "SUCCEEDED":
         raise typer.Exit(int(ExitCode.FAILED))
 
@@ -218,7 +228,9 @@ def _print_result(snap: Snapshot, err: Console) -> None:
 @app.command("list")
 def list_generations(
     ctx: typer.Context,
-    status: str | None = typer.Option(None, "--status", help="Only generations in this status, e.g. QUEUED."),
+    status: str | None = typer.Option(
+        None, "--status", autocompletion=complete_task_status, help="Only generations in this status, e.g. QUEUED."
+    ),
     limit: int = typer.Option(20, "--limit", min=1, max=10_000, help="At most this many, newest first."),
     as_json: bool = JSON,
     api_url: str | None = API_URL,

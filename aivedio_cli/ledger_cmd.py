@@ -13,7 +13,8 @@ import typer
 from rich.table import Table
 
 from aivedio_cli._mutate import DRY_RUN, REASON, YES, confirm, operation
-from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id
+from aivedio_cli._params import complete_provider, complete_tenant
+from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id, print_count
 from aivedio_cli._services import service_context
 from aivedio_engine.services.errors import Conflict, InsufficientCredits
 
@@ -24,7 +25,7 @@ app = typer.Typer(
     help="The credit ledger: balances, entries, adjustments, invoice reconciliation.", no_args_is_help=True
 )
 
-TENANT = typer.Option(..., "--tenant", help="Tenant id or name.")
+TENANT = typer.Option(..., "--tenant", autocompletion=complete_tenant, help="Tenant id or name.")
 JSON = typer.Option(False, "--json", help="JSON on stdout.")
 
 
@@ -40,7 +41,9 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, datetime):
         return value.isoformat()
-    if isinstance(value, Decimal | uuid.UUID):
+    if isinstance(value, Decimal):
+        return format(value, "f")  # "0.00000000", never "0E-8"
+    if isinstance(value, uuid.UUID):
         return str(value)
     return value
 
@@ -55,6 +58,8 @@ def _time(value: datetime) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S")  # UTC, to the second: the table must fit a terminal
 
 
+#: missing charges listed by the human report (--json carries them all)
+MISSING_SHOWN = 20
 #: short words that must stay whole; every other column may fold (an id cut short by "…" is useless to copy)
 _WHOLE = {"line", "kind", "type", "amount", "booking", "by"}
 
@@ -67,9 +72,7 @@ def _table(*columns: str) -> Table:
 
 
 def _service(app_ctx: Any) -> Any:
-    from aivedio_engine.services.ledger_ops import LedgerOps
-
-    return LedgerOps(app_ctx.engine, app_ctx.clock)
+    return app_ctx.ledger_ops
 
 
 @app.command("balance")
@@ -80,8 +83,8 @@ def balance(ctx: typer.Context, tenant: str = TENANT, as_json: bool = JSON) -> N
     data = {
         "tenant_id": str(b.tenant_id),
         "tenant": b.tenant,
-        "credit_balance": str(b.credit_balance),
-        "ledger_sum": str(b.ledger_sum),
+        "credit_balance": b.credit_balance,
+        "ledger_sum": b.ledger_sum,
         "consistent": b.consistent,
         "reserved": str(b.reserved),
         "entries": b.entries,
@@ -107,28 +110,36 @@ def balance(ctx: typer.Context, tenant: str = TENANT, as_json: bool = JSON) -> N
 @app.command("entries")
 def entries(
     ctx: typer.Context,
-    tenant: str | None = typer.Option(None, "--tenant", help="Tenant id or name."),
+    tenant: str | None = typer.Option(None, "--tenant", autocompletion=complete_tenant, help="Tenant id or name."),
     task: str | None = typer.Option(None, "--task", help="Only entries of this task."),
     limit: int = typer.Option(50, "--limit", min=1, max=10_000, help="At most N entries, newest first."),
     as_json: bool = JSON,
 ) -> None:
     """Ledger entries, newest first."""
     with service_context(ctx) as app_ctx:
-        rows = _service(app_ctx).entries(tenant, _uuid(task, "task"), limit)
+        task_id = _uuid(task, "task")
+        rows = _service(app_ctx).entries(tenant, task_id, limit)
+        total = _service(app_ctx).count_entries(tenant, task_id) if len(rows) == limit else len(rows)
     if as_json:
         emit_json(_plain(rows))
+        if total > len(rows):
+            print_count(len(rows), total, "ledger row(s)")
         return
-    table = _table("created_at", "type", "amount", "task_id", "business_key", "by")
+    table = _table("created_at", "type", "amount", "vendor", "task_id", "business_key", "by", "reason")
     for r in rows:
+        vendor = r["vendor_amount"]
         table.add_row(
             _time(r["created_at"]),
             r["entry_type"],
             _money(r["amount"]),
+            "" if vendor is None else f"{_money(vendor)} {r['vendor_currency'] or ''}".strip(),
             str(r["task_id"] or ""),
             r["business_key"],
             r["created_by"],
+            r["reason"] or "",
         )
     out().print(table)
+    print_count(len(rows), total, "ledger row(s)")
 
 
 @app.command("adjust")
@@ -171,14 +182,14 @@ def adjust(
             {
                 "tenant_id": str(result.tenant_id),
                 "tenant": result.tenant,
-                "amount": str(result.amount),
+                "amount": result.amount,
                 "business_key": result.business_key,
                 "outcome": result.outcome,
                 "dry_run": result.dry_run,
                 "booked": result.outcome == "booked",
                 "duplicate": result.outcome == "duplicate",
-                "balance_before": str(result.balance_before),
-                "balance_after": str(result.balance_after),
+                "balance_before": result.balance_before,
+                "balance_after": result.balance_after,
                 "entry_id": str(result.entry_id) if result.entry_id else None,
             }
         )
@@ -203,8 +214,12 @@ def _show_adjust(r: AdjustResult, preview: bool) -> None:
 def reconcile(
     ctx: typer.Context,
     invoice: Path = typer.Option(..., "--invoice", help="The provider's invoice as CSV (columns below)."),
-    provider: str | None = typer.Option(None, "--provider", help="Only lines of this provider."),
-    apply: bool = typer.Option(False, "--apply", help="Book an ADJUSTMENT (0 credits) per duplicate and orphan."),
+    provider: str | None = typer.Option(
+        None, "--provider", autocompletion=complete_provider, help="Only lines of this provider."
+    ),
+    apply: bool = typer.Option(
+        False, "--apply", help="Book an ADJUSTMENT (0 credits) per duplicate and orphan, a REFUND per vendor credit."
+    ),
     dry_run: bool = DRY_RUN,
     yes: bool = YES,
     reason: str | None = REASON,
@@ -233,9 +248,16 @@ def reconcile(
       missing     jobs we count as billable (attempt SUCCEEDED or task
                   charged) that the invoice omits: informational
 
+      credits     jobs a closed task paid for that the vendor billed for
+                  less (or credited with a negative line): the
+                  difference in credits (the provider's
+                  invoice_credits_per_unit × the invoice amount)
+
     --apply books one ADJUSTMENT of 0 credits per duplicate and attributable
-    orphan: the tenant is not charged, the row records the incident. It is
-    keyed adjustment:invoice:{provider}:{job_id}, so applying twice is a no-op.
+    orphan (the tenant is not charged; the row records the incident and the
+    vendor's amount), keyed adjustment:invoice:{provider}:{job_id}, and one
+    REFUND per credit, keyed refund:invoice:{provider}:{job_id}: applying
+    twice is a no-op.
     Exit 3 when --apply leaves findings nobody can be attributed to.
     """
     from aivedio_engine.services.invoice import parse_invoice
@@ -270,7 +292,8 @@ def reconcile(
             if not as_json:
                 _show_report(report)
                 shown = True
-            confirm(f"book ADJUSTMENT rows (0 credits) for {len(bookable)} finding(s)?", yes)
+            refunds = sum(f.credits for f in bookable)
+            confirm(f"book {len(bookable)} row(s) (ADJUSTMENT 0 credits; REFUND {_money(refunds)} credits)?", yes)
         if op is not None:
             report = service.reconcile(lines, provider=provider, op=op)
     if as_json:
@@ -311,6 +334,10 @@ def _report_json(report: ReconcileReport, invoice: Path) -> dict[str, Any]:
         },
         "duplicates": [f.to_json() for f in report.of("duplicate_line", "duplicate_job")],
         "orphans": [f.to_json() for f in report.of("orphan")],
+        "credits": [
+            {**f.to_json(), "credits": str(f.credits), "vendor_net": str(f.vendor_amount)}
+            for f in report.of("vendor_credit")
+        ],
         "missing": _plain(report.missing),
         "apply": apply,
     }
@@ -324,7 +351,7 @@ def _show_report(report: ReconcileReport) -> None:
         f"billed {billed}",
         highlight=False,
     )
-    findings = report.of("duplicate_line", "duplicate_job", "orphan")
+    findings = report.of("duplicate_line", "duplicate_job", "orphan", "vendor_credit")
     if findings:
         table = _table("line", "kind", "job_id", "amount", "task_id", "booking", "note")
         for f in findings:
@@ -341,13 +368,17 @@ def _show_report(report: ReconcileReport) -> None:
     console.print(
         f"duplicates: {len(report.of('duplicate_line', 'duplicate_job'))}, orphans: "
         f"{len(report.of('orphan'))}, not attributable: {len(report.not_bookable)}, "
-        f"missing charges: {len(report.missing)}",
+        f"missing charges: {len(report.missing)}, credits: {len(report.of('vendor_credit'))}",
         highlight=False,
     )
-    for m in report.missing[:20]:
+    for m in report.missing[:MISSING_SHOWN]:
         console.print(
-            f"  missing: {m['provider']} job {m['job_id']} (task {m['task_id']}, {m['submit_state']})", highlight=False
+            f"  missing: {m['provider']} job {m['job_id']} (task {m['task_id']}, {m['task_status']}; "
+            f"attempt {m['submit_state']})",
+            highlight=False,
         )
+    if len(report.missing) > MISSING_SHOWN:
+        console.print(f"  {MISSING_SHOWN} of {len(report.missing)} missing charges shown; --json lists all")
 
 
 def _show_applied(report: ReconcileReport) -> None:

@@ -1,4 +1,5 @@
-"""`aivedio models list`: what can be requested — provider, model, duration limits, resolutions, prices.
+"""`aivedio models list`: what can be requested — provider, model, durations, resolutions, aspect ratios,
+references (how many images and videos, how large), prices.
 
 Embedded (no `--api-url`) it is the catalog of this machine's settings; with `--api-url` it is `GET /v1/models`
 of that server.
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aivedio_cli._context import state
+from aivedio_cli._params import complete_provider
 from aivedio_cli._render import ExitCode, emit_json, fail
 from aivedio_cli.generations_cmd import API_KEY, API_URL, JSON, client_failed
 
@@ -40,7 +42,9 @@ def _models(ctx: typer.Context, api_url: str | None, api_key: str | None) -> lis
 @app.command("list")
 def list_models(
     ctx: typer.Context,
-    provider: str | None = typer.Option(None, "--provider", help="Only this provider's models."),
+    provider: str | None = typer.Option(
+        None, "--provider", autocompletion=complete_provider, help="Only this provider's models."
+    ),
     as_json: bool = JSON,
     api_url: str | None = API_URL,
     api_key: str | None = API_KEY,
@@ -56,19 +60,49 @@ def list_models(
         emit_json({"data": models})
         return
     table = Table()
-    for column in ("provider", "model", "duration (s)", "resolutions", "aspect ratios", "price / s"):
+    for column in ("provider", "model", "duration (s)", "resolutions", "aspect ratios", "references", "price / s"):
         table.add_column(column)
     for m in models:
         prices = ", ".join(f"{r}: {p}" for r, p in dict(m.get("price_per_second") or {}).items())
+        limits = dict(m.get("limits") or {})
         table.add_row(
             str(m["provider"]),
             str(m["model"]),
-            f"{m.get('default_duration_s')} (max {m.get('max_duration_s')})",
+            _durations(m, limits),
             ", ".join(m.get("resolutions") or []),
             ", ".join(m.get("aspect_ratios") or []),
+            _references(limits),
             prices,
         )
     console = Console(file=sys.stdout, soft_wrap=True)
     (console if console.is_terminal else Console(file=sys.stdout, width=200)).print(table)
     if not models:
         print("no models are configured (see [providers] in aivedio.toml)", file=sys.stderr)
+
+
+def _durations(model: dict[str, Any], limits: dict[str, Any]) -> str:
+    allowed = limits.get("durations_s")
+    if allowed:
+        return f"{', '.join(str(d) for d in allowed)} (default {model.get('default_duration_s')})"
+    return f"{model.get('default_duration_s')} (max {model.get('max_duration_s')})"
+
+
+def _references(limits: dict[str, Any]) -> str:
+    """ "≤ 1 image (16 MB), ≤ 1 video (32 MB), video required" — or "?" from a server that predates limits."""
+    if not limits:
+        return "?"
+    mb = 1024 * 1024
+    images, videos = int(limits.get("max_reference_images", 0)), int(limits.get("max_reference_videos", 0))
+    parts = [
+        f"≤ {images} image{'s' if images > 1 else ''} ({int(limits.get('max_image_bytes', 0)) // mb} MB)"
+        if images
+        else "no image"
+    ]
+    parts.append(
+        f"≤ {videos} video{'s' if videos > 1 else ''} ({int(limits.get('max_video_bytes', 0)) // mb} MB)"
+        if videos
+        else "no video"
+    )
+    if limits.get("min_reference_videos"):
+        parts.append("video required")
+    return ", ".join(parts)

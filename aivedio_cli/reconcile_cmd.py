@@ -9,18 +9,22 @@ from __future__ import annotations
 import sys
 import uuid
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
 from aivedio_cli._mutate import DRY_RUN, PLAN, PLAN_OUT, REASON, YES, confirm, operation, read_plan, write_plan
+from aivedio_cli._params import complete_provider, duration_option
 from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id
-from aivedio_cli._services import service_context
-from aivedio_cli.tasks_cmd import duration_opt, id_table, print_table, wide
-from aivedio_engine.services.reconcile_ops import COMMAND, Candidate, Outcome, ReconcileOps
-from aivedio_engine.services.task_ops import jsonable
+from aivedio_cli._services import service_context, warn_if_no_engine
+from aivedio_cli.tasks_cmd import id_table, print_table, wide
+from aivedio_engine.domain.durations import format_seconds
+
+if TYPE_CHECKING:  # the services load SQLAlchemy: imported where the command runs, not when completion loads this
+    from aivedio_engine.services.reconcile_ops import Candidate, Outcome
 
 SCHEMA = "aivedio.reconcile.v1"
 RESULTS = ("found", "not_created", "still_unknown", "skipped", "error")
@@ -30,10 +34,10 @@ SAMPLE = 10
 def reconcile(
     ctx: typer.Context,
     task: str | None = typer.Option(None, "--task", metavar="ID", help="Only this task."),
-    provider: str | None = typer.Option(None, "--provider", help="Only ambiguous submits to this provider."),
-    older_than: str | None = typer.Option(
-        None, "--older-than", metavar="D", help="Only submits sent at least D ago (10m, 2h, 1d)."
+    provider: str | None = typer.Option(
+        None, "--provider", autocompletion=complete_provider, help="Only ambiguous submits to this provider."
     ),
+    older_than: float | None = duration_option(None, "--older-than", help="Only submits sent at least this long ago"),
     limit: int = typer.Option(100, "--limit", min=1, max=10_000, help="At most this many tasks, oldest send first."),
     dry_run: bool = DRY_RUN,
     yes: bool = YES,
@@ -50,19 +54,22 @@ def reconcile(
     """
     if plan is not None and plan_out is not None:
         fail("--plan and --plan-out cannot be combined", ExitCode.USAGE)
-    if plan is not None and (task or provider or older_than):
+    if plan is not None and (task or provider or older_than is not None):
         fail(
             "--plan applies exactly the saved set: do not combine it with --task, --provider or --older-than",
             ExitCode.USAGE,
         )
     task_id = parse_id(task, "task") if task else None
-    age = duration_opt(older_than, "--older-than")
+    age = timedelta(seconds=older_than) if older_than is not None else None
     preview_only = dry_run or plan_out is not None
-    filters = {"task": task, "provider": provider, "older_than": older_than, "limit": limit}
+    since_text = format_seconds(older_than) if older_than is not None else None  # as typed, near enough: "10m"
+    filters = {"task": task, "provider": provider, "older_than": since_text, "limit": limit}
+    from aivedio_engine.services.reconcile_ops import COMMAND
+
     op = operation(COMMAND, reason, preview_only, **filters, plan=str(plan) if plan else None)
     planned = _plan_ids(plan) if plan is not None else None
     with service_context(ctx) as app_ctx:
-        ops = ReconcileOps(app_ctx.engine, app_ctx.clock, app_ctx.sync)
+        ops = app_ctx.reconcile_ops
         found = ops.candidates(task_id=task_id, provider=provider, older_than=age, limit=limit, among=planned)
         if preview_only:
             ops.preview(op, found)
@@ -74,8 +81,11 @@ def reconcile(
             preview = Console(file=sys.stderr, soft_wrap=True)
             preview.print(f"{len(found)} task(s) to reconcile:")
             _preview_table(found, preview)
+            _no_lookup_note(preview, {c.provider for c in found if not c.provider_can_look_up})
             confirm(f"Reconcile {len(found)} task(s) now? Each one is looked up at its provider", yes)
         outcomes = ops.run(op, planned if planned is not None else [c.task_id for c in found])
+        if any(o.result in ("found", "not_created") for o in outcomes):
+            warn_if_no_engine(app_ctx)
     _render_outcomes(outcomes, as_json)
     errors = sum(1 for o in outcomes if o.result == "error")
     if errors:
@@ -83,10 +93,14 @@ def reconcile(
 
 
 def _plan_ids(path: Path) -> list[uuid.UUID]:
+    from aivedio_engine.services.reconcile_ops import COMMAND
+
     return [parse_id(i, "task (in the plan)") for i in read_plan(path, COMMAND)]
 
 
 def _render_preview(found: list[Candidate], as_json: bool, plan_out: Path | None) -> None:
+    from aivedio_engine.services.task_ops import jsonable
+
     if as_json:
         emit_json(
             {
@@ -108,6 +122,7 @@ def _render_preview(found: list[Candidate], as_json: bool, plan_out: Path | None
         + (f"; plan saved to {plan_out}" if plan_out else ""),
         highlight=False,
     )
+    _no_lookup_note(console, {c.provider for c in found if not c.provider_can_look_up})
 
 
 def _preview_table(found: list[Candidate], console: Console, sample: int | None = SAMPLE) -> None:
@@ -128,6 +143,8 @@ def _preview_table(found: list[Candidate], console: Console, sample: int | None 
 
 
 def _render_outcomes(outcomes: list[Outcome], as_json: bool) -> None:
+    from aivedio_engine.services.task_ops import jsonable
+
     counts = Counter(o.result for o in outcomes)
     summary = {r: counts.get(r, 0) for r in RESULTS}
     if as_json:
@@ -150,6 +167,19 @@ def _render_outcomes(outcomes: list[Outcome], as_json: bool) -> None:
         table.add_row(str(o.task_id), o.provider or "-", o.result, o.action, _details(o))
     print_table(table)
     console.print("  ".join(f"{k}={v}" for k, v in summary.items() if v), highlight=False)
+    blind = {o.provider for o in outcomes if o.provider and o.provider_can_look_up is False}
+    _no_lookup_note(console, blind)
+
+
+def _no_lookup_note(console: Console, providers: set[str]) -> None:
+    """Without a lookup by request key a reconcile rarely decides anything: say so, and where to look instead."""
+    for name in sorted(providers):
+        console.print(
+            f"note: {name} cannot look jobs up by request key: a lookup can only list its jobs and match the "
+            "request, so a task may stay unknown until it is parked; search the vendor console for the attempt's "
+            "request key (aivedio tasks show ID)",
+            highlight=False,
+        )
 
 
 def _details(o: Outcome) -> str:

@@ -1,4 +1,4 @@
-"""`aivedio replay dlq|orphans|outbox`: show exactly what matches (count + sample), then replay that set.
+"""`aivedio replay dlq|orphans|outbox|observations`: show exactly what matches (count + sample), then replay it.
 
 Every subcommand previews first; `--plan-out F` saves the previewed ids and stops, `--plan F` later replays
 exactly those ids (rows that no longer qualify are skipped and reported). Replays are safe to repeat: see
@@ -15,16 +15,20 @@ from rich.table import Table
 
 from aivedio_cli._mutate import DRY_RUN, PLAN, PLAN_OUT, REASON, YES, confirm, operation, read_plan, write_plan
 from aivedio_cli._render import ExitCode, emit_json, fail, out
-from aivedio_cli._services import service_context
+from aivedio_cli._services import service_context, warn_if_no_engine
 
 if TYPE_CHECKING:
+    from aivedio_engine.services.keep_moving import ObservationReplay
     from aivedio_engine.services.replay import Preview, ReplayResult
 
 SCHEMA = "aivedio.replay.v1"
 #: rows shown in the human table; --json always carries every selected row
 SAMPLE_ROWS = 20
 
-app = typer.Typer(help="Replay dead letters, orphan provider events and DEAD outbox rows.", no_args_is_help=True)
+app = typer.Typer(
+    help="Replay dead letters, orphan provider events, DEAD outbox rows and lost provider observations.",
+    no_args_is_help=True,
+)
 
 ACTOR = typer.Option(None, "--actor", help="Only messages for this actor (e.g. on_generation_queued).")
 ERROR_CLASS = typer.Option(
@@ -134,6 +138,82 @@ def outbox(
     )
 
 
+@app.command("observations")
+def observations(
+    ctx: typer.Context,
+    task: str | None = typer.Option(None, "--task", help="Only observations of this task (its id)."),
+    limit: int = LIMIT,
+    dry_run: bool = DRY_RUN,
+    yes: bool = YES,
+    reason: str | None = REASON,
+    as_json: bool = JSON,
+) -> None:
+    """Reduce again the provider observations stored but never applied (their message was lost).
+
+    The reducer dedupes by the observation's key, so one applied meanwhile is a no-op. The sweeper does the same
+    for observations older than sweeper.observation_stuck_s; this does it now.
+    """
+    import uuid
+
+    try:
+        task_id = uuid.UUID(task) if task else None
+    except ValueError:
+        fail(f"--task: {task!r} is not a task id", ExitCode.USAGE)
+    op = operation("replay observations", reason, dry_run, task=task, limit=limit)
+    with service_context(ctx) as app_ctx:
+        if not dry_run:
+            preview = app_ctx.keep_moving.preview(task_id, limit)
+            if not as_json:
+                _show_observations(preview)
+            if preview.items:
+                confirm(f"reduce {len(preview.items)} stored observation(s) again?", yes)
+        result: ObservationReplay = app_ctx.keep_moving.replay(op, task_id, limit)
+        if result.done:
+            warn_if_no_engine(app_ctx)
+    if as_json:
+        emit_json(
+            {
+                "schema": SCHEMA,
+                "kind": "observations",
+                "filters": {"task": task, "limit": limit},
+                "total": result.total,
+                "selected": len(result.items),
+                "items": result.items,
+                "result": {
+                    "dry_run": result.dry_run,
+                    "outcome": result.outcome,
+                    "rereduced": [d.__dict__ for d in result.done],
+                    "failed": [d.__dict__ for d in result.failed],
+                },
+            }
+        )
+    else:
+        if dry_run:
+            _show_observations(result)
+        done = f"dry run: would reduce {len(result.items)}" if result.dry_run else f"rereduced: {len(result.done)}"
+        out().print(f"{done}, failed: {len(result.failed)}", highlight=False)
+        for d in result.done:
+            out().print(f"  {d.provider_event_id} (task {d.task_id}): {d.outcome}", highlight=False)
+    if result.failed:
+        raise typer.Exit(int(ExitCode.PARTIAL if len(result.failed) < len(result.done) else ExitCode.FAILED))
+
+
+def _show_observations(preview: ObservationReplay) -> None:
+    console = out()
+    head = f"{preview.total} stored observation(s) never applied match"
+    if preview.total > len(preview.items):
+        head += f"; selected the oldest {len(preview.items)} (--limit)"
+    console.print(head, highlight=False)
+    if not preview.items:
+        return
+    table = Table()
+    for column in ("id", "task_id", "provider", "status", "received_at"):
+        table.add_column(column, overflow="fold")
+    for item in preview.items[:SAMPLE_ROWS]:
+        table.add_row(*(_cell(c, item.get(c)) for c in ("id", "task_id", "provider", "status", "received_at")))
+    console.print(table)
+
+
 _NOUN = {"dlq": "dead letter(s)", "orphans": "orphan provider event(s)", "outbox": "DEAD outbox row(s)"}
 _VERB = {"dlq": "replay", "orphans": "rematch", "outbox": "re-publish"}
 
@@ -150,7 +230,7 @@ def _run(
     plan: Path | None,
     as_json: bool,
 ) -> None:
-    from aivedio_engine.services.replay import ReplayFilter, ReplayService, parse_since
+    from aivedio_engine.services.replay import ReplayFilter, parse_since
 
     command = f"replay {kind}"
     if plan is not None and plan_out is not None:
@@ -160,7 +240,7 @@ def _run(
     dry = dry_run or plan_out is not None
     op = operation(command, reason, dry, **filters, plan=str(plan) if plan else None)
     with service_context(ctx) as app_ctx:
-        service = ReplayService(app_ctx.engine, app_ctx.clock)
+        service = app_ctx.replay
         since = parse_since(filters["since"], app_ctx.clock.now()) if filters.get("since") else None
         flt = ReplayFilter(**{**filters, "since": since})
         if plan is not None:
@@ -176,6 +256,8 @@ def _run(
         if ids and not dry:
             confirm(f"{_VERB[kind]} {len(ids)} {_NOUN[kind]}?", yes)
         result = service.replay(kind, ids, op)  # type: ignore[arg-type]
+        if result.done and not result.dry_run:
+            warn_if_no_engine(app_ctx)
     if as_json:
         emit_json(
             {
@@ -205,7 +287,7 @@ def _show_preview(preview: Preview, limited: bool) -> None:
     if not preview.items:
         return
     columns = {
-        "dlq": ("id", "actor", "error", "seen_count", "last_seen_at"),
+        "dlq": ("id", "task_id", "actor", "error", "seen_count", "last_seen_at"),
         "orphans": ("id", "provider", "job_id", "status", "received_at"),
         "outbox": ("id", "event_type", "target", "publish_attempts", "last_error"),
     }[preview.kind]
@@ -249,3 +331,9 @@ def _show_result(result: ReplayResult, plan_out: Path | None) -> None:
         console.print(f"  skipped {item['id']}: {item['reason']}", highlight=False)
     for item in result.failed:
         console.print(f"  failed  {item['id']}: {item['reason']}", highlight=False)
+
+
+# `aivedio replay webhooks` lives with the other webhook commands; registered here, where the group is built
+from aivedio_cli.webhooks_cmd import replay_webhooks  # noqa: E402
+
+app.command("webhooks")(replay_webhooks)

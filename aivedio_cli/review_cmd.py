@@ -7,10 +7,12 @@ from typing import Any
 import typer
 
 from aivedio_cli._mutate import DRY_RUN, REASON, YES, confirm, operation
-from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id
+from aivedio_cli._params import duration_option
+from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id, print_count
 from aivedio_cli._services import service_context
+from aivedio_engine.domain.durations import format_seconds
 from aivedio_engine.services.operations import Operation, current_operator
-from aivedio_engine.services.review import DEFAULT_TTL_S, LIST_STATES, Decided, ReviewService
+from aivedio_engine.services.review import DEFAULT_TTL_S, LIST_STATES, Decided
 
 app = typer.Typer(help="Manual review queue: list, claim, approve, reject.", no_args_is_help=True)
 
@@ -23,15 +25,20 @@ JSON = typer.Option(False, "--json", help="Print JSON.")
 def list_items(
     ctx: typer.Context,
     state: str | None = typer.Option(None, "--state", help=f"One of: {', '.join(LIST_STATES)}. Default: all."),
+    limit: int = typer.Option(200, "--limit", min=1, max=10_000, help="At most this many, oldest first."),
     as_json: bool = JSON,
 ) -> None:
     """The queue, oldest first. An expired claim shows as pending: anyone may take it over."""
     if state is not None and state not in LIST_STATES:
         fail(f"--state must be one of {', '.join(LIST_STATES)}, got {state!r}", ExitCode.USAGE)
     with service_context(ctx) as app_ctx:
-        items = ReviewService(app_ctx.engine, app_ctx.clock).list(state)
+        service = app_ctx.review
+        items = service.list(state, limit)
+        total = service.count(state) if len(items) == limit else len(items)
     if as_json:
         emit_json([i.to_dict() for i in items])
+        if total > len(items):
+            print_count(len(items), total, "review item(s)")
         return
     console = out()
     if not items:
@@ -44,7 +51,9 @@ def list_items(
             holder = f" by {i.claimed_by} until {until}"
         elif i.decided_by:
             holder = f" by {i.decided_by}"
-        console.print(f"{i.id}  {i.state}{holder}  task {i.task_id} ({i.task_status})  {i.reason}", highlight=False)
+        console.print(f"{i.id}  {i.state}{holder}  {i.subject} ({i.task_status})  {i.reason}", highlight=False)
+    if items:
+        print_count(len(items), total, "review item(s)")
 
 
 @app.command("claim")
@@ -52,7 +61,9 @@ def claim(
     ctx: typer.Context,
     item: str = ITEM,
     as_: str | None = AS,
-    ttl: float = typer.Option(DEFAULT_TTL_S, "--ttl", help="Seconds the claim holds; after that others may take it."),
+    ttl: float = duration_option(
+        format_seconds(DEFAULT_TTL_S), "--ttl", help="How long the claim holds; after that others may take it"
+    ),
     dry_run: bool = DRY_RUN,
     as_json: bool = JSON,
 ) -> None:
@@ -63,13 +74,13 @@ def claim(
         command="review claim", reason=None, dry_run=dry_run, args={"item": item, "reviewer": reviewer, "ttl_s": ttl}
     )
     with service_context(ctx) as app_ctx:
-        view = ReviewService(app_ctx.engine, app_ctx.clock).claim(ref, reviewer, op, ttl)
+        view = app_ctx.review.claim(ref, reviewer, op, ttl)
     if as_json:
         emit_json({"dry_run": dry_run, "item": view.to_dict()})
         return
     until = view.claimed_until.isoformat(timespec="seconds") if view.claimed_until else "?"
     prefix = "dry run: would claim" if dry_run else "claimed"
-    out().print(f"{prefix} review item {view.id} (task {view.task_id}) for {reviewer} until {until}", highlight=False)
+    out().print(f"{prefix} review item {view.id} ({view.subject}) for {reviewer} until {until}", highlight=False)
 
 
 @app.command("approve")
@@ -116,7 +127,7 @@ def _decide(
     if not dry_run:
         confirm(f"{verb} review item {item} as {reviewer}?", yes)
     with service_context(ctx) as app_ctx:
-        service = ReviewService(app_ctx.engine, app_ctx.clock)
+        service = app_ctx.review
         result = (service.approve if verb == "approve" else service.reject)(ref, reviewer, op)
     if as_json:
         emit_json(_decided_json(result))
@@ -124,7 +135,7 @@ def _decide(
     settled = "nothing was reserved" if result.settled is None else f"settled at {result.settled} credits"
     prefix = f"dry run: would {verb}" if dry_run else {"approve": "approved", "reject": "rejected"}[verb]
     out().print(
-        f"{prefix} review item {result.item.id}: task {result.item.task_id} → {result.task_status}, {settled}",
+        f"{prefix} review item {result.item.id}: {result.item.subject} → {result.task_status}, {settled}",
         highlight=False,
     )
 

@@ -6,6 +6,7 @@ outcome to an exit code. Heavy modules (dramatiq, the HTTP stack) load only when
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from typing import TYPE_CHECKING
@@ -17,9 +18,8 @@ from aivedio_cli._render import ExitCode, fail
 from aivedio_engine.config import Settings
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
     from aivedio_engine.bootstrap import AppContext
+    from aivedio_engine.db.handles import Engine
 
 
 def serve(
@@ -31,12 +31,15 @@ def serve(
         help="Comma list of api, relay, worker, scheduler, sweeper, or all (one process runs everything).",
     ),
     host: str | None = typer.Option(None, "--host", help="API listen address (default: api.host)."),
-    port: int | None = typer.Option(None, "--port", help="API listen port (default: api.port)."),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535, help="API listen port (default: api.port)."),
     queues: str | None = typer.Option(
         None,
         "--queues",
         metavar="QUEUES",
-        help="Worker role: consume only these queues (comma list, e.g. state,fetch; default all).",
+        help=(
+            "Worker role: consume only these queues (comma list: broker queues such as state,fetch and System B "
+            "step queues such as video,ffmpeg; default all)."
+        ),
     ),
     processes: int = typer.Option(
         1,
@@ -60,10 +63,12 @@ def serve(
     settings = cli.settings()
     if processes > 1 and ("worker" not in roles or settings.broker.kind == "stub"):
         fail(
-            "--processes needs the worker role and a distributed broker (broker.kind = redis): the in-process "
-            "broker cannot share messages between processes",
+            "--processes needs the worker role and a distributed broker (broker.kind = rabbitmq or redis): the "
+            "in-process broker cannot share messages between processes",
             ExitCode.USAGE,
         )
+    if "api" in roles:
+        _check_listen(host or settings.api.host, port or settings.api.port)
     _configure_logging(settings)
     app_ctx = build_context(settings)
     children = None
@@ -91,6 +96,29 @@ def serve(
         app_ctx.close()
     if code:
         raise typer.Exit(code)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Fail in one line before anything starts when the API could not listen (port taken, address not ours):
+    found later, in the API's thread, it was a traceback from deep inside the HTTP server."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, OverflowError) as exc:
+        fail(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}", ExitCode.USAGE, "bad_address")
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server sets it: TIME_WAIT is no conflict
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            busy = exc.errno == errno.EADDRINUSE
+            fail(
+                f"cannot listen on {host}:{port}: {'the port is already in use' if busy else exc.strerror or exc}",
+                ExitCode.FAILED,
+                "port_in_use" if busy else "cannot_listen",
+            )
 
 
 def _prepare_database(engine: Engine, settings: Settings) -> None:

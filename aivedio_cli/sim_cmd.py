@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 
+from aivedio_cli._params import duration_option
 from aivedio_cli._render import ExitCode, fail
 
 
@@ -36,14 +37,23 @@ def sim_provider(
     listing: bool = typer.Option(
         False, "--list", help="Serve GET /v1/jobs?created_after=&created_before= (list-and-match reconciliation)."
     ),
-    job_seconds: float = typer.Option(2.0, "--job-seconds", min=0.01, help="Time from submit to success."),
+    job_seconds: float = duration_option("2s", "--job-seconds", help="Time from submit to success"),
     max_concurrency: int | None = typer.Option(
         None, "--max-concurrency", min=1, help="Jobs running at once; the rest wait THROTTLED."
     ),
-    output_url_ttl: float = typer.Option(3600.0, "--output-url-ttl", min=1, help="Output URL lifetime, seconds."),
+    output_url_ttl: float = duration_option("1h", "--output-url-ttl", help="Output URL lifetime"),
+    bill_factor: float = typer.Option(
+        1.0, "--bill-factor", min=0, help="Billed seconds = requested × this (< 1 under-bills, > 1 over-bills)."
+    ),
+    cost_per_second: float = typer.Option(
+        0.05, "--cost-per-second", min=0, help="The sim's own `cost` per billed second, in its currency."
+    ),
 ) -> None:
     """Run a simulated video-generation vendor with seeded faults and ground truth at /_sim/truth."""
     from aivedio_engine.providers.sim.faults import FaultSpecError, parse_faults
+
+    if job_seconds < 0.01 or output_url_ttl < 1:
+        fail("--job-seconds must be at least 0.01s and --output-url-ttl at least 1s", ExitCode.USAGE)
 
     try:
         fault_spec = parse_faults(faults)
@@ -67,6 +77,8 @@ def sim_provider(
             webhook_url=webhook_url,
             webhook_secrets=tuple(webhook_secret),
             output_url_ttl_s=output_url_ttl,
+            bill_factor=bill_factor,
+            cost_per_second=cost_per_second,
         ),
         RealClock(),
     )

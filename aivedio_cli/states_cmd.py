@@ -1,20 +1,24 @@
-"""`aivedio states`: print the task or attempt state machine as a table, JSON, Mermaid or Graphviz dot."""
+"""`aivedio states`: print a state machine (task, attempt, System B step or project) as a table, JSON, Mermaid or
+Graphviz dot."""
 
 from __future__ import annotations
 
 from enum import StrEnum
 
 import typer
-from rich.table import Table
 
 from aivedio_cli._render import emit_json, out
 from aivedio_engine.domain.machine import Machine
+from aivedio_engine.domain.project import PROJECT_MACHINE
 from aivedio_engine.domain.transitions import ATTEMPT_MACHINE, TASK_MACHINE
+from aivedio_engine.domain.workflow import STEP_MACHINE
 
 
 class MachineName(StrEnum):
     TASK = "task"
     ATTEMPT = "attempt"
+    STEP = "step"
+    PROJECT = "project"
 
 
 class Format(StrEnum):
@@ -24,14 +28,22 @@ class Format(StrEnum):
     DOT = "dot"
 
 
-MACHINES: dict[MachineName, Machine] = {MachineName.TASK: TASK_MACHINE, MachineName.ATTEMPT: ATTEMPT_MACHINE}
+MACHINES: dict[MachineName, Machine] = {
+    MachineName.TASK: TASK_MACHINE,
+    MachineName.ATTEMPT: ATTEMPT_MACHINE,
+    MachineName.STEP: STEP_MACHINE,
+    MachineName.PROJECT: PROJECT_MACHINE,
+}
 
 
 def states(
     machine: MachineName = typer.Option(MachineName.TASK, "--machine", "-m", help="Which state machine."),
     fmt: Format = typer.Option(Format.TABLE, "--format", "-f", help="Output format."),
+    as_json: bool = typer.Option(False, "--json", help="Same as --format json, like every other command."),
 ) -> None:
     """Print a state machine: one line per allowed (state, event) edge; groups of sources are expanded."""
+    if as_json:
+        fmt = Format.JSON
     m = MACHINES[machine]
     edges = m.edges()
     if fmt is Format.JSON:
@@ -41,6 +53,8 @@ def states(
     elif fmt is Format.DOT:
         typer.echo(to_dot(m))
     else:
+        from rich.table import Table
+
         table = Table(
             title=f"{m.name} state machine — {len(edges)} edges; terminal: "
             + ", ".join(s.value for s in m.states if s in m.terminal)

@@ -9,18 +9,19 @@ import json
 import sys
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from aivedio_cli._mutate import DRY_RUN, REASON, YES, confirm, operation
-from aivedio_cli._render import ExitCode, emit_json, fail, out, parse_id
-from aivedio_cli._services import service_context
-from aivedio_engine.bootstrap import AppContext
-from aivedio_engine.services.errors import InvalidInput
-from aivedio_engine.services.task_ops import TaskOps, jsonable, parse_duration
+from aivedio_cli._params import complete_provider, complete_task_status, complete_tenant, duration_option
+from aivedio_cli._render import ExitCode, emit_json, out, parse_id, print_count
+from aivedio_cli._services import service_context, warn_if_no_engine
+
+if TYPE_CHECKING:  # the services load SQLAlchemy: imported where a command runs, not when completion loads this
+    from rich.console import Console
+    from rich.table import Table
+
 
 app = typer.Typer(help="Generation tasks: list, show a timeline, follow state changes, cancel.", no_args_is_help=True)
 
@@ -28,27 +29,28 @@ PIPED_WIDTH = 250
 JSON = typer.Option(False, "--json", help="Machine-readable output (the stable contract).")
 
 
-def duration_opt(value: str | None, name: str) -> timedelta | None:
-    if value is None:
-        return None
-    try:
-        return parse_duration(value)
-    except InvalidInput:
-        fail(f"{name}: not a duration: {value!r} (use e.g. 30s, 10m, 2h, 1d)", ExitCode.USAGE)
+def jsonable(value: Any) -> Any:
+    from aivedio_engine.services.task_ops import jsonable as to_jsonable
+
+    return to_jsonable(value)
 
 
 def id_table(id_column: str, *columns: str) -> Table:
     """A table whose first column holds ids: never wrapped, so they can be copied from a narrow terminal."""
+    from rich.table import Table
+
     table = Table()
     table.add_column(id_column, no_wrap=True, min_width=36)
     for column in columns:
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # the others wrap at a narrow terminal; nothing is cut with "…"
     return table
 
 
 def wide(console: Console) -> Console:
     """The console itself at a terminal; piped, one that lets tables take their natural width (Rich would cut
     them to 80 columns of ellipses, ids included)."""
+    from rich.console import Console
+
     return console if console.is_terminal else Console(file=console.file, width=PIPED_WIDTH)
 
 
@@ -56,31 +58,34 @@ def print_table(table: Table) -> None:
     wide(out()).print(table)
 
 
-def ops(app_ctx: AppContext) -> TaskOps:
-    return TaskOps(app_ctx.engine, app_ctx.clock)
-
-
 @app.command("list")
 def list_tasks(
     ctx: typer.Context,
-    status: str | None = typer.Option(None, "--status", help="Only tasks in this status, e.g. SUBMIT_UNKNOWN."),
-    tenant: str | None = typer.Option(None, "--tenant", help="Tenant id or name."),
-    provider: str | None = typer.Option(None, "--provider", help="Only tasks sent to this provider."),
-    older_than: str | None = typer.Option(
+    status: str | None = typer.Option(
+        None, "--status", autocompletion=complete_task_status, help="Only tasks in this status, e.g. SUBMIT_UNKNOWN."
+    ),
+    tenant: str | None = typer.Option(None, "--tenant", autocompletion=complete_tenant, help="Tenant id or name."),
+    provider: str | None = typer.Option(
+        None, "--provider", autocompletion=complete_provider, help="Only tasks sent to this provider."
+    ),
+    older_than: float | None = duration_option(
         None,
         "--older-than",
-        metavar="D",
-        help="Only tasks not updated for at least D (10m, 2h, 1d): compares updated_at, so it finds stuck tasks.",
+        help="Only tasks not updated for at least this long: compares updated_at, so it finds stuck tasks",
     ),
     limit: int = typer.Option(50, "--limit", min=1, max=10_000, help="At most this many, most recently updated first."),
     as_json: bool = JSON,
 ) -> None:
     """List tasks of every tenant, most recently updated first."""
-    age = duration_opt(older_than, "--older-than")
+    age = timedelta(seconds=older_than) if older_than is not None else None
     with service_context(ctx) as app_ctx:
-        rows = ops(app_ctx).list(status=status, tenant=tenant, provider=provider, older_than=age, limit=limit)
+        task_ops = app_ctx.task_ops
+        rows = task_ops.list(status=status, tenant=tenant, provider=provider, older_than=age, limit=limit)
+        total = len(rows)
+        if total == limit:  # only a full page can have been cut by the limit
+            total = task_ops.count(status=status, tenant=tenant, provider=provider, older_than=age)
     if as_json:
-        emit_json({"schema": "aivedio.tasks.v1", "count": len(rows), "tasks": jsonable(rows)})
+        emit_json({"schema": "aivedio.tasks.v1", "count": len(rows), "total": total, "tasks": jsonable(rows)})
         return
     table = id_table("task_id", "status", "tenant", "provider/model", "try", "updated_at", "note")
     for r in rows:
@@ -95,7 +100,7 @@ def list_tasks(
             note[:60],
         )
     print_table(table)
-    print(f"{len(rows)} task(s)", file=sys.stderr)
+    print_count(len(rows), total, "task(s)")
 
 
 @app.command("show")
@@ -107,7 +112,7 @@ def show(ctx: typer.Context, task_id: str = typer.Argument(..., help="Task id.")
     """
     tid = parse_id(task_id, "task")
     with service_context(ctx) as app_ctx:
-        timeline = ops(app_ctx).timeline(tid)
+        timeline = app_ctx.task_ops.timeline(tid)
     if as_json:
         emit_json({"schema": "aivedio.task.v1", "task": jsonable(timeline.task), "timeline": jsonable(timeline.items)})
         return
@@ -121,7 +126,10 @@ def show(ctx: typer.Context, task_id: str = typer.Argument(..., help="Task id.")
     for key in ("parked_reason", "last_error_class", "cancel_outcome", "review_state"):
         if t[key]:
             console.print(f"  {key}: {t[key]}", highlight=False)
-    table = Table("at", "kind", "what")
+    from rich.table import Table
+
+    table = Table("at", "kind")
+    table.add_column("what", overflow="fold")  # wrapped, never cut: request keys and job ids are copied from here
     for item in timeline.items:
         table.add_row(item["at"].strftime("%m-%d %H:%M:%S.%f")[:-3], item["kind"], _summary(item))
     print_table(table)
@@ -133,8 +141,13 @@ def _summary(i: dict[str, Any]) -> str:
         move = f"{i['from_status'] or '∅'} → {i['to_status']}" if i["to_status"] else "(no change)"
         return f"{move}  {i['event_type']}  [{i['source']}, {i['outcome']}]"
     if k == "attempt":
-        return f"#{i['attempt_no']} {i['provider']} {i['submit_state']} job={i['provider_job_id'] or '-'}" + (
-            "  resubmitted after unknown" if i["resubmitted_after_unknown"] else ""
+        # the request key is what the vendor console is searched by when a submit's answer was lost
+        last = i["last_lookup_at"]
+        lookups = f"  lookups={i['lookup_count']} (last {last:%H:%M:%S})" if i["lookup_count"] and last else ""
+        return (
+            f"#{i['attempt_no']} {i['provider']} {i['submit_state']} job={i['provider_job_id'] or '-'}"
+            f"  key={i['provider_request_key']}{lookups}"
+            + ("  resubmitted after unknown" if i["resubmitted_after_unknown"] else "")
         )
     if k == "provider_event":
         match = "orphan" if i["orphan"] else "matched" if i["matched"] else "unmatched"
@@ -156,19 +169,22 @@ def _summary(i: dict[str, Any]) -> str:
 @app.command("tail")
 def tail(
     ctx: typer.Context,
-    status: str | None = typer.Option(None, "--status", help="Only events that move a task into this status."),
+    status: str | None = typer.Option(
+        None, "--status", autocompletion=complete_task_status, help="Only events that move a task into this status."
+    ),
     after: str | None = typer.Option(
         None, "--after", metavar="CURSOR", help="Start after this cursor (printed with each event), not at the end."
     ),
     last: int = typer.Option(10, "--last", min=0, help="Without --after: start with the newest N events."),
-    interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between database polls."),
+    interval: float = duration_option("2s", "--interval", min=0.1, help="Time between database polls"),
     once: bool = typer.Option(False, "--once", help="Print what is new, then exit (scripts and tests)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
 ) -> None:
     """Follow task state changes as they are recorded (polls the database). Ctrl-C stops."""
     start = parse_id(after, "cursor") if after else None
+    interrupted = False
     with service_context(ctx) as app_ctx:
-        follower = ops(app_ctx).tail(after=start, status=status, last=last)
+        follower = app_ctx.task_ops.tail(after=start, status=status, last=last)
         try:
             while True:
                 for event in follower.poll():
@@ -178,9 +194,11 @@ def tail(
                     break
                 time.sleep(interval)  # the polling cadence, not a synchronisation
         except KeyboardInterrupt:
-            pass
+            interrupted = True
     if follower.cursor is not None:
         print(f"cursor: {follower.cursor} (resume with --after)", file=sys.stderr)
+    if interrupted:  # Ctrl-C is how a tail ends, but scripts still learn it did not end by itself
+        raise typer.Exit(int(ExitCode.INTERRUPTED))
 
 
 def _print_event(e: dict[str, Any], as_json: bool) -> None:
@@ -208,12 +226,14 @@ def cancel(
     tid = parse_id(task_id, "task")
     op = operation("tasks cancel", reason, dry_run, task_id=str(tid))
     with service_context(ctx) as app_ctx:
-        task_ops = ops(app_ctx)
+        task_ops = app_ctx.task_ops
         if not dry_run:
             plan = task_ops.cancel_preview(tid)
             if plan.outcome != "already":
                 confirm(f"Cancel task {tid} ({plan.from_status} → {plan.to_status})?", yes)
         result = task_ops.cancel(tid, op)
+        if result.outcome == "cancel_requested":
+            warn_if_no_engine(app_ctx)
     if as_json:
         emit_json(jsonable(result))
         return

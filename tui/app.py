@@ -24,8 +24,10 @@ from tui.mutation import Mutation, explain
 from tui.screens.alerts import AlertsScreen
 from tui.screens.audit import AuditScreen
 from tui.screens.capacity import CapacityScreen
+from tui.screens.empty import EmptyDatabaseScreen
 from tui.screens.ledger import LedgerScreen
 from tui.screens.overview import OverviewScreen
+from tui.screens.projects import ProjectsScreen
 from tui.screens.replay import ReplayScreen
 from tui.screens.review import ReviewScreen
 from tui.screens.tasks import TaskDetailScreen, TasksScreen
@@ -36,6 +38,7 @@ from tui.widgets import ConfirmModal, HelpScreen
 if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext
     from tui.data import EngineData
+    from tui.graphics import ImageProtocol
     from tui.screens.base import OpsScreen
 
 
@@ -87,7 +90,28 @@ ENTRIES = (
         AlertsScreen,
         ("al", "alarms", "incidents"),
     ),
+    Entry(
+        "projects",
+        "0",
+        "Projects",
+        "System B projects; Enter for the step tree, p retry, a approve",
+        ProjectsScreen,
+        ("pr", "workflows", "steps"),
+    ),
 )
+#: footer labels, short enough that all ten screens fit at 160 columns beside the screen's own keys
+SHORT = {
+    "overview": "Overview",
+    "tasks": "Tasks",
+    "review": "Review",
+    "unknown": "Unknown",
+    "replay": "DLQ",
+    "ledger": "Ledger",
+    "capacity": "Capacity",
+    "audit": "Audit",
+    "alerts": "Alerts",
+    "projects": "Projects",
+}
 #: actions that would act behind an open modal (a confirmation, the help, the palette): ignored there
 _NOT_IN_MODALS = {"goto", "help", "back", "command_palette"}
 
@@ -103,14 +127,23 @@ class AivedioApp(App[None]):
         Binding("colon", "command_palette", "Go to…"),
         Binding("escape", "back", "Back", show=False),
         Binding("q", "quit", "Quit", show=False),
-        *(Binding(e.key, f"goto('{e.mode}')", e.title, show=False) for e in ENTRIES),
+        # the digits are shown in the footer (after the screen's own keys): ten screens, one key each
+        *(Binding(e.key, f"goto('{e.mode}')", SHORT[e.mode], tooltip=e.title) for e in ENTRIES),
     ]
 
     def __init__(
-        self, data: EngineData, *, readonly: bool = False, operator: str | None = None, refresh_s: float | None = 2.0
+        self,
+        data: EngineData,
+        *,
+        readonly: bool = False,
+        operator: str | None = None,
+        refresh_s: float | None = 2.0,
+        image_protocol: ImageProtocol | None = None,
     ) -> None:
         super().__init__()
         self.data = data
+        #: how this terminal draws images (tui/graphics.py); None: thumbnails are drawn with half blocks
+        self.image_protocol = image_protocol
         self.readonly = readonly
         self.operator = operator or current_operator()
         #: live refresh period of the overview; None: only on demand (r) and when a screen is shown again
@@ -140,6 +173,28 @@ class AivedioApp(App[None]):
         self.action_goto("tasks")
         self.push_screen(TaskDetailScreen(task_id))
 
+    def open_tasks(self, filter_text: str) -> None:
+        """Drill-down: the Tasks screen filtered as an overview count was counted (`status:QUEUED` …)."""
+        self.action_goto("tasks")
+        while len(self.screen_stack) > 1:  # a task's timeline left open there: the list is what was asked for
+            self.pop_screen()
+        screen = self.screen
+        if isinstance(screen, TasksScreen) and screen.filter_text != filter_text:
+            screen.filter_text = filter_text
+            if screen.is_mounted:  # else its first load, when it is shown, reads the new filter
+                screen.filter_changed()
+
+    def open_pile(self, kind: str) -> None:
+        """Drill-down: the DLQ / orphans screen on one pile (`dlq`, `orphans`, `outbox`)."""
+        self.action_goto("replay")
+        screen = self.screen
+        if isinstance(screen, ReplayScreen):
+            screen.show_kind(kind)
+
+    def show_empty_database(self, detail: str) -> None:
+        if not isinstance(self.screen, EmptyDatabaseScreen):
+            self.push_screen(EmptyDatabaseScreen(self.data.describe, detail))
+
     def open_alert(self, alert_id: uuid.UUID | None) -> None:
         """The Alerts screen, with the cursor on `alert_id` once it is listed."""
         self.action_goto("alerts")
@@ -152,7 +207,8 @@ class AivedioApp(App[None]):
         own = screen.help_keys() if hasattr(screen, "help_keys") else []
         name = getattr(screen, "NAME", "") or type(screen).__name__
         everywhere = [(e.key, e.title) for e in ENTRIES] + [
-            (":", "go to a screen or task id"),
+            (":", "go to a screen, or a task by its id or the start of it"),
+            ("y", "copy the highlighted id"),
             ("Ctrl+P", "command palette"),
             ("Esc", "back"),
             ("?", "this help"),
@@ -205,5 +261,7 @@ class AivedioApp(App[None]):
 def run(ctx: AppContext, *, readonly: bool = False, refresh_s: float | None = 2.0) -> None:
     """Run the dashboard on `ctx` until the operator quits (called by `aivedio tui`)."""
     from tui.data import EngineData
+    from tui.graphics import detect
 
-    AivedioApp(EngineData(ctx), readonly=readonly, refresh_s=refresh_s).run()
+    protocol = detect()  # before Textual owns the terminal: the query needs it
+    AivedioApp(EngineData(ctx), readonly=readonly, refresh_s=refresh_s, image_protocol=protocol).run()

@@ -4,36 +4,34 @@ Screens never touch SQL: they call an `EngineData` method from a background work
 Snapshot tests swap in an object with the same methods and fixed data (tests/tui/fixture_data.py), so the
 screens and widgets that render are the real ones.
 
-The overview reuses `observability.snapshot.read_snapshot` — the fact queries behind the Prometheus gauges —
-inside the same short read-only transaction with a statement timeout that `metrics.DbCollector._read` opens;
-that wrapper is private to the collector, so its three lines are repeated here.
+The overview's panels all come from `services.overview.OverviewService` (one read, one definition per count).
 """
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-
-from aivedio_engine.db.alerts import open_alerts
-from aivedio_engine.domain.status import AttemptStatus
-from aivedio_engine.observability.snapshot import read_snapshot
-from aivedio_engine.services.alert_ops import AlertChange, AlertOps, AlertView
-from aivedio_engine.services.capacity_live import CapacityLiveService
+from aivedio_engine.media.preview import Pixels, read_pixels
+from aivedio_engine.services.alert_ops import AlertChange, AlertView
 from aivedio_engine.services.errors import IllegalState, ServiceError
-from aivedio_engine.services.invariants import DEFAULT_GRACE_S, AuditReport, InvariantService
-from aivedio_engine.services.ledger_ops import MANUAL_KEY_PREFIX, Balance, LedgerOps
+from aivedio_engine.services.invariants import DEFAULT_GRACE_S, AuditReport
+from aivedio_engine.services.keep_moving import ObservationReplay
+from aivedio_engine.services.ledger_ops import MANUAL_KEY_PREFIX, Balance
 from aivedio_engine.services.operations import Operation
-from aivedio_engine.services.reconcile_ops import Candidate, ReconcileOps
-from aivedio_engine.services.replay import Preview, ReplayFilter, ReplayService
-from aivedio_engine.services.review import ReviewService, ReviewView
-from aivedio_engine.services.task_ops import TaskOps, TaskRow, Timeline
+from aivedio_engine.services.overview import Overview
+from aivedio_engine.services.reconcile_ops import Candidate
+from aivedio_engine.services.replay import Preview, ReplayFilter
+from aivedio_engine.services.review import ReviewView
+from aivedio_engine.services.task_ops import TaskRow, Timeline
+from aivedio_engine.services.workflows import Project, ProjectView
+from tui.preview import preview_box
 
 if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext
@@ -41,27 +39,10 @@ if TYPE_CHECKING:
 
 #: rows a list screen loads; the TUI is a live view, not an export (the CLI's --limit/--json is for that)
 LIST_LIMIT = 200
+#: tasks the `:` palette offers for one id prefix
+PREFIX_HITS = 10
 #: offending rows the audit screen keeps per violated check (all are counted)
 AUDIT_ROWS = 100
-
-
-@dataclass(frozen=True)
-class ProviderLoad:
-    name: str
-    active: int
-    limit: int | None
-    unknown: int
-    orphans: int
-
-
-@dataclass(frozen=True)
-class AlertLine:
-    raised_at: datetime
-    severity: str
-    rule: str
-    message: str
-    #: the alert's id, so the overview can open it on the Alerts screen
-    id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -104,27 +85,6 @@ class AlertQuery:
 
 
 @dataclass(frozen=True)
-class Overview:
-    """The operational figures of seed 000 §4.10.7 as the metrics endpoint reads them."""
-
-    now: datetime
-    #: unfinished tasks by status (finished ones are not counted: no index covers them, see snapshot.py)
-    by_status: dict[str, int]
-    queue_depth: int
-    queue_p95_age_s: float | None
-    queue_oldest_age_s: float | None
-    submit_unknown: int
-    outbox_due: int
-    outbox_oldest_age_s: float | None
-    dead_letters: int
-    orphans: int
-    reserved_credits: float
-    reserved_oldest_age_s: float | None
-    providers: list[ProviderLoad]
-    alerts: list[AlertLine] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
 class AssetFacts:
     """The probe facts of a review item's output, and where its thumbnail is."""
 
@@ -136,6 +96,14 @@ class AssetFacts:
     height: int | None
     status: str | None
     thumbnail: str | None  # a local path (fs store) or bucket/key; None when no READY thumbnail exists
+    #: what the client asked for (None for a workflow step)
+    prompt: str | None = None
+    #: the thumbnail's pixels at preview size (None: no local thumbnail, or it could not be read)
+    preview: Pixels | None = None
+    #: the proxy MP4 on this machine (fs store), for the system player; None elsewhere
+    proxy: str | None = None
+    #: the thumbnail image file on this machine (fs store), for terminals that draw images; None elsewhere
+    thumbnail_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,21 +135,12 @@ class TaskQuery:
         return all(w in hay for w in self.words)
 
 
-def _age(now: datetime, then: datetime | None) -> float | None:
-    return None if then is None else max(0.0, (now - then).total_seconds())
-
-
 class EngineData:
     """The TUI's window on one `AppContext`. Every method blocks (database, provider calls): call it from a
     thread worker, never from the event loop."""
 
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
-        self._tasks = TaskOps(ctx.engine, ctx.clock)
-        self._review = ReviewService(ctx.engine, ctx.clock)
-        self._replay = ReplayService(ctx.engine, ctx.clock)
-        self._ledger = LedgerOps(ctx.engine, ctx.clock)
-        self._alerts = AlertOps(ctx.engine, ctx.clock)
 
     @property
     def describe(self) -> str:
@@ -192,118 +151,126 @@ class EngineData:
     # --- overview ---------------------------------------------------------------------------------------------
 
     def overview(self) -> Overview:
-        settings, now = self.ctx.settings, self.ctx.clock.now()
-        with self.ctx.engine.connect() as conn, conn.begin():
-            if conn.dialect.name == "postgresql":  # the overview refreshes every few seconds: never let it pile up
-                conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(settings.metrics.query_timeout_ms)}"))
-            snap = read_snapshot(conn, settings, now)
-            alert_rows = open_alerts(conn)
-        by_status: dict[str, int] = {}
-        for (status, _provider), n in snap.tasks.items():
-            by_status[status] = by_status.get(status, 0) + n
-        active: dict[str, int] = {}
-        unknown: dict[str, int] = {}
-        for (provider, state), n in snap.attempts.items():
-            active[provider] = active.get(provider, 0) + n
-            if state == AttemptStatus.UNKNOWN.value:
-                unknown[provider] = unknown.get(provider, 0) + n
-        limits = {name: p.max_concurrency for name, p in settings.providers.items() if p.enabled}
-        names = sorted({*limits, *active, *snap.orphans})
-        providers = [
-            ProviderLoad(n, active.get(n, 0), limits.get(n), unknown.get(n, 0), snap.orphans.get(n, 0)) for n in names
-        ]
-        alerts = [AlertLine(r.raised_at, r.severity, r.rule, r.message, r.id) for r in reversed(alert_rows[-50:])]
-        return Overview(
-            now=now,
-            by_status=dict(sorted(by_status.items())),
-            queue_depth=by_status.get("QUEUED", 0),
-            queue_p95_age_s=_age(now, snap.queue_p95),
-            queue_oldest_age_s=_age(now, snap.queue_oldest),
-            submit_unknown=sum(unknown.values()),
-            outbox_due=int(snap.outbox_due or 0),
-            outbox_oldest_age_s=_age(now, snap.outbox_oldest),
-            dead_letters=int(snap.dead_letters),
-            orphans=sum(snap.orphans.values()),
-            reserved_credits=float(snap.reserved_credits),
-            reserved_oldest_age_s=_age(now, snap.reserved_oldest),
-            providers=providers,
-            alerts=alerts,
-        )
+        return self.ctx.overview.read()
 
     # --- tasks ------------------------------------------------------------------------------------------------
 
     def tasks(self, query: TaskQuery) -> list[TaskRow]:
-        rows = self._tasks.list(status=query.status, tenant=query.tenant, provider=query.provider, limit=LIST_LIMIT)
+        rows = self.ctx.task_ops.list(
+            status=query.status, tenant=query.tenant, provider=query.provider, limit=LIST_LIMIT
+        )
         return [r for r in rows if query.keeps(r)]
 
     def timeline(self, task_id: uuid.UUID) -> Timeline:
-        return self._tasks.timeline(task_id)
+        return self.ctx.task_ops.timeline(task_id)
 
     def cancel(self, task_id: uuid.UUID, op: Operation) -> str:
-        r = self._tasks.cancel(task_id, op)
+        r = self.ctx.task_ops.cancel(task_id, op)
         return f"task {r.task_id}: {r.outcome.replace('_', ' ')} ({r.from_status} → {r.to_status})"
+
+    # --- projects (System B) ----------------------------------------------------------------------------------
+
+    def projects(self) -> list[Project]:
+        """Every tenant's projects, newest first."""
+        return self.ctx.workflows.list_projects(None, LIST_LIMIT)
+
+    def project(self, project_id: uuid.UUID) -> ProjectView:
+        return self.ctx.workflows.get(project_id)
+
+    def retry_step(self, project_id: uuid.UUID, step_key: str, op: Operation) -> str:
+        s = self.ctx.project_ops.retry_step(project_id, step_key, op)
+        return f"step {s.step_key}: {s.status} again (retry budget reset)"
+
+    def approve_step(self, project_id: uuid.UUID, step_key: str, op: Operation) -> str:
+        s = self.ctx.project_ops.approve_step(project_id, step_key, op)
+        return f"step {s.step_key}: approved → {s.status}"
 
     # --- review -----------------------------------------------------------------------------------------------
 
     def review_items(self) -> list[ReviewView]:
         """Open items (pending, or claimed) oldest first: the queue a reviewer works through."""
-        return [i for i in self._review.list(None, limit=LIST_LIMIT) if i.state in ("pending", "claimed")]
+        return [i for i in self.ctx.review.list(None, limit=LIST_LIMIT) if i.state in ("pending", "claimed")]
 
     def review_facts(self, item: ReviewView) -> AssetFacts:
-        timeline = self._tasks.timeline(item.task_id)
+        if item.task_id is None:  # a workflow step: its facts are on the projects screen
+            return AssetFacts(item.asset_id, None, None, None, None, None, None, None)
+        timeline = self.ctx.task_ops.timeline(item.task_id)
         output = next((i for i in timeline.items if i["kind"] == "asset" and i["id"] == item.asset_id), None)
         facts = {
             k: output[k] if output else None for k in ("mime", "duration_ms", "size_bytes", "width", "height", "status")
         }
+        tenant_id = timeline.task["tenant_id"]
+        found = self.ctx.outputs.files(tenant_id, item.task_id)
+        try:
+            local = self.ctx.outputs.local_paths(tenant_id, item.task_id)
+        except ValueError:  # an s3 store: the object key is what an operator can fetch
+            local = {}
+        thumb, proxy = local.get("thumbnail"), local.get("proxy_mp4")
+        thumbnail = str(thumb) if thumb else None
+        if thumbnail is None and "thumbnail" in found:
+            thumbnail = f"{self.ctx.settings.storage.bucket}/{found['thumbnail'].key}"
+        preview = None
+        if thumb is not None:
+            t = found["thumbnail"]
+            try:
+                preview = read_pixels(thumb, *preview_box(t.width, t.height))
+            except (ValueError, OSError, subprocess.TimeoutExpired):  # the card says "no preview"; facts still show
+                preview = None
         return AssetFacts(
-            asset_id=item.asset_id, **facts, thumbnail=self._thumbnail(timeline.task["tenant_id"], item.task_id)
+            asset_id=item.asset_id,
+            **facts,
+            thumbnail=thumbnail,
+            prompt=self.ctx.task_ops.prompt(item.task_id),
+            preview=preview,
+            proxy=str(proxy) if proxy else None,
+            thumbnail_file=thumbnail if thumb else None,
         )
 
-    def _thumbnail(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> str | None:
-        found = self.ctx.outputs.files(tenant_id, task_id).get("thumbnail")
-        if found is None:
-            return None
-        try:
-            return str(self.ctx.outputs.local_paths(tenant_id, task_id)["thumbnail"])
-        except (ValueError, KeyError):  # an s3 store: the object key is what an operator can fetch
-            return f"{self.ctx.settings.storage.bucket}/{found.key}"
+    def player_link(self, task_id: uuid.UUID) -> str:
+        """A signed link to the task's playback page on `aivedio serve` (for a reviewer on any machine)."""
+        return self.ctx.player.link(task_id)
+
+    def find_tasks(self, prefix: str) -> list[TaskRow]:
+        """Tasks whose id starts with `prefix` (the `:` palette); InvalidInput when it is not hex."""
+        return self.ctx.task_ops.list(id_prefix=prefix, limit=PREFIX_HITS)
 
     def claim(self, item_id: uuid.UUID, op: Operation) -> str:
-        v = self._review.claim(item_id, op.actor, op)
+        v = self.ctx.review.claim(item_id, op.actor, op)
         until = v.claimed_until.strftime("%H:%M:%S") if v.claimed_until else "?"
         return f"claimed review item {v.id} until {until}"
 
     def approve(self, item_id: uuid.UUID, op: Operation) -> str:
-        d = self._review.approve(item_id, op.actor, op)
+        d = self.ctx.review.approve(item_id, op.actor, op)
         return f"approved: task {d.item.task_id} → {d.task_status}"
 
     def reject(self, item_id: uuid.UUID, op: Operation) -> str:
-        d = self._review.reject(item_id, op.actor, op)
+        d = self.ctx.review.reject(item_id, op.actor, op)
         return f"rejected: task {d.item.task_id} → {d.task_status}"
 
     # --- SUBMIT_UNKNOWN ---------------------------------------------------------------------------------------
 
     def unknown(self) -> list[Candidate]:
-        return self._reconcile().candidates(limit=LIST_LIMIT)
+        return self.ctx.reconcile_ops.candidates(limit=LIST_LIMIT)
 
     def reconcile(self, task_ids: Sequence[uuid.UUID], op: Operation) -> str:
-        outcomes = self._reconcile().run(op, list(task_ids))
+        outcomes = self.ctx.reconcile_ops.run(op, list(task_ids))
         counts: dict[str, int] = {}
         for o in outcomes:
             counts[o.result] = counts.get(o.result, 0) + 1
         return "reconciled: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "nothing to do")
 
-    def _reconcile(self) -> ReconcileOps:
-        # built per call: `sync` builds the provider registry, which a read-only session may never need
-        return ReconcileOps(self.ctx.engine, self.ctx.clock, self.ctx.sync)
-
     # --- dead letters, orphans, DEAD outbox rows --------------------------------------------------------------
 
-    def replay_list(self, kind: str) -> Preview:
-        return self._replay.preview(kind, ReplayFilter(limit=LIST_LIMIT))  # type: ignore[arg-type]
+    def replay_list(self, kind: str) -> Preview | ObservationReplay:
+        if kind == "observations":  # stored but never applied (their message was lost): the keep-moving service's
+            return self.ctx.keep_moving.preview(None, LIST_LIMIT)
+        return self.ctx.replay.preview(kind, ReplayFilter(limit=LIST_LIMIT))  # type: ignore[arg-type]
 
     def replay(self, kind: str, ids: Sequence[str], op: Operation) -> str:
-        r = self._replay.replay(kind, list(ids), op)  # type: ignore[arg-type]
+        if kind == "observations":
+            o = self.ctx.keep_moving.replay_ids(op, ids)
+            return f"replay observations: {o.outcome} (rereduced={len(o.done) - len(o.failed)}, failed={len(o.failed)})"
+        r = self.ctx.replay.replay(kind, list(ids), op)  # type: ignore[arg-type]
         parts = [f"done={len(r.done)}", f"skipped={len(r.skipped)}", f"failed={len(r.failed)}"]
         if kind == "orphans":
             parts.append(f"still orphan={len(r.still_orphan)}")
@@ -312,15 +279,15 @@ class EngineData:
     # --- ledger and capacity ----------------------------------------------------------------------------------
 
     def balances(self) -> list[Balance]:
-        return [self._ledger.balance(str(t.id)) for t in self.ctx.tenants.list()[:LIST_LIMIT]]
+        return [self.ctx.ledger_ops.balance(str(t.id)) for t in self.ctx.tenants.list()[:LIST_LIMIT]]
 
     def entries(self, tenant_id: uuid.UUID) -> list[dict[str, Any]]:
-        return self._ledger.entries(str(tenant_id), limit=LIST_LIMIT)
+        return self.ctx.ledger_ops.entries(str(tenant_id), limit=LIST_LIMIT)
 
     def adjust(self, tenant_id: uuid.UUID, amount: Decimal, key: str, task_id: uuid.UUID | None, op: Operation) -> str:
         """Book one ADJUSTMENT (`aivedio ledger adjust`); a refusal is re-raised saying so."""
         try:
-            r = self._ledger.adjust(str(tenant_id), amount, key, op, task_id=task_id)
+            r = self.ctx.ledger_ops.adjust(str(tenant_id), amount, key, op, task_id=task_id)
         except ServiceError as exc:
             text = str(exc)
             raise type(exc)(text if text.startswith("refused") else f"refused: {text}", **exc.extra) from exc
@@ -336,26 +303,26 @@ class EngineData:
         )
 
     def capacity(self, window_s: float) -> LiveReport:
-        return CapacityLiveService(self.ctx.engine, self.ctx.clock, self.ctx.settings).report(window_s)
+        return self.ctx.capacity_live.report(window_s)
 
     # --- invariant audit --------------------------------------------------------------------------------------
 
     def audit(self, grace_s: float = DEFAULT_GRACE_S) -> AuditRun:
         at = self.ctx.clock.now()
-        report = InvariantService(self.ctx.engine, self.ctx.clock).run(grace_s=grace_s, limit=AUDIT_ROWS)
+        report = self.ctx.invariants.run(grace_s=grace_s, limit=AUDIT_ROWS)
         return AuditRun(at, grace_s, report)
 
     # --- alerts -----------------------------------------------------------------------------------------------
 
     def alerts(self, query: AlertQuery) -> list[AlertView]:
-        rows = self._alerts.list(query.status, query.rule, query.severity, limit=LIST_LIMIT)
+        rows = self.ctx.alert_ops.list(query.status, query.rule, query.severity, limit=LIST_LIMIT)
         return [a for a in rows if query.keeps(a)]
 
     def acknowledge(self, ids: Sequence[uuid.UUID], op: Operation) -> str:
-        return _change_text("acknowledged", self._alerts.acknowledge(list(ids), op))
+        return _change_text("acknowledged", self.ctx.alert_ops.acknowledge(list(ids), op))
 
     def resolve(self, ids: Sequence[uuid.UUID], op: Operation) -> str:
-        return _change_text("resolved", self._alerts.resolve(list(ids), op))
+        return _change_text("resolved", self.ctx.alert_ops.resolve(list(ids), op))
 
 
 def _change_text(verb: str, change: AlertChange) -> str:

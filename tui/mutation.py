@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy.exc import OperationalError
-
+from aivedio_engine.db.handles import DBAPIError, OperationalError
 from aivedio_engine.services.errors import ServiceError
 from aivedio_engine.services.operations import Operation
 
@@ -40,3 +39,13 @@ def explain(exc: BaseException) -> str:
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         return f"database unavailable: {first}"
     return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def schema_missing(exc: BaseException) -> bool:
+    """The database has no engine tables (never migrated): a state to explain once, not an error per refresh."""
+    if not isinstance(exc, DBAPIError) or exc.orig is None:
+        return False
+    if getattr(exc.orig, "sqlstate", None) == "42P01":
+        return True
+    first = str(exc.orig).splitlines()[0].lower() if str(exc.orig) else ""
+    return "no such table" in first or ("relation" in first and "does not exist" in first)

@@ -20,9 +20,13 @@ DataTable, #review-card, #capacity-notes {
 }
 
 #overview-grid {
-    grid-size: 2 2;
+    grid-size: 2 3;
     grid-columns: 1fr 1fr;
-    grid-rows: 1fr 1fr;
+    grid-rows: 9 1fr 1fr;
+}
+
+#overview-grid > #roles {
+    column-span: 2;
 }
 
 #review-body > #review {
@@ -33,6 +37,12 @@ DataTable, #review-card, #capacity-notes {
     height: auto;
     min-height: 5;
     padding: 0 1;
+}
+
+#review-thumb {
+    height: auto;
+    padding: 0 1;
+    display: none;
 }
 
 #ledger-body > DataTable {
@@ -67,7 +77,7 @@ DataTable, #review-card, #capacity-notes {
     border: round $accent 40%;
 }
 
-ConfirmModal, HelpScreen, AdjustForm {
+ConfirmModal, HelpScreen, AdjustForm, EmptyDatabaseScreen {
     align: center middle;
 }
 

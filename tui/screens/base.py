@@ -18,7 +18,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label
 from textual.worker import get_current_worker
 
-from tui.mutation import Mutation, explain
+from tui.mutation import Mutation, explain, schema_missing
 from tui.widgets import FilterPrompt, key_label
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ class OpsScreen(Screen[None]):
     BINDINGS = [
         Binding("slash", "filter", "Filter"),
         Binding("r", "reload", "Refresh"),
+        Binding("y", "copy_id", "Copy id"),
     ]
 
     def __init__(self) -> None:
@@ -52,7 +53,7 @@ class OpsScreen(Screen[None]):
         yield Header(show_clock=False)
         yield from self.compose_body()
         yield Label("loading…", id="status-line")
-        yield Footer()
+        yield Footer(compact=True)  # ten screen keys and the screen's own fit in 160 columns
 
     def compose_body(self) -> ComposeResult:
         raise NotImplementedError
@@ -109,6 +110,26 @@ class OpsScreen(Screen[None]):
     def action_reload(self) -> None:
         self.reload()
 
+    def action_copy_id(self) -> None:
+        """`y`: the highlighted row's id, whole, to the clipboard (OSC 52 reaches the operator's own terminal
+        through ssh and tmux) and in a toast — the tables may cut a long cell, the copy never does."""
+        text = self.copy_text()
+        if not text:
+            self.notify("nothing highlighted to copy", title="copy")
+            return
+        self.app.copy_to_clipboard(text)
+        self.notify(text, title="copied")
+
+    def copy_text(self) -> str | None:
+        """What `y` copies: the row key of the focused table (else the first table), which every screen makes
+        the row's id. A screen without a table overrides this."""
+        focused = self.focused
+        tables = [focused] if isinstance(focused, DataTable) else list(self.query(DataTable))
+        for table in tables:
+            if table.cursor_type != "none" and (key := self.selected_key(table)) is not None:
+                return key
+        return None
+
     def mutate(self, mutation: Mutation) -> None:
         self.ops.mutate(mutation, self)
 
@@ -121,7 +142,10 @@ class OpsScreen(Screen[None]):
             data = self.fetch()
         except Exception as exc:  # noqa: BLE001 - shown to the operator; the screen stays usable
             if not worker.is_cancelled:
-                self.app.call_from_thread(self._failed, explain(exc))
+                if schema_missing(exc):  # one friendly screen instead of a toast per refresh
+                    self.app.call_from_thread(self.ops.show_empty_database, explain(exc))
+                else:
+                    self.app.call_from_thread(self._failed, explain(exc))
             return
         if not worker.is_cancelled:
             self.app.call_from_thread(self._loaded, data)

@@ -34,7 +34,7 @@ def _table(id_: str, title: str, *columns: str) -> DataTable[Any]:
 
 class CapacityScreen(OpsScreen):
     NAME = "Capacity"
-    BINDINGS = [Binding("w", "window", "Next window")]
+    BINDINGS = [Binding("n", "window", "Next window")]
 
     def __init__(self) -> None:
         super().__init__()

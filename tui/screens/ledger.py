@@ -26,7 +26,7 @@ class LedgerScreen(OpsScreen):
     NAME = "Ledger"
     FILTER_HINT = "filter: words that must appear in the tenant's name or id; empty clears"
     MUTATIONS = frozenset({"adjust"})
-    BINDINGS = [Binding("a", "adjust", "Adjust credits")]
+    BINDINGS = [Binding("e", "adjust", "Adjust credits")]
 
     def __init__(self) -> None:
         super().__init__()
@@ -53,10 +53,11 @@ class LedgerScreen(OpsScreen):
                 ("at", "at"),
                 ("type", "type"),
                 ("amount", "amount"),
-                ("task", "task"),
-                ("business key", "key"),
-                ("by", "by"),
+                # the reason is what an operator reads: before the long keys and ids, never cut off screen
                 ("reason", "reason"),
+                ("by", "by"),
+                ("business key", "key"),
+                ("task", "task"),
             ):
                 entries.add_column(label, key=key)
             entries.border_title = "Entries (newest first)"
@@ -120,10 +121,10 @@ class LedgerScreen(OpsScreen):
                         r["created_at"].strftime("%m-%d %H:%M:%S"),
                         r["entry_type"],
                         fmt_money(r["amount"]),
-                        str(r["task_id"] or ""),
-                        r["business_key"],
-                        r["created_by"] or "",
                         r["reason"] or "",
+                        r["created_by"] or "",
+                        r["business_key"],
+                        str(r["task_id"] or ""),
                     ),
                 )
                 for r in rows

@@ -1,7 +1,9 @@
-"""Overview: the live operational figures (seed 000 §4.10.7), re-read every few seconds in a worker.
+"""Overview: the live operational figures, re-read every few seconds in a worker; every panel comes from one
+read of `OverviewService`.
 
-The open-alerts table is the one thing to act on here, so it holds the focus: Enter opens the highlighted alert
-on the Alerts screen (acknowledge, resolve)."""
+Every count drills down: Tab moves between the panels, Enter on a count opens the list behind it — the Tasks
+screen filtered the way the count was counted (`status:QUEUED`, `provider:sim`), the DLQ/orphans pile, the
+ledger, or the highlighted alert on the Alerts screen (acknowledge, resolve)."""
 
 from __future__ import annotations
 
@@ -32,11 +34,24 @@ FIGURES = (
     ("reserved_age", "oldest reservation"),
     ("alerts", "open alerts (9: Alerts)"),
 )
+#: where Enter on a key figure goes: ("tasks", filter) or (app mode, pile)
+DRILL: dict[str, tuple[str, str]] = {
+    "queue_depth": ("tasks", "status:QUEUED"),
+    "queue_p95": ("tasks", "status:QUEUED"),
+    "queue_oldest": ("tasks", "status:QUEUED"),
+    "submit_unknown": ("tasks", "status:SUBMIT_UNKNOWN"),
+    "outbox_due": ("replay", "outbox"),
+    "outbox_oldest": ("replay", "outbox"),
+    "dead_letters": ("replay", "dlq"),
+    "orphans": ("replay", "orphans"),
+    "reserved": ("ledger", ""),
+    "reserved_age": ("ledger", ""),
+    "alerts": ("alerts", ""),
+}
 
 
-def _table(id_: str, *columns: tuple[str, str]) -> DataTable[Any]:
-    table: DataTable[Any] = DataTable(id=id_, cursor_type="none", zebra_stripes=True)
-    table.can_focus = False  # figures only: the keys go to the alerts table
+def _table(id_: str, *columns: tuple[str, str], cursor: str = "row") -> DataTable[Any]:
+    table: DataTable[Any] = DataTable(id=id_, cursor_type=cursor, zebra_stripes=True)  # type: ignore[arg-type]
     for label, key in columns:
         table.add_column(label, key=key)
     return table
@@ -45,8 +60,8 @@ def _table(id_: str, *columns: tuple[str, str]) -> DataTable[Any]:
 class OverviewScreen(OpsScreen):
     NAME = "Overview"
     BINDINGS = [
-        Binding("p", "pause", "Pause/resume live refresh"),
-        Binding("enter", "open_alert", "Open the highlighted alert on the Alerts screen"),
+        Binding("f", "pause", "Freeze", tooltip="freeze or resume the live refresh"),
+        Binding("enter", "drill", "Open the list behind the highlighted count (Tab: next panel)"),
     ]
 
     def __init__(self) -> None:
@@ -57,6 +72,19 @@ class OverviewScreen(OpsScreen):
 
     def compose_body(self) -> ComposeResult:
         with Grid(id="overview-grid"):
+            roles = _table(
+                "roles",
+                ("role", "role"),
+                ("alive", "alive"),
+                ("last seen", "seen"),
+                ("waiting", "waiting"),
+                ("processes", "where"),
+                ("verdict", "verdict"),
+                cursor="none",
+            )
+            roles.can_focus = False  # who runs: nothing to open behind it
+            roles.border_title = "Engine roles (aivedio status)"
+            yield roles
             states = _table("states", ("state", "state"), ("tasks", "tasks"))
             states.border_title = "Unfinished tasks by state"
             yield states
@@ -69,6 +97,7 @@ class OverviewScreen(OpsScreen):
                 ("active/limit", "active"),
                 ("unknown", "unknown"),
                 ("orphans", "orphans"),
+                cursor="cell",
             )
             providers.border_title = "Providers"
             yield providers
@@ -76,18 +105,46 @@ class OverviewScreen(OpsScreen):
                 "alerts", ("raised", "raised"), ("severity", "severity"), ("rule", "rule"), ("message", "message")
             )
             alerts.border_title = "Open alerts (Enter: Alerts screen)"
-            alerts.cursor_type = "row"
-            alerts.can_focus = True
             yield alerts
 
     def on_mount(self) -> None:
         super().on_mount()
+        self.query_one("#alerts", DataTable).focus()  # the alerts are what to act on first; Tab reaches the counts
         if self.ops.refresh_s:
             self._timer = self.set_interval(self.ops.refresh_s, self._tick)
 
     def _tick(self) -> None:
         if not self.paused and self.is_current:
             self.reload()
+
+    def action_drill(self) -> None:
+        """Enter when no table has the focus (a table's own Enter sends the selection events below)."""
+        self.query_one("#alerts", DataTable).focus()
+
+    @on(DataTable.RowSelected, "#states")
+    def _drill_state(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value:
+            self.ops.open_tasks(f"status:{event.row_key.value}")
+
+    @on(DataTable.RowSelected, "#figures")
+    def _drill_figure(self, event: DataTable.RowSelected) -> None:
+        where, what = DRILL.get(str(event.row_key.value), ("", ""))
+        if where == "tasks":
+            self.ops.open_tasks(what)
+        elif where == "replay":
+            self.ops.open_pile(what)
+        elif where:
+            self.ops.action_goto(where)
+
+    @on(DataTable.CellSelected, "#providers")
+    def _drill_provider(self, event: DataTable.CellSelected) -> None:
+        provider, column = event.cell_key.row_key.value, event.cell_key.column_key.value
+        if column == "orphans":
+            self.ops.open_pile("orphans")
+        elif column == "unknown":
+            self.ops.open_tasks(f"status:SUBMIT_UNKNOWN provider:{provider}")
+        else:
+            self.ops.open_tasks(f"provider:{provider}")
 
     @on(DataTable.RowSelected, "#alerts")
     def action_open_alert(self) -> None:
@@ -109,6 +166,13 @@ class OverviewScreen(OpsScreen):
 
     def show(self, o: Overview) -> None:
         self.overview = o
+        self.fill(
+            self.query_one("#roles", DataTable),
+            [
+                (r.role, (r.role, str(r.alive), fmt_age(r.last_seen_age_s), str(r.waiting), r.where or "-", r.verdict))
+                for r in o.roles
+            ],
+        )
         self.fill(self.query_one("#states", DataTable), [(s, (s, str(n))) for s, n in o.by_status.items()])
         values = {
             "queue_depth": str(o.queue_depth),

@@ -1,5 +1,5 @@
-"""DLQ / orphans / DEAD outbox rows: what the pipeline gave up on, and replaying it through the same service as
-`aivedio replay` (safe to repeat: see services/replay.py)."""
+"""DLQ / orphans / DEAD outbox rows / lost observations: what the pipeline gave up on, and replaying it through the
+same services as `aivedio replay` (safe to repeat: see services/replay.py and services/keep_moving.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,21 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable
 
-from aivedio_engine.services.replay import KINDS, Preview
+from aivedio_engine.services.keep_moving import ObservationReplay
+from aivedio_engine.services.replay import KINDS as SERVICE_KINDS
+from aivedio_engine.services.replay import Preview
 from tui.mutation import Mutation
 from tui.screens.base import OpsScreen
 
 SAMPLE = 5
-TITLES = {"dlq": "dead letters", "orphans": "orphan provider events", "outbox": "DEAD outbox rows"}
+#: the replay service's piles, then the provider observations stored but never applied (`aivedio replay observations`)
+KINDS = (*SERVICE_KINDS, "observations")
+TITLES = {
+    "dlq": "dead letters",
+    "orphans": "orphan provider events",
+    "outbox": "DEAD outbox rows",
+    "observations": "unapplied observations",
+}
 #: (label, item key) per pile; the first column is always the row id
 COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "dlq": (
@@ -38,6 +47,13 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("dead since", "available_at"),
         ("error", "last_error"),
     ),
+    "observations": (
+        ("task", "task_id"),
+        ("provider", "provider"),
+        ("job", "job_id"),
+        ("status", "status"),
+        ("received", "received_at"),
+    ),
 }
 
 
@@ -53,7 +69,7 @@ class ReplayScreen(OpsScreen):
     FILTER_HINT = "filter: words that must appear in a row (actor, error, provider, job …); empty clears"
     MUTATIONS = frozenset({"replay", "replay_all"})
     BINDINGS = [
-        Binding("k", "next_kind", "Next pile"),
+        Binding("n", "next_kind", "Next pile"),
         Binding("p", "replay", "Replay"),
         Binding("P", "replay_all", "Replay all listed"),
     ]
@@ -61,7 +77,7 @@ class ReplayScreen(OpsScreen):
     def __init__(self) -> None:
         super().__init__()
         self.kind = "dlq"
-        self.preview: Preview | None = None
+        self.preview: Preview | ObservationReplay | None = None
         self.rows: list[dict[str, Any]] = []
 
     def compose_body(self) -> ComposeResult:
@@ -77,19 +93,26 @@ class ReplayScreen(OpsScreen):
         table.add_column("id", key="id")
         for label, key in COLUMNS[self.kind]:
             table.add_column(label, key=key)
-        table.border_title = f"{TITLES[self.kind]} (k: next pile)"
+        table.border_title = f"{TITLES[self.kind]} (n: next pile)"
 
     def action_next_kind(self) -> None:
-        self.kind = KINDS[(KINDS.index(self.kind) + 1) % len(KINDS)]
+        self.show_kind(KINDS[(KINDS.index(self.kind) + 1) % len(KINDS)])
+
+    def show_kind(self, kind: str) -> None:
+        if kind == self.kind and self.preview is not None:
+            return
+        self.kind = kind
         self.preview, self.rows = None, []
+        if not self.is_mounted:  # opened from the overview: on_mount builds these columns, the first load reads it
+            return
         self._columns()
         self.reload()
 
-    def fetch(self) -> tuple[str, Preview]:
+    def fetch(self) -> tuple[str, Preview | ObservationReplay]:
         kind = self.kind
         return kind, self.ops.data.replay_list(kind)
 
-    def show(self, data: tuple[str, Preview]) -> None:
+    def show(self, data: tuple[str, Preview | ObservationReplay]) -> None:
         kind, preview = data
         if kind != self.kind:  # the pile changed while this one was loading
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from rich.text import Text
@@ -16,25 +17,28 @@ from tui.data import TaskQuery, fmt_money
 from tui.mutation import Mutation
 from tui.screens.base import OpsScreen
 
-#: task fields shown under its id and status in the detail header (empty ones are left out)
-_HEADER_FIELDS = (
-    "version",
-    "tenant_id",
-    "selected_provider",
-    "requested_model",
-    "current_attempt_no",
-    "progress",
-    "reserved_amount",
-    "actual_cost",
-    "review_state",
-    "parked_reason",
-    "last_error_class",
-    "last_error_code",
-    "cancel_outcome",
-    "created_at",
-    "updated_at",
-    "finished_at",
-)
+#: task fields shown under its id and status in the detail header, in plain words (empty ones are left out)
+_HEADER_FIELDS = {
+    "tenant_id": "tenant",
+    "selected_provider": "provider",
+    "requested_model": "model",
+    "current_attempt_no": "attempt",
+    "progress": "progress %",
+    "reserved_amount": "credits held",
+    "actual_cost": "cost",
+    "review_state": "review",
+    "parked_reason": "parked because",
+    "last_error_class": "last error",
+    "last_error_code": "error code",
+    "cancel_outcome": "cancel",
+    "created_at": "created",
+    "updated_at": "changed",
+    "finished_at": "finished",
+    "version": "version",
+}
+
+#: timeline item kinds in plain words
+_KINDS = {"state_event": "state change", "provider_event": "provider event", "outbox": "message"}
 
 
 def cancel_mutation(data: Any, task_id: uuid.UUID, status: str) -> Mutation:
@@ -159,18 +163,26 @@ class TaskDetailScreen(OpsScreen):
         header = Text()
         header.append(f"{t['task_id']}  ", style="bold")
         header.append(f"{t['status']}\n", style="bold reverse")
-        for name in _HEADER_FIELDS:
+        for name, label in _HEADER_FIELDS.items():
             value = t.get(name)
             if value is None or value == "":
                 continue
-            shown = fmt_money(value) if name in ("reserved_amount", "actual_cost") else str(value)
-            header.append(f"{name}: ", style="dim")
+            if name in ("reserved_amount", "actual_cost"):
+                shown = fmt_money(value)
+            elif isinstance(value, datetime):
+                shown = f"{value:%Y-%m-%d %H:%M:%S} UTC"
+            else:
+                shown = str(value)
+            header.append(f"{label} ", style="dim")
             header.append(f"{shown}   ")
         self.query_one("#task-header", Static).update(header)
         self.fill(
             self.query_one("#timeline", DataTable),
             [
-                (str(i["id"]), (i["at"].strftime("%m-%d %H:%M:%S.%f")[:-3], i["kind"], summary(i)))
+                (
+                    str(i["id"]),
+                    (i["at"].strftime("%m-%d %H:%M:%S.%f")[:-3], _KINDS.get(i["kind"], i["kind"]), summary(i)),
+                )
                 for i in timeline.items
             ],
         )

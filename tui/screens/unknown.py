@@ -22,8 +22,8 @@ class UnknownScreen(OpsScreen):
     FILTER_HINT = "filter: words that must appear in the provider, task status or ids; empty clears"
     MUTATIONS = frozenset({"reconcile", "reconcile_all"})
     BINDINGS = [
-        Binding("c", "reconcile", "Reconcile now"),
-        Binding("C", "reconcile_all", "Reconcile all listed"),
+        Binding("p", "reconcile", "Reconcile now"),
+        Binding("P", "reconcile_all", "Reconcile all listed"),
     ]
 
     def __init__(self) -> None:
