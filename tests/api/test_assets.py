@@ -22,6 +22,7 @@ from aivedio_engine.api.app import create_app
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.tables import assets, upload_sessions
 from aivedio_engine.services.assets import display_name
+from aivedio_engine.storage import keys
 from tests.media import FFCONCAT, TEXT, hls_playlist, shared_media
 from tests.support.app import TenantKey, make_context, tenant_with_key
 from tests.support.moto import moto_s3  # noqa: F401 - fixture
@@ -39,16 +40,20 @@ def _context(mode: str, request: pytest.FixtureRequest, data_dir: Path, **overri
     return make_context(data_dir, **overrides)
 
 
+#: rejected uploads stay in quarantine for this grace (seconds) before the sweeper deletes them; none here
+NO_GRACE = {"rejected_upload_grace_s": 0}
+
+
 @pytest.fixture(params=["embedded", "postgres"])
 def ctx(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AppContext]:
-    context = _context(request.param, request, tmp_path / "data")
+    context = _context(request.param, request, tmp_path / "data", sweeper=NO_GRACE)
     yield context
     context.close()
 
 
 @pytest.fixture
 def embedded(tmp_path: Path) -> Iterator[AppContext]:
-    context = make_context(tmp_path / "data")
+    context = make_context(tmp_path / "data", sweeper=NO_GRACE)
     yield context
     context.close()
 
@@ -175,6 +180,14 @@ REJECTIONS = {
 }
 
 
+#: a rejected upload's bytes: in quarantine (no URL can name them), deleted by the sweeper after the grace
+QUARANTINED_THEN_DELETED = (True, True, 1, None)
+
+
+def rejected_bytes_fate(ctx: AppContext, key: str) -> tuple[bool, bool, int, Any]:
+    return keys.is_quarantined(key), ctx.storage.head(key) is not None, ctx.quarantine.sweep(), ctx.storage.head(key)
+
+
 def test_abuse_corpus_is_rejected_at_complete_and_deleted(api: Api, media: dict[str, Path]) -> None:
     """Every case in one context per mode (a PostgreSQL database per case would dominate the suite's time);
     the final comparison names each case that did not end REJECTED for the expected reason."""
@@ -188,10 +201,10 @@ def test_abuse_corpus_is_rejected_at_complete_and_deleted(api: Api, media: dict[
             asset["status"],
             reason if reason in (asset["error"] or "") else asset["error"],
             asset["ready_at"],
-            api.ctx.storage.head(api.object_key(created["id"])),  # bytes not kept
+            rejected_bytes_fate(api.ctx, api.object_key(created["id"])),
             api.complete(created["id"]).json() == asset,
         )  # replay: no second validation
-        expected[case] = ("REJECTED", reason, None, None, True)
+        expected[case] = ("REJECTED", reason, None, QUARANTINED_THEN_DELETED, True)
     # U1 against storage that ignores the declared size (moto, some S3-compatibles): complete() still catches it
     created = api.create(b"x" * 100).json()
     api.ctx.storage.put_stream(api.object_key(created["id"]), [b"x" * 5000], "video/mp4", max_bytes=10**6)
@@ -241,8 +254,8 @@ def test_hostile_filename_is_only_a_display_name(local: Api) -> None:
     """U7/T9: the key is server-generated; the filename is sanitised and never reaches storage."""
     created = local.create(b"x" * 10, filename="../../tenants/other/\u202egpj.exe\x00.mp4").json()
     assert created["status"] == "UPLOADING"
-    session = local.row(upload_sessions, asset_id=uuid.UUID(created["id"]))  # U6: tenants/{tid}/uploads/{uuid}
-    staging = f"tenants/{local.alice.tenant_id}/uploads/{session.id}"
+    session = local.row(upload_sessions, asset_id=uuid.UUID(created["id"]))  # U6: tenants/{tid}/quarantine/{uuid}
+    staging = f"tenants/{local.alice.tenant_id}/quarantine/{session.id}"
     assert local.object_key(created["id"]) == session.object_key == staging
     assert created["filename"] == "gpj.exe.mp4"
     assert display_name("..") == display_name("\x00\u200f") == "upload"

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from aivedio_engine.db import tasks
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.domain.status import EventSource
 from aivedio_engine.domain.transitions import TaskEvent
+from aivedio_engine.services.transition import AfterCommit, Change, decide_and_execute
 from aivedio_engine.worker.runtime import Runtime
 from tests.contract import wait_until
 from tests.support.app import TenantKey, make_context, running_api, tenant_with_key
@@ -136,10 +138,14 @@ class SSE:
 
 
 def drive(ctx: AppContext, task_id: str, event: TaskEvent) -> None:
-    """Move the task the way a worker would: decide under the row lock, apply, commit."""
+    """Move the task the way a worker would: decide under the row lock, execute, commit."""
+    # a retry far in the future: the stream's events come from this test, not from a sweeper
+    columns = {"next_retry_at": ctx.clock.now() + timedelta(days=1)} if event is TaskEvent.RETRYABLE_FAILURE else {}
+    after = AfterCommit(ctx.engine)
     with write_tx(ctx.engine) as conn:
         task = tasks.read(conn, uuid.UUID(task_id), lock=True)
-        tasks.decide_and_apply(conn, task, event, ctx.clock.now(), source=EventSource.WORKER)
+        decide_and_execute(conn, task, event, Change(EventSource.WORKER, columns=columns), ctx.clock.now(), after)
+    after.run()
 
 
 @pytest.mark.parametrize("mode", ["embedded", pytest.param("distributed", marks=pytest.mark.postgres)])

@@ -31,7 +31,7 @@ from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.tables import assets, upload_sessions
 from aivedio_engine.services.assets import AssetService
 from aivedio_engine.services.errors import InvalidInput
-from tests.api.test_assets import Api, _context
+from tests.api.test_assets import NO_GRACE, QUARANTINED_THEN_DELETED, Api, _context, rejected_bytes_fate
 from tests.media import FFMPEG, hls_playlist, shared_media
 from tests.media.test_probe import _connections, listener  # noqa: F401 - fixture
 from tests.support.app import FakeClock, TenantKey, make_context, tenant_with_key
@@ -138,7 +138,7 @@ def api(ctx: AppContext) -> Api:
 
 @pytest.fixture
 def local(tmp_path: Path) -> Iterator[Api]:
-    context = make_context(tmp_path / "data")
+    context = make_context(tmp_path / "data", sweeper=NO_GRACE)
     yield Api(context)
     context.close()
 
@@ -202,10 +202,10 @@ def test_hostile_media_corpus_is_rejected_and_nothing_is_published(
         outcomes[case] = (
             asset["status"],
             reason if reason in (asset["error"] or "") else asset["error"],
-            local.ctx.storage.head(staging),
+            rejected_bytes_fate(local.ctx, staging),
             _published(local, created["id"]),
         )
-        expected[case] = ("REJECTED", reason, None, [])
+        expected[case] = ("REJECTED", reason, QUARANTINED_THEN_DELETED, [])
     assert outcomes == expected
     assert _connections(sock) == 0  # U8/U12: no playlist was ever followed
 

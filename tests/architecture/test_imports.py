@@ -32,6 +32,13 @@ def test_cli_does_not_import_textual_at_start_up() -> None:
     assert "textual" not in loaded and "tui" not in loaded
 
 
+def test_cli_start_up_loads_no_engine_library() -> None:
+    """`aivedio --help` and every Tab press import aivedio_cli.main: commands are loaded when they run, so the
+    database, HTTP, broker and config stacks stay out (they made start-up take seconds)."""
+    loaded = _loaded_after("import aivedio_cli.main")
+    assert not loaded & {"sqlalchemy", "fastapi", "dramatiq", "pydantic", "rich", *HEAVY}, loaded & set(HEAVY)
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "aivedio_engine" / "domain").glob("*.py")), ids=lambda p: p.name)
 def test_domain_sources_import_only_stdlib_and_domain(path: Path) -> None:
     """Static check too: a lazy import inside a function would escape the runtime probe."""

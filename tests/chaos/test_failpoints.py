@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from aivedio_engine.testing import failpoints
-from aivedio_engine.testing.failpoints import FailpointError, failpoint
+from aivedio_engine.testing.failpoints import FailpointCrash, FailpointError, failpoint
 
 
 @pytest.fixture(autouse=True)
@@ -35,6 +35,24 @@ def test_raise_on_the_nth_hit_only() -> None:
         failpoint("x")
     failpoint("x")
     assert failpoints.hits("x") == 4
+
+
+def test_a_crash_is_not_an_exception_so_no_handler_swallows_it_and_the_transaction_rolls_back(pg_url: str) -> None:
+    import sqlalchemy as sa
+
+    failpoints.configure("c.before_commit=crash@1")
+    engine = sa.create_engine(pg_url)
+    try:
+        with pytest.raises(FailpointCrash, match="c.before_commit crashed"), engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE crash_probe (x int)"))
+            try:
+                failpoint("c.before_commit")
+            except Exception:  # noqa: BLE001 - what the engine's broad handlers do: it must not stop a crash
+                pytest.fail("an except Exception caught the crash")
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT to_regclass('crash_probe')")).scalar() is None
+    finally:
+        engine.dispose()
 
 
 def test_probability_is_deterministic_for_a_seed() -> None:

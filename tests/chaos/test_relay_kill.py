@@ -1,4 +1,4 @@
-"""A relay SIGKILLed mid-batch loses nothing and doubles no effect (PostgreSQL + Redis, real processes).
+"""A relay SIGKILLed mid-batch loses nothing and doubles no effect (PostgreSQL + RabbitMQ or Redis, real processes).
 
 Two `aivedio serve --role relay` and two `--role worker` processes share 5,000 `generation.queued` events. Relay A
 claims rows next to relay B's locked batch, then kills itself (failpoint `relay.after_enqueue=kill@137`) after
@@ -39,6 +39,7 @@ from tests.chaos.support import (
     outbox_statuses,
     wait_until,
 )
+from tests.support.rabbitmq import private_amqp_url
 from tests.support.redis import REDIS_URL, private_prefix
 
 #: the whole run is bounded; on timeout the fixtures still kill every subprocess and clean Redis
@@ -65,6 +66,15 @@ def redis_prefix() -> Iterator[str]:
     yield from private_prefix("chaos")
 
 
+@pytest.fixture(params=["rabbitmq", "redis"])
+def broker_url(request: pytest.FixtureRequest, redis_prefix: str) -> Iterator[tuple[str, str]]:
+    """Both distributed brokers carry the duplicates: RabbitMQ (push, a private vhost) and Redis (the prefix)."""
+    if request.param == "redis":
+        yield "redis", REDIS_URL
+    else:
+        yield from (("rabbitmq", url) for url in private_amqp_url("chaos"))
+
+
 @pytest.fixture
 def procs() -> Iterator[list[Proc]]:
     started: list[Proc] = []
@@ -76,7 +86,7 @@ def procs() -> Iterator[list[Proc]]:
 
 
 def test_killed_relay_mid_batch_loses_nothing_and_doubles_no_effect(
-    pg_url: str, redis_prefix: str, procs: list[Proc], tmp_path: Path
+    pg_url: str, redis_prefix: str, broker_url: tuple[str, str], procs: list[Proc], tmp_path: Path
 ) -> None:
     # Given 5,000 QUEUED tasks with one pending generation.queued event each, and a trigger counting task updates
     engine = make_engine(load_settings(overrides={"database": {"url": pg_url}}))
@@ -97,9 +107,9 @@ def test_killed_relay_mid_batch_loses_nothing_and_doubles_no_effect(
         "--set",
         "mode=distributed",
         "--set",
-        "broker.kind=redis",
+        f"broker.kind={broker_url[0]}",
         "--set",
-        f"broker.url={REDIS_URL}",
+        f"broker.url={broker_url[1]}",
         "--set",
         f"redis.key_prefix={redis_prefix}",
         "--set",

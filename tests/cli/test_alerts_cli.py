@@ -70,6 +70,8 @@ def test_ack_absorbs_repeats_and_resolve_lets_the_condition_raise_again(tmp_path
     listed = json.loads(_cli(tmp_path, "alerts", "list", "--json").stdout)
     assert sorted(a["subject_id"] for a in listed) == ["t1", "t2"]
     assert {a["status"] for a in listed} == {"OPEN"}
+    cut = _cli(tmp_path, "alerts", "list", "--limit", "1")
+    assert len(cut.stdout.splitlines()) == 1 and cut.stderr.strip() == "1 of 2 alert(s) shown; --limit shows more"
 
     no_reason = _cli(tmp_path, "alerts", "ack", str(ids["t1"]), "--yes")
     assert no_reason.exit_code == 2 and "--reason is required" in no_reason.stderr

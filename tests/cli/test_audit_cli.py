@@ -5,9 +5,11 @@ refuse it) and must be reported with the offending row (exit 1)."""
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -219,6 +221,12 @@ def i4_6(s: Seeded, w: World) -> str:
     return str(s.tenant_id)
 
 
+def i4_8(s: Seeded, w: World) -> str:
+    # the vendor billed a fraction of a second, yet the task was charged the full estimate
+    s.execute(upd(task_attempts, w.attempt("ok4").id, billed_seconds=Decimal("0.5")))
+    return str(w.id("ok4"))
+
+
 def i5_1(s: Seeded, w: World) -> str:
     e = task_state_events.c
     s.execute(task_state_events.delete().where(e.task_id == w.id("ok2"), e.task_version == 4))
@@ -260,7 +268,7 @@ def i6_2(s: Seeded, w: World) -> str:
 
 
 def i6_3(s: Seeded, w: World) -> str:
-    row = w.outbox("generation.queued", "ok1")
+    row = w.outbox("provider.status.observed", "ok1")  # creation writes no generation.queued row any more
     s.execute(upd(outbox_events, row.id, published_at=w.old))
     s.execute(inbox_dedup.delete().where(inbox_dedup.c.event_id == row.id))
     return str(row.id)
@@ -322,6 +330,12 @@ def i8_2(s: Seeded, w: World) -> str:
     # what a fetch that died between its upload and its commit leaves behind; the scan is what lists the store
     key = f"{TENANTS_PREFIX}{s.tenant_id}/outputs/lost-{uuid.uuid4().hex}.mp4"
     s.ctx.storage.put_stream(key, [b"\x00" * 64], "video/mp4", 1024)
+    # written an hour ago by the engine's (fake) clock: the scan's grace is measured on that clock, and a loaded
+    # machine lets real time (the file's mtime) run ahead of it, which made the object look newer than the scan
+    path = s.ctx.storage.local_path(key)
+    assert path is not None
+    old = (s.ctx.clock.now() - timedelta(hours=1)).timestamp()
+    os.utime(path, (old, old))
     s.ctx.storage_scanner.scan(grace_s=0)
     return key
 
@@ -358,12 +372,59 @@ def i10_2(s: Seeded, w: World) -> str:
     return str(row.id)
 
 
+def i2_4(s: Seeded, w: World) -> str:
+    # issue 14's leak: the task took its job's success, the attempt stayed RUNNING (and kept its slot)
+    attempt = w.attempt("ok2")
+    s.execute(upd(task_attempts, attempt.id, submit_state="RUNNING", updated_at=w.old))
+    return str(attempt.id)
+
+
+def i2_5(s: Seeded, w: World) -> str:
+    # waiting to be retried, with no retry time, no message and no alert: nothing will ever move it
+    s.execute(
+        upd(
+            generation_tasks, w.id("q1"), status="RETRY_WAIT", updated_at=w.old, next_action_at=None, next_retry_at=None
+        )
+    )
+    return str(w.id("q1"))
+
+
+def i7_4(s: Seeded, w: World) -> str:
+    # the task is past its provider step (held for review), its attempt still ACKED: the slot rebuild keeps it
+    attempt = w.attempt("fox")
+    s.execute(upd(task_attempts, attempt.id, submit_state="ACKED", updated_at=w.old))
+    return str(attempt.id)
+
+
+def i10_3(s: Seeded, w: World) -> str:
+    # a stored observation whose message was lost, newer than anything applied to its task
+    row = w.provider_event(2)
+    task_id = s.one(sa.select(task_attempts.c.task_id).where(task_attempts.c.id == row.matched_attempt_id)).task_id
+    e = task_state_events.c
+    s.execute(
+        task_state_events.update()
+        .where(e.task_id == task_id, e.source.in_(["callback", "polling"]))
+        .values(created_at=w.old)
+    )
+    s.execute(
+        upd(
+            provider_events,
+            row.id,
+            dedup_key=row.dedup_key + "-never-reduced",
+            received_at=w.now - timedelta(minutes=30),
+        )
+    )
+    return str(row.id)
+
+
 #: check id → (corruption, needs PostgreSQL DDL)
 CORRUPTIONS: dict[str, tuple[Corruption, bool]] = {
     "I1.2": (i1_2, True),
     "I2.1": (i2_1, False),
     "I2.2": (i2_2, False),
     "I2.3": (i2_3, False),
+    "I2.4": (i2_4, False),
+    "I2.5": (i2_5, False),
     "I3.4": (i3_4, False),
     "I4.1": (i4_1, True),
     "I4.2": (i4_2, False),
@@ -371,6 +432,7 @@ CORRUPTIONS: dict[str, tuple[Corruption, bool]] = {
     "I4.4": (i4_4, False),
     "I4.5": (i4_5, False),
     "I4.6": (i4_6, False),
+    "I4.8": (i4_8, False),
     "I5.1": (i5_1, False),
     "I5.2": (i5_2, False),
     "I5.3": (i5_3, False),
@@ -382,6 +444,7 @@ CORRUPTIONS: dict[str, tuple[Corruption, bool]] = {
     "I6.4": (i6_4, True),
     "I6.5": (i6_5, False),
     "I7.2": (i7_2, False),
+    "I7.4": (i7_4, False),
     "I8.2": (i8_2, False),
     "I8.3": (i8_3, False),
     "I8.4": (i8_4, False),
@@ -390,6 +453,7 @@ CORRUPTIONS: dict[str, tuple[Corruption, bool]] = {
     "I9.3": (i9_3, False),
     "I10.1": (i10_1, False),
     "I10.2": (i10_2, False),
+    "I10.3": (i10_3, False),
 }
 
 

@@ -111,10 +111,14 @@ def test_balance_entries_and_adjust(tmp_path: Path, pg_url: str) -> None:
             "business_key",
             "reason",
             "created_by",
+            "vendor_amount",  # an invoice line's own amount and currency (None for engine rows)
+            "vendor_currency",
         }
         of_task = ok_json(cli(pg_url, data, "ledger", "entries", "--task", str(canceled), "--json"))
         assert sorted(e["entry_type"] for e in of_task) == ["RELEASE", "RESERVE"]
         assert len(ok_json(cli(pg_url, data, "ledger", "entries", "--limit", "1", "--json"))) == 1
+        cut = cli(pg_url, data, "ledger", "entries", "--tenant", "tenant-a", "--limit", "1")
+        assert cut.stderr.strip() == "1 of 4 ledger row(s) shown; --limit shows more"
         assert cli(pg_url, data, "ledger", "entries", "--task", str(uuid.uuid4())).exit_code == 5
         table = cli(pg_url, data, "ledger", "entries", "--tenant", "tenant-a")
         assert table.exit_code == 0 and "RELEASE" in table.stdout and f"release:{canceled}" in table.stdout
@@ -434,6 +438,8 @@ def test_reconcile_finds_duplicates_orphans_and_missing_and_books_once(tmp_path:
         assert {(r.entry_type, r.amount, r.tenant_id, r.created_by) for r in booked} == {
             ("ADJUSTMENT", 0, tenant.id, OPERATOR)
         }
+        # the vendor's amount is a figure of its own now, not only words in the reason
+        assert {(r.vendor_amount, r.vendor_currency) for r in booked} == {(Decimal("0.40"), "USD")}
         assert {r.business_key: r.attempt_id for r in booked} == {
             f"adjustment:invoice:sim:{job['first']}": attempts[(resubmitted, 1)].id,
             f"adjustment:invoice:sim:{job['second']}:repeat2": attempts[(resubmitted, 2)].id,
@@ -474,3 +480,26 @@ def test_reconcile_finds_duplicates_orphans_and_missing_and_books_once(tmp_path:
         bad = cli(pg_url, data, "ledger", "reconcile", "--invoice", str(broken))
         assert bad.exit_code == 2 and "line 2" in bad.stderr
         ctx.close()
+
+
+def test_a_long_missing_list_says_how_much_of_it_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    from aivedio_cli.ledger_cmd import MISSING_SHOWN, _show_report
+    from aivedio_engine.services.ledger_ops import ReconcileReport
+
+    missing = [
+        {
+            "provider": "sim",
+            "job_id": f"job-{i}",
+            "task_id": uuid.UUID(int=i),
+            "task_status": "CANCELED",
+            "submit_state": "SUCCEEDED",
+        }
+        for i in range(MISSING_SHOWN + 8)
+    ]
+    _show_report(ReconcileReport(0, 0, ["sim"], {}, None, [], missing))
+    lines = capsys.readouterr().out.splitlines()
+    assert sum(1 for ln in lines if ln.startswith("  missing: ")) == MISSING_SHOWN
+    assert lines[-1] == f"  {MISSING_SHOWN} of {MISSING_SHOWN + 8} missing charges shown; --json lists all"
+    assert (
+        f"(task {uuid.UUID(int=0)}, CANCELED; attempt SUCCEEDED)" in lines[2]
+    )  # the task's status, then the attempt's

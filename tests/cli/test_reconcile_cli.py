@@ -34,6 +34,7 @@ CANDIDATE_KEYS = {
     "last_lookup_at",
     "next_action_at",
     "parked",
+    "provider_can_look_up",
 }
 OUTCOME_KEYS = {
     "task_id",
@@ -47,6 +48,7 @@ OUTCOME_KEYS = {
     "next_action_at",
     "parked",
     "alerts",
+    "provider_can_look_up",
 }
 SUMMARY_KEYS = {"found", "not_created", "still_unknown", "skipped", "error"}
 
@@ -74,7 +76,7 @@ def config_file(ctx: AppContext, path: Path) -> Path:
         'default_provider = "sim"',
         "",
         "[providers.sim]",
-        *(f"{k} = {_toml(v)}" for k, v in values.items()),
+        *(f"{k} = {_toml(v)}" for k, v in values.items() if v is not None),  # TOML has no null: unset stays unset
         "",
         "[reconcile]",
         *(f"{k} = {_toml(v)}" for k, v in reconcile.items()),

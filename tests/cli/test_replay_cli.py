@@ -39,6 +39,7 @@ from aivedio_engine.testing.failpoints import FailpointError
 from aivedio_engine.worker.actors import declare_actors
 from aivedio_engine.worker.broker import setup_broker
 from aivedio_engine.worker.relay import Relay
+from tests.chaos.support import insert_queued_events
 from tests.support.app import make_context, tenant_with_key
 from tests.support.flow import Driver, create_tasks, sim_context
 from tests.support.pump import Pump
@@ -109,13 +110,19 @@ class Dramatiq:
 
 
 def queue_tasks(ctx: AppContext, tenant: str, n: int) -> list[uuid.UUID]:
+    """QUEUED tasks whose only outbox row is a legacy `generation.queued` (creation writes none any more; the
+    intake consumer still drains such rows): one inbox-deduplicated message per task to kill and replay."""
     who = tenant_with_key(ctx, tenant, credits=1000)
-    return [
+    task_ids = [
         ctx.generations.create(
             who.tenant_id, f"{tenant}-{i}", {"prompt": f"shot {i}", "model": "local-v1", "duration_s": 2}
         ).task.id
         for i in range(n)
     ]
+    with ctx.engine.begin() as conn:
+        conn.execute(outbox_events.delete().where(outbox_events.c.aggregate_id.in_(task_ids)))
+        insert_queued_events(conn, who.tenant_id, task_ids, now=ctx.clock.now())
+    return task_ids
 
 
 def poison(failure: dict[str, Callable[[], BaseException] | None]) -> None:
@@ -157,6 +164,7 @@ def test_dlq_preview_plan_apply_and_repeat(tmp_path: Path, pg_url: str) -> None:
         assert (preview["total"], preview["selected"]) == (3, 3)
         assert set(preview["items"][0]) == {
             "id",
+            "task_id",
             "message_id",
             "actor",
             "queue",

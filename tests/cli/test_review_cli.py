@@ -63,6 +63,9 @@ def test_list_shows_the_held_outputs_and_filters_by_state(held: Seeded) -> None:
     assert ok(held.cli("review", "list", "--state", "claimed", "--json")) == []
     assert ok(held.cli("review", "list", "--state", "decided", "--json")) == []
     assert str(held.review_item("fox1").id) in ok(held.cli("review", "list"))
+    cut = held.cli("review", "list", "--limit", "1")
+    assert cut.exit_code == 0 and len(cut.stdout.splitlines()) == 1
+    assert cut.stderr.strip() == "1 of 2 review item(s) shown; --limit shows more"
     refused(held.cli("review", "list", "--state", "open"), 2, "--state must be one of")
 
 
@@ -114,7 +117,7 @@ def race_for(service: ReviewService, item: Any, reviewers: tuple[str, ...]) -> d
 
 
 def test_two_concurrent_claims_have_exactly_one_winner(held: Seeded) -> None:
-    service = ReviewService(held.ctx.engine, held.ctx.clock)
+    service = held.ctx.review
     for name in ("fox1", "fox2"):
         outcomes = race_for(service, held.review_item(name).id, ("alice", "bob"))
         assert sorted(outcomes.values()) == ["lost", "won"], outcomes

@@ -81,3 +81,48 @@ def test_a_failed_listing_exits_1_and_is_recorded(tmp_path: Path, moto_s3: MotoS
         (row,) = conn.execute(sa.select(storage_scans)).all()
     ctx.close()
     assert (str(row.id), row.error) == (report["scan_id"], report["error"])
+
+
+def test_gc_deletes_only_the_orphans_older_than_its_window_and_audits_both_runs(
+    seeder: Callable[..., Seeded],
+) -> None:
+    from aivedio_engine.db.tables import audit_log
+
+    s = seeder({"ok": "scene one"})
+    assert s.task("ok").status == "SUCCEEDED"
+    with s.ctx.engine.connect() as conn:
+        attempt_id = conn.execute(
+            sa.select(task_attempts.c.id).where(task_attempts.c.task_id == s.tasks["ok"])
+        ).scalar_one()
+    crashed = keys.raw_output_key(s.tenant_id, s.tasks["ok"], attempt_id, 1)
+    s.ctx.storage.put_stream(crashed, [b"v" * 2048], "video/mp4", max_bytes=2048)
+    before = {o.key for o in s.ctx.storage.iter_objects(keys.TENANTS_PREFIX)}
+
+    s.advance(3600 + 120)  # an orphan for the scan, still inside the GC's one-day window
+    young = json.loads(s.cli("storage", "gc", "--dry-run", "--json").stdout)
+    assert (young["orphans"], young["deleted"], young["listed"]) == (0, 0, len(before))
+
+    s.advance(86_400)
+    preview = s.cli("storage", "gc", "--dry-run", "--json")
+    doc = json.loads(preview.stdout)
+    assert preview.exit_code == 0 and doc["dry_run"] is True
+    assert [(o["key"], o["size_bytes"]) for o in doc["objects"]] == [(crashed, 2048)] and doc["deleted"] == 0
+    assert s.ctx.storage.head(crashed) is not None
+
+    assert s.cli("storage", "gc", "--yes").exit_code == 2  # no reason
+    assert s.cli("storage", "gc", "--reason", "cleanup").exit_code == 4  # no terminal, no --yes
+    assert s.cli("storage", "gc", "--grace", "10m", "--dry-run").exit_code == 2  # inside any commit's reach
+
+    done = s.cli("storage", "gc", "--yes", "--reason", "INC-7 crashed fetch", "--json")
+    result = json.loads(done.stdout)
+    assert done.exit_code == 0 and (result["deleted"], result["deleted_bytes"], result["failed"]) == (1, 2048, [])
+    assert s.ctx.storage.head(crashed) is None
+    assert {o.key for o in s.ctx.storage.iter_objects(keys.TENANTS_PREFIX)} == before - {crashed}
+    assert json.loads(s.cli("storage", "scan", "--json").stdout)["orphans"] == 0  # the task's bytes all stayed
+
+    rows = s.all(sa.select(audit_log).where(audit_log.c.command == "storage gc").order_by(audit_log.c.created_at))
+    assert [(r.dry_run, r.outcome, r.affected_ids) for r in rows][-2:] == [
+        (True, "previewed", [crashed]),
+        (False, "deleted", [crashed]),
+    ]
+    assert rows[-1].reason == "INC-7 crashed fetch" and rows[-1].args["deleted"] == 1

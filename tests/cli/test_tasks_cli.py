@@ -20,6 +20,7 @@ from aivedio_engine.clock import new_id
 from aivedio_engine.db import tasks as task_rows
 from aivedio_engine.db.tables import audit_log, credit_ledger, generation_tasks, task_state_events
 from aivedio_engine.domain.status import EventSource, StateEventOutcome
+from aivedio_engine.services.liveness import NO_ENGINE
 from aivedio_engine.services.task_ops import TaskOps
 from tests.support.app import tenant_with_key
 from tests.support.flow import Driver, sim_context
@@ -149,6 +150,10 @@ def test_list_filters_by_status_tenant_provider_age_and_limit(
         assert ids("--older-than", "1h") == {str(mine[1]), str(mine[2]), str(theirs)}
         assert ids("--older-than", "3h") == set()
         assert len(ids("--limit", "2")) == 2
+        cut = cli.json("tasks", "list", "--status", "running", "--limit", "2")
+        assert (cut["count"], cut["total"]) == (2, 3)  # the filter's whole count, beside the rows shown
+        cut_table = cli("tasks", "list", "--status", "running", "--limit", "2")
+        assert cut_table.stderr.strip() == "2 of 3 task(s) shown; --limit shows more"
 
         table = cli("tasks", "list", "--status", "CANCEL_REQUESTED")
         assert table.exit_code == 0 and str(mine[0]) in table.stdout and str(mine[1]) not in table.stdout
@@ -219,7 +224,8 @@ def test_show_merges_the_whole_story_of_a_task_into_one_timeline(
             "hls",
             "thumbnail",
         }
-        assert {"generation.queued", "task.status.changed"} <= {i["event_type"] for i in items if i["kind"] == "outbox"}
+        # creation writes no generation.queued row any more (the dispatcher scans QUEUED tasks itself)
+        assert {"fetch.requested", "task.status.changed"} <= {i["event_type"] for i in items if i["kind"] == "outbox"}
 
         review = cli.json("tasks", "show", str(held))
         assert review["task"]["status"] == "MANUAL_REVIEW"
@@ -343,7 +349,11 @@ def test_cancel_as_an_operator_is_confirmed_audited_and_follows_the_cancel_rules
         (dry,) = audit_rows(ctx, "tasks cancel")
         assert dry.dry_run and dry.actor == OPERATOR and dry.affected_ids == [str(running)] and dry.reason is None
 
-        done = cli.json("tasks", "cancel", str(running), "--yes", "--reason", "INC-7 stuck render")
+        run = cli("tasks", "cancel", str(running), "--yes", "--reason", "INC-7 stuck render", "--json")
+        assert run.exit_code == 0, run.output
+        done = json.loads(run.stdout)
+        # only requested: no engine process runs (the driver below plays the roles by hand), and the command says so
+        assert run.stderr.splitlines() == [NO_ENGINE]
         assert done["outcome"] == "cancel_requested" and done["to_status"] == "CANCEL_REQUESTED"
         assert status_of(ctx, running) == "CANCEL_REQUESTED"
         audit = audit_rows(ctx, "tasks cancel")[-1]

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -592,6 +592,52 @@ def test_kling_reports_final_unit_deduction() -> None:
     p, _ = provider(BY_NAME["kling"], {K_T2V: "task_failed"})
     failed = p.query(K_ID)
     assert isinstance(failed, Observation) and failed.cost == 0 and failed.billed is False
+
+
+def _with_rate(vendor: Vendor, model: str, key: str, secrets: list[str], rate: float | None) -> Any:
+    """The vendor's adapter with `vendor_unit_seconds` set (output seconds one unit of its own figure stands for)."""
+    cfg = settings(vendor.name, model, key, secrets).model_copy(update={"vendor_unit_seconds": rate})
+    return lambda http: {
+        "kling": lambda: KlingProvider("kling", cfg, http, clock=FixedClock()),
+        "replicate": lambda: ReplicateProvider("replicate", cfg, http),
+        "fal": lambda: FalProvider("fal", cfg, http),
+        "runway": lambda: RunwayProvider("runway", cfg, http),
+    }[vendor.name]()
+
+
+@pytest.mark.parametrize("rate", [None, 5.0])
+def test_billed_units_come_from_the_vendors_own_field(rate: float | None) -> None:
+    """Kling `final_unit_deduction`, Replicate `metrics.predict_time`, fal `metrics.inference_time` are recorded as the
+    vendor's figure; they become billed seconds only with the provider's configured rate. Runway reports none."""
+
+    def seconds(units: float) -> float | None:
+        return None if rate is None else round(units * rate, 3)
+
+    kling = replace(BY_NAME["kling"], make=_with_rate(BY_NAME["kling"], "kling-v2-master", "a:b", [KLING_SECRET], rate))
+    obs = provider(kling, {K_T2V: "task_succeed"})[0].query(K_ID)
+    assert isinstance(obs, Observation) and (obs.vendor_cost, obs.billed_seconds) == (1.5, seconds(1.5))
+    failed = provider(kling, {K_T2V: "task_failed"})[0].query(K_ID)
+    assert isinstance(failed, Observation) and (failed.vendor_cost, failed.billed_seconds) == (0, None)  # not billed
+
+    rep = BY_NAME["replicate"]
+    rep = replace(rep, make=_with_rate(rep, "acme/video-model", "r8_key", [REPLICATE_SECRET], rate))
+    obs = provider(rep, {R_GET: "prediction_succeeded"})[0].query(R_ID)
+    assert isinstance(obs, Observation) and (obs.vendor_cost, obs.billed_seconds) == (95.2, seconds(95.2))
+    running = provider(rep, {R_GET: "prediction_processing"})[0].query(R_ID)
+    assert isinstance(running, Observation) and (running.vendor_cost, running.billed_seconds) == (None, None)
+
+    fal = BY_NAME["fal"]
+    fal = replace(
+        fal, make=_with_rate(fal, "fal-ai/kling-video/v2/master/text-to-video", "fal_key", [FAL_PUBLIC], rate)
+    )
+    obs = provider(fal, {F_STATUS: "status_COMPLETED", F_RESULT: "result_ok"})[0].query(F_ID)
+    assert isinstance(obs, Observation) and (obs.vendor_cost, obs.billed_seconds) == (95.1, seconds(95.1))
+
+    rw = BY_NAME["runway"]
+    rw = replace(rw, make=_with_rate(rw, "gen4_turbo", "rw_key", [RUNWAY_SECRET], rate))
+    obs = provider(rw, {RW_TASK: "task_SUCCEEDED"})[0].query(RW_ID)
+    assert isinstance(obs, Observation) and obs.billed is True
+    assert (obs.vendor_cost, obs.billed_seconds, obs.billed_outputs) == (None, None, None)  # usage per account only
 
 
 # --- vendor specifics: encoding -----------------------------------------------------------------------------------

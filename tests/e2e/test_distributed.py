@@ -1,6 +1,6 @@
 """Distributed mode end to end: two `aivedio serve` processes (api+scheduler+sweeper, relay+worker) on PostgreSQL,
-Redis (broker, slots, pub/sub) and S3 (moto), the `sim` provider with faults; 50 generations from
-`aivedio batch run --api-url` to SUCCEEDED, each with a playable proxy MP4 and HLS playlist in S3."""
+RabbitMQ (the broker, a private vhost), Redis (slots, pub/sub) and S3 (moto), the `sim` provider with faults; 50
+generations from `aivedio batch run --api-url` to SUCCEEDED, each with a playable proxy MP4 and HLS playlist in S3."""
 
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks
 from tests.e2e.support import ffprobe_duration, sample_png
 from tests.support.app import free_port
 from tests.support.moto import MotoS3, moto_s3  # noqa: F401 - fixture
+from tests.support.rabbitmq import private_amqp_url
 from tests.support.sim import SECRET, running_sim, wait_until
 
 TASKS = 50
 
 
-def _config(tmp: Path, pg_url: str, s3: MotoS3, sim_url: str, api_port: int) -> Path:
+def _config(tmp: Path, pg_url: str, s3: MotoS3, sim_url: str, api_port: int, amqp_url: str) -> Path:
     prefix = f"e2e-{uuid.uuid4().hex[:8]}:"
     storage = s3.storage_settings()
     text = f"""
@@ -40,8 +41,8 @@ data_dir = "{tmp / "data"}"
 [database]
 url = "{pg_url}"
 [broker]
-kind = "redis"
-url = "redis://127.0.0.1:6379/0"
+kind = "rabbitmq"
+url = "{amqp_url}"
 worker_threads = 8
 [redis]
 url = "redis://127.0.0.1:6379/0"
@@ -101,9 +102,8 @@ def _serve(config: Path, roles: str, log: Path) -> Iterator[subprocess.Popen[byt
             proc.wait()
 
 
-@pytest.mark.timeout(600)
 def _drop_redis_keys(url: str, prefix: str) -> None:
-    """The run's broker, slot and pub/sub keys all live under its own prefix: leave the shared Redis as found."""
+    """The run's slot and pub/sub keys all live under its own prefix: leave the shared Redis as found."""
     client = redis.Redis.from_url(url)
     try:
         for key in client.scan_iter(match=f"{prefix}*", count=1000):
@@ -112,11 +112,19 @@ def _drop_redis_keys(url: str, prefix: str) -> None:
         client.close()
 
 
-def test_fifty_generations_through_distributed_serve(tmp_path: Path, pg_url: str, moto_s3: MotoS3) -> None:
+@pytest.fixture
+def amqp_url() -> Iterator[str]:
+    yield from private_amqp_url("e2e")
+
+
+@pytest.mark.timeout(600)
+def test_fifty_generations_through_distributed_serve(
+    tmp_path: Path, pg_url: str, moto_s3: MotoS3, amqp_url: str
+) -> None:
     api_port = free_port()
     faults = "redirect=0.2,dup_cb=0.2,reorder_cb=0.2,drop_cb=0.1,early_cb=0.1,5xx=0.05,latency=5ms..40ms"
     with running_sim(real_clock=True, seed=11, faults=faults, job_seconds=1.0) as sim, ExitStack() as stack:
-        config = _config(tmp_path, pg_url, moto_s3, sim.base_url, api_port)
+        config = _config(tmp_path, pg_url, moto_s3, sim.base_url, api_port, amqp_url)
         ctx = build_context(load_settings(str(config)))
         stack.callback(_drop_redis_keys, ctx.settings.redis.url, ctx.settings.redis.key_prefix)  # runs last
         stack.callback(ctx.close)

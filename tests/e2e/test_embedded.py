@@ -86,7 +86,7 @@ def test_generate_reports_bad_input_in_one_line(tmp_path: Path) -> None:
     rejected = _aivedio(data, "generate", "x", "--image", str(fake), "--wait")
     assert rejected.returncode == 1 and "rejected" in rejected.stderr
     bad_model = _aivedio(data, "generate", "x", "--model", "nope", "--wait")
-    assert bad_model.returncode == 1 and "unknown model" in bad_model.stderr
+    assert bad_model.returncode == 2 and "unknown model" in bad_model.stderr  # a refused request is a usage error
 
 
 @pytest.mark.timeout(900)

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import sqlalchemy as sa
 
-from aivedio_engine.db.tables import provider_events, task_state_events
-from tests.support.app import running_api
+from aivedio_engine.db.tables import provider_events, task_attempts, task_state_events
+from tests.support.app import free_port, running_api
 from tests.support.flow import Driver, create_tasks, sim_context
 from tests.support.pump import Pump
 from tests.support.sim import SECRET, running_sim
@@ -85,4 +85,29 @@ def test_callback_endpoint_rejects_forgeries_with_4xx(tmp_path: Path) -> None:
         with ctx.engine.connect() as conn:
             rows = conn.execute(sa.select(provider_events.c.orphan)).all()
         assert [r.orphan for r in rows] == [True]  # unknown job: kept as an orphan, not dropped
+        ctx.close()
+
+
+def test_sim_calls_back_each_job_as_its_vendors_do_and_no_poll_is_needed(tmp_path: Path) -> None:
+    """Vendors with webhooks (Replicate, fal, Kling; not Runway) take a per-job callback URL and call it on every
+    status change. The sim does the same once the engine gives it one (webhook secrets + api.public_base_url):
+    with polls ten minutes apart, the tasks reach SUCCEEDED on callbacks alone."""
+    port = free_port()
+    with running_sim(seed=13, job_seconds=4) as sim:  # no account-wide webhook_url: only the per-job URL
+        ctx = sim_context(
+            tmp_path,
+            sim,
+            api={"public_base_url": f"http://127.0.0.1:{port}"},
+            polling={"min_interval_s": 600, "max_interval_s": 600, "jitter": 0},
+        )
+        with running_api(ctx, port=port):
+            create_tasks(ctx, 3)
+            drv = Driver(ctx, sim, Pump(ctx), step_s=2, callbacks=True)
+            drv.run_until(lambda: drv.all_in("SUCCEEDED"), max_rounds=30)
+            stats = sim.truth()["callbacks"]
+        with ctx.engine.connect() as conn:
+            sources = {r[0] for r in conn.execute(sa.select(provider_events.c.source))}
+            polls = conn.execute(sa.select(sa.func.sum(task_attempts.c.poll_count))).scalar_one()
+        assert stats["delivered"] >= 6 and stats["failed"] == 0  # running and succeeded, for each of the 3 jobs
+        assert sources == {"callback"} and polls == 0
         ctx.close()

@@ -1,4 +1,6 @@
-"""A generation through the real local provider (ffmpeg) in embedded mode: submit, poll, fetch, media, settle."""
+"""A generation through the real local provider (ffmpeg) in embedded mode: submit, report or poll, fetch, media,
+settle. The provider reports a job's end itself (`CallbackService.report`, a provider_events row with source
+`callback`); polling stays the fallback when that report is lost."""
 
 from __future__ import annotations
 
@@ -14,18 +16,69 @@ from aivedio_engine.db.tables import (
     credit_ledger,
     generation_tasks,
     outbox_events,
+    provider_events,
     task_attempts,
     task_state_events,
 )
 from aivedio_engine.domain.retry import ErrorClass
 from aivedio_engine.providers.base import QueryFailed
 from aivedio_engine.services.sync import ProviderSync
+from aivedio_engine.testing import failpoints
 from tests.support.app import make_context, tenant_with_key
 from tests.support.pump import Pump
 
 
-def test_local_provider_drives_a_task_to_succeeded(tmp_path: Path) -> None:
+def _sources(ctx) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    with ctx.engine.connect() as conn:
+        rows = conn.execute(sa.select(provider_events.c.source, provider_events.c.observation)).all()
+    return [(r.source, r.observation["status"]) for r in rows]
+
+
+def test_local_job_end_is_reported_directly_and_completes_the_task_without_a_poll(tmp_path: Path) -> None:
+    # polls are a minute apart: a task done in seconds was not completed by one
+    ctx = make_context(tmp_path / "data", polling={"min_interval_s": 60, "max_interval_s": 60, "jitter": 0})
+    try:
+        who = tenant_with_key(ctx, "alice", credits=100)
+        ctx.generations.create(who.tenant_id, "k1", {"prompt": "a paper boat", "model": "local-v1", "duration_s": 1})
+        polled = {o: _polls("local", o) for o in ("observed", "failed")}
+        pump = Pump(ctx)
+        assert ctx.dispatcher.run_once() == 1
+        pump.run()  # submit: the render starts on the provider's own thread
+        deadline = time.monotonic() + 60
+        done = threading.Event()
+        while time.monotonic() < deadline and ("callback", "succeeded") not in _sources(ctx):
+            done.wait(0.1)  # bounded wait for the render thread's report
+        assert ("callback", "succeeded") in _sources(ctx), _sources(ctx)
+        pump.run()  # reducer → fetch (+ media in the same run) → notifications
+        with ctx.engine.connect() as conn:
+            task = conn.execute(sa.select(generation_tasks)).one()
+            attempt = conn.execute(sa.select(task_attempts)).one()
+        assert task.status == "SUCCEEDED"
+        assert attempt.poll_count == 0  # no poll fired
+        assert {source for source, _ in _sources(ctx)} == {"callback"}
+        assert {o: _polls("local", o) for o in ("observed", "failed")} == polled
+        with ctx.engine.connect() as conn:
+            keys = {r[0] for r in conn.execute(sa.select(provider_events.c.dedup_key))}
+        # the report's own id, not the fingerprint a poll of the same state would have (next test)
+        assert {k.rsplit(":", 1)[-1] for k in keys} >= {"succeeded"} and all(k.startswith("wh:report:") for k in keys)
+        assert pump.seen["provider.status.observed"] >= 1 and pump.seen["media.process.requested"] == 0
+    finally:
+        ctx.close()
+
+
+def test_local_provider_drives_a_task_to_succeeded_by_polls_when_its_report_is_lost(tmp_path: Path) -> None:
     ctx = make_context(tmp_path / "data", polling={"min_interval_s": 1, "max_interval_s": 2, "jitter": 0})
+    failpoints.configure("callback.report=raise")  # the direct report fails (a database hiccup): logged, lost
+    try:
+        _drive_by_polls(ctx)
+        assert failpoints.hits("callback.report") >= 1  # the report was tried
+        assert {source for source, _ in _sources(ctx)} == {"polling"}
+    finally:
+        failpoints.reset()
+        ctx.close()
+
+
+def _drive_by_polls(ctx) -> None:  # type: ignore[no-untyped-def]
     who = tenant_with_key(ctx, "alice", credits=100)
     task = ctx.generations.create(
         who.tenant_id, "k1", {"prompt": "a paper boat", "model": "local-v1", "duration_s": 2}
@@ -48,7 +101,8 @@ def test_local_provider_drives_a_task_to_succeeded(tmp_path: Path) -> None:
             break
         woke.wait(0.2)  # bounded wait for the render to progress before the next poll
     assert status == "SUCCEEDED", status
-    assert pump.seen["fetch.requested"] == 1 and pump.seen["media.process.requested"] == 1
+    # the clip is small: the fetch run went straight on to the media step (no media message)
+    assert pump.seen["fetch.requested"] == 1 and pump.seen["media.process.requested"] == 0
     with ctx.engine.connect() as conn:
         history = [
             r.to_status
@@ -75,7 +129,6 @@ def test_local_provider_drives_a_task_to_succeeded(tmp_path: Path) -> None:
     assert task.output_asset_id == kinds["RAW_OUTPUT"].id and task.reserved_amount == 0
     assert ledger["RESERVE"] + ledger["SETTLE"] == -task.actual_cost  # settled in the success transaction
     assert ctx.slots.counts().get("provider:local", 0) == 0  # the slot came back with the finished attempt
-    ctx.close()
 
 
 def _polls(provider: str, outcome: str) -> float:
@@ -113,5 +166,35 @@ def test_polls_are_counted_by_outcome_and_their_observations_carry_the_task_trac
         # the observation of the poll carries the request's trace like every other event of the task
         assert "provider.status.observed" in {t.event_type for t in traces}
         assert {t.trace_id for t in traces} == {"req-kite"}, traces
+    finally:
+        ctx.close()
+
+
+def test_a_direct_report_does_not_hide_the_polled_observation_of_the_same_state(tmp_path: Path) -> None:
+    """A report the reducer could not use yet (it raced the submit's own commit) must leave the poll able to
+    deliver the same state: the report carries its own event id, the poll is deduplicated by its fingerprint."""
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    from aivedio_engine.db.session import write_tx
+    from aivedio_engine.domain.status import EventSource
+    from aivedio_engine.providers.base import JobStatus, Observation
+    from aivedio_engine.services import observations
+
+    ctx = make_context(tmp_path / "data")
+    try:
+        polled = Observation(
+            job_id="loc_" + "0" * 32,
+            status=JobStatus.SUCCEEDED,
+            provider_updated_at=datetime(2026, 1, 1, tzinfo=UTC),
+            progress=100,
+            request_key="avd-test",
+        )
+        reported = replace(polled, event_id=f"report:{polled.job_id}:succeeded")
+        assert ctx.callbacks.report("local", reported) is True
+        assert ctx.callbacks.report("local", reported) is False  # a repeated report is stored once
+        with write_tx(ctx.engine) as conn:
+            assert observations.record(conn, "local", polled, EventSource.POLLING, ctx.clock.now()) is True
+        assert sorted(_sources(ctx)) == [("callback", "succeeded"), ("polling", "succeeded")]
     finally:
         ctx.close()

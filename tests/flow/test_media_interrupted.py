@@ -10,8 +10,10 @@ lands mid-encode every time; ffprobe stays the real one.
 from __future__ import annotations
 
 import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +27,21 @@ from tests.flow.test_output_fetch import MEDIA, alerts_of, assert_only_reserved,
 from tests.support.sim import SimHandle, sim  # noqa: F401 - fixture
 
 
-def _slow_ffmpeg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory beside the job directories that anyone may enter and write: the sandbox runs each encode as a
+    uid of its own, which could neither enter pytest's private tmp_path nor write in it."""
+    path = Path(tempfile.mkdtemp(prefix="aivedio-fake-ffmpeg-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _slow_ffmpeg(bin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fake ffmpeg that says it started (`<bin>/started`, one line per run), sleeps, then runs the real one."""
     real = shutil.which("ffmpeg")
     assert real is not None
-    fake = tmp_path / "bin" / "ffmpeg"
-    fake.parent.mkdir(exist_ok=True)
+    fake = bin_dir / "ffmpeg"
     started = fake.parent / "started"
     fake.write_text(f'#!/bin/sh\necho run >> {started}\nsleep 30\nexec {real} "$@"\n')
     fake.chmod(0o755)
@@ -55,10 +66,10 @@ def _media_stopped_mid_encode(s: Any, started: Path) -> str:
 
 
 def test_an_encode_interrupted_by_a_shutdown_is_retried_at_once_and_then_succeeds(
-    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch, open_dir: Path
 ) -> None:
     s = staged(tmp_path, sim, retry={"media": {"max_attempts": 3, "base_delay_s": 60, "max_delay_s": 60}})
-    started = _slow_ffmpeg(tmp_path, monkeypatch)
+    started = _slow_ffmpeg(open_dir, monkeypatch)
 
     result = _media_stopped_mid_encode(s, started)
 
@@ -82,10 +93,10 @@ def test_an_encode_interrupted_by_a_shutdown_is_retried_at_once_and_then_succeed
 
 
 def test_interruptions_spend_the_media_budget_and_end_with_a_human_not_a_failure(
-    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch, open_dir: Path
 ) -> None:
     s = staged(tmp_path, sim, retry={"media": {"max_attempts": 2}})
-    started = _slow_ffmpeg(tmp_path, monkeypatch)
+    started = _slow_ffmpeg(open_dir, monkeypatch)
 
     assert _media_stopped_mid_encode(s, started).startswith("retry: ")
     assert _media_stopped_mid_encode(s, started) == "held for review"  # budget spent: media never regenerates

@@ -166,6 +166,21 @@ def test_prompt_matching_a_review_term_holds_the_output_for_a_human(tmp_path: Pa
     s.ctx.close()
 
 
+def test_a_request_input_moderation_warned_about_has_its_output_held_for_a_human(
+    tmp_path: Path, sim: SimHandle
+) -> None:
+    s = staged(tmp_path, sim, prompt="a fox under a night sky", moderation={"warn_terms": ["night sky"]})
+
+    assert s.media() == "held for review"
+
+    task = task_row(s.ctx, s.task_id)
+    assert task.status == "MANUAL_REVIEW" and task.review_state == "PENDING"
+    (item,) = reviews(s)
+    assert item.state == "PENDING" and item.reason == "input moderation: prompt contains the review term 'night sky'"
+    assert_only_reserved(s.ctx, s.task_id)  # reserved, not settled: the reviewer decides
+    s.ctx.close()
+
+
 # --- derivatives: retry, escalate, fail ------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
 """A lost data-plane message never strands a paid output: the sweeper publishes the fetch or media request again
-once the step has been idle for `sweeper.data_plane_stuck_s` with nothing pending."""
+once the step has been idle for its own budget (`sweeper.fetch_stuck_s`, `media_stuck_s`) with nothing pending."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _statuses(ctx) -> set[str]:  # type: ignore[no-untyped-def]
 
 def test_lost_fetch_and_media_requests_are_published_again(tmp_path: Path) -> None:
     with running_sim(seed=31, job_seconds=2) as sim:
-        ctx = sim_context(tmp_path, sim, sweeper={"data_plane_stuck_s": STUCK_S})
+        ctx = sim_context(tmp_path, sim, sweeper={"fetch_stuck_s": STUCK_S, "media_stuck_s": STUCK_S})
         create_tasks(ctx, 3)
         drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=3)
         drv.run_until(lambda: _statuses(ctx) == {"OUTPUT_FETCHING"})

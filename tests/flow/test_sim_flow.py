@@ -25,7 +25,8 @@ def _close(ctx: AppContext) -> None:
 
 def test_500_tasks_every_message_delivered_twice(tmp_path: Path, pg: str) -> None:
     with running_sim(seed=1, job_seconds=3) as sim:
-        ctx = sim_context(tmp_path, sim, pg, max_concurrency=100)
+        # the parked fetch requests are counted: none may be re-driven during the run (fetch_stuck_s)
+        ctx = sim_context(tmp_path, sim, pg, max_concurrency=100, sweeper={"fetch_stuck_s": 900})
         ids = create_tasks(ctx, 500)
         drv = Driver(ctx, sim, Pump(ctx, duplicate_every=1, stop_at_fetch=True))
         rounds = drv.run_until(lambda: drv.all_in("OUTPUT_FETCHING"))

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from aivedio_engine.bootstrap import AppContext, build_context
-from aivedio_engine.config import load_settings
+from aivedio_engine.config import BrokerSettings, load_settings
 from aivedio_engine.db import migrate
 from aivedio_engine.db.tables import dead_letters, generation_tasks, inbox_dedup, outbox_events
 from aivedio_engine.domain.status import TaskStatus
@@ -36,6 +36,7 @@ from tests.chaos.support import (
     install_effect_counter,
     wait_until,
 )
+from tests.support.rabbitmq import private_amqp_url
 
 GROUP = intake.CONSUMER_GROUP
 
@@ -61,9 +62,16 @@ def _disarm_failpoints() -> Iterator[None]:
     failpoints.reset()
 
 
-@pytest.fixture
-def broker(ctx: AppContext) -> Iterator[dramatiq.Broker]:
-    broker = setup_broker(ctx.settings, ctx)
+@pytest.fixture(params=["stub", "rabbitmq"])
+def broker(request: pytest.FixtureRequest, ctx: AppContext) -> Iterator[dramatiq.Broker]:
+    """The in-process broker, and RabbitMQ (the distributed one: real redeliveries, delay queues, a private vhost)."""
+    settings = ctx.settings
+    if request.param == "rabbitmq":
+        vhost = private_amqp_url("consumers")
+        url = next(vhost)
+        request.addfinalizer(lambda: next(vhost, None))  # deletes the vhost once the broker is closed
+        settings = settings.model_copy(update={"broker": BrokerSettings(kind="rabbitmq", url=url)})
+    broker = setup_broker(settings, ctx)
     declare_actors(broker, ctx)
     yield broker
     broker.close()

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ from aivedio_engine.worker.broker import redis_namespace
 from tests.support.app import make_context, running_api, tenant_with_key
 from tests.support.flow import Driver, create_tasks, sim_context
 from tests.support.pump import Pump
-from tests.support.sim import running_sim
+from tests.support.rabbitmq import private_amqp_url
+from tests.support.sim import running_sim, wait_until
 from tests.unit.test_redact import restore_logging  # noqa: F401 - fixture
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -329,7 +331,7 @@ def test_cost_over_budget_and_against_the_previous_day(tmp_path: Path, db_url: s
         no_budget = ctx.settings.model_copy(
             update={"alerts": ctx.settings.alerts.model_copy(update={"cost_budget_per_hour": Decimal(0)})}
         )
-        findings = AlertEvaluator(ctx.engine, ctx.clock, no_budget).evaluate_now()
+        findings = AlertEvaluator(ctx.engine, ctx.clock, no_budget, lambda: ctx.liveness).evaluate_now()
         assert [(f.dedup_key, f.subject_id) for f in findings] == [(f"tenant:{steady}", str(steady))]
         assert "over 5 × its hourly mean of 0.08 the day before" in findings[0].message
         ctx.close()
@@ -342,3 +344,29 @@ def test_storage_capacity_low(tmp_path: Path) -> None:
         assert set(first) == {("storage_capacity_low", str(tmp_path / "data"))}
         assert first[("storage_capacity_low", str(tmp_path / "data"))].severity == "critical"
         ctx.close()
+
+
+@pytest.fixture
+def amqp_url() -> Iterator[str]:
+    yield from private_amqp_url("obs")
+
+
+def test_broker_queue_depth_is_read_from_rabbitmq(tmp_path: Path, amqp_url: str) -> None:
+    import pika
+
+    ctx = make_context(tmp_path / "data", broker={"kind": "rabbitmq", "url": amqp_url})
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = connection.channel()
+        for name, n in (("fetch", 3), ("media.DQ", 1)):  # where Dramatiq's RabbitMQ broker keeps messages
+            channel.queue_declare(name, durable=True)
+            for i in range(n):
+                channel.basic_publish("", name, f"m{i}".encode())
+        wait_until(lambda: channel.queue_declare("fetch", passive=True).method.message_count == 3, 10, "3 ready")
+        m, _ = parse(render(build_registry(ctx)).decode())
+    finally:
+        connection.close()
+        ctx.close()
+    assert value(m, "aivedio_mq_queue_depth", queue="fetch", kind="ready") == 3
+    assert value(m, "aivedio_mq_queue_depth", queue="media", kind="delayed") == 1
+    assert value(m, "aivedio_mq_queue_depth", queue="state", kind="ready") == 0  # never declared: 0, not an error

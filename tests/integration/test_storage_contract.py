@@ -335,3 +335,45 @@ def test_s3_multipart_upload_with_presigned_parts(moto_s3: MotoS3, tmp_path: Pat
     store.abort_multipart(k, aborted)  # type: ignore[attr-defined]
     with pytest.raises(Exception, match="part count"):
         store.presign_parts(k, upload_id, 10_001, 900)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("sse", [{"server_side_encryption": "AES256"}, {"server_side_encryption": "aws:kms"}])
+def test_s3_server_side_encryption_is_asked_on_every_write(
+    moto_s3: MotoS3, tmp_path: Path, sse: dict[str, str]
+) -> None:
+    """seed 000 §4.12.4: the engine's PUT, a multipart upload and the client's POST form all carry the setting."""
+    if sse["server_side_encryption"] == "aws:kms":
+        sse = {**sse, "sse_kms_key_id": moto_s3.kms_key_id()}
+    storage = {**moto_s3.storage_settings(), **sse}
+    store = build_store(load_settings(None, {"data_dir": str(tmp_path), "storage": storage}))
+    client = moto_s3.client()
+
+    def encryption(k: str) -> tuple[str | None, str | None]:
+        head = client.head_object(Bucket=moto_s3.bucket, Key=k)
+        return head.get("ServerSideEncryption"), head.get("SSEKMSKeyId")
+
+    want = (sse["server_side_encryption"], sse.get("sse_kms_key_id"))
+    put = key()
+    store.put_stream(put, [b"x" * 100], "video/mp4", max_bytes=100)
+    posted = key()
+    target = store.upload_target(posted, 10, "video/mp4", 900, upload_id=str(new_id()))
+    policy = json.loads(base64.b64decode(target.fields["policy"]))
+    # moto ignores a POST form's encryption fields, so the form and its policy are the test for that path: the
+    # field is in the form and pinned by the policy (S3 refuses a form that drops or changes it)
+    assert target.fields["x-amz-server-side-encryption"] == want[0]
+    assert {"x-amz-server-side-encryption": want[0]} in policy["conditions"]
+    r = httpx.post(target.url, data=target.fields, files={"file": ("x.mp4", b"v" * 10, "video/mp4")})
+    assert r.status_code in (200, 201, 204), r.text
+    multi = key()
+    upload_id = store.create_multipart(multi, "video/mp4")  # type: ignore[attr-defined]
+    (url,) = store.presign_parts(multi, upload_id, 1, 900)  # type: ignore[attr-defined]
+    part = httpx.put(url, content=b"m" * 1000, timeout=30)
+    store.complete_multipart(multi, upload_id, [CompletedPart(1, part.headers["etag"])])  # type: ignore[attr-defined]
+    assert [encryption(k)[0] for k in (put, multi)] == [want[0]] * 2
+    if want[1]:
+        assert [encryption(k)[1] for k in (put, multi)] == [want[1]] * 2
+
+
+def test_a_kms_key_without_kms_encryption_is_a_configuration_error(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match='server_side_encryption must be "aws:kms"'):
+        load_settings(None, {"data_dir": str(tmp_path), "storage": {"kind": "s3", "sse_kms_key_id": "k"}})

@@ -53,3 +53,27 @@ def test_a_committed_notify_wakes_the_waiter_and_a_rollback_does_not(engine: sa.
         assert waiter.wait(0.05) is False  # one notify, one wake-up
     finally:
         waiter.close()
+
+
+@pytest.mark.postgres
+def test_a_connection_whose_backend_was_terminated_is_given_back_cleanly(tmp_path: Path, pg_url: str) -> None:
+    """The rollback hook on a connection that died under its transaction (pg_terminate_backend, as a database
+    failover does) must let SQLAlchemy finish closing it: before the fix the hook raised PendingRollbackError,
+    the close stopped half-way, and a 500-task chaos run's scheduler failed every pass after one such kill."""
+    from aivedio_engine.db.handles import OperationalError
+    from aivedio_engine.db.session import read_conn
+
+    eng = make_engine(load_settings(None, {"data_dir": str(tmp_path), "database": {"url": pg_url}}))
+    assert eng.dialect.name == "postgresql"  # make_engine installed the commit hooks
+    try:
+        for open_conn in (eng.begin, lambda: read_conn(eng)):
+            with pytest.raises(OperationalError), open_conn() as conn:
+                pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+                with eng.connect().execution_options(isolation_level="AUTOCOMMIT") as killer:
+                    killer.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+                conn.execute(sa.text("SELECT 1"))
+            assert eng.pool.checkedout() == 0  # nothing kept checked out
+            with eng.begin() as conn:  # and the engine works on
+                assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1
+    finally:
+        eng.dispose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
 import struct
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from aivedio_engine.domain.status import DerivativeProfile as P
-from aivedio_engine.media import derive
+from aivedio_engine.media import derive, sandbox
 from aivedio_engine.media.derive import (
     DerivativeResult,
     MediaError,
@@ -381,25 +382,123 @@ def test_the_proxy_keeps_keyframes_on_segment_boundaries_so_hls_is_a_remux(tmp_p
     assert _values(silent, "-map") == ["0:v:0"]
 
 
-def _recording(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+@pytest.mark.parametrize("duration", [3.0, 1e9, None])
+def test_the_combined_run_keeps_every_fence_of_the_single_runs(duration: float | None, tmp_path: Path) -> None:
+    argv = derive.combined_argv(Path("rel/src.mp4"), tmp_path, _hand_probe(duration), LIMITS, list(P))
+    (i,) = [i for i, a in enumerate(argv) if a == "-i"]  # one input, read once
+    assert argv[i + 1] == f"file:{Path('rel/src.mp4').resolve()}"
+    assert _values(argv[:i], "-protocol_whitelist") == ["file"] and _values(argv[:i], "-t") == [
+        "3" if duration == 3.0 else "60"
+    ]
+    assert _values(argv[:i], "-format_whitelist") == ["mov,mp4,matroska,webm"]
+    assert _values(argv[:i], "-codec_whitelist") and _values(argv[:i], "-max_pixels") == [str(LIMITS.max_pixels)]
+    # three outputs (tee of proxy + HLS, thumbnail, waveform), each stripped and bitexact
+    assert _values(argv, "-map_metadata") == ["-1"] * 3 and _values(argv, "-map_chapters") == ["-1"] * 3
+    assert _values(argv, "-fflags") == ["+bitexact"] * 3
+    assert _values(argv, "-force_key_frames") == ["expr:gte(t,n_forced*2)"]
+    assert _values(argv, "-ss") == ["1"]  # an output seek: the decode is shared with the encode
+    (tee,) = [a for a in argv if "f\\=hls" in a]
+    proxy, hls = tee.split("|")
+    assert proxy.startswith("\\[f\\=mp4\\:movflags\\=+faststart\\:onfail\\=abort\\]file\\:/")
+    assert "hls_time\\=2" in hls and "hls_segment_type\\=fmp4" in hls and "onfail\\=abort" in hls
+    assert hls.endswith(f"file\\:{tmp_path.resolve()}/hls/index.m3u8")
+    silent = derive.combined_argv(Path("/in/src.mp4"), tmp_path, _hand_probe(3.0, audio=False), LIMITS, [P.PROXY_MP4])
+    assert "-an" in silent and "0:a:0" not in silent and _values(silent, "-f") == ["mp4"]
+    with pytest.raises(ValueError, match="audio"):
+        derive.combined_argv(Path("/in/src.mp4"), tmp_path, _hand_probe(3.0, audio=False), LIMITS, [P.WAVEFORM])
+
+
+def _recording(monkeypatch: pytest.MonkeyPatch, fail_when=lambda argv: False) -> list[list[str]]:  # type: ignore[no-untyped-def]
+    """Every argv `derive` hands to `run_ffmpeg`; `fail_when(argv)` runs fail as an out-of-memory run would."""
     runs: list[list[str]] = []
     real = derive.run_ffmpeg
 
     def record(argv, limits, hide=()):  # type: ignore[no-untyped-def]
         runs.append(list(argv))
+        if fail_when(list(argv)):
+            raise MediaError("ffmpeg ran out of memory (resource limit)")
         return real(argv, limits, hide)
 
     monkeypatch.setattr(derive, "run_ffmpeg", record)
     return runs
 
 
-def test_hls_is_cut_from_the_proxy_instead_of_encoded_twice(
+def _combined(argv: list[str]) -> bool:
+    return _values(argv, "-f")[:1] == ["tee"]
+
+
+def _encoders(argv: list[str]) -> list[str]:
+    return [c for c in _values(argv, "-c:v") + _values(argv, "-c") if c != "copy"]
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(root.rglob("*.*"))}
+
+
+def test_every_profile_comes_out_of_one_run_with_one_encode(
     clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = _recording(monkeypatch)
+    results = build_derivatives(
+        clips["av"], probes["av"], tmp_path, [P.HLS, P.THUMBNAIL, P.WAVEFORM, P.PROXY_MP4], LIMITS
+    )
+    assert list(results) == [P.PROXY_MP4, P.HLS, P.THUMBNAIL, P.WAVEFORM]  # the proxy first, whatever the config
+    assert all(_ready(r) for r in results.values())
+    (run,) = runs
+    # the proxy and the HLS take the same H.264 packets (tee); the thumbnail and the waveform are pictures
+    assert _encoders(run) == ["libx264", "mjpeg", "png"] and run.count("-i") == 1
+    assert _values(run, "-f") == ["tee", "image2", "image2"]
+    hls = results[P.HLS]
+    segments = [line for line in hls.main.read_text().splitlines() if line.startswith("#EXTINF:")]
+    assert len(segments) >= 2 and all(float(s[len("#EXTINF:") :].rstrip(",")) <= 2.1 for s in segments)
+    doc = _ffprobe(hls.main)
+    assert abs(float(doc["format"]["duration"]) - 3) <= 0.5
+    assert {s["codec_name"] for s in doc["streams"]} == {"h264", "aac"}
+
+
+def test_a_derivation_starts_one_ffprobe_and_one_ffmpeg(
+    clips: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[str] = []
+    real = sandbox.spawn
+
+    def spawn(argv, **popen):  # type: ignore[no-untyped-def]
+        started.append(next(Path(a).name for a in argv if Path(a).name in ("ffmpeg", "ffprobe")))
+        return real(argv, **popen)
+
+    monkeypatch.setattr(sandbox, "spawn", spawn)
+    for clip in ("av", "silent"):  # with audio (+ waveform) and without (waveform skipped)
+        started.clear()
+        probe = probe_file(clips[clip], "video", LIMITS)
+        results = build_derivatives(clips[clip], probe, tmp_path / clip, list(P), LIMITS)
+        assert {r.status for r in results.values()} == ({"READY"} if clip == "av" else {"READY", "SKIPPED"})
+        assert started == ["ffprobe", "ffmpeg"], clip
+
+
+@pytest.mark.parametrize("clip", ["av", "silent"])
+def test_one_run_makes_the_same_bytes_every_time_and_as_the_single_profile_runs(
+    clip: str, clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = build_derivatives(clips[clip], probes[clip], tmp_path / "first", list(P), LIMITS)
+    again = build_derivatives(clips[clip], probes[clip], tmp_path / "again", list(P), LIMITS)
+    assert first.keys() == again.keys() and all(r.status in ("READY", "SKIPPED") for r in first.values())
+    combined = _digests(tmp_path / "first")
+    assert combined and combined == _digests(tmp_path / "again")
+    # the one-by-one path (after a failed combined run) must upload the same bytes under the same keys
+    runs = _recording(monkeypatch, fail_when=_combined)
+    single = build_derivatives(clips[clip], probes[clip], tmp_path / "single", list(P), LIMITS)
+    assert [r.status for r in single.values()] == [r.status for r in first.values()]
+    assert len(runs) == 1 + sum(r.status == "READY" for r in first.values())
+    assert _digests(tmp_path / "single") == combined
+
+
+def test_when_the_combined_run_fails_hls_is_cut_from_the_proxy(
+    clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = _recording(monkeypatch, fail_when=_combined)
     results = build_derivatives(clips["av"], probes["av"], tmp_path, [P.HLS, P.PROXY_MP4], LIMITS)
-    assert [_values(r, "-f") for r in runs] == [["mp4"], ["hls"]]  # the proxy first, whatever the config order
-    assert sum("libx264" in r for r in runs) == 1 and _values(runs[1], "-c") == ["copy"]
+    assert [_values(r, "-f") for r in runs] == [["tee"], ["mp4"], ["hls"]]  # the proxy first, then cut from it
+    assert sum("libx264" in r for r in runs[1:]) == 1 and _values(runs[2], "-c") == ["copy"]
     hls = _ready(results[P.HLS])
     segments = [line for line in hls.main.read_text().splitlines() if line.startswith("#EXTINF:")]
     assert len(segments) >= 2 and all(float(s[len("#EXTINF:") :].rstrip(",")) <= 2.1 for s in segments)
@@ -411,23 +510,57 @@ def test_hls_is_cut_from_the_proxy_instead_of_encoded_twice(
 def test_hls_is_encoded_from_the_source_when_there_is_no_proxy(
     clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runs: list[list[str]] = []
-    real = derive.run_ffmpeg
-
-    def proxy_fails(argv, limits, hide=()):  # type: ignore[no-untyped-def]
-        runs.append(list(argv))
-        if _values(list(argv), "-f") == ["mp4"]:
-            raise MediaError("ffmpeg ran out of memory (resource limit)")
-        return real(argv, limits, hide)
-
-    monkeypatch.setattr(derive, "run_ffmpeg", proxy_fails)
+    # every run that writes the proxy fails (the combined one and the proxy's own)
+    runs = _recording(monkeypatch, fail_when=lambda argv: bool({"mp4", "tee"} & set(_values(argv, "-f"))))
     alone = build_derivatives(clips["av"], probes["av"], tmp_path / "alone", [P.HLS], LIMITS)
     assert _ready(alone[P.HLS]) and len(runs) == 1 and "libx264" in runs[0]
 
     runs.clear()
     fallback = build_derivatives(clips["av"], probes["av"], tmp_path / "fallback", [P.PROXY_MP4, P.HLS], LIMITS)
     assert fallback[P.PROXY_MP4].status == "FAILED" and _ready(fallback[P.HLS])
-    assert len(runs) == 2 and "libx264" in runs[1] and _values(runs[1], "-c") == []  # encoded, not cut
+    assert len(runs) == 3 and "libx264" in runs[2] and _values(runs[2], "-c") == []  # encoded, not cut
+
+
+def test_an_output_that_fails_in_the_combined_run_fails_only_its_profile(
+    clips: dict[str, Path],
+    probes: dict[str, ProbeResult],
+    av: dict[P, DerivativeResult],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a segment name ffmpeg cannot open: only the HLS output breaks, in the combined run as on its own
+    monkeypatch.setattr(derive, "HLS_SEGMENT_PATTERN", "no-such-dir/seg_%03d.m4s")
+    runs = _recording(monkeypatch)
+    results = build_derivatives(clips["av"], probes["av"], tmp_path, list(P), LIMITS)
+    assert [_values(r, "-f") for r in runs] == [["tee", "image2", "image2"], ["mp4"], ["hls"], ["image2"], ["image2"]]
+    hls = results[P.HLS]
+    assert hls.status == "FAILED" and hls.files == [] and "Failed to open" in (hls.error or "")
+    assert str(tmp_path) not in (hls.error or "") and not (tmp_path / "hls").exists()
+    for profile in (P.THUMBNAIL, P.WAVEFORM):  # READY, and the bytes of a clean run
+        assert _ready(results[profile]).main.read_bytes() == av[profile].main.read_bytes(), profile  # type: ignore[union-attr]
+    # the proxy re-made alone: READY with the clean run's decoded frames and samples (its container bytes differed
+    # once in ~3 full runs on a loaded box; byte equality of the two paths has its own test)
+    assert _framemd5(_ready(results[P.PROXY_MP4]).main) == _framemd5(av[P.PROXY_MP4].main)  # type: ignore[union-attr]
+
+
+def _framemd5(path: Path) -> list[str]:
+    out = subprocess.run(
+        ["ffmpeg", "-v", "error", "-i", str(path), "-f", "framemd5", "-"], capture_output=True, check=True, text=True
+    ).stdout
+    return [line for line in out.splitlines() if not line.startswith("#")]
+
+
+def test_an_unwritable_output_dir_is_a_retryable_failure_of_its_profile_alone(
+    clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "hls").write_bytes(b"in the way")  # the HLS directory cannot be made
+    runs = _recording(monkeypatch)
+    results = build_derivatives(clips["av"], probes["av"], tmp_path, [P.PROXY_MP4, P.HLS, P.THUMBNAIL], LIMITS)
+    assert [r.status for r in results.values()] == ["READY", "FAILED", "READY"]
+    hls = results[P.HLS]
+    # READY proxy, FAILED but retryable HLS: the task retries the media step instead of failing
+    assert hls.retryable and not hls.interrupted and hls.error == "local I/O error: File exists"
+    assert [_values(r, "-f") for r in runs] == [["mp4"], ["image2"]]  # the combined run never started
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
@@ -501,3 +634,33 @@ def test_u26_source_metadata_never_reaches_a_derivative(tmp_path: Path) -> None:
         assert "40.6892" not in text and "secret" not in text.lower() and "private title" not in text, tags
     jpeg = _ready(results[P.THUMBNAIL]).main.read_bytes()  # type: ignore[union-attr]
     assert b"Exif" not in jpeg[:4096] and b"40.6892" not in jpeg
+
+
+def test_an_output_missing_after_a_clean_exit_fails_only_its_profile(
+    clips: dict[str, Path], probes: dict[str, ProbeResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a container that claims 30 s for a 1 s clip: the thumbnail seek (1 s) lands past the last frame, so that
+    # output gets no frame while ffmpeg still ends well; the others are whole
+    lying = dataclasses.replace(probes["silent"], duration_s=30.0)
+    runs = _recording(monkeypatch)
+    results = build_derivatives(clips["silent"], lying, tmp_path, [P.PROXY_MP4, P.HLS, P.THUMBNAIL], LIMITS)
+    assert [r.status for r in results.values()] == ["READY", "READY", "FAILED"]
+    assert results[P.THUMBNAIL].error == "thumbnail produced no output" and not results[P.THUMBNAIL].retryable
+    assert [_values(r, "-f") for r in runs] == [["tee", "image2"], ["mp4"], ["hls"], ["image2"]]
+
+
+def test_a_tee_output_ffmpeg_drops_is_noticed_and_built_on_its_own(
+    clips: dict[str, Path],
+    probes: dict[str, ProbeResult],
+    av: dict[P, DerivativeResult],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # unescaped, the colon of `file:` in the segment option breaks the HLS slave's spec: ffmpeg drops that output,
+    # writes the proxy and exits 0
+    monkeypatch.setattr(derive.ffgraph, "_tee_escape", lambda text: text)
+    runs = _recording(monkeypatch)
+    results = build_derivatives(clips["av"], probes["av"], tmp_path, list(P), LIMITS)
+    assert [_values(r, "-f") for r in runs] == [["tee", "image2", "image2"], ["mp4"], ["hls"], ["image2"], ["image2"]]
+    assert all(_ready(r) for r in results.values())
+    assert [f.read_bytes() for f in results[P.HLS].files] == [f.read_bytes() for f in av[P.HLS].files]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from aivedio_engine.media import derive, sandbox
+from aivedio_engine.media import derive, isolation, sandbox
 from aivedio_engine.media.probe import MediaLimits, ProbeError, ProbeInterrupted, ProbeUnavailable, run_ffprobe
 
 LIMITS = MediaLimits(timeout_s=20)
@@ -102,19 +102,16 @@ def test_a_child_runs_in_its_own_session_so_the_terminals_ctrl_c_never_reaches_i
     assert child.ending() is sandbox.Ending.INTERRUPTED and sandbox.live() == 0
 
 
-def test_the_prefix_keeps_the_limits_and_adds_the_orphan_guard() -> None:
-    # prlimit stays first (test_render_argv pins the CPU soft:hard gap on it); setpriv makes a child whose
-    # starting thread is gone (the command was killed outright) die instead of running on as an orphan
-    argv = sandbox.prefix(10, 2**30, prlimit="/usr/bin/prlimit", setpriv="/usr/bin/setpriv")
+def test_the_prefix_keeps_the_limits() -> None:
+    # prlimit stays first (test_render_argv pins the CPU soft:hard gap on it); the namespace, the uid and the
+    # orphan guard are put around it by spawn
+    argv = sandbox.prefix(10, 2**30, prlimit="/usr/bin/prlimit")
     assert argv == [
         "/usr/bin/prlimit",
         f"--as={2**30}",
         "--cpu=10:11",
         f"--nofile={sandbox.NOFILE}",
-        "--",
-        "/usr/bin/setpriv",
-        "--pdeathsig",
-        "KILL",
+        f"--fsize={isolation.policy().max_file_bytes}",
         "--",
     ]
 

@@ -408,3 +408,39 @@ def test_http_advance_endpoint(sim: SimHandle) -> None:
 def test_client_without_idempotency_key_gets_a_new_job_each_time(sim: SimHandle) -> None:
     a, b = submit(sim, key=None).json()["id"], submit(sim, key=None).json()["id"]
     assert a != b and sim.truth()["by_request_key"] == {}
+
+
+# billing -------------------------------------------------------------------------------------------------------
+
+
+def test_a_finished_job_reports_its_bill_and_can_be_voided_once() -> None:
+    with running_sim(seed=7, job_seconds=1) as s:
+        s.configure(bill_factor=0.6, cost_per_second=0.1)
+        job_id = submit(s).json()["id"]
+        assert "billed_seconds" not in get(s, job_id).json()  # nothing billed while it runs
+        assert s.http.request("POST", f"/_sim/jobs/{job_id}/void").status == 409
+        s.advance(2)
+        done = get(s, job_id).json()
+        assert done["status"] == "succeeded" and (done["billed_seconds"], done["cost"]) == (3.0, 0.3)
+        assert "refunded" not in done
+        s.advance(1)
+        voided = s.http.request("POST", f"/_sim/jobs/{job_id}/void").json()
+        assert voided["refunded"] is True and voided["status"] == "succeeded"
+        assert voided["updated_at"] > done["updated_at"]  # a new fact: a new observation, not a duplicate
+        again = s.http.request("POST", f"/_sim/jobs/{job_id}/void").json()
+        assert again["updated_at"] == voided["updated_at"]  # voiding twice changes nothing
+        assert s.http.request("POST", "/_sim/jobs/nope/void").status == 404
+
+
+def test_the_sims_moderation_charges_then_refunds_a_failed_job() -> None:
+    with running_sim(seed=8, job_seconds=1) as s:
+        job_id = submit(s, prompt="a fox [moderation]").json()["id"]
+        s.advance(2)
+        job = get(s, job_id).json()
+        assert (job["status"], job["error"]["code"], job["billed"], job["refunded"]) == (
+            "failed",
+            "moderation",
+            True,
+            True,
+        )
+        assert job["billed_seconds"] == 5.0

@@ -65,14 +65,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_api(ctx: AppContext) -> Iterator[str]:
-    """The real API on a loopback port, in a thread; yields its base URL and stops it afterwards."""
+def running_api(ctx: AppContext, port: int | None = None) -> Iterator[str]:
+    """The real API on a loopback port (`port`, e.g. the one `api.public_base_url` names; default a free one), in
+    a thread; yields its base URL and stops it afterwards."""
     import httpx
     import uvicorn
 
     from aivedio_engine.api.app import create_app
 
-    port = free_port()
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(ctx), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -28,6 +28,9 @@ def sim_context(
     settings = sim.provider_settings(max_concurrency=max_concurrency, **(provider or {}))
     overrides.setdefault("polling", {"min_interval_s": 5, "max_interval_s": 10, "jitter": 0.2})
     overrides.setdefault("limits", {"platform_max_concurrency": 1000, "tenant_default_max_concurrency": 1000})
+    # these tests drive and count each step's message; the fetch → media step without a hop has its own
+    # (tests/flow/test_inline_media.py), which turn it back on
+    overrides["media"] = {"inline_after_fetch_max_bytes": 0, **overrides.get("media", {})}
     return make_context(
         tmp_path / "data",
         database_url,

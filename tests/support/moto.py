@@ -39,11 +39,15 @@ class MotoS3:
             "secret_access_key": SECRET_KEY,
         }
 
-    def client(self) -> Any:
+    def kms_key_id(self) -> str:
+        """A KMS key made on the same moto server (it serves every AWS API), for SSE-KMS tests."""
+        return str(self.client("kms").create_key(Description="aivedio test")["KeyMetadata"]["KeyId"])
+
+    def client(self, service: str = "s3") -> Any:
         import boto3
 
         return boto3.session.Session().client(
-            "s3",
+            service,  # type: ignore[call-overload]
             endpoint_url=self.endpoint_url,
             region_name=self.region,
             aws_access_key_id=ACCESS_KEY,

@@ -30,8 +30,12 @@ class Toasts(list[tuple[str, str]]):
         return "\n".join(m for _, m in self)
 
 
-def make_app(ctx: Any, *, readonly: bool = False, refresh_s: float | None = None) -> tuple[AivedioApp, Toasts]:
-    app = AivedioApp(EngineData(ctx), readonly=readonly, operator=OPERATOR, refresh_s=refresh_s)
+def make_app(
+    ctx: Any, *, readonly: bool = False, refresh_s: float | None = None, image_protocol: Any = None
+) -> tuple[AivedioApp, Toasts]:
+    app = AivedioApp(
+        EngineData(ctx), readonly=readonly, operator=OPERATOR, refresh_s=refresh_s, image_protocol=image_protocol
+    )
     toasts = Toasts()
     original = app.notify
 

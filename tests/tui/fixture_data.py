@@ -13,9 +13,10 @@ from typing import Any
 
 from aivedio_engine.services.alert_ops import AlertView
 from aivedio_engine.services.invariants import AuditReport, CheckResult, Skipped
+from aivedio_engine.services.overview import AlertLine, Overview, ProviderLoad, RoleLine
 from aivedio_engine.services.review import ReviewView
 from aivedio_engine.services.task_ops import TaskRow
-from tui.data import AlertLine, AlertQuery, AssetFacts, AuditRun, Overview, ProviderLoad, TaskQuery
+from tui.data import AlertQuery, AssetFacts, AuditRun, TaskQuery
 
 NOW = datetime(2026, 3, 14, 9, 26, 53, tzinfo=UTC)
 ACME = uuid.UUID("0195a3c0-0000-7000-8000-00000000ac3e")
@@ -139,6 +140,20 @@ class FixtureData:
             reserved_oldest_age_s=1843.0,
             providers=[ProviderLoad("runway", 7, 10, 0, 0), ProviderLoad("sim", 4, 50, 2, 2)],
             alerts=[AlertLine(a.raised_at, a.severity, a.rule, a.message, a.id) for a in _ALERTS if a.status == "OPEN"],
+            roles=[
+                RoleLine("api", 1, 2.0, 0, "ok", "api-1:4312"),
+                RoleLine("relay", 1, 2.0, 3, "ok", "worker-1:4410"),
+                RoleLine("worker", 2, 1.0, 4, "ok", "worker-1:4410, worker-2:977"),
+                RoleLine("scheduler", 1, 3.0, 14, "ok", "worker-1:4410"),
+                RoleLine(
+                    "sweeper",
+                    0,
+                    412.0,
+                    31,
+                    "MISSING: work waits",
+                    "",
+                ),
+            ],
         )
 
     def tasks(self, query: TaskQuery) -> list[TaskRow]:

@@ -52,14 +52,14 @@ def test_overview_shows_the_counts_of_the_seeded_work(world: Seeded) -> None:
         assert providers == {"sim": ["sim", "0/50", "0", "0"]}
         assert status_line(app).startswith("3 unfinished tasks")
 
-        # the live refresh: each tick of the interval timer loads in a worker; `p` pauses it, `r` still works
+        # the live refresh: each tick of the interval timer loads in a worker; `f` freezes it, `r` still works
         world.create("later", "a kite again")
         loads = screen.loads
         screen._tick()
         await press(pilot)
         assert screen.loads == loads + 1
         assert sum(int(v[1]) for v in rows(screen.query_one("#states", DataTable)).values()) == 4
-        await press(pilot, "p")
+        await press(pilot, "f")
         screen._tick()
         await press(pilot)
         assert screen.loads == loads + 1 and "live refresh paused" in status_line(app)
@@ -95,8 +95,8 @@ def test_tasks_filter_by_status_and_text_open_the_timeline_and_cancel(world: See
         assert isinstance(detail, TaskDetailScreen) and detail.task_id == world.tasks["boat"]
         timeline = rows(detail.query_one("#timeline", DataTable))
         kinds = [cells[1] for cells in timeline.values()]
-        assert {"state_event", "attempt", "ledger", "asset"} <= set(kinds)
-        moves = [cells[2] for cells in timeline.values() if cells[1] == "state_event"]
+        assert {"state change", "attempt", "ledger", "asset"} <= set(kinds)
+        moves = [cells[2] for cells in timeline.values() if cells[1] == "state change"]
         assert moves[-1].startswith("POST_PROCESSING → SUCCEEDED")
         assert "SUCCEEDED" in str(detail.query_one("#task-header").render())
 

@@ -22,7 +22,7 @@ def _error(form: AdjustForm) -> str:
 
 async def _fill(pilot: Pilot[Any], amount: str, key: str, task: str = "") -> None:
     """Open the form on the highlighted tenant and fill its three fields (Tab moves to the next one)."""
-    await press(pilot, "a")
+    await press(pilot, "e")
     assert isinstance(pilot.app.screen, AdjustForm)
     for i, value in enumerate((amount, key, task)):
         if i:
@@ -47,10 +47,10 @@ def test_adjust_validates_books_once_then_reports_the_duplicate_and_refusals(wor
         await press(pilot, "6")
         ledger = app.screen
         assert isinstance(ledger, LedgerScreen)
-        assert ("a", "Adjust credits") in ledger.help_keys()
+        assert ("e", "Adjust credits") in ledger.help_keys()
 
         # bad input: the form stays open and says what is wrong, field by field
-        await press(pilot, "a")
+        await press(pilot, "e")
         form = app.screen
         assert isinstance(form, AdjustForm)
         await type_text(pilot, "five")
@@ -102,14 +102,14 @@ def test_adjust_validates_books_once_then_reports_the_duplicate_and_refusals(wor
         (acme,) = rows(ledger.query_one("#balances", DataTable)).values()
         assert Decimal(acme[2]) == start - 5 and acme[6] == "yes"  # refreshed; still equals the ledger sum
         entries = rows(ledger.query_one("#entries", DataTable))
-        (adjustment,) = [cells for cells in entries.values() if cells[4] == "adjustment:manual:INC-42"]
+        (adjustment,) = [cells for cells in entries.values() if cells[5] == "adjustment:manual:INC-42"]
         assert adjustment[1:] == [
             "ADJUSTMENT",
             "-5",
-            str(boat),
-            "adjustment:manual:INC-42",
-            OPERATOR,
             "INC-42 goodwill for a re-render",
+            OPERATOR,
+            "adjustment:manual:INC-42",
+            str(boat),
         ]
 
         # the same business key again: a no-op, said so
@@ -136,7 +136,7 @@ def test_adjust_validates_books_once_then_reports_the_duplicate_and_refusals(wor
         ]
 
         # Esc on the form changes nothing
-        await press(pilot, "a", "escape")
+        await press(pilot, "e", "escape")
         assert app.screen is ledger and "cancelled: nothing changed" in toasts.text()
 
     drive(app, scenario)
@@ -150,7 +150,7 @@ def test_readonly_never_opens_the_form(world: Seeded) -> None:
         await press(pilot, "6")
         ledger = app.screen
         assert isinstance(ledger, LedgerScreen)
-        await press(pilot, "a")  # disabled: nothing opens
+        await press(pilot, "e")  # disabled: nothing opens
         assert app.screen is ledger
         assert "Adjust credits" not in "".join(d for _, d in ledger.help_keys())
 

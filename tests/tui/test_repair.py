@@ -67,7 +67,7 @@ def test_submit_unknown_listed_then_reconciled_now_with_a_reason(tmp_path: Path,
             assert set(rows(table)) == {str(t) for t in ids}
             assert {r[2] for r in rows(table).values()} == {"SUBMIT_UNKNOWN"}
 
-            await press(pilot, "c")  # the highlighted one only
+            await press(pilot, "p")  # the highlighted one only
             modal = app.screen
             assert isinstance(modal, ConfirmModal)
             first = screen.selected_key(table)
@@ -85,7 +85,7 @@ def test_submit_unknown_listed_then_reconciled_now_with_a_reason(tmp_path: Path,
             )
             assert set(rows(table)) == {str(t) for t in ids} - {first}
 
-            await press(pilot, "C")  # every listed one
+            await press(pilot, "P")  # every listed one
             assert "1 task(s) will be looked up" in str(app.screen.query_one("#confirm-lines").render())
             await type_text(pilot, "INC-9 the rest")
             await press(pilot, "enter")
@@ -132,7 +132,7 @@ def test_an_orphan_event_is_listed_and_replayed_with_a_reason(tmp_path: Path) ->
             screen = app.screen
             assert isinstance(screen, ReplayScreen) and screen.kind == "dlq"
             assert rows(screen.query_one("#replay", DataTable)) == {}
-            await press(pilot, "k")
+            await press(pilot, "n")
             assert screen.kind == "orphans"
             (orphan,) = rows(screen.query_one("#replay", DataTable)).values()
             assert orphan[1:3] == ["sim", job]
@@ -146,8 +146,54 @@ def test_an_orphan_event_is_listed_and_replayed_with_a_reason(tmp_path: Path) ->
             # still unowned: it stays listed for a human (replaying again changes nothing)
             assert len(rows(screen.query_one("#replay", DataTable))) == 1
 
-            await press(pilot, "k")
+            await press(pilot, "n")
             assert screen.kind == "outbox" and rows(screen.query_one("#replay", DataTable)) == {}
 
         drive(app, scenario)
+        ctx.close()
+
+
+@pytest.mark.postgres
+def test_a_lost_observation_is_listed_and_reduced_again_from_the_replay_screen(tmp_path: Path, pg_url: str) -> None:
+    """Issue 14: what `aivedio replay observations` does, the TUI does on the chosen row: a stored `succeeded`
+    whose message a flushed broker lost is listed under its own pile and, with a reason, moves its task on."""
+    from aivedio_engine.providers.base import JobStatus
+    from tests.flow.test_keep_moving import _lose_observed_messages, _rows, _store, _submitted
+
+    with running_sim(seed=47, job_seconds=3000) as sim:
+        ctx = _submitted(tmp_path, sim, pg_url, 2)
+        lost, other = _rows(ctx, task_attempts)
+        _store(ctx, lost, JobStatus.SUCCEEDED, "evt-lost")
+        _store(ctx, other, JobStatus.RUNNING, "evt-other")
+        assert _lose_observed_messages(ctx) == 2
+        app, toasts = make_app(ctx)
+
+        async def scenario(pilot: Pilot[Any]) -> None:
+            await press(pilot, "5")
+            screen = app.screen
+            assert isinstance(screen, ReplayScreen)
+            for _ in range(3):  # dlq → orphans → outbox → observations
+                await press(pilot, "n")
+            assert screen.kind == "observations"
+            table = screen.query_one("#replay", DataTable)
+            listed = rows(table)
+            assert sorted((r[1], r[4]) for r in listed.values()) == sorted(
+                [(str(lost.task_id), "succeeded"), (str(other.task_id), "running")]
+            )
+            chosen = next(k for k, r in listed.items() if r[1] == str(lost.task_id))
+            table.move_cursor(row=table.get_row_index(chosen))
+            await press(pilot, "p")  # the highlighted one only
+            assert chosen in str(app.screen.query_one("#confirm-lines").render())
+            await type_text(pilot, "INC-11 redis flushed")
+            await press(pilot, "enter")
+            assert "replay observations: rereduced (rereduced=1, failed=0)" in toasts.text()
+            (audit,) = _audits(ctx, "tui replay observations")
+            assert (audit.actor, audit.reason, audit.affected_ids) == (OPERATOR, "INC-11 redis flushed", [chosen])
+            assert [r[1] for r in rows(table).values()] == [str(other.task_id)]  # the other one is still listed
+
+        drive(app, scenario)
+        assert {r.id: r.status for r in _rows(ctx, generation_tasks)} == {
+            lost.task_id: "OUTPUT_FETCHING",
+            other.task_id: "SUBMITTED",
+        }
         ctx.close()

@@ -12,7 +12,6 @@ from textual.widgets import DataTable, Label
 
 from aivedio_engine.db.tables import assets
 from aivedio_engine.services.operations import Operation
-from aivedio_engine.services.review import ReviewService
 from tests.cli.seeding import Seeded
 from tests.tui.conftest import OPERATOR, drive, make_app, press, rows, type_text
 from tui.screens.review import ReviewScreen
@@ -108,9 +107,7 @@ def test_escape_cancels_and_a_refused_decision_is_shown(world: Seeded) -> None:
         assert world.audit_rows("tui review reject") == [] and "cancelled" in toasts.text()
 
         # another reviewer took the item meanwhile: the service refuses and the operator is told why
-        ReviewService(world.ctx.engine, world.ctx.clock).claim(
-            item, "bob", Operation("review claim", None, actor="bob")
-        )
+        world.ctx.review.claim(item, "bob", Operation("review claim", None, actor="bob"))
         await press(pilot, "a")
         await type_text(pilot, "ok")
         await press(pilot, "enter")

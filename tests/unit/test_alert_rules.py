@@ -115,3 +115,38 @@ def test_percentile_nearest_rank() -> None:
     assert percentile([], 0.95) == 0.0
     assert percentile([5.0], 0.95) == 5.0
     assert percentile([float(i) for i in range(1, 101)], 0.95) == 95.0
+
+
+def test_workflow_rules_fire_at_their_thresholds_and_not_below() -> None:
+    from aivedio_engine.db.workflows import ProjectCost
+
+    pid, tid = new_id(), new_id()
+    below = Facts(
+        failed_steps=4,
+        step_queues={"image": (9, 599.0), "ffmpeg": (0, 0.0)},
+        composition_finished=4,
+        composition_failed=1,
+        project_costs=[
+            ProjectCost(pid, tid, Decimal(2), Decimal(10)),
+            ProjectCost(new_id(), tid, Decimal(0), Decimal(99)),
+        ],
+    )
+    assert rules(below) == []  # 10 is exactly 5 × 2; a project without an estimate has nothing to exceed
+    at = Facts(
+        failed_steps=5,
+        step_queues={"image": (1, 600.0), "qc": (10, 0.0)},
+        composition_finished=4,
+        composition_failed=2,
+        project_costs=[ProjectCost(pid, tid, Decimal(2), Decimal("10.01"))],
+    )
+    assert sorted(rules(at)) == sorted(
+        [
+            (Rule.FAILED_STEPS_HIGH, "all"),
+            (Rule.QUEUE_BACKLOG, "workflow:image"),
+            (Rule.QUEUE_BACKLOG, "workflow:qc"),
+            (Rule.COMPOSITION_FAILURE_RATE, "composition"),
+            (Rule.COST_ANOMALY, f"project:{pid}"),
+        ]
+    )
+    # too few composition runs for a rate
+    assert rules(Facts(composition_finished=3, composition_failed=3)) == []

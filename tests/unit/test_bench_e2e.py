@@ -10,23 +10,17 @@ import math
 import pytest
 
 from bench.common import BenchError
-from bench.e2e_overhead import (
-    EXPECTED_DERIVED_FILES,
-    STAGE_LABELS,
+from bench.e2e.analysis import DETAIL_LABELS, STAGE_LABELS, hop_summary, parse_hop_lines, task_metrics
+from bench.e2e.client import TaskRun
+from bench.e2e.model import EXPECTED_DERIVED_FILES, anchor_baseline, count_baseline, pipeline, step_counts
+from bench.e2e.stats import (
     SseParser,
-    TaskRun,
-    anchor_baseline,
     completion_rate,
-    count_baseline,
     latency_summary,
     parse_redis_csv,
     percentile,
-    pipeline,
-    probe_rates,
     round_rate,
-    step_counts,
     sustained,
-    task_metrics,
 )
 
 
@@ -97,13 +91,9 @@ def test_completion_rate_uses_the_middle_80_percent_of_finishes() -> None:
     assert math.isnan(completion_rate([1.0, 2.0]))
 
 
-def test_rate_search_goes_down_from_the_saturated_throughput() -> None:
+def test_rates_are_rounded_as_a_person_would_pick_them() -> None:
     assert round_rate(1.84) == 2.0 and round_rate(1.2) == 1.0 and round_rate(0.1) == 0.5
     assert round_rate(13.4) == 13.0
-    assert probe_rates(2.05, 50) == [2.0, 1.5, 1.0, 0.5]
-    assert probe_rates(40.0, 50) == [36.0, 28.0, 20.0, 14.0]
-    # never at or above the rate that failed
-    assert probe_rates(100.0, 20) == [18.0]
 
 
 def test_sse_parser_yields_data_events_and_skips_comments() -> None:
@@ -140,7 +130,8 @@ def test_stages_sum_to_the_headline_overhead() -> None:
     run = TaskRun(0, 0.0, "k", t_send=999.98, t_202=t202, task_id="t", terminal="SUCCEEDED", t_terminal=t202 + 1.5)
     at = {"DISPATCHING": 0.25, "SUBMITTED": 0.35, "OUTPUT_FETCHING": 0.62, "POST_PROCESSING": 0.75, "SUCCEEDED": 1.45}
     run.events = {k: (t202 + v, t202 + v + 0.01) for k, v in at.items()}
-    m = task_metrics(run, {"callback_stored": t202 + 0.58}, 0.2, sim_created=t202 + 0.34)
+    extras = {"callback_stored": t202 + 0.58, "media_done": t202 + 1.40}
+    m = task_metrics(run, extras, 0.2, sim_created=t202 + 0.34)
     assert m["overhead_ms"] == pytest.approx(1300.0)
     assert sum(m[k] for k, _ in STAGE_LABELS) == pytest.approx(m["overhead_ms"])
     assert m["dispatch_wait"] == pytest.approx(250.0)
@@ -151,3 +142,36 @@ def test_stages_sum_to_the_headline_overhead() -> None:
     assert m["committed_ms"] == pytest.approx(1250.0)
     assert m["notify"] == pytest.approx(50.0)
     assert m["post_ms"] == pytest.approx(20.0)
+    # the brief's split: provider done → fetched, fetched → media done, media done → SUCCEEDED
+    assert m["fetched"] == pytest.approx(170.0)
+    assert m["reduce"] + m["fetch"] == pytest.approx(m["fetched"])
+    assert m["media"] == pytest.approx(650.0) and m["succeed"] == pytest.approx(50.0)
+    assert {k for k, _ in DETAIL_LABELS} <= set(m)
+
+
+def test_database_timestamps_win_over_the_sse_ones() -> None:
+    run = TaskRun(0, 0.0, "k", t_send=0.0, t_202=10.0, task_id="t", terminal="SUCCEEDED", t_terminal=11.0)
+    run.events = {"DISPATCHING": (10.9, 10.95)}
+    m = task_metrics(run, {"state_at": {"DISPATCHING": 10.1}}, 0.2, None)
+    assert m["dispatch_wait"] == pytest.approx(100.0)
+    assert "sim_late_ms" not in m
+
+
+def test_hop_lines_keep_the_first_start_inside_the_window() -> None:
+    lines = [
+        "m1\tsubmit\t1000\t1004.5\n",
+        "m1\tsubmit\t1000\t1900.0\n",  # a redelivery: not a second hop
+        "m2\tfetch\t1100\t1102.0",
+        "m3\tmedia\t5000\t5001.0",  # after the window
+        "garbage",
+        "m4\tx\tnot-a-number\t1.0",
+    ]
+    started = parse_hop_lines(lines, 1000.0, 2000.0)
+    assert started == {"m1": ("submit", 1000.0, 1004.5), "m2": ("fetch", 1100.0, 1102.0)}
+    rows = [
+        {"actor": "submit", "hop_ms": 4.0, "relay_ms": 1.0, "broker_ms": 3.0},
+        {"actor": "fetch", "hop_ms": 8.0, "relay_ms": 2.0, "broker_ms": 6.0},
+    ]
+    s = hop_summary(rows)
+    assert s["messages"] == 2 and s["hop_ms"]["p50"] == 6.0 and s["broker_ms"]["max"] == 6.0
+    assert set(s["by_actor"]) == {"fetch", "submit"}

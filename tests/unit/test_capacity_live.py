@@ -31,13 +31,14 @@ from aivedio_engine.domain.capacity_live import (
         ("30", 30),
         ("1.5h", 5400),
         (" 10m ", 600),
+        ("1w", 604_800),  # the one duration syntax of the CLI (domain/durations.py)
     ],
 )
 def test_windows_parse_to_seconds(text: str, seconds: float) -> None:
     assert parse_window(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "soon", "1w", "-1h", "0s", "31d", "1h30m"])
+@pytest.mark.parametrize("text", ["", "soon", "5w", "-1h", "0s", "31d", "1h30m"])
 def test_bad_windows_say_what_is_accepted(text: str) -> None:
     with pytest.raises(ValueError, match="window must"):
         parse_window(text)

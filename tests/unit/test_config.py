@@ -71,6 +71,13 @@ def test_config_file_from_env_var_then_cwd(tmp_path: Path, monkeypatch: pytest.M
         ("[retry.media]\nbase_delay_s = 60\nmax_delay_s = 10\n", "invalid setting retry.media"),
         ("mode = 'distributed'\n", "invalid setting database.url: distributed mode needs a PostgreSQL URL"),
         ("[media]\nrequired_profiles = 'proxy'\n", "invalid setting media.required_profiles:"),
+        # the runtime builds only these three brokers, so the model accepts only these three
+        ("[broker]\nkind = 'kafka'\n", "invalid setting broker.kind: Input should be 'stub', 'redis' or 'rabbitmq'"),
+        ("[broker]\nkind = 'rabbitmq'\n", "broker.url must start with amqp:// or amqps:// when broker.kind = rabbitmq"),
+        ("[retry.media]\nprovider_switch_allowed = true\n", "only [retry.submit] can move a task"),
+        # with the lag at or past the park window a submit the vendor never got is always parked (a chaos run's
+        # compressed schedule did that: park 40 s, lag 60 s, and the parked submits starved their tenant)
+        ("[reconcile]\npark_after_s = 40\n", "reconcile.visibility_lag_s (60) must be below reconcile.park_after_s"),
     ],
 )
 def test_invalid_file_fails_with_one_line_naming_the_key(tmp_path: Path, text: str, needle: str) -> None:
@@ -139,3 +146,42 @@ def test_retry_budgets_default_to_the_reliability_anchors_and_are_configurable(t
 
 def test_masked_dump_is_json_serialisable() -> None:
     json.dumps(masked_dump(Settings()))
+
+
+@pytest.mark.parametrize(
+    ("kind", "url", "ok"),
+    [
+        ("rabbitmq", "amqp://guest:guest@127.0.0.1:5672/aivedio", True),
+        ("rabbitmq", "redis://127.0.0.1:6379/0", False),
+        ("redis", "redis://127.0.0.1:6379/0", True),
+        ("redis", "amqp://guest:guest@127.0.0.1:5672/%2F", False),
+        ("stub", "anything", True),
+    ],
+)
+def test_broker_url_must_fit_its_kind(kind: str, url: str, ok: bool) -> None:
+    overrides = {"broker": {"kind": kind, "url": url}}
+    if ok:
+        assert load_settings(overrides=overrides).broker.url == url
+    else:
+        with pytest.raises(ConfigError, match=f"broker.url must start with .* when broker.kind = {kind}"):
+            load_settings(overrides=overrides)
+
+
+def test_a_secret_can_come_from_a_file_named_by_a_file_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "provider_key"
+    secret.write_text("secret-123\n")  # a secret mount's trailing newline is not part of the key
+    monkeypatch.setenv("AIVEDIO_PROVIDERS__LOCAL__API_KEY_FILE", str(secret))
+    monkeypatch.setenv("AIVEDIO_API_KEY_FILE", str(secret))  # the CLI client's own variable: not a setting
+    settings = load_settings(REPO / "aivedio.toml", {"data_dir": str(tmp_path)})
+    assert settings.providers["local"].api_key.get_secret_value() == "secret-123"
+    assert settings.providers["local"].models  # the rest of the provider's section still comes from the file
+
+    monkeypatch.setenv("AIVEDIO_PROVIDERS__LOCAL__API_KEY", "from-env")
+    with pytest.raises(ConfigError, match="both AIVEDIO_PROVIDERS__LOCAL__API_KEY and .*_FILE are set"):
+        load_settings(REPO / "aivedio.toml", {"data_dir": str(tmp_path)})
+    monkeypatch.delenv("AIVEDIO_PROVIDERS__LOCAL__API_KEY")
+    monkeypatch.setenv("AIVEDIO_PROVIDERS__LOCAL__API_KEY_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match=r"AIVEDIO_PROVIDERS__LOCAL__API_KEY_FILE: cannot read .*missing"):
+        load_settings(REPO / "aivedio.toml", {"data_dir": str(tmp_path)})

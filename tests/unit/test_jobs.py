@@ -62,3 +62,10 @@ def test_a_line_that_is_not_json_is_a_client_error(tmp_path: Path, line: str) ->
     batch.write_text('{"prompt": "a cat"}\n' + line + "\n", encoding="utf-8")
     with pytest.raises(ClientError, match=r"batch.jsonl:2: not JSON"):
         parse_batch(batch)
+
+
+def test_a_batch_line_may_ask_for_n_outputs(tmp_path: Path) -> None:
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text('{"prompt": "a cat", "n": 3}\n{"prompt": "a dog"}\n', encoding="utf-8")
+    three, one = parse_batch(batch)
+    assert three.options == {"n": 3} and one.options == {}

@@ -208,6 +208,8 @@ EXPECTED_ATTEMPT = {
     ("RUNNING", "provider_failed"): "FAILED",
     ("ACKED", "cancel_confirmed"): "CANCELED",
     ("RUNNING", "cancel_confirmed"): "CANCELED",
+    ("ACKED", "task_ended"): "CANCELED",
+    ("RUNNING", "task_ended"): "CANCELED",
 }
 
 

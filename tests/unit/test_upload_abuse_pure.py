@@ -80,7 +80,8 @@ T, A, S = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
 
 
 def test_u6_clients_write_only_a_server_generated_staging_key() -> None:
-    assert keys.upload_staging_key(T, S) == f"tenants/{T}/uploads/{S}"
+    assert keys.upload_staging_key(T, S) == f"tenants/{T}/quarantine/{S}"
+    assert keys.is_quarantined(keys.upload_staging_key(T, S))
     for bad in ("../other", f"{T}/../x", ""):
         with pytest.raises(ValueError):
             keys.upload_staging_key(bad, S)
