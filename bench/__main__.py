@@ -13,7 +13,19 @@ import sys
 from bench.common import BenchError
 
 #: name -> module exposing DESCRIPTION, add_arguments(parser) and run(args) -> exit code
-BENCHMARKS = {"api_create": "bench.api_create", "reducer": "bench.reducer", "e2e_overhead": "bench.e2e_overhead"}
+BENCHMARKS = {
+    "api_create": "bench.api_create",
+    "reducer": "bench.reducer",
+    "e2e_overhead": "bench.e2e_overhead",
+    "broker_hop": "bench.broker_hop",
+    "cli_start": "bench.cli_start",
+    "relay": "bench.relay",
+    "backlog": "bench.backlog",
+    "memory_inflight": "bench.memory_inflight",
+    "chaos": "bench.chaos",
+    "degrade": "bench.degrade.harness",
+    "sse_fanout": "bench.sse_fanout",
+}
 
 
 def main(argv: list[str] | None = None) -> int:

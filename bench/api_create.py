@@ -22,7 +22,7 @@ warm connections), with pool checkouts and Parse messages; the scripts' round tr
 Secondary (not with --quick): idempotent replay rate (16 connections resending one key) ÷ the minimal baseline,
 and a py-spy profile of the API workers under load.
 
-Correctness gate after the run: tasks = RESERVE ledger rows = generation.queued outbox rows = 202 responses
+Correctness gate after the run: tasks = RESERVE ledger rows = task.status.changed (QUEUED) outbox rows = 202
 (plus the requests wrk abandoned in flight when its clock ran out, which the server may have committed: those
 are identified by key and counted only if present), every task has exactly one of each and 4 state events, no
 response other than 202 was seen, and each own script writes per transaction the rows the product wrote.
@@ -654,7 +654,8 @@ def correctness_gate(pg: Postgres, db: str, tenant_ids: list[Any], tally: Tally)
                  r AS (SELECT task_id, count(*) AS n FROM credit_ledger
                         WHERE tenant_id = ANY(%(t)s) AND entry_type = 'RESERVE' GROUP BY task_id),
                  q AS (SELECT aggregate_id, count(*) AS n FROM outbox_events
-                        WHERE tenant_id = ANY(%(t)s) AND event_type = 'generation.queued' GROUP BY aggregate_id),
+                        WHERE tenant_id = ANY(%(t)s) AND event_type = 'task.status.changed'
+                          AND aggregate_version = 3 GROUP BY aggregate_id),
                  e AS (SELECT task_id, count(*) AS n FROM task_state_events GROUP BY task_id)
             SELECT (SELECT count(*) FROM t),
                    (SELECT coalesce(sum(n), 0) FROM r),
@@ -698,8 +699,9 @@ def correctness_gate(pg: Postgres, db: str, tenant_ids: list[Any], tally: Tally)
     checks = {
         "tasks == 202 created + committed in-flight": tasks == expected,
         "RESERVE ledger rows == tasks": reserves == tasks,
-        "generation.queued outbox rows == tasks": queued == tasks,
-        "each task: 1 RESERVE, 1 queued outbox row, 4 state events, QUEUED v3": bad_reserve
+        # creation's one outbox row is the QUEUED notification (the queued-intake hop is gone)
+        "task.status.changed (QUEUED) outbox rows == tasks": queued == tasks,
+        "each task: 1 RESERVE, 1 QUEUED notification, 4 state events, QUEUED v3": bad_reserve
         == bad_queued
         == bad_events
         == bad_status
@@ -1428,7 +1430,7 @@ def render(doc: dict[str, Any]) -> str:
         out += [
             "",
             f"Correctness gate: {'PASS' if g['ok'] else 'FAIL'} — tasks {g['tasks']:,}, RESERVE rows "
-            f"{g['reserve_rows']:,}, generation.queued outbox rows {g['queued_outbox_rows']:,}; 202 created "
+            f"{g['reserve_rows']:,}, QUEUED notification outbox rows {g['queued_outbox_rows']:,}; 202 created "
             f"{g['responses_202_created']:,} + in flight when wrk stopped and committed "
             f"{g['in_flight_committed']} (of {g['in_flight_at_stop']}); 202 replayed "
             f"{g['responses_202_replayed']:,}; non-202 {g['non_202'] or 0}; socket errors "

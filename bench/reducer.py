@@ -672,9 +672,9 @@ def dramatiq_point(
 
 
 def actor_inproc_point(settings: Any, sl: Slice, warm: Slice, threads: int, db: str) -> dict[str, Any]:
-    """The `reduce_provider_status` actor function (Envelope.parse + reduce_event + attempt_of +
-    release_if_finished) called by `threads` plain threads on the message bodies: the actor's own cost without
-    Dramatiq's transport, to split the Dramatiq figure. Timed to the end of the stream."""
+    """The `reduce_provider_status` actor function (Envelope.parse + reduce_observation, which frees an ended
+    attempt's slot after its commit) called by `threads` plain threads on the message bodies: the actor's own
+    cost without Dramatiq's transport, to split the Dramatiq figure. Timed to the end of the stream."""
     from dramatiq.brokers.stub import StubBroker
 
     from aivedio_engine.bootstrap import build_context
@@ -728,7 +728,7 @@ def actor_inproc_point(settings: Any, sl: Slice, warm: Slice, threads: int, db: 
 # ------------------------------------------------------------------------------------------ round trips
 def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Path) -> dict[str, Any]:
     """SQL round trips per event on one connection, one thread: `reduce_event` alone, and the whole actor
-    (`reduce_provider_status`: reduce_event + attempt_of + release_if_finished), for RUNNING, SUCCEEDED and a
+    (`reduce_provider_status`: reduce_observation with its after-commit slot release), for RUNNING, SUCCEEDED and a
     re-delivery; plus the Redis commands the actor sends. Counted from libpq's protocol trace."""
     import redis
     import sqlalchemy as sa
