@@ -99,11 +99,16 @@ def test_generate_wait_timing_out_gives_the_same_hint(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_a_render_killed_hard_is_rendered_again_under_the_same_job(tmp_path: Path) -> None:
-    data, db = tmp_path / "data", tmp_path / "data" / "aivedio.db"
+@pytest.mark.parametrize("recorded", [True, False], ids=["submit_recorded", "submit_not_yet_recorded"])
+def test_a_render_killed_hard_is_rendered_again_under_the_same_job(tmp_path: Path, recorded: bool) -> None:
+    """Killed after the engine recorded the submit (SUBMITTED/RUNNING), or while the render already ran but the
+    submit's answer was not yet recorded (DISPATCHING: the next engine finds the job by its request key)."""
+    data, db, hits = tmp_path / "data", tmp_path / "data" / "aivedio.db", tmp_path / "failpoints.log"
+    held = {"AIVEDIO_FAILPOINTS": "submit.after_call=sleep:30", "AIVEDIO_FAILPOINTS_LOG": str(hits)}
+    expected = ("SUBMITTED", "RUNNING") if recorded else ("DISPATCHING",)
     host = subprocess.Popen(
         _cli(data, "generate", "a kite over dunes", "--duration", "10", "--resolution", "720p", "--wait", "--json"),
-        env=_env(),
+        env=_env(**({} if recorded else held)),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -116,7 +121,13 @@ def test_a_render_killed_hard_is_rendered_again_under_the_same_job(tmp_path: Pat
         def rendering() -> bool:
             renders.update({p: a for p, a in _children(host.pid).items() if _render(a)})
             try:  # and the job's row says so: the kill lands mid-render, not between spawn and its record
-                return bool(renders) and _rows(db, "SELECT state FROM local_jobs") == [("running",)]
+                if not recorded and not (hits.exists() and " submit.after_call " in hits.read_text()):
+                    return False
+                return (
+                    bool(renders)
+                    and _rows(db, "SELECT state FROM local_jobs") == [("running",)]
+                    and _rows(db, "SELECT status FROM generation_tasks")[0][0] in expected
+                )
             except sqlite3.Error:
                 return False
 
@@ -134,7 +145,7 @@ def test_a_render_killed_hard_is_rendered_again_under_the_same_job(tmp_path: Pat
     _wait_gone(renders)
 
     [(task_id, status)] = _rows(db, "SELECT id, status FROM generation_tasks")
-    assert status in ("SUBMITTED", "RUNNING"), status
+    assert status in expected, status
     [(job_id, state, owner, renders_before)] = _rows(db, "SELECT job_id, state, owner, renders FROM local_jobs")
     assert state == "running" and owner is not None and renders_before == 1  # as the dead process left it
 
