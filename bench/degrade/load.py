@@ -27,6 +27,8 @@ class Answer:
     content_type: str = ""
     task_id: str | None = None
     error: str = ""
+    #: a problem's `current_status` (a 409 says which state refused the request)
+    current_status: str | None = None
 
 
 def call(method: str, url: str, key: str, body: dict[str, Any] | None = None, timeout_s: float = 10) -> Answer:
@@ -51,6 +53,10 @@ def call(method: str, url: str, key: str, body: dict[str, Any] | None = None, ti
             ans.error = "no id in the answer"
     else:
         ans.error = raw[:200].decode(errors="replace")
+        try:
+            ans.current_status = json.loads(raw).get("current_status")
+        except (ValueError, AttributeError):
+            pass
     return ans
 
 
