@@ -13,23 +13,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import generation_tasks, outbox_events, task_attempts
+from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.events import EventType
-from tests.support.flow import Driver, create_tasks, sim_context
+from tests.support.flow import Driver, create_tasks, lose_messages, sim_context
 from tests.support.pump import Pump
 from tests.support.sim import running_sim
-
-
-def _lose_submit_messages(ctx: Any) -> int:
-    """What a flushed broker does to the submit messages already handed to it."""
-    o = outbox_events.c
-    with write_tx(ctx.engine) as conn:
-        return conn.execute(
-            outbox_events.update()
-            .where(o.event_type == EventType.PROVIDER_SUBMIT_REQUESTED.value, o.status == "PENDING")
-            .values(status="PUBLISHED", published_at=ctx.clock.now())
-        ).rowcount
 
 
 def _attempt_states(ctx: Any, task_id: Any) -> list[str]:
@@ -57,7 +45,7 @@ def test_a_canceled_tasks_unsent_attempt_does_not_block_the_half_open_probe(tmp_
         )
         (lost,) = create_tasks(ctx, 1, prefix="lost")
         assert ctx.dispatcher.run_once(max_picks=1) == 1
-        assert _lose_submit_messages(ctx) == 1
+        assert lose_messages(ctx, EventType.PROVIDER_SUBMIT_REQUESTED) == 1
         who = next(iter(ctx.tenants.list()))
         ctx.generations.cancel(who.id, lost)
         drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=2)

@@ -13,13 +13,13 @@ import sqlalchemy as sa
 
 from aivedio_engine.db.alerts import Rule
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import generation_tasks, outbox_events, provider_events, task_attempts
+from aivedio_engine.db.tables import generation_tasks, provider_events, task_attempts
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.status import EventSource
 from aivedio_engine.providers.base import Accepted, JobStatus, Observation, Output
 from aivedio_engine.services import observations
 from aivedio_engine.services.invariants import InvariantService
-from tests.support.flow import create_tasks, sim_context
+from tests.support.flow import create_tasks, lose_messages, sim_context
 from tests.support.pump import Pump
 from tests.support.sim import running_sim
 
@@ -61,14 +61,7 @@ def _store(ctx: Any, attempt: Any, status: JobStatus, event_id: str, *, request_
 
 
 def _lose_observed_messages(ctx: Any) -> int:
-    """What a flushed broker does: the message went out and nobody will ever consume it."""
-    o = outbox_events.c
-    with write_tx(ctx.engine) as conn:
-        return conn.execute(
-            outbox_events.update()
-            .where(o.event_type == EventType.PROVIDER_STATUS_OBSERVED.value, o.status == "PENDING")
-            .values(status="PUBLISHED", published_at=ctx.clock.now())
-        ).rowcount
+    return lose_messages(ctx, EventType.PROVIDER_STATUS_OBSERVED)
 
 
 def test_a_lost_observation_is_reduced_again_from_its_row(tmp_path: Path, pg_url: str) -> None:

@@ -10,7 +10,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from aivedio_engine.bootstrap import AppContext
-from aivedio_engine.db.tables import generation_tasks, task_attempts
+from aivedio_engine.db.session import write_tx
+from aivedio_engine.db.tables import generation_tasks, outbox_events, task_attempts
+from aivedio_engine.domain.events import EventType
 from tests.support.app import FakeClock, make_context, tenant_with_key
 from tests.support.pump import Pump
 from tests.support.sim import SimHandle, wait_until
@@ -91,3 +93,15 @@ class Driver:
         with self.ctx.engine.connect() as conn:
             per = Counter(r[0] for r in conn.execute(sa.select(task_attempts.c.task_id)))
         return Counter(per.values())
+
+
+def lose_messages(ctx: AppContext, event_type: EventType) -> int:
+    """What a flushed broker does to the messages of one type already handed to it: the rows say they went out,
+    and nobody will ever consume them. Returns how many were lost."""
+    o = outbox_events.c
+    with write_tx(ctx.engine) as conn:
+        return conn.execute(
+            outbox_events.update()
+            .where(o.event_type == event_type.value, o.status == "PENDING")
+            .values(status="PUBLISHED", published_at=ctx.clock.now())
+        ).rowcount
