@@ -151,21 +151,17 @@ def session(conn: Connection, session_id: uuid.UUID) -> UploadSession | None:
 
 def claim(conn: Connection, asset_id: uuid.UUID, status: str, probe: Mapping[str, Any]) -> bool:
     """`status` → VALIDATING with the claim in `probe`; False when the asset is no longer in `status`."""
-    result = conn.execute(
-        assets.update()
-        .where(_a.id == asset_id, _a.status == status)
-        .values(status=AssetStatus.VALIDATING.value, probe=probe)
-    )
-    return result.rowcount == 1
+    return _move(conn, asset_id, status, AssetStatus.VALIDATING.value, probe)
 
 
 def unclaim(conn: Connection, asset_id: uuid.UUID, probe: Mapping[str, Any]) -> None:
     """VALIDATING → UPLOADING, the claim taken out of `probe`."""
-    conn.execute(
-        assets.update()
-        .where(_a.id == asset_id, _a.status == AssetStatus.VALIDATING.value)
-        .values(status=AssetStatus.UPLOADING.value, probe=probe)
-    )
+    _move(conn, asset_id, AssetStatus.VALIDATING.value, AssetStatus.UPLOADING.value, probe)
+
+
+def _move(conn: Connection, asset_id: uuid.UUID, status: str, to: str, probe: Mapping[str, Any]) -> bool:
+    result = conn.execute(assets.update().where(_a.id == asset_id, _a.status == status).values(status=to, probe=probe))
+    return result.rowcount == 1
 
 
 def finish_validation(
