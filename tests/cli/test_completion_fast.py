@@ -108,3 +108,43 @@ def test_tenant_names_come_from_the_embedded_file_as_the_engine_reads_them(tmp_p
     finally:
         ctx.close()
     assert embedded_tenant_names(db) == engine_names and set(engine_names) >= {"zeta", "acme", "mid"}
+
+
+def test_tenant_names_come_from_the_server_as_the_engine_reads_them(tmp_path: Path, pg_url: str) -> None:
+    """Against PostgreSQL the completion reads with psycopg alone: the same names in the same order as the
+    engine's read; a URL this reader does not know, or an environment that may move the database, goes the full
+    path; and the completer offers them through the shell protocol."""
+    import os
+    import subprocess
+    import sys
+
+    from aivedio_cli._fast_config import database_target, server_tenant_names
+    from aivedio_engine.db import tenants
+    from tests.support.app import make_context
+
+    target = database_target(None, [f"database.url={pg_url}"])
+    assert target == pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    assert database_target(None, ["database.url=mysql://u@h/db"]) is None
+
+    ctx = make_context(tmp_path / "data", pg_url)
+    try:
+        for name in ("zeta", "acme", "mid"):
+            ctx.tenants.create(name, Decimal(10))
+        with ctx.engine.connect() as conn:
+            engine_names = [t.name for t in tenants.summaries(conn)]
+    finally:
+        ctx.close()
+    assert isinstance(target, str)
+    assert server_tenant_names(target) == engine_names and set(engine_names) >= {"zeta", "acme", "mid"}
+
+    words = f"aivedio --set database.url={pg_url} ledger entries --tenant m"
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("AIVEDIO_")}
+    env.update(_AIVEDIO_COMPLETE="complete_bash", COMP_WORDS=words, COMP_CWORD=str(len(words.split(" ")) - 1))
+    script = str(Path(sys.executable).with_name("aivedio"))
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["mid"]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    assert "psycopg" in imported and "sqlalchemy" not in imported and "pydantic" not in imported
