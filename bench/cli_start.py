@@ -32,8 +32,11 @@ def _completion(words: str) -> dict[str, str]:
     return {"_AIVEDIO_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(len(parts) - 1)}
 
 
-def cases(aivedio: str) -> list[tuple[str, list[str], dict[str, str]]]:
-    """(label, argv, extra environment) of each measured command."""
+def cases(aivedio: str, pg_url: str | None = None) -> list[tuple[str, list[str], dict[str, str]]]:
+    """(label, argv, extra environment) of each measured command; with `pg_url`, tenant completion against that
+    PostgreSQL database too."""
+    server = f"aivedio --set database.url={pg_url} tasks list --tenant "
+    server_case = [("complete: --tenant <TAB> (PostgreSQL)", [aivedio], _completion(server))] if pg_url else []
     return [
         ("aivedio --help", [aivedio, "--help"], {}),
         ("complete: aivedio ta<TAB>", [aivedio], _completion("aivedio ta")),
@@ -53,6 +56,7 @@ def cases(aivedio: str) -> list[tuple[str, list[str], dict[str, str]]]:
         ),
         ("complete: aivedio alerts list --status <TAB>", [aivedio], _completion("aivedio alerts list --status ")),
         ("complete: aivedio tasks list --tenant <TAB>", [aivedio], _completion("aivedio tasks list --tenant ")),
+        *server_case,
         ("aivedio states --format json", [aivedio, "states", "--format", "json"], {}),
     ]
 
@@ -77,11 +81,11 @@ def summary(samples: list[float]) -> dict[str, float]:
     return {"median_s": statistics.median(ordered), "p90_s": p90, "min_s": ordered[0], "runs": len(ordered)}
 
 
-def measure(runs: int, warmup: int, aivedio: str) -> dict[str, Any]:
+def measure(runs: int, warmup: int, aivedio: str, pg_url: str | None = None) -> dict[str, Any]:
     baseline = [sys.executable, "-c", "pass"]
     result: dict[str, Any] = {"runs": runs, "warmup": warmup, "target_s": TARGET_S, "cases": {}}
     result["baseline_a"] = summary(time_runs(baseline, {}, runs, warmup))
-    for label, argv, env in cases(aivedio):
+    for label, argv, env in cases(aivedio, pg_url):
         result["cases"][label] = summary(time_runs(argv, env, runs, warmup))
     result["baseline_b"] = summary(time_runs(baseline, {}, runs, warmup))
     return result
@@ -105,13 +109,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured runs first (default %(default)s)")
     parser.add_argument("--aivedio", default=None, help="the aivedio executable (default: next to this Python)")
     parser.add_argument("--json", action="store_true", help="print the JSON on stdout, the table on stderr")
+    parser.add_argument(
+        "--pg-url", default=None, help="a migrated PostgreSQL database (SQLAlchemy URL): adds its tenant completion"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     aivedio = args.aivedio or str(Path(sys.executable).with_name("aivedio"))
     if not Path(aivedio).exists():
         aivedio = shutil.which("aivedio") or aivedio
-    result = measure(args.runs, args.warmup, aivedio)
+    result = measure(args.runs, args.warmup, aivedio, getattr(args, "pg_url", None))
     if getattr(args, "json", False):
         print(table(result), file=sys.stderr)
         print(json.dumps(result, indent=2, sort_keys=True))
