@@ -17,9 +17,6 @@ PERSISTENCE = REPO / "aivedio_engine" / "db"
 #: modules that still import sqlalchemy or aivedio_engine.db.tables (repo-relative); move their SQL into db/
 NOT_YET: set[str] = {
     "aivedio_cli/db_cmd.py",
-    "aivedio_engine/observability/alert_rules.py",
-    "aivedio_engine/observability/metrics.py",
-    "aivedio_engine/observability/snapshot.py",
     "aivedio_engine/services/after_commit.py",
     "aivedio_engine/services/consume.py",
     "aivedio_engine/services/dispatch.py",
@@ -31,7 +28,6 @@ NOT_YET: set[str] = {
     "aivedio_engine/services/liveness.py",
     "aivedio_engine/services/notifications.py",
     "aivedio_engine/services/observations.py",
-    "aivedio_engine/services/overview.py",
     "aivedio_engine/services/reducer.py",
     "aivedio_engine/services/reducer_cases.py",
     "aivedio_engine/services/submit.py",
