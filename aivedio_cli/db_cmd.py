@@ -7,7 +7,6 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TypeVar
 
-import sqlalchemy as sa
 import typer
 from rich.table import Table
 
@@ -16,6 +15,7 @@ from aivedio_cli._render import ExitCode, emit_json, fail, out
 from aivedio_engine.config import Settings, mask_secrets
 from aivedio_engine.db import migrate
 from aivedio_engine.db.engine import make_engine
+from aivedio_engine.db.handles import ArgumentError, DBAPIError, Engine
 
 app = typer.Typer(help="Database schema: apply and inspect migrations.", no_args_is_help=True)
 
@@ -71,21 +71,21 @@ def status(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", hel
         fail(f"checksum mismatch: {', '.join(bad)} changed after being applied")
 
 
-def _with_engine(settings: Settings, action: Callable[[sa.Engine], T]) -> T:
+def _with_engine(settings: Settings, action: Callable[[Engine], T]) -> T:
     with _engine(settings) as engine:
         try:
             return action(engine)
         except migrate.MigrationError as exc:
             fail(str(exc))
-        except sa.exc.DBAPIError as exc:
+        except DBAPIError as exc:
             fail(f"database {_where(settings)}: {_first_line(exc.orig or exc)}")
 
 
 @contextmanager
-def _engine(settings: Settings) -> Iterator[sa.Engine]:
+def _engine(settings: Settings) -> Iterator[Engine]:
     try:
         engine = make_engine(settings)
-    except sa.exc.ArgumentError as exc:
+    except ArgumentError as exc:
         fail(f"invalid database.url: {exc}", ExitCode.USAGE)
     try:
         yield engine

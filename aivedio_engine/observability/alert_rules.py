@@ -33,25 +33,19 @@ The rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-
+from aivedio_engine.db import alert_facts
 from aivedio_engine.db import workflows as wf_repo
+from aivedio_engine.db.alert_facts import Spend
 from aivedio_engine.db.alerts import Rule, raise_alert
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts, task_state_events
-from aivedio_engine.domain.status import (
-    AlertSeverity,
-    AttemptStatus,
-    LedgerEntryType,
-    StateEventOutcome,
-    TaskStatus,
-)
+from aivedio_engine.db.snapshot import since_floor
+from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, TaskStatus
 from aivedio_engine.domain.workflow import StepType
-from aivedio_engine.observability.snapshot import TERMINAL, since_floor, storage_usage
+from aivedio_engine.observability.snapshot import storage_usage
 from aivedio_engine.services.liveness import RoleView
 
 if TYPE_CHECKING:
@@ -62,31 +56,9 @@ if TYPE_CHECKING:
     from aivedio_engine.db.handles import Connection, Engine
     from aivedio_engine.services.liveness import LivenessService
 
-_t, _a, _e, _l = generation_tasks.c, task_attempts.c, task_state_events.c, credit_ledger.c
-FAILED = (TaskStatus.FAILED_FINAL.value, TaskStatus.EXPIRED.value)
-FINISHED_ATTEMPT = (AttemptStatus.SUCCEEDED.value, AttemptStatus.FAILED.value, AttemptStatus.FAILED_BEFORE_ACCEPT.value)
 FAILED_ATTEMPT = frozenset({AttemptStatus.FAILED.value, AttemptStatus.FAILED_BEFORE_ACCEPT.value})
-#: how media processing words a hold for a human after it failed (services.media._retry_or_escalate)
-MEDIA_HOLD_PREFIX = "media processing failed"
-#: ledger entries that commit or give back credits (manual adjustments are an operator's, not usage)
-SPEND_ENTRIES = (
-    LedgerEntryType.RESERVE.value,
-    LedgerEntryType.SETTLE.value,
-    LedgerEntryType.RELEASE.value,
-    LedgerEntryType.REFUND.value,
-)
-HOUR = timedelta(hours=1)
-BASELINE_HOURS = 24
 #: a provider's failure streak is looked for among attempts created this recently
 STREAK_WINDOW_S = 86_400
-
-
-@dataclass(frozen=True)
-class Spend:
-    tenant_id: str
-    project_id: str | None
-    last_hour: Decimal
-    baseline_per_hour: Decimal  # mean of the BASELINE_HOURS hours before the last one
 
 
 @dataclass(frozen=True)
@@ -313,34 +285,25 @@ def gather(conn: Connection, settings: Settings, now: datetime) -> Facts:
     """The facts the rules need, read on one connection."""
     cfg = settings.alerts
     since, floor = since_floor(now, cfg.window_s)
-    recent = sa.and_(_e.id >= floor, _e.created_at >= since, _e.outcome == StateEventOutcome.APPLIED.value)
-    failed = conn.execute(
-        sa.select(sa.func.count(sa.distinct(_e.task_id))).where(recent, _e.to_status.in_(FAILED))
-    ).scalar_one()
+    failed = alert_facts.failed_tasks_since(conn, since, floor)
     media_finished = media_failed = 0
-    reason = _e.payload["reason"].as_string()
-    held_for_failure = sa.case((reason.like(MEDIA_HOLD_PREFIX + "%"), 1), else_=0)
-    for to_status, n, held in conn.execute(
-        sa.select(_e.to_status, sa.func.count(), sa.func.sum(held_for_failure))
-        .where(recent, _e.from_status == TaskStatus.POST_PROCESSING.value)
-        .group_by(_e.to_status)
-    ):
-        if to_status in (TaskStatus.SUCCEEDED.value, TaskStatus.FAILED_FINAL.value, TaskStatus.MANUAL_REVIEW.value):
-            media_finished += int(n)
-            media_failed += int(n) if to_status == TaskStatus.FAILED_FINAL.value else int(held or 0)
-    depth, oldest = conn.execute(
-        sa.select(sa.func.count(), sa.func.min(_t.created_at)).where(
-            _t.status.not_in(TERMINAL), _t.status == TaskStatus.QUEUED.value
-        )
-    ).one()
+    for ends in alert_facts.media_ends_since(conn, since, floor):
+        if ends.to_status in (
+            TaskStatus.SUCCEEDED.value,
+            TaskStatus.FAILED_FINAL.value,
+            TaskStatus.MANUAL_REVIEW.value,
+        ):
+            media_finished += ends.count
+            media_failed += ends.count if ends.to_status == TaskStatus.FAILED_FINAL.value else ends.held_for_failure
+    depth, oldest = alert_facts.queued_tasks(conn)
     return Facts(
-        failed_tasks=int(failed),
+        failed_tasks=failed,
         provider_streaks=_streaks(conn, settings, now),
-        queue_depth=int(depth),
+        queue_depth=depth,
         queue_oldest_age_s=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
         media_finished=media_finished,
         media_failed=media_failed,
-        spend=_spend(conn, now),
+        spend=alert_facts.spend(conn, now),
         disks={p: (u.free, u.total) for p, u in storage_usage(settings).items()},
         **_workflow_facts(conn, now, since, floor),
     )
@@ -367,46 +330,13 @@ def _streaks(conn: Connection, settings: Settings, now: datetime) -> dict[str, i
     _, floor = since_floor(now, STREAK_WINDOW_S)
     out = {}
     for provider in sorted(p for p, c in settings.providers.items() if c.enabled):
-        states = (
-            conn.execute(
-                sa.select(_a.submit_state)
-                .where(_a.id >= floor, _a.provider == provider, _a.submit_state.in_(FINISHED_ATTEMPT))
-                .order_by(_a.id.desc())
-                .limit(limit)
-            )
-            .scalars()
-            .all()
-        )
         streak = 0
-        for state in states:
+        for state in alert_facts.newest_finished_attempts(conn, provider, floor, limit):
             if state not in FAILED_ATTEMPT:
                 break
             streak += 1
         out[provider] = streak
     return out
-
-
-def _spend(conn: Connection, now: datetime) -> list[Spend]:
-    hour_ago = now - HOUR
-    since, floor = since_floor(now, (BASELINE_HOURS + 1) * HOUR.total_seconds())
-    recent = sa.case((_l.created_at >= hour_ago, _l.amount), else_=0)
-    before = sa.case((_l.created_at < hour_ago, _l.amount), else_=0)
-    rows = conn.execute(
-        sa.select(_l.tenant_id, _t.project_id, sa.func.sum(recent), sa.func.sum(before))
-        .select_from(credit_ledger.outerjoin(generation_tasks, _t.id == _l.task_id))
-        .where(_l.id >= floor, _l.created_at >= since, _l.entry_type.in_(SPEND_ENTRIES))
-        .group_by(_l.tenant_id, _t.project_id)
-    )
-    # ledger amounts are signed from the tenant's side: a reservation is negative, so spend is the negated sum
-    return [
-        Spend(
-            str(tenant),
-            str(project) if project else None,
-            -Decimal(last or 0),
-            max(Decimal(0), -Decimal(earlier or 0)) / BASELINE_HOURS,
-        )
-        for tenant, project, last, earlier in rows
-    ]
 
 
 class AlertEvaluator:

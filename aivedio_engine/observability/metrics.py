@@ -5,7 +5,7 @@ Two kinds:
   did — calls by outcome, durations, calls in progress (hence media worker utilization). They describe the
   process that is scraped, so they are meaningful where the worker role runs (`serve --role all`).
 - Database-derived gauges (`DbCollector`): the truth about queues, providers, the outbox, credits and alerts is
-  in the database, shared by all processes, so it is read at scrape time (`snapshot.read_snapshot`: a handful of
+  in the database, shared by all processes, so it is read at scrape time (`db.snapshot.read_snapshot`: a handful of
   index-backed aggregates on one connection, with a short statement timeout). A failing read is reported as
   `aivedio_metrics_db_up 0`, never as a failed scrape.
 
@@ -32,14 +32,16 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from aivedio_engine.db import server
+from aivedio_engine.db.handles import SQLAlchemyError
+from aivedio_engine.db.snapshot import Snapshot, read_snapshot
 from aivedio_engine.domain.events import Queue
 from aivedio_engine.domain.status import AttemptStatus, StateEventOutcome, TaskStatus
-from aivedio_engine.observability.snapshot import Snapshot, read_snapshot, storage_usage
+from aivedio_engine.observability.snapshot import storage_usage
 
 if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext
@@ -339,13 +341,16 @@ class DbCollector(Collector):
         up = 1.0
         try:
             with self._engine.connect() as conn, conn.begin():
-                if conn.dialect.name == "postgresql":  # SQLite has no statement timeout; its reads never block
-                    timeout_ms = int(self._settings.metrics.query_timeout_ms)
-                    conn.execute(sa.text(f"SET LOCAL statement_timeout = {timeout_ms}"))
-                snapshot = read_snapshot(conn, self._settings, now)
+                server.limit_statement_time(conn, self._settings.metrics.query_timeout_ms)
+                snapshot = read_snapshot(
+                    conn,
+                    now,
+                    window_s=self._settings.metrics.window_s,
+                    urgent_within_s=self._settings.fetch.urgent_within_s,
+                )
                 workflow = workflow_families(conn, now)
             families += snapshot_families(snapshot, self._settings, now) + workflow
-        except sa.exc.SQLAlchemyError as exc:
+        except SQLAlchemyError as exc:
             up = 0.0
             log.warning("metrics: database read failed: %s", str(exc).splitlines()[0][:300])
         families += self._broker_families() + self._storage_families()

@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any
 from aivedio_engine.clock import new_id
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
     from aivedio_engine.clock import Clock
     from aivedio_engine.config import Settings
+    from aivedio_engine.db.handles import Engine
     from aivedio_engine.services.liveness import LivenessReport, LivenessService
     from aivedio_engine.storage.base import ObjectStore
 
@@ -197,9 +196,8 @@ class Doctor:
     # --- database ------------------------------------------------------------------------------------------
 
     def _database(self) -> list[Check]:
-        import sqlalchemy as sa
-
-        from aivedio_engine.db import migrate
+        from aivedio_engine.db import migrate, server
+        from aivedio_engine.db.handles import SQLAlchemyError
 
         engine = self.engine()
         url = engine.url.render_as_string(hide_password=True)
@@ -215,15 +213,10 @@ class Doctor:
         started = time.monotonic()
         try:
             with engine.connect() as conn:
-                conn.execute(sa.text("SELECT 1"))
+                server.ping(conn)
                 latency_ms = (time.monotonic() - started) * 1000
-                if conn.dialect.name == "postgresql":
-                    version = str(conn.execute(sa.text("SHOW server_version")).scalar_one())
-                    name = "PostgreSQL"
-                else:
-                    version = str(conn.execute(sa.text("SELECT sqlite_version()")).scalar_one())
-                    name = "SQLite"
-        except sa.exc.SQLAlchemyError as exc:
+                name, version = server.product_version(conn)
+        except SQLAlchemyError as exc:
             self._db_down = True
             return [
                 Check(
@@ -404,11 +397,11 @@ class Doctor:
     def _roles(self) -> list[Check]:
         if self._db_down:
             return [Check("roles", Level.WARN, "not checked: no database to read the heartbeats from")]
-        import sqlalchemy as sa
+        from aivedio_engine.db.handles import SQLAlchemyError
 
         try:
             report = self.liveness().report()
-        except sa.exc.SQLAlchemyError as exc:
+        except SQLAlchemyError as exc:
             return [
                 Check(
                     "roles",

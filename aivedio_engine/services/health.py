@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import sqlalchemy as sa
-
+from aivedio_engine.db import server
 from aivedio_engine.db.handles import Engine, SQLAlchemyError
 
 
 def database_ready(engine: Engine) -> tuple[bool, str]:
     try:
         with engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
+            server.ping(conn)
     except SQLAlchemyError:
         return False, "unreachable"
     return True, "ok"

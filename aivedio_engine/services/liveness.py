@@ -28,10 +28,9 @@ from aivedio_engine.db.heartbeats import Backlog, Heartbeat
 from aivedio_engine.db.session import read_conn, write_tx
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
     from aivedio_engine.clock import Clock
     from aivedio_engine.config import Settings
+    from aivedio_engine.db.handles import Engine
 
 log = logging.getLogger(__name__)
 

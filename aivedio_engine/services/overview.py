@@ -12,14 +12,13 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import sqlalchemy as sa
-
 from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
+from aivedio_engine.db import server
 from aivedio_engine.db.alerts import open_alerts
 from aivedio_engine.db.handles import Engine
+from aivedio_engine.db.snapshot import read_snapshot
 from aivedio_engine.domain.status import TaskStatus
-from aivedio_engine.observability.snapshot import read_snapshot
 from aivedio_engine.services.liveness import LivenessService, ProcessState
 
 #: open alerts the overview lists (newest first); the Alerts screen has them all
@@ -63,7 +62,7 @@ class Overview:
     """The operational figures the metrics endpoint exports, read the way it reads them."""
 
     now: datetime
-    #: unfinished tasks by status (finished ones are not counted: no index covers them, see snapshot.py)
+    #: unfinished tasks by status (finished ones are not counted: no index covers them, see db/snapshot.py)
     by_status: dict[str, int]
     queue_depth: int
     queue_p95_age_s: float | None
@@ -95,9 +94,11 @@ class OverviewService:
     def read(self) -> Overview:
         settings, now = self._settings, self._clock.now()
         with self._engine.connect() as conn, conn.begin():
-            if conn.dialect.name == "postgresql":  # the overview refreshes every few seconds: never let it pile up
-                conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(settings.metrics.query_timeout_ms)}"))
-            snap = read_snapshot(conn, settings, now)
+            # the overview refreshes every few seconds: never let it pile up
+            server.limit_statement_time(conn, settings.metrics.query_timeout_ms)
+            snap = read_snapshot(
+                conn, now, window_s=settings.metrics.window_s, urgent_within_s=settings.fetch.urgent_within_s
+            )
             alert_rows = open_alerts(conn)
         by_status: dict[str, int] = {}
         unknown: dict[str, int] = {}

@@ -9,10 +9,11 @@ import pytest
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.config import AlertSettings
+from aivedio_engine.db.alert_facts import Spend
 from aivedio_engine.db.alerts import Rule
-from aivedio_engine.observability.alert_rules import Facts, Spend, evaluate
+from aivedio_engine.db.snapshot import id_floor
+from aivedio_engine.observability.alert_rules import Facts, evaluate
 from aivedio_engine.observability.metrics import percentile
-from aivedio_engine.observability.snapshot import id_floor
 
 CFG = AlertSettings(
     failed_tasks=5,
