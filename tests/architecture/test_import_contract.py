@@ -27,8 +27,6 @@ NOT_YET: set[str] = {
     "aivedio_engine/services/generations.py",
     "aivedio_engine/services/health.py",
     "aivedio_engine/services/intake.py",
-    "aivedio_engine/services/invariants.py",
-    "aivedio_engine/services/invariants_motion.py",
     "aivedio_engine/services/keep_moving.py",
     "aivedio_engine/services/liveness.py",
     "aivedio_engine/services/notifications.py",
