@@ -13,10 +13,30 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from aivedio_engine.db.tables import generation_tasks, provider_events, task_attempts, task_state_events
-from aivedio_engine.domain.status import TASK_TERMINAL, AttemptStatus, EventSource, StateEventOutcome
+from aivedio_engine.db.invariants import uuid_text
+from aivedio_engine.db.tables import (
+    alerts,
+    generation_tasks,
+    outbox_events,
+    provider_events,
+    review_items,
+    task_attempts,
+    task_state_events,
+)
+from aivedio_engine.domain.events import EventType
+from aivedio_engine.domain.status import (
+    TASK_TERMINAL,
+    AlertStatus,
+    AttemptStatus,
+    EventSource,
+    OutboxStatus,
+    ReviewState,
+    StateEventOutcome,
+    TaskStatus,
+)
 
 _t, _a, _e, _pe = generation_tasks.c, task_attempts.c, task_state_events.c, provider_events.c
+_o, _al, _r = outbox_events.c, alerts.c, review_items.c
 TERMINAL = sorted(s.value for s in TASK_TERMINAL)
 #: attempts that hold a job, are sending one, or wait to be sent: none may outlive its task's end (a NEW one also
 #: counts as "the probe is on its way" for a half-open breaker, and the slot rebuild keeps a lease for it)
@@ -27,6 +47,24 @@ OPEN_ATTEMPT = (
     AttemptStatus.RUNNING.value,
 )
 _PROVIDER_SOURCES = (EventSource.CALLBACK.value, EventSource.POLLING.value)
+#: task states past the provider step: the task's job is done with
+_PAST_PROVIDER = (
+    TaskStatus.OUTPUT_FETCHING.value,
+    TaskStatus.POST_PROCESSING.value,
+    TaskStatus.MANUAL_REVIEW.value,
+    *TERMINAL,
+)
+_POLLED = (AttemptStatus.ACKED.value, AttemptStatus.RUNNING.value)
+#: messages whose consumer moves the task (a status notification moves nothing)
+_DRIVING = tuple(
+    e.value
+    for e in (
+        EventType.PROVIDER_SUBMIT_REQUESTED,
+        EventType.PROVIDER_STATUS_OBSERVED,
+        EventType.FETCH_REQUESTED,
+        EventType.MEDIA_PROCESS_REQUESTED,
+    )
+)
 
 
 def unapplied_observations(
@@ -91,4 +129,52 @@ def open_attempts_of_ended_tasks(cutoff: datetime, states: tuple[str, ...] = OPE
         .join(generation_tasks, _t.id == _a.task_id)
         .where(_t.status.in_(TERMINAL), _a.submit_state.in_(states), _a.updated_at <= cutoff)
         .order_by(_a.updated_at, _a.id)
+    )
+
+
+def tasks_not_moving(cutoff: datetime, dialect: str) -> sa.Select[Any]:
+    """Non-terminal tasks untouched since `cutoff` with no driving message in flight, no due time and no parked
+    alert (nor a person holding them in review): nothing will ever move them."""
+    own = sa.or_(
+        _o.aggregate_id == _t.id,
+        # the submit message's aggregate is the attempt
+        _o.aggregate_id.in_(sa.select(_a.id).where(_a.task_id == _t.id).correlate(generation_tasks).scalar_subquery()),
+    )
+    in_flight = sa.exists().where(
+        own,
+        _o.event_type.in_(_DRIVING),
+        sa.or_(
+            _o.status == OutboxStatus.PENDING.value,
+            sa.and_(_o.status == OutboxStatus.PUBLISHED.value, _o.published_at >= cutoff),
+        ),
+    )
+    polled = sa.exists().where(_a.task_id == _t.id, _a.submit_state.in_(_POLLED), _a.next_poll_at >= cutoff)
+    due = sa.or_(
+        _t.status == TaskStatus.QUEUED.value,  # the dispatcher's scan is its due list
+        # NULL-safe: under NOT, one unknown comparison would hide the whole row
+        sa.and_(_t.next_action_at.is_not(None), _t.next_action_at >= cutoff),
+        sa.and_(_t.next_retry_at.is_not(None), _t.next_retry_at >= cutoff),
+        polled,
+    )
+    told = sa.exists().where(_al.subject_id == uuid_text(dialect, _t.id), _al.status != AlertStatus.RESOLVED.value)
+    held = sa.exists().where(_r.task_id == _t.id, _r.state.in_((ReviewState.PENDING.value, ReviewState.CLAIMED.value)))
+    parked = sa.or_(sa.and_(_t.parked_reason.is_not(None), told), sa.and_(_t.status == "MANUAL_REVIEW", held))
+    return sa.select(_t.id.label("task_id"), _t.status, _t.updated_at).where(
+        _t.status.not_in(TERMINAL),
+        _t.updated_at < cutoff,
+        sa.not_(sa.or_(in_flight, due, parked)),
+    )
+
+
+def leases_not_in_flight(cutoff: datetime) -> sa.Select[Any]:
+    """Attempts the slot rebuild keeps a lease for (NEW, SENDING, ACKED, RUNNING: UNKNOWN ones may be running at
+    the provider), untouched since `cutoff`, whose task is past its provider step or on another attempt."""
+    return (
+        sa.select(_a.id.label("attempt_id"), _a.task_id, _a.submit_state, _t.status.label("task_status"))
+        .join(generation_tasks, _t.id == _a.task_id)
+        .where(
+            _a.submit_state.in_(OPEN_ATTEMPT),
+            _a.updated_at < cutoff,
+            sa.or_(_t.status.in_(_PAST_PROVIDER), _a.attempt_no != sa.func.coalesce(_t.current_attempt_no, 0)),
+        )
     )

@@ -1,0 +1,136 @@
+"""The ledger's invariants (I4) as queries of the offending rows, for `aivedio audit` (services.invariants).
+
+Money is compared after rounding to the ledger's 8 decimals, so SQLite's binary floats cannot raise a false alarm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import ColumnElement
+
+from aivedio_engine.db.invariants import TERMINAL, Offenders, Scope, dupes
+from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts, tenants
+from aivedio_engine.domain.status import LedgerEntryType
+
+_t, _a, _l = generation_tasks.c, task_attempts.c, credit_ledger.c
+LE = LedgerEntryType
+
+
+def money_differs(a: Any, b: Any) -> ColumnElement[bool]:
+    return sa.func.round(a - b, 8) != 0
+
+
+def duplicate_business_keys(s: Scope) -> Offenders:
+    return dupes(_l.business_key)
+
+
+def unbalanced_reservations(s: Scope) -> Offenders:
+    reserves = sa.func.count().filter(_l.entry_type == LE.RESERVE.value)
+    closings = sa.func.count().filter(_l.entry_type.in_([LE.SETTLE.value, LE.RELEASE.value]))
+    return (
+        sa.select(_t.id.label("task_id"), _t.status, reserves.label("reserves"), closings.label("closings"))
+        .select_from(generation_tasks.outerjoin(credit_ledger, _l.task_id == _t.id))
+        .group_by(_t.id, _t.status, _t.estimated_cost)
+        .having(
+            sa.or_(reserves != 1, closings > 1, sa.and_(_t.status.in_(TERMINAL), _t.estimated_cost > 0, closings != 1))
+        )
+    )
+
+
+def ledger_unlike_actual_cost(s: Scope) -> Offenders:
+    total = sa.func.sum(_l.amount)
+    return (
+        sa.select(_t.id.label("task_id"), _t.status, _t.actual_cost, total.label("ledger_sum"))
+        .select_from(generation_tasks.join(credit_ledger, _l.task_id == _t.id))
+        .where(_t.status.in_(TERMINAL), _l.entry_type != LE.ADJUSTMENT.value)
+        .group_by(_t.id, _t.status, _t.actual_cost)
+        .having(money_differs(total, -sa.func.coalesce(_t.actual_cost, 0)))
+    )
+
+
+def negative_tenant_ledgers(s: Scope) -> Offenders:
+    total = sa.func.sum(_l.amount)
+    return sa.select(_l.tenant_id, total.label("ledger_sum")).group_by(_l.tenant_id).having(sa.func.round(total, 8) < 0)
+
+
+def rows_of_another_tenant(s: Scope) -> Offenders:
+    return (
+        sa.select(_l.id.label("ledger_id"), _l.task_id, _l.tenant_id, _t.tenant_id.label("task_tenant_id"))
+        .select_from(credit_ledger.join(generation_tasks, _t.id == _l.task_id))
+        .where(_l.tenant_id != _t.tenant_id)
+    )
+
+
+def stale_balance_caches(s: Scope) -> Offenders:
+    sums = sa.select(_l.tenant_id, sa.func.sum(_l.amount).label("total")).group_by(_l.tenant_id).subquery()
+    ledger_sum = sa.func.coalesce(sums.c.total, 0)
+    return (
+        sa.select(tenants.c.id.label("tenant_id"), tenants.c.credit_balance, ledger_sum.label("ledger_sum"))
+        .select_from(tenants.outerjoin(sums, sums.c.tenant_id == tenants.c.id))
+        .where(money_differs(tenants.c.credit_balance, ledger_sum))
+    )
+
+
+def closings_off_the_table(s: Scope) -> Offenders:
+    def of(kind: LedgerEntryType) -> Any:
+        return sa.func.coalesce(sa.func.sum(sa.case((_l.entry_type == kind.value, _l.amount), else_=0)), 0)
+
+    rows = (
+        sa.select(
+            _l.task_id,
+            (-of(LE.RESERVE)).label("reserved"),
+            of(LE.SETTLE).label("settle_amount"),
+            sa.func.count().filter(_l.entry_type == LE.SETTLE.value).label("settles"),
+            of(LE.REFUND).label("refunds"),
+        )
+        .where(_l.task_id.is_not(None))
+        .group_by(_l.task_id)
+        .subquery()
+    )
+    last = task_attempts.alias("last_attempt")
+    newest = sa.select(sa.func.max(_a.attempt_no)).where(_a.task_id == _t.id).scalar_subquery()
+    seconds = sa.func.coalesce(_t.params["duration_s"].as_float(), 1.0)
+    outputs = sa.func.coalesce(_t.params["n"].as_float(), 1.0)
+    no_units = sa.and_(last.c.billed_seconds.is_(None), last.c.billed_outputs.is_(None))
+    ratio = sa.case(
+        (no_units, 1.0),
+        else_=sa.func.coalesce(last.c.billed_seconds * 1.0 / seconds, 1.0)
+        * sa.func.coalesce(last.c.billed_outputs * 1.0 / outputs, 1.0),
+    )
+    bill = _t.estimated_cost * ratio
+    expected = sa.case((last.c.vendor_billed.is_(False), 0), (bill < rows.c.reserved, bill), else_=rows.c.reserved)
+    charged = rows.c.reserved - rows.c.settle_amount
+    tolerance = 0.000001
+    # the SETTLE matches the bill, or its charge less the refunds does (a bill reported after the close)
+    off = sa.and_(
+        sa.func.abs(charged - expected) > tolerance, sa.func.abs(charged - rows.c.refunds - expected) > tolerance
+    )
+    return (
+        sa.select(
+            _t.id.label("task_id"),
+            _t.status,
+            charged.label("charged"),
+            expected.label("table_says"),
+            rows.c.refunds,
+            last.c.vendor_billed,
+            last.c.billed_seconds,
+        )
+        .select_from(
+            generation_tasks.join(rows, rows.c.task_id == _t.id).outerjoin(
+                last, sa.and_(last.c.task_id == _t.id, last.c.attempt_no == newest)
+            )
+        )
+        .where(
+            _t.status.in_(TERMINAL),
+            _t.reserved_amount == 0,
+            sa.or_(
+                sa.and_(
+                    rows.c.settles > 0,
+                    sa.or_(off, rows.c.refunds > charged + tolerance),
+                ),
+                sa.and_(rows.c.settles == 0, rows.c.refunds > 0),
+            ),
+        )
+    )
