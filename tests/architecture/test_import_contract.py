@@ -39,8 +39,6 @@ NOT_YET: set[str] = {
     "aivedio_engine/services/submit.py",
     "aivedio_engine/services/sweeper.py",
     "aivedio_engine/services/sync.py",
-    "aivedio_engine/worker/relay.py",
-    "aivedio_engine/worker/undelivered.py",
 }
 
 
