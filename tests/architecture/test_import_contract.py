@@ -29,7 +29,6 @@ NOT_YET: set[str] = {
     "aivedio_engine/services/intake.py",
     "aivedio_engine/services/invariants.py",
     "aivedio_engine/services/invariants_motion.py",
-    "aivedio_engine/services/keep_moving.py",
     "aivedio_engine/services/liveness.py",
     "aivedio_engine/services/notifications.py",
     "aivedio_engine/services/observations.py",
