@@ -30,7 +30,6 @@ NOT_YET: set[str] = {
     "aivedio_engine/services/invariants.py",
     "aivedio_engine/services/invariants_motion.py",
     "aivedio_engine/services/liveness.py",
-    "aivedio_engine/services/notifications.py",
     "aivedio_engine/services/observations.py",
     "aivedio_engine/services/overview.py",
     "aivedio_engine/services/reducer.py",
