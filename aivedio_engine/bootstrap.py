@@ -212,8 +212,8 @@ class AppContext:
 
     @shared_property
     def slots(self) -> SlotStore:
+        from aivedio_engine.db.fences import fence_floor
         from aivedio_engine.slots import build_slot_store
-        from aivedio_engine.slots.reconcile import fence_floor
 
         def floor() -> int:
             with self.engine.connect() as conn:

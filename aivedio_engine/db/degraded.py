@@ -14,10 +14,10 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy import Engine
 
+from aivedio_engine.db.fences import FENCE_SEQUENCE, fence_floor, in_flight_by_scope
 from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.status import TaskStatus
 from aivedio_engine.slots.base import DEFAULT_RESEED_GAP
-from aivedio_engine.slots.reconcile import FENCE_SEQUENCE, fence_floor, in_flight_by_scope
 
 #: "aivedio" + 2 (migrate uses + 0, the slot high-water mark + 1)
 _DEGRADED_ROUND_LOCK = 0x61697665_64696F02

@@ -1,17 +1,20 @@
 """The stored facts that say a task stopped moving (issue 14), as queries: one place for the sweeper and the audit.
 
-Each function returns a SELECT of the offending rows at `cutoff` (rows last touched before it): the sweeper
-acts on them (`services.keep_moving`), `aivedio audit` counts them (`services.invariants_motion`) and the alert
-evaluator raises one alert per subject. SQLAlchemy Core only, so PostgreSQL and SQLite answer alike.
+Each query function returns a SELECT of the offending rows at `cutoff` (rows last touched before it): the
+sweeper acts on them (`services.keep_moving`, through the readers at the end, which run them in its connection),
+`aivedio audit` counts them (`services.invariants_motion`) and the alert evaluator raises one alert per subject.
+SQLAlchemy Core only, so PostgreSQL and SQLite answer alike.
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import Connection
 
 from aivedio_engine.db.invariants import uuid_text
 from aivedio_engine.db.tables import (
@@ -178,3 +181,61 @@ def leases_not_in_flight(cutoff: datetime) -> sa.Select[Any]:
             sa.or_(_t.status.in_(_PAST_PROVIDER), _a.attempt_no != sa.func.coalesce(_t.current_attempt_no, 0)),
         )
     )
+
+
+# --- the sweeper's reads of the above (services.keep_moving) ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UnappliedObservation:
+    provider_event_id: uuid.UUID
+    provider: str
+    provider_job_id: str | None
+    task_id: uuid.UUID
+    received_at: datetime
+    #: the stored observation (JSON), reduced again as it is
+    observation: Any
+
+
+@dataclass(frozen=True, slots=True)
+class BoundOrphan:
+    provider: str
+    provider_job_id: str
+    attempt_id: uuid.UUID
+
+
+def count_unapplied(conn: Connection, cutoff: datetime, task_id: uuid.UUID | None = None) -> int:
+    """How many rows `unapplied_observations(cutoff, task_id)` has (all of them, no limit)."""
+    query = unapplied_observations(cutoff, task_id)
+    return int(conn.execute(sa.select(sa.func.count()).select_from(query.subquery())).scalar_one())
+
+
+def unapplied_rows(
+    conn: Connection, cutoff: datetime, task_id: uuid.UUID | None, since: datetime | None, limit: int
+) -> list[UnappliedObservation]:
+    """The oldest `limit` rows of `unapplied_observations`."""
+    rows = conn.execute(unapplied_observations(cutoff, task_id, since).limit(limit))
+    return [
+        UnappliedObservation(
+            provider_event_id=r.provider_event_id,
+            provider=r.provider,
+            provider_job_id=r.provider_job_id,
+            task_id=r.task_id,
+            received_at=r.received_at,
+            observation=r.observation,
+        )
+        for r in rows
+    ]
+
+
+def bound_orphan_rows(conn: Connection, limit: int) -> list[BoundOrphan]:
+    """The oldest `limit` rows of `bound_orphans`."""
+    rows = conn.execute(bound_orphans().limit(limit)).all()
+    return [BoundOrphan(provider=r.provider, provider_job_id=r.provider_job_id, attempt_id=r.attempt_id) for r in rows]
+
+
+def open_attempt_ids_of_ended_tasks(
+    conn: Connection, cutoff: datetime, states: tuple[str, ...], limit: int
+) -> list[uuid.UUID]:
+    """The attempt ids of the oldest `limit` rows of `open_attempts_of_ended_tasks`."""
+    return [r.attempt_id for r in conn.execute(open_attempts_of_ended_tasks(cutoff, states).limit(limit))]

@@ -8,6 +8,7 @@ re-decides. Ignored observations are recorded too, with their outcome, so the ti
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +24,7 @@ from aivedio_engine.domain.status import EventSource, StateEventOutcome, TaskSta
 from aivedio_engine.domain.transitions import Decision, Effect, TaskSnapshot
 
 _t = generation_tasks.c
+_e = task_state_events.c
 
 
 class VersionConflict(Exception):
@@ -31,6 +33,31 @@ class VersionConflict(Exception):
 
 def snapshot(row: Any) -> TaskSnapshot:
     return TaskSnapshot(TaskStatus(row.status), int(row.version), int(row.progress), row.deadline_at)
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedChange:
+    """One applied transition of the history, as a status stream shows it."""
+
+    to_status: str | None
+    task_version: int
+    payload: dict[str, Any] | None
+    created_at: datetime
+
+
+def applied_history(conn: Connection, task_id: uuid.UUID, after_version: int | None = None) -> list[AppliedChange]:
+    """The task's applied transitions after `after_version` (all of them for None), oldest first."""
+    stmt = (
+        sa.select(_e.to_status, _e.task_version, _e.payload, _e.created_at)
+        .where(_e.task_id == task_id, _e.outcome == StateEventOutcome.APPLIED.value)
+        .order_by(_e.task_version)
+    )
+    if after_version is not None:
+        stmt = stmt.where(_e.task_version > after_version)
+    return [
+        AppliedChange(to_status=r.to_status, task_version=r.task_version, payload=r.payload, created_at=r.created_at)
+        for r in conn.execute(stmt)
+    ]
 
 
 def read(conn: Connection, task_id: uuid.UUID, tenant_id: uuid.UUID | None = None, *, lock: bool = False) -> Any:

@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import sqlalchemy as sa
-
 from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
 from aivedio_engine.db import stalled
 from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.session import write_tx
+from aivedio_engine.db.stalled import UnappliedObservation
 from aivedio_engine.domain.retry import ErrorOutcome
 from aivedio_engine.domain.status import AttemptStatus, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent
@@ -72,7 +71,7 @@ class ObservationReplay:
     total: int
     items: list[dict[str, Any]] = field(default_factory=list)
     done: list[Rereduced] = field(default_factory=list)
-    rows: list[Any] = field(default_factory=list, repr=False)
+    rows: list[UnappliedObservation] = field(default_factory=list, repr=False)
 
     @property
     def failed(self) -> list[Rereduced]:
@@ -122,9 +121,8 @@ class KeepMoving:
         if not 1 <= limit <= 10_000:
             raise InvalidInput("--limit must be within 1..10000", field="limit")
         now = self._clock.now()
-        query = stalled.unapplied_observations(now, task_id)
         with self._engine.connect() as conn:
-            total = int(conn.execute(sa.select(sa.func.count()).select_from(query.subquery())).scalar_one())
+            total = stalled.count_unapplied(conn, now, task_id)
         rows = self.unapplied(now, task_id, limit)
         return ObservationReplay(True, total, [_item(r) for r in rows], rows=rows)
 
@@ -159,12 +157,12 @@ class KeepMoving:
 
     def unapplied(
         self, cutoff: datetime, task_id: uuid.UUID | None = None, limit: int = BATCH, since: datetime | None = None
-    ) -> list[Any]:
+    ) -> list[UnappliedObservation]:
         """Stored observations never classified by the reducer, received before `cutoff`, oldest first."""
         with self._engine.connect() as conn:
-            return list(conn.execute(stalled.unapplied_observations(cutoff, task_id, since).limit(limit)))
+            return stalled.unapplied_rows(conn, cutoff, task_id, since, limit)
 
-    def rereduce(self, rows: Sequence[Any]) -> list[Rereduced]:
+    def rereduce(self, rows: Sequence[UnappliedObservation]) -> list[Rereduced]:
         """Reduce each stored observation again, each in its own transaction (the reducer dedupes by the
         observation's key, so one that a late message applies meanwhile is a duplicate here)."""
         done = []
@@ -189,7 +187,7 @@ class KeepMoving:
 
     def rematch_bound_orphans(self) -> int:
         with self._engine.connect() as conn:
-            rows = conn.execute(stalled.bound_orphans().limit(BATCH)).all()
+            rows = stalled.bound_orphan_rows(conn, BATCH)
         jobs = {(r.provider, r.provider_job_id): r.attempt_id for r in rows}
         rematched = 0
         for (provider, job_id), attempt_id in jobs.items():
@@ -206,9 +204,7 @@ class KeepMoving:
             AttemptStatus.RUNNING.value,
         )  # SENDING: `_stuck_sending` first
         with self._engine.connect() as conn:
-            ids = [
-                r.attempt_id for r in conn.execute(stalled.open_attempts_of_ended_tasks(cutoff, states).limit(BATCH))
-            ]
+            ids = stalled.open_attempt_ids_of_ended_tasks(conn, cutoff, states, BATCH)
         return sum(self._close(attempt_id) for attempt_id in ids)
 
     def _close(self, attempt_id: uuid.UUID) -> int:
@@ -239,7 +235,7 @@ class KeepMoving:
         return 1
 
 
-def _item(row: Any) -> dict[str, Any]:
+def _item(row: UnappliedObservation) -> dict[str, Any]:
     obs = row.observation or {}
     return {
         "id": str(row.provider_event_id),

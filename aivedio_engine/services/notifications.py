@@ -13,18 +13,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
 import structlog
 
 from aivedio_engine.db import tasks
 from aivedio_engine.db.handles import Connection, Engine
-from aivedio_engine.db.tables import task_state_events
-from aivedio_engine.domain.status import TASK_TERMINAL, StateEventOutcome, TaskStatus
+from aivedio_engine.domain.status import TASK_TERMINAL, TaskStatus
 from aivedio_engine.notify import Notifier, Subscription
 from aivedio_engine.services.consume import Envelope
 from aivedio_engine.services.errors import NotFound
 
-_e = task_state_events.c
 log = structlog.get_logger("aivedio.tasks")
 
 
@@ -97,18 +94,11 @@ def history(
 
 
 def _read(engine: Engine, tenant_id: uuid.UUID, task_id: uuid.UUID, after_version: int | None) -> _Read:
-    stmt = (
-        sa.select(_e.to_status, _e.task_version, _e.payload, _e.created_at)
-        .where(_e.task_id == task_id, _e.outcome == StateEventOutcome.APPLIED.value)
-        .order_by(_e.task_version)
-    )
-    if after_version is not None:
-        stmt = stmt.where(_e.task_version > after_version)
     with engine.connect() as conn:
         # the task first: its transition and history row commit together, so every version up to the one read
         # here is already in the history read next
         task = _owned_task(conn, tenant_id, task_id)
-        rows = conn.execute(stmt).all()
+        rows = tasks.applied_history(conn, task_id, after_version)
     version = int(task.version)
     return _Read([_event(task_id, row, task, version) for row in rows], task.status, version)
 
@@ -125,7 +115,7 @@ def _check_owner(engine: Engine, tenant_id: uuid.UUID, task_id: uuid.UUID) -> No
         _owned_task(conn, tenant_id, task_id)
 
 
-def _event(task_id: uuid.UUID, row: Any, task: Any, task_version: int) -> dict[str, Any]:
+def _event(task_id: uuid.UUID, row: tasks.AppliedChange, task: Any, task_version: int) -> dict[str, Any]:
     # history rows do not store progress: the current one is on the task, earlier ones only where the
     # transition's payload recorded it (provider observations do)
     if int(row.task_version) == task_version:

@@ -17,12 +17,11 @@ from typing import Any
 
 import dramatiq
 from dramatiq.broker import MessageProxy
-from sqlalchemy.dialects import postgresql, sqlite
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.config import mask_secrets
+from aivedio_engine.db import dead_letters as repo
 from aivedio_engine.db.handles import Engine
-from aivedio_engine.db.tables import dead_letters
 
 log = logging.getLogger(__name__)
 
@@ -73,22 +72,7 @@ def record(engine: Engine, message: MessageProxy | dramatiq.Message, now: dateti
         "last_seen_at": now,
     }
     with engine.begin() as conn:
-        insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-        stmt = insert(dead_letters).values(**row)
-        conn.execute(
-            stmt.on_conflict_do_update(
-                index_elements=[dead_letters.c.message_id],
-                set_={
-                    "last_seen_at": stmt.excluded.last_seen_at,
-                    "seen_count": dead_letters.c.seen_count + 1,
-                    "error": stmt.excluded.error,
-                    "traceback_tail": stmt.excluded.traceback_tail,
-                    "message": stmt.excluded.message,
-                    # dead again after a replay: it needs attention again
-                    "replayed_at": None,
-                },
-            )
-        )
+        repo.upsert(conn, row)
     log.warning("dead letter recorded: actor=%s message_id=%s error=%s", row["actor"], row["message_id"], row["error"])
 
 

@@ -23,17 +23,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dramatiq
-import sqlalchemy as sa
 from dramatiq.errors import BrokerConnectionError
 
 from aivedio_engine.clock import Clock
+from aivedio_engine.db import outbox_relay
 from aivedio_engine.db.engine import SQLITE_BEGIN_OPTION
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.outbox import NOTIFY_CHANNEL
-from aivedio_engine.db.tables import outbox_events
 from aivedio_engine.db.wakeup import Waiter
 from aivedio_engine.domain.events import BY_ACTOR, EventType
-from aivedio_engine.domain.status import OutboxStatus
 from aivedio_engine.services.consume import Envelope
 from aivedio_engine.testing.failpoints import failpoint
 from aivedio_engine.worker.dead_letters import one_line_error
@@ -123,17 +121,13 @@ class Relay:
             if not self._postgres:
                 conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
             with conn.begin():
-                rows = conn.execute(self._claim_query(now)).all()
+                rows = outbox_relay.claim_due(conn, now, self.batch_size)
                 if not rows:
                     return BatchResult()
                 failpoint("relay.after_claim")
                 published, failures = self._enqueue_all(rows)
                 if published:
-                    conn.execute(
-                        sa.update(outbox_events)
-                        .where(outbox_events.c.id.in_(published))
-                        .values(status=OutboxStatus.PUBLISHED.value, published_at=now)
-                    )
+                    outbox_relay.mark_published(conn, published, now)
                 for row, error in failures:
                     self._record_failure(conn, row, error, now)
                 failpoint("relay.before_commit")
@@ -143,19 +137,9 @@ class Relay:
         log.debug("outbox batch: claimed %d, published %d, failed %d", len(rows), len(published), len(failures))
         return BatchResult(claimed=len(rows), published=len(published), failed=len(failures))
 
-    def _claim_query(self, now: datetime) -> sa.Select[Any]:
-        o = outbox_events.c
-        query = (
-            sa.select(outbox_events)
-            .where(o.status == OutboxStatus.PENDING.value, o.available_at <= now)
-            .order_by(o.id)
-            .limit(self.batch_size)
-        )
-        return query.with_for_update(skip_locked=True) if self._postgres else query
-
-    def _enqueue_all(self, rows: Sequence[sa.Row[Any]]) -> tuple[list[Any], list[tuple[sa.Row[Any], BaseException]]]:
+    def _enqueue_all(self, rows: Sequence[Any]) -> tuple[list[Any], list[tuple[Any, BaseException]]]:
         published: list[Any] = []
-        failures: list[tuple[sa.Row[Any], BaseException]] = []
+        failures: list[tuple[Any, BaseException]] = []
         for row in rows:
             try:
                 self.broker.enqueue(_message(row))
@@ -169,20 +153,18 @@ class Relay:
             published.append(row.id)
         return published, failures
 
-    def _record_failure(self, conn: Connection, row: sa.Row[Any], exc: BaseException, now: datetime) -> None:
+    def _record_failure(self, conn: Connection, row: Any, exc: BaseException, now: datetime) -> None:
         attempts = row.publish_attempts + 1
         dead = attempts >= self.max_publish_attempts
         delay = min(self.retry_backoff_s * 2 ** (attempts - 1), self.retry_backoff_max_s)
         error = one_line_error(exc)
-        conn.execute(
-            sa.update(outbox_events)
-            .where(outbox_events.c.id == row.id)
-            .values(
-                publish_attempts=attempts,
-                last_error=error,
-                status=(OutboxStatus.DEAD if dead else OutboxStatus.PENDING).value,
-                available_at=now if dead else now + timedelta(seconds=delay),
-            )
+        outbox_relay.record_failure(
+            conn,
+            row.id,
+            attempts=attempts,
+            error=error,
+            dead=dead,
+            available_at=now if dead else now + timedelta(seconds=delay),
         )
         log.warning(
             "outbox %s: publish attempt %d/%d failed%s: %s",
@@ -223,7 +205,7 @@ class Relay:
                 return
 
 
-def _message(row: sa.Row[Any]) -> dramatiq.Message[Any]:
+def _message(row: Any) -> dramatiq.Message[Any]:
     """The broker message for one outbox row; ValueError for an event type this build does not route."""
     EventType(row.event_type)  # an unknown type raises ValueError: this build does not route it
     route = BY_ACTOR[row.target]

@@ -18,11 +18,9 @@ from datetime import datetime
 from typing import Any
 
 import dramatiq
-import sqlalchemy as sa
 
+from aivedio_engine.db import outbox_relay
 from aivedio_engine.db.handles import Engine
-from aivedio_engine.db.tables import outbox_events
-from aivedio_engine.domain.status import OutboxStatus
 
 
 class Undelivered(dramatiq.Middleware):
@@ -75,11 +73,5 @@ def hand_back(engine: Engine, broker: dramatiq.Broker, now: datetime) -> int:
             continue  # not an outbox event (enqueued directly, e.g. by a test)
     if not ids:
         return 0
-    o = outbox_events.c
     with engine.begin() as conn:
-        changed = conn.execute(
-            sa.update(outbox_events)
-            .where(o.id.in_(ids), o.status == OutboxStatus.PUBLISHED.value)
-            .values(status=OutboxStatus.PENDING.value, available_at=now, published_at=None)
-        )
-    return int(changed.rowcount or 0)
+        return outbox_relay.hand_back(conn, ids, now)

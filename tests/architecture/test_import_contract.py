@@ -21,18 +21,12 @@ NOT_YET: set[str] = {
     "aivedio_engine/services/dispatch.py",
     "aivedio_engine/services/generations.py",
     "aivedio_engine/services/intake.py",
-    "aivedio_engine/services/keep_moving.py",
-    "aivedio_engine/services/notifications.py",
     "aivedio_engine/services/observations.py",
     "aivedio_engine/services/reducer.py",
     "aivedio_engine/services/reducer_cases.py",
     "aivedio_engine/services/submit.py",
     "aivedio_engine/services/sweeper.py",
     "aivedio_engine/services/sync.py",
-    "aivedio_engine/slots/reconcile.py",
-    "aivedio_engine/worker/dead_letters.py",
-    "aivedio_engine/worker/relay.py",
-    "aivedio_engine/worker/undelivered.py",
 }
 
 
