@@ -18,7 +18,6 @@ PERSISTENCE = REPO / "aivedio_engine" / "db"
 NOT_YET: set[str] = {
     "aivedio_engine/services/after_commit.py",
     "aivedio_engine/services/consume.py",
-    "aivedio_engine/services/dispatch.py",
     "aivedio_engine/services/generations.py",
     "aivedio_engine/services/intake.py",
     "aivedio_engine/services/observations.py",
