@@ -85,6 +85,27 @@ def task_of(conn: Connection, attempt_id: uuid.UUID) -> uuid.UUID | None:
     return conn.execute(sa.select(_a.task_id).where(_a.id == attempt_id)).scalar_one_or_none()
 
 
+def unknown_by_request_key(conn: Connection, provider: str, key: str) -> uuid.UUID | None:
+    """The SUBMIT_UNKNOWN attempt the provider knows by this request key, if any; read before any lock (the caller
+    locks its task, then the attempt, and checks the state again)."""
+    found = conn.execute(
+        sa.select(_a.id).where(
+            _a.provider == provider, _a.provider_request_key == key, _a.submit_state == AttemptStatus.UNKNOWN.value
+        )
+    ).first()
+    return None if found is None else found.id
+
+
+def failed_before_accept(conn: Connection, task_id: uuid.UUID) -> tuple[int, datetime | None]:
+    """How many of the task's attempts the provider rejected before accepting, and when the first of them ended."""
+    failed = conn.execute(
+        sa.select(sa.func.count(), sa.func.min(_a.updated_at)).where(
+            _a.task_id == task_id, _a.submit_state == AttemptStatus.FAILED_BEFORE_ACCEPT.value
+        )
+    ).one()
+    return int(failed[0]), failed[1]
+
+
 def _locked(conn: Connection, stmt: sa.Select[Any], lock: bool) -> Any:
     if not (lock and conn.dialect.name == "postgresql"):
         return conn.execute(stmt).first()

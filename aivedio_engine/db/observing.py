@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from aivedio_engine.db.tables import generation_tasks, task_attempts
+import sqlalchemy as sa
+from sqlalchemy import Connection
+
+from aivedio_engine.db.tables import generation_tasks, task_attempts, task_state_events
 
 _A_COLS = ", ".join(c.name for c in task_attempts.c)
 _T_COLS = ", ".join(c.name for c in generation_tasks.c)
@@ -77,6 +80,14 @@ def claim(
     # fetched after the block: inside it, each fetch would wait for a Flush of its own
     inbox, task, attempt, seen = (cur.fetchone() for cur in cursors)
     return Claimed(fresh=inbox is not None, attempt=attempt, task=task, seen=seen is not None)
+
+
+def seen(conn: Connection, source: str, dedup_key: str) -> bool:
+    """Whether the observation is in a task's history already: `claim`'s fourth read, for the callers that did not
+    make it (SQLite, and reductions outside the consumer)."""
+    e = task_state_events.c
+    stmt = sa.select(e.id).where(e.source == source, e.source_event_id == dedup_key)
+    return conn.execute(stmt).first() is not None
 
 
 def commit(raw: Any, *, group: str, event_id: uuid.UUID, digest: str | None) -> None:

@@ -12,18 +12,15 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-import sqlalchemy as sa
-
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
-from aivedio_engine.db import attempts, tasks
+from aivedio_engine.db import attempts, dispatch_queue, tasks
 from aivedio_engine.db import degraded as degraded_db
 from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import generation_tasks, tenants
 from aivedio_engine.domain import admission, degraded
 from aivedio_engine.domain.retry import ErrorOutcome
-from aivedio_engine.domain.status import ATTEMPT_TERMINAL, EventSource, TaskStatus
+from aivedio_engine.domain.status import ATTEMPT_TERMINAL, EventSource
 from aivedio_engine.domain.transitions import Decision, TaskEvent, Trigger, decide
 from aivedio_engine.services import provider_switch
 from aivedio_engine.services.provider_health import Health, provider_health
@@ -31,7 +28,6 @@ from aivedio_engine.services.transition import AfterCommit, Change, NewAttempt, 
 from aivedio_engine.slots.base import Lease, SlotStore, SlotStoreUnavailable
 from aivedio_engine.testing.failpoints import failpoint
 
-_t = generation_tasks.c
 log = logging.getLogger(__name__)
 
 
@@ -163,24 +159,8 @@ class Dispatcher:
             return dispatched
 
     def _candidates(self, now: datetime, limit: int) -> tuple[list[admission.Candidate], dict[str, int]]:
-        stmt = (
-            sa.select(
-                _t.id,
-                _t.tenant_id,
-                _t.selected_provider,
-                _t.requested_model,
-                _t.created_at,
-                _t.priority,
-                tenants.c.priority_tier,
-                tenants.c.max_concurrency,
-            )
-            .join(tenants, tenants.c.id == _t.tenant_id)
-            .where(_t.status == TaskStatus.QUEUED.value, sa.or_(_t.next_action_at.is_(None), _t.next_action_at <= now))
-            .order_by(_t.created_at)
-            .limit(limit)
-        )
         with self._engine.connect() as conn:
-            rows = conn.execute(stmt).all()
+            rows = dispatch_queue.due(conn, now, limit)
         tenant_limits = {str(r.tenant_id): r.max_concurrency for r in rows if r.max_concurrency}
         cands = [
             admission.Candidate(

@@ -13,12 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import sqlalchemy as sa
-
 from aivedio_engine.db import alerts, attempts, observing, tasks, wakeup
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import pg_transaction
-from aivedio_engine.db.tables import task_state_events
 from aivedio_engine.domain.retry import ErrorOutcome
 from aivedio_engine.domain.status import (
     ATTEMPT_IN_FLIGHT,
@@ -143,14 +140,7 @@ def _reduce_locked(
 ) -> str:
     source = EventSource(obs["source"])
     if seen is None:
-        seen = (
-            conn.execute(
-                sa.select(task_state_events.c.id).where(
-                    task_state_events.c.source == source.value, task_state_events.c.source_event_id == obs["dedup_key"]
-                )
-            ).first()
-            is not None
-        )
+        seen = observing.seen(conn, source.value, obs["dedup_key"])
     if seen:
         return "duplicate"
     status = JobStatus(obs["status"])

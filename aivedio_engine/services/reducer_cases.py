@@ -8,11 +8,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-import sqlalchemy as sa
-
 from aivedio_engine.db import attempts, tasks
 from aivedio_engine.db.handles import Connection
-from aivedio_engine.db.tables import task_attempts
 from aivedio_engine.domain.status import TASK_TERMINAL, AttemptStatus, EventSource, StateEventOutcome, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, TaskEvent
 from aivedio_engine.providers.base import JobStatus
@@ -28,15 +25,10 @@ def bind_ambiguous(conn: Connection, obs: dict[str, Any], now: datetime, after: 
     key = obs.get("request_key")
     if not key:
         return None, None
-    a = task_attempts.c
-    found = conn.execute(
-        sa.select(a.id).where(
-            a.provider == obs["provider"], a.provider_request_key == key, a.submit_state == AttemptStatus.UNKNOWN.value
-        )
-    ).first()
+    found = attempts.unknown_by_request_key(conn, obs["provider"], key)
     if found is None:
         return None, None
-    task, attempt = lock_attempt(conn, found.id)
+    task, attempt = lock_attempt(conn, found)
     if attempt.submit_state != AttemptStatus.UNKNOWN.value:
         return None, None  # resolved meanwhile: an orphan now, rematched from the job id it was bound to
     move = AttemptMove(

@@ -16,15 +16,12 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-import sqlalchemy as sa
-
 from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
 from aivedio_engine.db import assets as asset_rows
 from aivedio_engine.db import attempts, tasks
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import task_attempts
 from aivedio_engine.domain.polling import PollPolicy, next_poll_at
 from aivedio_engine.domain.retry import ErrorClass, ErrorOutcome, FailureContext, Step, Verdict, decide_retry
 from aivedio_engine.domain.status import AttemptStatus, EventSource, TaskStatus
@@ -238,16 +235,11 @@ class SubmitService:
             tasks.set_columns(conn, task.id, next_action_at=first_lookup)
 
     def _failure_context(self, conn: Connection, task: Any, result: Rejected, now: datetime) -> FailureContext:
-        failed = conn.execute(
-            sa.select(sa.func.count(), sa.func.min(task_attempts.c.updated_at)).where(
-                task_attempts.c.task_id == task.id,
-                task_attempts.c.submit_state == AttemptStatus.FAILED_BEFORE_ACCEPT.value,
-            )
-        ).one()
+        made, first_failure_at = attempts.failed_before_accept(conn, task.id)
         return FailureContext(
             error_class=result.error_class,
-            attempts_made=int(failed[0]),
-            first_failure_at=failed[1] or now,
+            attempts_made=made,
+            first_failure_at=first_failure_at or now,
             step_started_at=task.created_at,
             task_deadline_at=task.deadline_at,
             retry_after_s=result.retry_after_s,

@@ -18,13 +18,9 @@ PERSISTENCE = REPO / "aivedio_engine" / "db"
 NOT_YET: set[str] = {
     "aivedio_engine/services/after_commit.py",
     "aivedio_engine/services/consume.py",
-    "aivedio_engine/services/dispatch.py",
     "aivedio_engine/services/generations.py",
     "aivedio_engine/services/intake.py",
     "aivedio_engine/services/observations.py",
-    "aivedio_engine/services/reducer.py",
-    "aivedio_engine/services/reducer_cases.py",
-    "aivedio_engine/services/submit.py",
     "aivedio_engine/services/sweeper.py",
     "aivedio_engine/services/sync.py",
 }
