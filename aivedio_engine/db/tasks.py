@@ -46,6 +46,16 @@ def read(conn: Connection, task_id: uuid.UUID, tenant_id: uuid.UUID | None = Non
     return conn.execute(stmt).first()
 
 
+def page(conn: Connection, tenant_id: uuid.UUID, status: str | None, cursor: uuid.UUID | None, limit: int) -> list[Any]:
+    """Up to `limit` of the tenant's tasks, newest first, below `cursor` (keyset on the time-ordered id)."""
+    stmt = sa.select(generation_tasks).where(_t.tenant_id == tenant_id)
+    if status is not None:
+        stmt = stmt.where(_t.status == status)
+    if cursor is not None:
+        stmt = stmt.where(_t.id < cursor)
+    return list(conn.execute(stmt.order_by(_t.id.desc()).limit(limit)).all())
+
+
 def event_row(
     *,
     task_id: uuid.UUID,
