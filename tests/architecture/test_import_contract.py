@@ -19,7 +19,6 @@ NOT_YET: set[str] = {
     "aivedio_engine/services/after_commit.py",
     "aivedio_engine/services/consume.py",
     "aivedio_engine/services/dispatch.py",
-    "aivedio_engine/services/intake.py",
     "aivedio_engine/services/invariants.py",
     "aivedio_engine/services/invariants_motion.py",
     "aivedio_engine/services/keep_moving.py",
