@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import lock_order
-from aivedio_engine.db.tables import task_attempts
+from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.retry import LastError, last_error_value
 from aivedio_engine.domain.status import AttemptStatus
 from aivedio_engine.domain.transitions import AttemptDecision, AttemptEvent, Rejection, decide_attempt
@@ -83,6 +83,27 @@ def by_job(conn: Connection, provider: str, job_id: str, *, lock: bool = False) 
 def task_of(conn: Connection, attempt_id: uuid.UUID) -> uuid.UUID | None:
     """The attempt's task (never changes, so it may be read before any lock is taken)."""
     return conn.execute(sa.select(_a.task_id).where(_a.id == attempt_id)).scalar_one_or_none()
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseFacts:
+    """What freeing an attempt's slot needs: the attempt's lease fields and state, and its task's tenant."""
+
+    id: uuid.UUID
+    submit_state: str
+    provider: str
+    model: str
+    fencing_token: int | None
+    tenant_id: uuid.UUID
+
+
+def lease_facts(conn: Connection, attempt_id: uuid.UUID) -> LeaseFacts | None:
+    row = conn.execute(
+        sa.select(_a.id, _a.submit_state, _a.provider, _a.model, _a.fencing_token, generation_tasks.c.tenant_id)
+        .join(generation_tasks, generation_tasks.c.id == _a.task_id)
+        .where(_a.id == attempt_id)
+    ).first()
+    return None if row is None else LeaseFacts(*row)
 
 
 def _locked(conn: Connection, stmt: sa.Select[Any], lock: bool) -> Any:
