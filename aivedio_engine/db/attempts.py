@@ -85,6 +85,13 @@ def task_of(conn: Connection, attempt_id: uuid.UUID) -> uuid.UUID | None:
     return conn.execute(sa.select(_a.task_id).where(_a.id == attempt_id)).scalar_one_or_none()
 
 
+def by_request_key(conn: Connection, provider: str, key: str) -> Any:
+    """The attempt (id, task_id, submit_state) a provider request key names, or None."""
+    return conn.execute(
+        sa.select(_a.id, _a.task_id, _a.submit_state).where(_a.provider == provider, _a.provider_request_key == key)
+    ).first()
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseFacts:
     """What freeing an attempt's slot needs: the attempt's lease fields and state, and its task's tenant."""

@@ -72,6 +72,11 @@ def status_version(conn: Connection, task_id: uuid.UUID) -> Any:
     return conn.execute(sa.select(_t.status, _t.version).where(_t.id == task_id)).first()
 
 
+def tenant_and_trace(conn: Connection, task_id: uuid.UUID) -> Any:
+    """The task's tenant_id and trace_id (None: no such task)."""
+    return conn.execute(sa.select(_t.tenant_id, _t.trace_id).where(_t.id == task_id)).first()
+
+
 def event_row(
     *,
     task_id: uuid.UUID,

@@ -22,7 +22,6 @@ NOT_YET: set[str] = {
     "aivedio_engine/services/invariants_motion.py",
     "aivedio_engine/services/keep_moving.py",
     "aivedio_engine/services/notifications.py",
-    "aivedio_engine/services/observations.py",
     "aivedio_engine/services/reducer.py",
     "aivedio_engine/services/reducer_cases.py",
     "aivedio_engine/services/submit.py",
