@@ -16,7 +16,6 @@ PERSISTENCE = REPO / "aivedio_engine" / "db"
 
 #: modules that still import sqlalchemy or aivedio_engine.db.tables (repo-relative); move their SQL into db/
 NOT_YET: set[str] = {
-    "aivedio_engine/services/consume.py",
     "aivedio_engine/services/dispatch.py",
     "aivedio_engine/services/invariants.py",
     "aivedio_engine/services/invariants_motion.py",
