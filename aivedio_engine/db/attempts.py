@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import lock_order
-from aivedio_engine.db.tables import task_attempts
+from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.retry import LastError, last_error_value
 from aivedio_engine.domain.status import AttemptStatus
 from aivedio_engine.domain.transitions import AttemptDecision, AttemptEvent, Rejection, decide_attempt
@@ -104,6 +104,34 @@ def failed_before_accept(conn: Connection, task_id: uuid.UUID) -> tuple[int, dat
         )
     ).one()
     return int(failed[0]), failed[1]
+
+
+def by_request_key(conn: Connection, provider: str, key: str) -> Any:
+    """The attempt (id, task_id, submit_state) a provider request key names, or None."""
+    return conn.execute(
+        sa.select(_a.id, _a.task_id, _a.submit_state).where(_a.provider == provider, _a.provider_request_key == key)
+    ).first()
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseFacts:
+    """What freeing an attempt's slot needs: the attempt's lease fields and state, and its task's tenant."""
+
+    id: uuid.UUID
+    submit_state: str
+    provider: str
+    model: str
+    fencing_token: int | None
+    tenant_id: uuid.UUID
+
+
+def lease_facts(conn: Connection, attempt_id: uuid.UUID) -> LeaseFacts | None:
+    row = conn.execute(
+        sa.select(_a.id, _a.submit_state, _a.provider, _a.model, _a.fencing_token, generation_tasks.c.tenant_id)
+        .join(generation_tasks, generation_tasks.c.id == _a.task_id)
+        .where(_a.id == attempt_id)
+    ).first()
+    return None if row is None else LeaseFacts(*row)
 
 
 def _locked(conn: Connection, stmt: sa.Select[Any], lock: bool) -> Any:

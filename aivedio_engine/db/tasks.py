@@ -73,6 +73,37 @@ def read(conn: Connection, task_id: uuid.UUID, tenant_id: uuid.UUID | None = Non
     return conn.execute(stmt).first()
 
 
+def page(conn: Connection, tenant_id: uuid.UUID, status: str | None, cursor: uuid.UUID | None, limit: int) -> list[Any]:
+    """Up to `limit` of the tenant's tasks, newest first, below `cursor` (keyset on the time-ordered id)."""
+    stmt = sa.select(generation_tasks).where(_t.tenant_id == tenant_id)
+    if status is not None:
+        stmt = stmt.where(_t.status == status)
+    if cursor is not None:
+        stmt = stmt.where(_t.id < cursor)
+    return list(conn.execute(stmt.order_by(_t.id.desc()).limit(limit)).all())
+
+
+def mark_ready(conn: Connection, task_id: uuid.UUID, version: int, now: datetime) -> bool:
+    """`next_action_at = now` on a task still QUEUED at `version`; the guard is in the UPDATE, so a concurrent
+    cancel is never overwritten. False: the task moved on (or is gone)."""
+    updated = conn.execute(
+        sa.update(generation_tasks)
+        .where(_t.id == task_id, _t.status == TaskStatus.QUEUED.value, _t.version == version)
+        .values(next_action_at=now)
+    ).rowcount
+    return bool(updated)
+
+
+def status_version(conn: Connection, task_id: uuid.UUID) -> Any:
+    """The task's status and version (None: no such task)."""
+    return conn.execute(sa.select(_t.status, _t.version).where(_t.id == task_id)).first()
+
+
+def tenant_and_trace(conn: Connection, task_id: uuid.UUID) -> Any:
+    """The task's tenant_id and trace_id (None: no such task)."""
+    return conn.execute(sa.select(_t.tenant_id, _t.trace_id).where(_t.id == task_id)).first()
+
+
 def event_row(
     *,
     task_id: uuid.UUID,

@@ -13,11 +13,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import sqlalchemy as sa
-
-from aivedio_engine.db import wakeup
+from aivedio_engine.db import attempts, wakeup
 from aivedio_engine.db.handles import Engine
-from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain import admission
 from aivedio_engine.domain.status import ATTEMPT_TERMINAL, AttemptStatus
 from aivedio_engine.slots.base import Lease, SlotStore
@@ -76,17 +73,6 @@ def release_lease(engine: Engine, slots: SlotStore, lease: Lease) -> bool:
 def release_if_finished(engine: Engine, slots: SlotStore, attempt_id: uuid.UUID) -> bool:
     """Free an attempt's slot once it is terminal, from the rows (any process can); safe to repeat."""
     with engine.connect() as conn:
-        row = conn.execute(
-            sa.select(
-                task_attempts.c.id,
-                task_attempts.c.submit_state,
-                task_attempts.c.provider,
-                task_attempts.c.model,
-                task_attempts.c.fencing_token,
-                generation_tasks.c.tenant_id,
-            )
-            .join(generation_tasks, generation_tasks.c.id == task_attempts.c.task_id)
-            .where(task_attempts.c.id == attempt_id)
-        ).first()
+        row = attempts.lease_facts(conn, attempt_id)
     lease = None if row is None else finished_lease(row, row.tenant_id)
     return lease is not None and release_lease(engine, slots, lease)

@@ -15,19 +15,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
-
-from aivedio_engine.db.engine import SQLITE_BEGIN_OPTION
+from aivedio_engine.db import inbox
 from aivedio_engine.db.handles import Connection, Engine
-from aivedio_engine.db.tables import inbox_dedup
+from aivedio_engine.db.session import write_tx
 from aivedio_engine.testing.failpoints import failpoint
 
 Outcome = Literal["processed", "duplicate"]
 PROCESSED: Outcome = "processed"
 DUPLICATE: Outcome = "duplicate"
-#: inbox_dedup.result_digest is varchar(128)
-_DIGEST_MAX = 128
 
 
 class InvalidEnvelope(ValueError):
@@ -120,39 +115,15 @@ def consume_once(
     network calls. Its return value (if any) is kept as the inbox row's result digest, so an operator can see
     what the first delivery did. Returns "duplicate" when the event was already consumed: the caller acks.
     """
-    with engine.connect() as conn:
-        if conn.dialect.name == "sqlite":
-            # take the write lock up front: a read-decide-write transaction must not fail halfway on "locked"
-            conn = conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
-        with conn.begin():
-            row = {
-                "consumer_group": consumer_group,
-                "event_id": event_id,
-                "aggregate_id": aggregate_id,
-                "processed_at": now,
-            }
-            # RETURNING, not rowcount: psycopg reports -1 for INSERT ... ON CONFLICT DO NOTHING here
-            if conn.execute(_insert_ignore(conn, row)).first() is None:
-                failpoint("consume.duplicate")
-                return DUPLICATE
-            digest = fn(conn)
-            if digest:
-                conn.execute(
-                    sa.update(inbox_dedup)
-                    .where(inbox_dedup.c.consumer_group == consumer_group, inbox_dedup.c.event_id == event_id)
-                    .values(result_digest=digest[:_DIGEST_MAX])
-                )
-            failpoint("consume.before_commit")
-            failpoint(f"{consumer_group}.before_commit")
-        failpoint(f"{consumer_group}.after_commit")
-        return PROCESSED
-
-
-def _insert_ignore(conn: Connection, row: dict[str, Any]) -> sa.Insert:
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    return (
-        insert(inbox_dedup)
-        .values(**row)
-        .on_conflict_do_nothing(index_elements=[inbox_dedup.c.consumer_group, inbox_dedup.c.event_id])
-        .returning(inbox_dedup.c.event_id)
-    )
+    # write_tx: on SQLite the write lock is taken up front, so read-decide-write cannot fail halfway on "locked"
+    with write_tx(engine) as conn:
+        if not inbox.claim(conn, consumer_group, event_id, aggregate_id, now):
+            failpoint("consume.duplicate")
+            return DUPLICATE
+        digest = fn(conn)
+        if digest:
+            inbox.keep_digest(conn, consumer_group, event_id, digest)
+        failpoint("consume.before_commit")
+        failpoint(f"{consumer_group}.before_commit")
+    failpoint(f"{consumer_group}.after_commit")
+    return PROCESSED

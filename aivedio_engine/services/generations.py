@@ -16,15 +16,12 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-import sqlalchemy as sa
-
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
 from aivedio_engine.db import assets as asset_rows
 from aivedio_engine.db import creation, tasks
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import read_conn, write_tx
-from aivedio_engine.db.tables import generation_tasks
 from aivedio_engine.domain.admission import PriorityTier, capped_tier
 from aivedio_engine.domain.moderation import ModerationInput, ReferenceFacts
 from aivedio_engine.domain.references import LimitExceeded, Reference, check_references
@@ -63,7 +60,6 @@ from aivedio_engine.services.transition import Change, execute
 from aivedio_engine.testing.failpoints import failpoint
 
 MAX_IDEMPOTENCY_KEY = 255
-_t = generation_tasks.c
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,19 +272,16 @@ class GenerationService:
         self, tenant_id: uuid.UUID, status: str | None = None, limit: int = 50, cursor: uuid.UUID | None = None
     ) -> tuple[list[TaskView], uuid.UUID | None]:
         """Newest first, keyset-paginated on the time-ordered id; returns (page, next cursor or None)."""
-        stmt = sa.select(generation_tasks).where(_t.tenant_id == tenant_id)
+        wanted = None
         if status is not None:
             try:
-                stmt = stmt.where(_t.status == TaskStatus(status).value)
+                wanted = TaskStatus(status).value
             except ValueError:
                 raise InvalidInput(
                     f"unknown status {status!r} (known: {', '.join(s.value for s in TaskStatus)})", field="status"
                 ) from None
-        if cursor is not None:
-            stmt = stmt.where(_t.id < cursor)
-        stmt = stmt.order_by(_t.id.desc()).limit(limit + 1)
         with read_conn(self._engine) as conn:
-            rows = conn.execute(stmt).all()
+            rows = tasks.page(conn, tenant_id, wanted, cursor, limit + 1)
         page = [TaskView.of(r) for r in rows[:limit]]
         return page, (page[-1].id if len(rows) > limit else None)
 

@@ -12,12 +12,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-import sqlalchemy as sa
-
-from aivedio_engine.db import wakeup
+from aivedio_engine.db import tasks, wakeup
 from aivedio_engine.db.handles import Connection, Engine
-from aivedio_engine.db.tables import generation_tasks
-from aivedio_engine.domain.status import TaskStatus
 from aivedio_engine.services.consume import Envelope, Outcome, consume_once
 
 #: one consumer group per effect: another effect on the same event (e.g. notifications) dedups separately.
@@ -28,21 +24,11 @@ def mark_ready_for_dispatch(engine: Engine, envelope: Envelope, *, now: datetime
     """Consume one `generation.queued` event: QUEUED task at the announced version → `next_action_at = now`."""
 
     def effect(conn: Connection) -> str:
-        t = generation_tasks.c
-        updated = conn.execute(
-            sa.update(generation_tasks)
-            .where(
-                t.id == envelope.aggregate_id,
-                t.status == TaskStatus.QUEUED.value,
-                t.version == envelope.aggregate_version,
-            )
-            .values(next_action_at=now)
-        ).rowcount
-        if updated:
+        if tasks.mark_ready(conn, envelope.aggregate_id, envelope.aggregate_version, now):
             wakeup.notify(conn, wakeup.DISPATCH)  # the dispatcher looks now, not at its next tick
             return "ready"
         # Why not: kept in the inbox digest so an operator can tell a stale event from a missing task.
-        current = conn.execute(sa.select(t.status, t.version).where(t.id == envelope.aggregate_id)).first()
+        current = tasks.status_version(conn, envelope.aggregate_id)
         if current is None:
             return "skipped: task not found"
         return f"skipped: status={current.status} version={current.version}"

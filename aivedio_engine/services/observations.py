@@ -17,14 +17,12 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
-import sqlalchemy as sa
 import structlog
-from sqlalchemy.dialects import postgresql, sqlite
 
 from aivedio_engine.clock import new_id
-from aivedio_engine.db import attempts, outbox
+from aivedio_engine.db import attempts, outbox, tasks
+from aivedio_engine.db import observations as raw_events
 from aivedio_engine.db.handles import Connection
-from aivedio_engine.db.tables import generation_tasks, provider_events, task_attempts
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.status import AttemptStatus, EventSource
 from aivedio_engine.domain.text import is_storable
@@ -32,7 +30,6 @@ from aivedio_engine.providers.base import Observation
 
 ORPHAN_TTL = timedelta(days=7)
 log = structlog.get_logger("aivedio.callbacks")
-_pe = provider_events.c
 
 
 def fingerprint(provider: str, obs: Observation) -> str:
@@ -104,41 +101,31 @@ def record(
     dedup_key = f"wh:{obs.event_id}" if obs.event_id else fingerprint(provider, obs)
     attempt = attempts.by_job(conn, provider, obs.job_id)
     if attempt is None and obs.request_key:
-        by_key = conn.execute(
-            sa.select(task_attempts.c.id, task_attempts.c.task_id, task_attempts.c.submit_state).where(
-                task_attempts.c.provider == provider, task_attempts.c.provider_request_key == obs.request_key
-            )
-        ).first()
+        by_key = attempts.by_request_key(conn, provider, obs.request_key)
         # only an ambiguous submit is bound by its request key (the reducer does it); an attempt whose job id
         # is simply not recorded yet gets this event when it is (`rematch`), so it waits as an orphan
         if by_key is not None and by_key.submit_state == AttemptStatus.UNKNOWN.value:
             attempt = by_key
     event_id = new_id()
     payload = to_payload(provider, obs, source, dedup_key, event_id)
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    stored = conn.execute(
-        insert(provider_events)
-        .values(
-            id=event_id,
-            provider=provider,
-            source=source.value,
-            webhook_id=obs.event_id,
-            dedup_key=dedup_key,
-            verified=verified,
-            headers_digest=headers_digest,
-            body=raw_body,
-            provider_job_id=obs.job_id,
-            provider_request_key=obs.request_key,
-            matched_attempt_id=attempt.id if attempt else None,
-            orphan=attempt is None,
-            received_at=now,
-            expires_at=now + ORPHAN_TTL,
-            observation=payload,
-        )
-        .on_conflict_do_nothing(index_elements=[_pe.provider, _pe.dedup_key])
-        .returning(_pe.id)
-    ).first()
-    if stored is None:
+    stored = raw_events.store(
+        conn,
+        event_id=event_id,
+        provider=provider,
+        source=source.value,
+        webhook_id=obs.event_id,
+        dedup_key=dedup_key,
+        verified=verified,
+        headers_digest=headers_digest,
+        body=raw_body,
+        job_id=obs.job_id,
+        request_key=obs.request_key,
+        matched_attempt_id=attempt.id if attempt else None,
+        now=now,
+        expires_at=now + ORPHAN_TTL,
+        observation=payload,
+    )
+    if not stored:
         return False
     if attempt is not None:
         _emit(conn, provider, obs_payload=payload, task_id=attempt.task_id, now=now)
@@ -188,24 +175,19 @@ def _store_rejected(
     event_id = obs.event_id if isinstance(obs.event_id, str) and _usable_id(obs.event_id, 250) else None
     # a repeat delivery of the same rejected event is the same row: by webhook id, else by what it said
     dedup_key = f"wh:{event_id}" if event_id else fingerprint(provider, obs)
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    conn.execute(
-        insert(provider_events)
-        .values(
-            id=new_id(),
-            provider=provider,
-            source=source.value,
-            webhook_id=event_id,
-            dedup_key=dedup_key,
-            verified=verified,
-            headers_digest=headers_digest,
-            body=raw_body,
-            orphan=False,
-            received_at=now,
-            expires_at=now + ORPHAN_TTL,
-            observation={"rejected": reason},
-        )
-        .on_conflict_do_nothing(index_elements=[_pe.provider, _pe.dedup_key])
+    raw_events.store(
+        conn,
+        event_id=new_id(),
+        provider=provider,
+        source=source.value,
+        webhook_id=event_id,
+        dedup_key=dedup_key,
+        verified=verified,
+        headers_digest=headers_digest,
+        body=raw_body,
+        now=now,
+        expires_at=now + ORPHAN_TTL,
+        rejected=reason,
     )
     log.warning("provider event rejected", provider=provider, source=source.value, reason=reason)
 
@@ -216,16 +198,12 @@ def _usable_id(value: str, limit: int) -> bool:
 
 def rematch(conn: Connection, provider: str, job_id: str, attempt_id: uuid.UUID, now: datetime) -> int:
     """Attach orphan events of `job_id` to the attempt that now owns it, and queue them for the reducer."""
-    rows = conn.execute(
-        sa.select(provider_events).where(_pe.provider == provider, _pe.provider_job_id == job_id, _pe.orphan)
-    ).all()
+    rows = raw_events.orphans_of(conn, provider, job_id)
     if not rows:
         return 0
     attempt = attempts.read(conn, attempt_id)
     for row in rows:
-        conn.execute(
-            provider_events.update().where(_pe.id == row.id).values(orphan=False, matched_attempt_id=attempt_id)
-        )
+        raw_events.match(conn, row.id, attempt_id)
         if row.observation:
             _emit(conn, provider, obs_payload=dict(row.observation), task_id=attempt.task_id, now=now)
     return len(rows)
@@ -236,18 +214,12 @@ def keep_as_orphan(conn: Connection, obs_payload: dict[str, Any]) -> None:
     again, so that binding the job id replays it instead of it being consumed as unmatched and lost."""
     event_id = obs_payload.get("provider_event_id")
     if event_id:
-        conn.execute(
-            provider_events.update()
-            .where(_pe.id == uuid.UUID(str(event_id)), _pe.orphan.is_(False))
-            .values(orphan=True, matched_attempt_id=None)
-        )
+        raw_events.unmatch(conn, uuid.UUID(str(event_id)))
 
 
 def _emit(conn: Connection, provider: str, *, obs_payload: dict[str, Any], task_id: uuid.UUID, now: datetime) -> None:
     # the task's trace follows the provider's answer, so one trace_id finds the request and its outcome in logs
-    task = conn.execute(
-        sa.select(generation_tasks.c.tenant_id, generation_tasks.c.trace_id).where(generation_tasks.c.id == task_id)
-    ).first()
+    task = tasks.tenant_and_trace(conn, task_id)
     outbox.add(
         conn,
         EventType.PROVIDER_STATUS_OBSERVED,

@@ -16,11 +16,6 @@ PERSISTENCE = REPO / "aivedio_engine" / "db"
 
 #: modules that still import sqlalchemy or aivedio_engine.db.tables (repo-relative); move their SQL into db/
 NOT_YET: set[str] = {
-    "aivedio_engine/services/after_commit.py",
-    "aivedio_engine/services/consume.py",
-    "aivedio_engine/services/generations.py",
-    "aivedio_engine/services/intake.py",
-    "aivedio_engine/services/observations.py",
     "aivedio_engine/services/sweeper.py",
     "aivedio_engine/services/sync.py",
 }
