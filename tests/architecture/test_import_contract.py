@@ -25,7 +25,6 @@ NOT_YET: set[str] = {
     "aivedio_engine/services/reducer.py",
     "aivedio_engine/services/reducer_cases.py",
     "aivedio_engine/services/submit.py",
-    "aivedio_engine/services/sync.py",
 }
 
 
