@@ -32,25 +32,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-import sqlalchemy as sa
-
 from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
-from aivedio_engine.db import alerts, attempts, tasks
+from aivedio_engine.db import alerts, attempts, sweeps, tasks
 from aivedio_engine.db import assets as asset_rows
 from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import generation_tasks, outbox_events, provider_events, task_attempts
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.retry import ErrorOutcome
-from aivedio_engine.domain.status import (
-    TASK_TERMINAL,
-    AlertSeverity,
-    AttemptStatus,
-    EventSource,
-    OutboxStatus,
-    TaskStatus,
-)
+from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, Decision, TaskEvent, Trigger, decide
 from aivedio_engine.services import follow_on
 from aivedio_engine.services.follow_on import FetchRequested, MediaProcessRequested, SubmitRequested
@@ -61,8 +51,8 @@ from aivedio_engine.slots.base import SlotStoreUnavailable
 from aivedio_engine.testing.failpoints import failpoint
 
 log = logging.getLogger("aivedio.sweeper")
-_t = generation_tasks.c
-_a = task_attempts.c
+#: rows one scan reads per sweep
+_PAGE = 500
 
 
 @dataclass
@@ -188,21 +178,18 @@ class Sweeper:
             return {}
         return {"objects": result.objects, "orphans": result.orphans, "error": result.error}
 
-    def _ids(self, stmt: sa.Select[Any]) -> list[Any]:
-        with self._engine.connect() as conn:
-            return [row[0] for row in conn.execute(stmt.limit(500))]
-
     def _retry_due(self) -> int:
         now = self._clock.now()
-        ids = self._ids(sa.select(_t.id).where(_t.status == TaskStatus.RETRY_WAIT.value, _t.next_retry_at <= now))
+        with self._engine.connect() as conn:
+            ids = sweeps.retry_due(conn, now, _PAGE)
         return sum(
             self._transition(i, TaskEvent.RETRY_DUE, {"next_retry_at": None, "next_action_at": now}) for i in ids
         )
 
     def _expire(self) -> int:
         now = self._clock.now()
-        terminal = [s.value for s in TASK_TERMINAL]
-        ids = self._ids(sa.select(_t.id).where(_t.status.not_in(terminal), _t.deadline_at <= now))
+        with self._engine.connect() as conn:
+            ids = sweeps.past_deadline(conn, now, _PAGE)
         return sum(self._transition(i, TaskEvent.DEADLINE_PASSED, {"next_action_at": None}) for i in ids)
 
     def _transition(self, task_id: Any, event: TaskEvent, extra: dict[str, Any]) -> int:
@@ -228,20 +215,11 @@ class Sweeper:
     def _resend_submits(self) -> int:
         now = self._clock.now()
         with self._engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(_a.id, _a.task_id, _t.tenant_id, _t.trace_id, _t.version)
-                .join(generation_tasks, _t.id == _a.task_id)
-                .where(
-                    _t.status == TaskStatus.DISPATCHING.value,
-                    _a.submit_state == AttemptStatus.NEW.value,
-                    _t.next_action_at <= now,
-                )
-                .limit(500)
-            ).all()
+            rows = sweeps.lost_submits(conn, now, _PAGE)
         for row in rows:
             with write_tx(self._engine) as conn:
                 message = SubmitRequested(row.id, row.task_id, resent=True)
-                follow_on.emit(conn, row, message, version=int(row.version), now=now)
+                follow_on.emit(conn, row, message, version=row.version, now=now)
                 tasks.set_columns(conn, row.task_id, next_action_at=now + self._idle_grace)
                 failpoint("sweeper.resend.before_commit")
             failpoint("sweeper.resend.after_commit")
@@ -249,11 +227,8 @@ class Sweeper:
 
     def _stuck_sending(self) -> int:
         now = self._clock.now()
-        ids = self._ids(
-            sa.select(_a.id).where(
-                _a.submit_state == AttemptStatus.SENDING.value, _a.updated_at <= now - self._idle_grace
-            )
-        )
+        with self._engine.connect() as conn:
+            ids = sweeps.stuck_sending(conn, now - self._idle_grace, _PAGE)
         after = AfterCommit(self._engine)
         for attempt_id in ids:
             with write_tx(self._engine) as conn:
@@ -289,7 +264,6 @@ class Sweeper:
     def _redrive_data_plane(self, stuck_before: datetime | None = None) -> int:
         now = self._clock.now()
         cfg = self._settings.sweeper
-        o = outbox_events.c
         steps = {
             TaskStatus.OUTPUT_FETCHING.value: (EventType.FETCH_REQUESTED, cfg.fetch_stuck_s),
             TaskStatus.POST_PROCESSING.value: (EventType.MEDIA_PROCESS_REQUESTED, cfg.media_stuck_s),
@@ -297,12 +271,9 @@ class Sweeper:
         redriven = 0
         for status, (event_type, budget_s) in steps.items():
             idle_since = stuck_before or now - timedelta(seconds=budget_s)
-            pending = sa.exists().where(
-                o.aggregate_id == _t.id, o.event_type == event_type.value, o.status == OutboxStatus.PENDING.value
-            )
-            for task_id in self._ids(
-                sa.select(_t.id).where(_t.status == status, _t.updated_at <= idle_since, ~pending)
-            ):
+            with self._engine.connect() as conn:
+                stuck = sweeps.stuck_in_step(conn, status, event_type.value, idle_since, _PAGE)
+            for task_id in stuck:
                 with write_tx(self._engine) as conn:
                     task = tasks.read(conn, task_id, lock=True)
                     if task.status != status:
@@ -329,11 +300,7 @@ class Sweeper:
     def _orphans(self) -> int:
         now = self._clock.now()
         with write_tx(self._engine) as conn:
-            rows = conn.execute(
-                sa.select(provider_events.c.id, provider_events.c.provider, provider_events.c.provider_job_id)
-                .where(provider_events.c.orphan, provider_events.c.expires_at <= now)
-                .limit(500)
-            ).all()
+            rows = sweeps.expired_orphans(conn, now, _PAGE)
             for row in rows:
                 alerts.raise_alert(
                     conn,
@@ -346,9 +313,5 @@ class Sweeper:
                     message=f"{row.provider} event for unknown job {row.provider_job_id} expired "
                     "unmatched: a job we never recorded may exist (possible orphan cost)",
                 )
-                conn.execute(
-                    provider_events.update()
-                    .where(provider_events.c.id == row.id)
-                    .values(expires_at=now + timedelta(days=30))
-                )
+                sweeps.extend_orphan(conn, row.id, now + timedelta(days=30))
         return len(rows)

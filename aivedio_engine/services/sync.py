@@ -13,14 +13,11 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-import sqlalchemy as sa
-
 from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
-from aivedio_engine.db import alerts, attempts, tasks
+from aivedio_engine.db import alerts, attempts, provider_sync, tasks
 from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.polling import LookupVerdict, PollPolicy, ReconcilePolicy, next_poll_at, reconcile_step
 from aivedio_engine.domain.retry import ErrorOutcome, Step
 from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, TaskStatus
@@ -47,9 +44,6 @@ from aivedio_engine.services.transition import (
 )
 from aivedio_engine.testing.failpoints import failpoint
 
-_a = task_attempts.c
-_t = generation_tasks.c
-POLLABLE = (AttemptStatus.ACKED.value, AttemptStatus.RUNNING.value)
 #: the window listed around an ambiguous send: our clock and the vendor's differ, and a slow vendor may create
 #: the job well after the request left (seed 000 §4.8.4: match by time window and request fingerprint)
 LIST_BEFORE_SEND = timedelta(seconds=30)
@@ -83,22 +77,7 @@ class ProviderSync:
         now = self._clock.now()
         budget = max(1, int(self._settings.polling.provider_query_budget_per_s))
         with self._engine.connect() as conn:
-            due = conn.execute(
-                sa.select(
-                    _a.id,
-                    _a.provider,
-                    _a.provider_job_id,
-                    _a.submitted_at,
-                    _a.output_url_expires_at,
-                    _a.provider_error_code,
-                    _t.status.label("task_status"),
-                    _t.deadline_at,
-                )
-                .join(generation_tasks, _t.id == _a.task_id)
-                .where(_a.submit_state.in_(POLLABLE), _a.next_poll_at <= now, _a.provider_job_id.is_not(None))
-                .order_by(_a.next_poll_at)
-                .limit(limit)
-            ).all()
+            due = provider_sync.due_polls(conn, now, limit)
         per_provider: dict[str, int] = {}
         polled = 0
         for row in due:
@@ -109,7 +88,7 @@ class ProviderSync:
             polled += 1
         return polled
 
-    def _poll_one(self, row: Any) -> None:
+    def _poll_one(self, row: provider_sync.DuePoll) -> None:
         result = self._providers[row.provider].query(row.provider_job_id)
         PROVIDER_POLLS.labels(row.provider, _POLL_OUTCOME.get(type(result), "failed")).inc()
         now = self._clock.now()
@@ -121,7 +100,7 @@ class ProviderSync:
             url_expires_at=row.output_url_expires_at,
             cancel_pending=row.task_status == TaskStatus.CANCEL_REQUESTED.value,
         )
-        values: dict[str, Any] = {"next_poll_at": nxt, "poll_count": _a.poll_count + 1}
+        values: dict[str, Any] = {"next_poll_at": nxt}
         failed = None
         if isinstance(result, QueryFailed):  # changes nothing but the schedule, within [retry.query]
             failed = query_budget.after_failure(
@@ -140,7 +119,7 @@ class ProviderSync:
             if isinstance(result, Observation):
                 observations.record(conn, row.provider, result, EventSource.POLLING, now)
             # NotFound on a fresh job id means "not visible yet"
-            conn.execute(task_attempts.update().where(_a.id == row.id).values(**values))
+            provider_sync.record_poll(conn, row.id, **values)
             if failed is not None and failed.spent:
                 query_budget.alert_spent(conn, row, failed, now)
             failpoint("poll.before_commit")
@@ -150,21 +129,9 @@ class ProviderSync:
     def reconcile_due(self, limit: int = 100, task_id: uuid.UUID | None = None) -> list[tuple[uuid.UUID, str]]:
         """Resolve ambiguous submits whose next lookup is due; returns (task id, outcome) per attempt looked at."""
         now = self._clock.now()
-        stmt = (
-            sa.select(_a.id, _a.task_id)
-            .join(generation_tasks, _t.id == _a.task_id)
-            .where(
-                _a.submit_state == AttemptStatus.UNKNOWN.value,
-                sa.or_(_t.next_action_at.is_(None), _t.next_action_at <= now),
-                _t.parked_reason.is_(None),
-            )
-            .limit(limit)
-        )
-        if task_id is not None:
-            stmt = stmt.where(_a.task_id == task_id)
         with self._engine.connect() as conn:
-            rows = conn.execute(stmt).all()
-        return [(r.task_id, self.reconcile_one(r.id)) for r in rows]
+            rows = provider_sync.due_lookups(conn, now, limit, task_id)
+        return [(r.task_id, self.reconcile_one(r.attempt_id)) for r in rows]
 
     def reconcile_one(self, attempt_id: uuid.UUID, *, force: bool = False) -> str:
         """One reconciliation step. `force` (an operator's `aivedio reconcile`) asks the provider now, whatever
@@ -194,10 +161,7 @@ class ProviderSync:
         if isinstance(found, Observation):
             return self._found(attempt, found, now)
         with write_tx(self._engine) as conn:
-            values: dict[str, Any] = {"lookup_count": _a.lookup_count + 1, "last_lookup_at": now}
-            if isinstance(found, NotFound):
-                values["last_not_found_at"] = now
-            conn.execute(task_attempts.update().where(_a.id == attempt.id).values(**values))
+            provider_sync.count_lookup(conn, attempt.id, now, not_found=isinstance(found, NotFound))
         if isinstance(found, Unsupported):
             return self._without_lookup(attempt, now)
         with self._engine.connect() as conn:
@@ -290,32 +254,11 @@ class ProviderSync:
         fp = bytes(attempt.request_fingerprint)
         with self._engine.connect() as conn:
             task = tasks.read(conn, attempt.task_id)
-            ids = [j.job_id for j in listing]
-            owned = (
-                set(
-                    conn.execute(
-                        sa.select(_a.provider_job_id).where(
-                            _a.provider == attempt.provider, _a.provider_job_id.in_(ids)
-                        )
-                    ).scalars()
-                )
-                if ids
-                else set()
-            )
+            owned = provider_sync.owned_job_ids(conn, attempt.provider, [j.job_id for j in listing])
             # our other requests with the same fingerprint that may have made a listed job nobody owns yet: any
             # send early enough for its job to land in the window, still waiting for (or lacking) its answer
-            rivals = conn.execute(
-                sa.select(_a.id, _a.submit_state).where(
-                    _a.provider == attempt.provider,
-                    _a.request_fingerprint == fp,
-                    _a.id != attempt.id,
-                    _a.provider_job_id.is_(None),
-                    _a.submit_state.in_((AttemptStatus.SENDING.value, AttemptStatus.UNKNOWN.value)),
-                    sa.func.coalesce(_a.submitted_at, _a.created_at).between(
-                        sent_at - LIST_BEFORE_SEND - LIST_AFTER_SEND, sent_at + LIST_AFTER_SEND
-                    ),
-                )
-            ).all()
+            window = (sent_at - LIST_BEFORE_SEND - LIST_AFTER_SEND, sent_at + LIST_AFTER_SEND)
+            rivals = provider_sync.rivals(conn, attempt.id, attempt.provider, fp, window)
         if task is None or attempts.fingerprint(task.params) != fp:
             # stored before fingerprints were the vendor-visible fields: no listed job could ever match it
             return self._wait_then_park(attempt, now)
@@ -331,7 +274,7 @@ class ProviderSync:
         if any(j.fingerprint is None for j in free):
             return self._next_listing(attempt, now, "unsure-listing")  # an unreadable job may be ours
         with write_tx(self._engine) as conn:
-            conn.execute(task_attempts.update().where(_a.id == attempt.id).values(last_not_found_at=now))
+            attempts.update(conn, attempt.id, last_not_found_at=now)
         if (now - sent_at).total_seconds() >= self._reconcile.visibility_lag_s:
             return self._not_created(attempt, now)
         return self._next_listing(attempt, now, "not-found-yet")
@@ -346,7 +289,9 @@ class ProviderSync:
             obs = Observation(job_id=job.job_id, status=job.status)
         return self._found(attempt, obs, now)
 
-    def _park_ambiguous(self, attempt: Any, candidates: list[JobSummary], rivals: Sequence[Any], now: datetime) -> str:
+    def _park_ambiguous(
+        self, attempt: Any, candidates: list[JobSummary], rivals: Sequence[provider_sync.Rival], now: datetime
+    ) -> str:
         """Several jobs could be ours: a human decides. Never resubmit here — one of them very likely is ours."""
         ids = sorted(j.job_id for j in candidates)
         reason = (
@@ -355,11 +300,7 @@ class ProviderSync:
             "not guessing — a duplicate paid job is possible"
         )
         with write_tx(self._engine) as conn:
-            conn.execute(
-                generation_tasks.update()
-                .where(_t.id == attempt.task_id)
-                .values(parked_reason=reason, next_action_at=None, updated_at=now)
-            )
+            tasks.set_columns(conn, attempt.task_id, parked_reason=reason, next_action_at=None, updated_at=now)
             alerts.raise_alert(
                 conn,
                 alerts.Rule.AMBIGUOUS_LIST_MATCH,
@@ -419,11 +360,7 @@ class ProviderSync:
             return self._not_created(attempt, now)
         with write_tx(self._engine) as conn:
             reason = f"ambiguous submit to {attempt.provider} unresolved after the reconciliation window"
-            conn.execute(
-                generation_tasks.update()
-                .where(_t.id == attempt.task_id)
-                .values(parked_reason=reason, next_action_at=None, updated_at=now)
-            )
+            tasks.set_columns(conn, attempt.task_id, parked_reason=reason, next_action_at=None, updated_at=now)
             alerts.raise_alert(
                 conn,
                 alerts.Rule.SUBMIT_UNKNOWN_PARKED,
@@ -440,17 +377,10 @@ class ProviderSync:
     def cancel_due(self, limit: int = 100) -> int:
         now = self._clock.now()
         with self._engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(_t.id)
-                .where(
-                    _t.status == TaskStatus.CANCEL_REQUESTED.value,
-                    sa.or_(_t.next_action_at.is_(None), _t.next_action_at <= now),
-                )
-                .limit(limit)
-            ).all()
-        for row in rows:
-            self.cancel_one(row.id)
-        return len(rows)
+            task_ids = provider_sync.cancels_due(conn, now, limit)
+        for task_id in task_ids:
+            self.cancel_one(task_id)
+        return len(task_ids)
 
     def cancel_one(self, task_id: uuid.UUID) -> str:
         with self._engine.connect() as conn:
@@ -499,10 +429,8 @@ class ProviderSync:
             return "canceled"
         # too late, unsupported or failed: poll soon; completion or cancellation arrives through the reducer
         with write_tx(self._engine) as conn:
-            conn.execute(task_attempts.update().where(_a.id == attempt.id).values(next_poll_at=now))
-            conn.execute(
-                generation_tasks.update().where(_t.id == task_id).values(next_action_at=now + timedelta(seconds=30))
-            )
+            attempts.update(conn, attempt.id, next_poll_at=now)
+            tasks.set_columns(conn, task_id, next_action_at=now + timedelta(seconds=30))
         return "too-late" if isinstance(result, TooLate) else "retry-later"
 
     def cancel_job(self, attempt: Any) -> None:
@@ -524,7 +452,7 @@ class ProviderSync:
     # ----------------------------------------------------------------------------------------- helpers
     def _set_next_action(self, task_id: uuid.UUID, at: datetime | None) -> None:
         with write_tx(self._engine) as conn:
-            conn.execute(generation_tasks.update().where(_t.id == task_id).values(next_action_at=at))
+            tasks.set_columns(conn, task_id, next_action_at=at)
 
     @staticmethod
     def _change(payload: dict[str, Any], **kw: Any) -> Change:

@@ -1,9 +1,7 @@
 """The persistence layer's import contract (issue 11): only `aivedio_engine/db/` builds SQL. Every other module of
 the engine, the CLI and the TUI imports neither SQLAlchemy nor the table definitions; what it may hold of the
-database (engine, connection, errors) comes from `aivedio_engine.db.handles`.
-
-`NOT_YET` lists the modules that still build SQL themselves. It only shrinks: a module on it that no longer
-needs to be there fails the test too, so the list always says exactly how far the move has come."""
+database (engine, connection, errors) comes from `aivedio_engine.db.handles`. No exceptions are listed: the last
+modules that built SQL themselves (sweeper, sync, reducer, dispatch, submit, ...) moved it into db/."""
 
 from __future__ import annotations
 
@@ -13,12 +11,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = ["aivedio_engine", "aivedio_cli", "tui"]
 PERSISTENCE = REPO / "aivedio_engine" / "db"
-
-#: modules that still import sqlalchemy or aivedio_engine.db.tables (repo-relative); move their SQL into db/
-NOT_YET: set[str] = {
-    "aivedio_engine/services/sweeper.py",
-    "aivedio_engine/services/sync.py",
-}
 
 
 def _forbidden(name: str) -> bool:
@@ -49,11 +41,5 @@ def _modules() -> dict[str, list[str]]:
 
 
 def test_only_the_persistence_layer_imports_sqlalchemy_or_the_tables() -> None:
-    offenders = {m: v for m, v in _modules().items() if v and m not in NOT_YET}
+    offenders = {m: v for m, v in _modules().items() if v}
     assert not offenders, f"move this SQL into aivedio_engine/db/ (or import from db.handles): {offenders}"
-
-
-def test_the_not_yet_list_only_names_modules_that_still_need_it() -> None:
-    modules = _modules()
-    stale = sorted(m for m in NOT_YET if not modules.get(m))
-    assert not stale, f"these modules no longer build SQL (or are gone): take them off NOT_YET: {stale}"
