@@ -90,8 +90,6 @@ def test_tenant_names_come_from_the_embedded_file_as_the_engine_reads_them(tmp_p
     same order as the engine's own read, nothing created when the file is missing, and the full path whenever
     the database is not embedded or the environment may move it."""
     from aivedio_cli._fast_config import embedded_database, embedded_tenant_names
-    from aivedio_engine.db import tenants
-    from tests.support.app import make_context
 
     assert embedded_database(None, []) == Path(".aivedio") / "aivedio.db"
     assert embedded_tenant_names(Path(".aivedio") / "aivedio.db") == [] and not Path(".aivedio").exists()
@@ -99,14 +97,7 @@ def test_tenant_names_come_from_the_embedded_file_as_the_engine_reads_them(tmp_p
     assert db == tmp_path / "data" / "aivedio.db"
     assert embedded_database(None, ["database.url=postgresql+psycopg://u@h/db"]) is None
 
-    ctx = make_context(tmp_path / "data")
-    try:
-        for name in ("zeta", "acme", "mid"):
-            ctx.tenants.create(name, Decimal(10))
-        with ctx.engine.connect() as conn:
-            engine_names = [t.name for t in tenants.summaries(conn)]
-    finally:
-        ctx.close()
+    engine_names = _seed_tenants(tmp_path / "data")
     assert embedded_tenant_names(db) == engine_names and set(engine_names) >= {"zeta", "acme", "mid"}
 
 
@@ -119,21 +110,12 @@ def test_tenant_names_come_from_the_server_as_the_engine_reads_them(tmp_path: Pa
     import sys
 
     from aivedio_cli._fast_config import database_target, server_tenant_names
-    from aivedio_engine.db import tenants
-    from tests.support.app import make_context
 
     target = database_target(None, [f"database.url={pg_url}"])
     assert target == pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
     assert database_target(None, ["database.url=mysql://u@h/db"]) is None
 
-    ctx = make_context(tmp_path / "data", pg_url)
-    try:
-        for name in ("zeta", "acme", "mid"):
-            ctx.tenants.create(name, Decimal(10))
-        with ctx.engine.connect() as conn:
-            engine_names = [t.name for t in tenants.summaries(conn)]
-    finally:
-        ctx.close()
+    engine_names = _seed_tenants(tmp_path / "data", pg_url)
     assert isinstance(target, str)
     assert server_tenant_names(target) == engine_names and set(engine_names) >= {"zeta", "acme", "mid"}
 
@@ -148,3 +130,18 @@ def test_tenant_names_come_from_the_server_as_the_engine_reads_them(tmp_path: Pa
     assert done.stdout.split() == ["mid"]
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
     assert "psycopg" in imported and "sqlalchemy" not in imported and "pydantic" not in imported
+
+
+def _seed_tenants(data_dir: Path, database_url: str | None = None) -> list[str]:
+    """Three tenants created through the engine; their names as the engine itself lists them."""
+    from aivedio_engine.db import tenants
+    from tests.support.app import make_context
+
+    ctx = make_context(data_dir, database_url)
+    try:
+        for name in ("zeta", "acme", "mid"):
+            ctx.tenants.create(name, Decimal(10))
+        with ctx.engine.connect() as conn:
+            return [t.name for t in tenants.summaries(conn)]
+    finally:
+        ctx.close()
