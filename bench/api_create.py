@@ -688,7 +688,8 @@ def correctness_gate(pg: Postgres, db: str, tenant_ids: list[Any], tally: Tally)
         )
         balances = conn.execute(
             """
-            SELECT t.id, t.credit_balance, (SELECT coalesce(sum(amount), 0) FROM credit_ledger l
+            SELECT t.id, (SELECT coalesce(sum(balance), 0) FROM tenant_balance_stripes b WHERE b.tenant_id = t.id),
+                   (SELECT coalesce(sum(amount), 0) FROM credit_ledger l
                                              WHERE l.tenant_id = t.id),
                    (SELECT coalesce(sum(estimated_cost), 0) FROM generation_tasks g WHERE g.tenant_id = t.id)
               FROM tenants t WHERE t.id = ANY(%s)""",

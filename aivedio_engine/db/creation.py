@@ -11,11 +11,12 @@ COMMIT: one round trip per create instead of seventeen, and no SQLAlchemy statem
 
 Idempotency is the unique (tenant, key) index: `ON CONFLICT DO NOTHING` waits for a concurrent twin's
 transaction and then yields no row, so the caller replays the committed task; a twin that is still running
-after `IN_FLIGHT_WAIT_MS` is a lock timeout → "still in flight". The balance is taken by the CTE's UPDATE only
-when the balance covers the cost; otherwise the statement raises (`aivedio_insufficient_credits()`, migration
-0011), so the COMMIT sent with it does nothing. With the COMMIT in the same batch the tenant's balance row is
-locked only while the server commits — never across a round trip to a busy API process, which made one tenant's
-creates queue behind each other.
+after `IN_FLIGHT_WAIT_MS` is a lock timeout → "still in flight". The credits come from the task's balance stripe
+(db/balances.py), taken by the CTE's UPDATE only when the stripe covers the cost; otherwise the statement raises
+(`aivedio_insufficient_credits()`, migration 0011), the COMMIT sent with it does nothing, and the create runs again
+on the slow path (`_create_core`), whose reservation draws on all of the tenant's stripes or refuses with the
+whole balance. With the COMMIT in the same batch the stripe is locked only while the server commits — never across
+a round trip to a busy API process — and concurrent creations of one tenant mostly lock different stripes.
 
 SQLite (embedded mode) runs the same rows through SQLAlchemy Core under BEGIN IMMEDIATE, which serializes
 writers, so the same contract holds there.
@@ -33,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
 
 from aivedio_engine.clock import new_id
-from aivedio_engine.db import ledger, outbox, tasks, wakeup
+from aivedio_engine.db import balances, ledger, outbox, tasks, wakeup
 from aivedio_engine.db.session import pg_transaction, read_conn, write_tx
 from aivedio_engine.db.tables import generation_tasks
 from aivedio_engine.domain.events import ROUTES, EventType
@@ -91,9 +92,10 @@ WITH task AS (
     ON CONFLICT (tenant_id, client_idempotency_key) DO NOTHING
     RETURNING *
 ), balance AS (
-    UPDATE tenants SET credit_balance = credit_balance - %(cost)s, updated_at = %(now)s
-    WHERE id = %(tenant_id)s AND credit_balance >= %(cost)s AND EXISTS (SELECT FROM task)
-    RETURNING credit_balance
+    UPDATE tenant_balance_stripes SET balance = balance - %(cost)s
+    WHERE tenant_id = %(tenant_id)s AND stripe = {balances.STRIPE_OF_TASK_SQL.format(param="%(id)s")}
+        AND balance >= %(cost)s AND EXISTS (SELECT FROM task)
+    RETURNING balance
 ), events AS (
     INSERT INTO task_state_events (id, task_id, source, source_event_id, event_type, from_status, to_status,
         task_version, observed_at, outcome, created_at)
@@ -119,7 +121,6 @@ FROM task
 #: the SQLSTATE of aivedio_insufficient_credits() (migration 0011)
 _REFUSED = "AV402"
 _LOCK_TIMEOUT_SQL = f"SELECT set_config('lock_timeout', '{IN_FLIGHT_WAIT_MS}ms', true)"
-_BALANCE_SQL = "SELECT credit_balance FROM tenants WHERE id = %(tenant_id)s"
 
 
 class _Row:
@@ -187,8 +188,10 @@ def _create_pg(engine: Engine, new: NewTask) -> Any:
                 with pg_transaction(sa_conn):
                     # BEGIN, the insert and COMMIT go in one pipeline: a death before it is the only "before"
                     failpoint("create.before_commit")
-                    row = _run_pg(raw, params, new.tenant_id)
+                    row = _run_pg(raw, params)
                 failpoint("create.after_commit")
+            except _StripeShort:
+                break
             except psycopg.OperationalError:
                 if attempt == 2 or not raw.broken:
                     raise
@@ -197,12 +200,18 @@ def _create_pg(engine: Engine, new: NewTask) -> Any:
                 continue
         wakeup.committed(engine, (wakeup.OUTBOX, wakeup.DISPATCH))  # a QUEUED task: the dispatcher looks now
         return row
-    raise AssertionError("unreachable")
+    # the task's stripe could not cover it: the same rows in a Core transaction whose reservation takes from all of
+    # the tenant's stripes and spreads the rest over them again, or refuses with the whole balance
+    return _create_core(engine, new, whole_balance=True)
 
 
-def _run_pg(raw: Any, params: dict[str, Any], tenant_id: uuid.UUID) -> Any:
-    """BEGIN, the lock timeout, the CTE and COMMIT: one round trip. An unaffordable reservation or a twin still in
-    flight aborts the statement, and the COMMIT queued behind it then does nothing."""
+class _StripeShort(Exception):
+    """The task's balance stripe could not cover it: nothing was written; the balance as a whole may still."""
+
+
+def _run_pg(raw: Any, params: dict[str, Any]) -> Any:
+    """BEGIN, the lock timeout, the CTE and COMMIT: one round trip. A stripe that cannot cover the reservation or a
+    twin still in flight aborts the statement, and the COMMIT queued behind it then does nothing."""
     import psycopg
 
     try:
@@ -218,22 +227,21 @@ def _run_pg(raw: Any, params: dict[str, Any], tenant_id: uuid.UUID) -> Any:
         if exc.sqlstate != _REFUSED:
             raise
         raw.rollback()
-        balance = raw.execute(_BALANCE_SQL, {"tenant_id": tenant_id}).fetchone()
-        raise Unaffordable(Decimal(balance[0] if balance else 0)) from None
+        raise _StripeShort from None
     values = cur.fetchone()
     if values is None:  # the key was taken; nothing was written
         raise KeyTaken
     return _Row(dict(zip(_COLUMNS, values[:-1], strict=True)))
 
 
-def _create_core(engine: Engine, new: NewTask) -> Any:
+def _create_core(engine: Engine, new: NewTask, *, whole_balance: bool = False) -> Any:
     from sqlalchemy.exc import IntegrityError
 
     try:
         with write_tx(engine) as conn:
             if _by_key(conn, new.tenant_id, new.key) is not None:
                 raise KeyTaken
-            row = _insert_core(conn, new)
+            row = _insert_core(conn, new, whole_balance)
             failpoint("create.before_commit")
         failpoint("create.after_commit")
     except IntegrityError as exc:
@@ -243,7 +251,7 @@ def _create_core(engine: Engine, new: NewTask) -> Any:
     return row
 
 
-def _insert_core(conn: Connection, new: NewTask) -> Any:
+def _insert_core(conn: Connection, new: NewTask, whole_balance: bool) -> Any:
     row = conn.execute(
         generation_tasks.insert()
         .values(
@@ -298,7 +306,15 @@ def _insert_core(conn: Connection, new: NewTask) -> Any:
     )
     wakeup.notify(conn, wakeup.DISPATCH)
     try:
-        ledger.reserve(conn, tenant_id=new.tenant_id, task_id=new.id, amount=new.cost, now=new.now, created_by="api")
+        ledger.reserve(
+            conn,
+            tenant_id=new.tenant_id,
+            task_id=new.id,
+            amount=new.cost,
+            now=new.now,
+            created_by="api",
+            whole_balance=whole_balance,
+        )
     except ledger.InsufficientBalance as exc:
         raise Unaffordable(exc.balance) from None
     return row

@@ -10,6 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import ColumnElement
 
+from aivedio_engine.db import balances
 from aivedio_engine.db.invariants import TERMINAL, Offenders, Scope, dupes
 from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts, tenants
 from aivedio_engine.domain.status import LedgerEntryType
@@ -66,10 +67,11 @@ def rows_of_another_tenant(s: Scope) -> Offenders:
 def stale_balance_caches(s: Scope) -> Offenders:
     sums = sa.select(_l.tenant_id, sa.func.sum(_l.amount).label("total")).group_by(_l.tenant_id).subquery()
     ledger_sum = sa.func.coalesce(sums.c.total, 0)
+    balance = balances.total_of(tenants.c.id)  # the sum of the tenant's stripes
     return (
-        sa.select(tenants.c.id.label("tenant_id"), tenants.c.credit_balance, ledger_sum.label("ledger_sum"))
+        sa.select(tenants.c.id.label("tenant_id"), balance.label("credit_balance"), ledger_sum.label("ledger_sum"))
         .select_from(tenants.outerjoin(sums, sums.c.tenant_id == tenants.c.id))
-        .where(money_differs(tenants.c.credit_balance, ledger_sum))
+        .where(money_differs(balance, ledger_sum))
     )
 
 

@@ -1,11 +1,9 @@
-"""The credit ledger: append-only rows keyed by business key, and the tenant balance cache beside them.
+"""The credit ledger: append-only rows keyed by business key, and the tenant balance beside them.
 
-Every entry updates `tenants.credit_balance` in the same transaction, so the cache equals the ledger sum by
-construction (the audit checks it). A reservation takes the balance with one conditional UPDATE (`... WHERE
-credit_balance >= :amount`) as the LAST statement of its transaction: check-then-insert without a lock
-overspends under concurrency, and locking the row first would serialize a tenant's whole creation transaction
-on it (measured: 78 creations/s for one tenant). The row lock an UPDATE takes does not conflict with the
-KEY SHARE locks of the foreign-key inserts before it, so concurrent reservations cannot deadlock.
+Every entry moves the tenant's balance (db/balances.py: striped rows) in the same transaction, so the balance
+equals the ledger sum by construction (the audit checks it). A reservation takes its credits with one conditional
+UPDATE of one stripe (`... WHERE balance >= :amount`): check-then-insert without a lock overspends under
+concurrency, and one balance row per tenant serialized all of a tenant's creations on it.
 """
 
 from __future__ import annotations
@@ -21,15 +19,10 @@ from sqlalchemy import Connection
 from sqlalchemy.dialects import postgresql, sqlite
 
 from aivedio_engine.clock import new_id
-from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts, tenants
+from aivedio_engine.db import balances
+from aivedio_engine.db.balances import InsufficientBalance as InsufficientBalance  # the callers' name for it
+from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts
 from aivedio_engine.domain.status import TASK_TERMINAL, LedgerEntryType
-
-
-class InsufficientBalance(Exception):
-    def __init__(self, balance: Decimal, needed: Decimal) -> None:
-        super().__init__(f"balance {balance} is below the {needed} needed")
-        self.balance = balance
-        self.needed = needed
 
 
 def post(
@@ -69,18 +62,28 @@ def post(
     # and credit the balance a second time (tests/contract/test_repositories.py)
     if conn.execute(stmt.returning(credit_ledger.c.id)).first() is None:
         return False
-    conn.execute(
-        tenants.update()
-        .where(tenants.c.id == tenant_id)
-        .values(credit_balance=tenants.c.credit_balance + amount, updated_at=now)
-    )
+    stripe = balances.stripe_of(task_id, business_key)
+    if amount < 0:
+        balances.debit(conn, tenant_id, -amount, stripe)  # InsufficientBalance: the caller rolls back
+    elif entry_type is LedgerEntryType.ADJUSTMENT and amount > 0:
+        balances.spread_credit(conn, tenant_id, amount)  # a grant or top-up funds every stripe
+    elif amount > 0:
+        balances.credit(conn, tenant_id, amount, stripe)  # a task's credits back to its own stripe
     return True
 
 
 def reserve(
-    conn: Connection, *, tenant_id: uuid.UUID, task_id: uuid.UUID, amount: Decimal, now: datetime, created_by: str
+    conn: Connection,
+    *,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    amount: Decimal,
+    now: datetime,
+    created_by: str,
+    whole_balance: bool = False,
 ) -> None:
-    """RESERVE −amount if the balance covers it; raises InsufficientBalance otherwise (the caller rolls back)."""
+    """RESERVE −amount if the balance covers it; raises InsufficientBalance otherwise (the caller rolls back).
+    `whole_balance`: the task's stripe is known to be short, draw on all of them (balances.debit)."""
     values = dict(
         id=new_id(),
         tenant_id=tenant_id,
@@ -92,15 +95,7 @@ def reserve(
         created_at=now,
     )
     conn.execute(credit_ledger.insert().values(**values))
-    taken = conn.execute(
-        tenants.update()
-        .where(tenants.c.id == tenant_id, tenants.c.credit_balance >= amount)
-        .values(credit_balance=tenants.c.credit_balance - amount, updated_at=now)
-        .returning(tenants.c.credit_balance)
-    ).first()
-    if taken is None:
-        balance = conn.execute(sa.select(tenants.c.credit_balance).where(tenants.c.id == tenant_id)).scalar()
-        raise InsufficientBalance(Decimal(balance or 0), amount)
+    balances.debit(conn, tenant_id, amount, balances.stripe_of(task_id), whole=whole_balance)
 
 
 def close_task_charge(conn: Connection, task_id: uuid.UUID, actual_cost: Decimal) -> None:

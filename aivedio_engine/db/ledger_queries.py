@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
+from aivedio_engine.db import balances
 from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts, tenants
 from aivedio_engine.domain.status import AttemptStatus
 
@@ -83,14 +84,16 @@ class BillableAttempt:
 def account(
     conn: Connection, *, tenant_id: uuid.UUID | None = None, name: str | None = None, lock: bool = False
 ) -> Account | None:
-    """A tenant by id (or, without one, by name); None when there is none. `lock` (PostgreSQL) holds its row until
-    the caller's transaction ends: it serialises with reservations and other adjustments of the tenant."""
+    """A tenant by id (or, without one, by name); None when there is none. `lock` (PostgreSQL) holds its row and its
+    balance stripes until the caller's transaction ends: it serialises with reservations and other adjustments."""
     cond = tenants.c.id == tenant_id if tenant_id is not None else tenants.c.name == name
-    stmt = sa.select(tenants).where(cond)
+    stmt = sa.select(tenants.c.id, tenants.c.name).where(cond)
     if lock and conn.dialect.name == "postgresql":
         stmt = stmt.with_for_update()
     row = conn.execute(stmt).first()
-    return None if row is None else Account(row.id, row.name, Decimal(row.credit_balance))
+    if row is None:
+        return None
+    return Account(row.id, row.name, balances.total(conn, row.id, lock=lock))
 
 
 def totals(conn: Connection, tenant_id: uuid.UUID) -> Totals:

@@ -129,7 +129,6 @@ tenants = sa.Table(
     _id(),
     sa.Column("name", sa.String(128), nullable=False, unique=True),
     sa.Column("status", sa.String(16), nullable=False, server_default=TenantStatus.ACTIVE.value),
-    sa.Column("credit_balance", MONEY, nullable=False, server_default=ZERO),
     sa.Column("max_concurrency", sa.Integer),
     sa.Column("priority_tier", sa.Integer, nullable=False, server_default=sa.text("2")),  # 0012: 1 is served first
     sa.Column("rate_limit_per_s", sa.Double),
@@ -143,7 +142,6 @@ tenants = sa.Table(
     sa.Column("retention_prompts_days", sa.Integer),
     sa.Column("purged_at", TS),
     enum_check("status", TenantStatus),
-    sa.CheckConstraint("credit_balance >= 0", name="credit_balance_nonnegative"),
     sa.CheckConstraint("max_concurrency > 0", name="max_concurrency_positive"),
     sa.CheckConstraint("rate_limit_per_s > 0", name="rate_limit_positive"),
     sa.CheckConstraint("max_upload_bytes > 0", name="max_upload_bytes_positive"),
@@ -526,6 +524,18 @@ credit_ledger = sa.Table(
 )
 sa.Index("ix_credit_ledger_tenant_created", credit_ledger.c.tenant_id, credit_ledger.c.created_at)
 sa.Index("ix_credit_ledger_task_id", credit_ledger.c.task_id)
+
+# --- 0026_balance_stripes: the balance, in rows no foreign key references (db/balances.py) ----------------------
+
+tenant_balance_stripes = sa.Table(
+    "tenant_balance_stripes",
+    metadata,
+    sa.Column("tenant_id", sa.Uuid, sa.ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("stripe", sa.SmallInteger, primary_key=True),
+    sa.Column("balance", MONEY, nullable=False, server_default=ZERO),
+    sa.CheckConstraint("stripe >= 0 AND stripe < 16", name="stripe_range"),
+    sa.CheckConstraint("balance >= 0", name="balance_nonnegative"),
+)
 
 # --- 0006_ops (fencing_token_seq: PostgreSQL only) -----------------------------------------------------------
 

@@ -12,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
+from aivedio_engine.db import balances
 from aivedio_engine.db.tables import api_keys, tenants
 
 _t = tenants.c
@@ -95,7 +96,6 @@ def insert(
             id=tenant_id,
             name=name,
             status=status,
-            credit_balance=0,
             max_concurrency=max_concurrency,
             max_upload_bytes=max_upload_bytes,
             created_at=now,
@@ -137,7 +137,8 @@ def summaries(conn: Connection) -> list[TenantSummary]:
         .scalar_subquery()
         .label("active_keys")
     )
-    stmt = sa.select(_t.id, _t.name, _t.status, _t.credit_balance, live_keys, *_LIMIT_COLS).order_by(_t.created_at)
+    balance = balances.total_of(_t.id).label("credit_balance")
+    stmt = sa.select(_t.id, _t.name, _t.status, balance, live_keys, *_LIMIT_COLS).order_by(_t.created_at)
     return [
         TenantSummary(
             id=r.id,

@@ -89,7 +89,9 @@ def ledger(cluster: Cluster, tenant_id: str, balance_before: Decimal) -> list[st
             GROUP BY t.id
             """
         ).fetchall()
-        balance = conn.execute("SELECT credit_balance FROM tenants WHERE id = %s", (tenant_id,)).fetchone()
+        balance = conn.execute(
+            "SELECT COALESCE(sum(balance), 0) FROM tenant_balance_stripes WHERE tenant_id = %s", (tenant_id,)
+        ).fetchone()
         by_ledger = conn.execute(
             "SELECT COALESCE(sum(amount), 0) FROM credit_ledger WHERE tenant_id = %s", (tenant_id,)
         )

@@ -15,6 +15,7 @@ from aivedio_engine.api.app import create_app
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.tables import credit_ledger, generation_tasks, outbox_events, task_state_events, tenants
 from tests.support.app import FakeClock, TenantKey, make_context, tenant_with_key
+from tests.support.balance import balance_of
 from tests.support.pump import Pump
 
 BODY = {"prompt": "a red fox running through snow", "model": "local-v1"}
@@ -52,7 +53,7 @@ def count(ctx: AppContext, table: sa.Table, *where: object) -> int:
 
 def balance(ctx: AppContext, tenant_id: object) -> object:
     with ctx.engine.connect() as conn:
-        return conn.execute(sa.select(tenants.c.credit_balance).where(tenants.c.id == tenant_id)).scalar_one()
+        return balance_of(conn, tenant_id)
 
 
 def test_create_reserves_records_and_queues_in_one_go(ctx: AppContext, client: TestClient, alice: TenantKey) -> None:

@@ -14,9 +14,10 @@ from fastapi.testclient import TestClient
 
 from aivedio_engine.api.app import create_app
 from aivedio_engine.bootstrap import AppContext
-from aivedio_engine.db.tables import credit_ledger, generation_tasks, tenants
+from aivedio_engine.db.tables import credit_ledger, generation_tasks
 from aivedio_engine.domain.requests import GenerationParams, request_hash
 from tests.support.app import TenantKey, make_context, tenant_with_key
+from tests.support.balance import balance_of
 
 BODY = {"prompt": "a red fox running through snow", "model": "local-v1", "duration_s": 2}
 LOCAL_MODEL = {"max_duration_s": 10, "resolutions": ["360p", "720p"], "price_per_second": {"360p": "0.5", "720p": "1"}}
@@ -76,7 +77,7 @@ def count(ctx: AppContext, table: sa.Table, *where: object) -> int:
 
 def balance(ctx: AppContext, tenant_id: object) -> Decimal:
     with ctx.engine.connect() as conn:
-        return Decimal(conn.execute(sa.select(tenants.c.credit_balance).where(tenants.c.id == tenant_id)).scalar_one())
+        return balance_of(conn, tenant_id)
 
 
 def test_n_is_priced_per_output_and_kept_in_the_params(ctx: AppContext, client: TestClient, alice: TenantKey) -> None:

@@ -14,8 +14,9 @@ from fastapi.testclient import TestClient
 from aivedio_engine.api.app import create_app
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.clock import new_id
-from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks, outbox_events, tenants
+from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks, outbox_events
 from tests.support.app import TenantKey, make_context, tenant_with_key
+from tests.support.balance import balance_of
 
 BODY = {"prompt": "a red fox running through snow", "model": "local-v1", "duration_s": 2}
 #: a second provider whose models have vendor limits (never called: nothing gets past create)
@@ -88,7 +89,7 @@ def nothing_reserved(ctx: AppContext, who: TenantKey) -> None:
 
         assert n(generation_tasks) == 0 and n(outbox_events) == 0
         assert n(credit_ledger.select().where(credit_ledger.c.entry_type != "ADJUSTMENT").subquery()) == 0
-        balance = conn.execute(sa.select(tenants.c.credit_balance).where(tenants.c.id == who.tenant_id)).scalar_one()
+        balance = balance_of(conn, who.tenant_id)
     assert balance == 100
 
 

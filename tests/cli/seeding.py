@@ -21,7 +21,8 @@ from typer.testing import CliRunner, Result
 from aivedio_cli.main import app
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.clock import SystemClock
-from aivedio_engine.db.tables import audit_log, credit_ledger, generation_tasks, review_items, tenants
+from aivedio_engine.db import balances
+from aivedio_engine.db.tables import audit_log, credit_ledger, generation_tasks, review_items
 from tests.support.app import tenant_with_key
 from tests.support.flow import Driver, sim_context
 from tests.support.pump import Pump
@@ -98,7 +99,7 @@ class Seeded:
         return [(r.entry_type, r.amount) for r in rows]
 
     def balance(self) -> Any:
-        return self.one(sa.select(tenants.c.credit_balance).where(tenants.c.id == self.tenant_id))[0]
+        return self.one(sa.select(balances.total_of(self.tenant_id)))[0]
 
     def audit_rows(self, command: str) -> list[Any]:
         return self.all(sa.select(audit_log).where(audit_log.c.command == command).order_by(audit_log.c.created_at))

@@ -26,12 +26,12 @@ from aivedio_engine.db.tables import (
     slot_grants,
     task_attempts,
     task_state_events,
-    tenants,
 )
 from aivedio_engine.services.invariants import CHECKS, SKIPPED
 from aivedio_engine.storage.keys import TENANTS_PREFIX
 from tests.cli.seeding import Seeded, database_url, seeder  # noqa: F401 - fixtures
 from tests.support.app import tenant_with_key
+from tests.support.balance import nudge_balance
 from tests.support.sim import sim  # noqa: F401 - fixture
 
 SKIPPED_IDS = {"I1.1", "I3.1", "I3.2", "I3.3", "I4.7", "I7.1", "I7.3", "I8.1"}
@@ -217,7 +217,7 @@ def i4_5(s: Seeded, w: World) -> str:
 
 
 def i4_6(s: Seeded, w: World) -> str:
-    s.execute(upd(tenants, s.tenant_id, credit_balance=tenants.c.credit_balance + 5))
+    s.execute(nudge_balance(s.tenant_id, 5))
     return str(s.tenant_id)
 
 

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from aivedio_cli.main import app
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.tables import audit_log, credit_ledger, generation_tasks, task_attempts, tenants
+from tests.support.balance import balance_of as stripes_total
 from tests.support.flow import Driver, create_tasks, sim_context
 from tests.support.pump import Pump
 from tests.support.sim import running_sim
@@ -50,7 +51,7 @@ def rows(ctx: AppContext, table: sa.Table, *where: Any) -> list[Any]:
 
 def balance_of(ctx: AppContext, tenant_id: Any) -> Decimal:
     with ctx.engine.connect() as conn:
-        return Decimal(conn.execute(sa.select(tenants.c.credit_balance).where(tenants.c.id == tenant_id)).scalar_one())
+        return stripes_total(conn, tenant_id)
 
 
 def audits(ctx: AppContext, command: str) -> list[Any]:

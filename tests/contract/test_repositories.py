@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 
 from aivedio_engine.clock import new_id
-from aivedio_engine.db import alerts, attempts, ledger, outbox, reviews, tasks, tenants
+from aivedio_engine.db import alerts, attempts, balances, ledger, outbox, reviews, tasks, tenants
 from aivedio_engine.db.session import read_conn, write_tx
 from aivedio_engine.db.tables import (
     alerts as alerts_table,
@@ -33,7 +33,7 @@ from aivedio_engine.db.tables import (
     task_attempts,
     task_state_events,
 )
-from aivedio_engine.db.tables import tenants as tenants_table
+from aivedio_engine.db.tables import tenant_balance_stripes as stripes
 from aivedio_engine.domain.events import ROUTES, EventType
 from aivedio_engine.domain.retry import ErrorClass
 from aivedio_engine.domain.status import (
@@ -49,6 +49,7 @@ from aivedio_engine.domain.status import (
 from aivedio_engine.domain.transitions import AttemptEvent, Decision, Effect, TaskEvent, decide
 from tests.chaos.support import T0
 from tests.contract.conftest import tenant_and_task
+from tests.support.balance import balance_of, nudge_balance
 
 
 def _postgres(engine: Engine) -> bool:
@@ -179,8 +180,7 @@ def _post(conn: sa.Connection, tenant: uuid.UUID, amount: str, key: str, kind: L
 
 def _balance(engine: Engine, tenant: uuid.UUID) -> Decimal:
     with read_conn(engine) as conn:
-        value = conn.execute(sa.select(tenants_table.c.credit_balance).where(tenants_table.c.id == tenant)).scalar()
-    return Decimal(value)
+        return balance_of(conn, tenant)
 
 
 def test_ledger_post_is_idempotent_by_business_key(engine: Engine) -> None:
@@ -206,10 +206,41 @@ def test_ledger_reserve_never_takes_the_balance_below_zero(engine: Engine) -> No
     with write_tx(engine) as conn:
         ledger.reserve(conn, tenant_id=tenant, task_id=task, amount=Decimal("5"), now=T0, created_by="test")
     assert _balance(engine, tenant) == Decimal("0")
-    # a debit past the balance by any other path is refused by the CHECK on both dialects
-    with pytest.raises(sa.exc.IntegrityError), write_tx(engine) as conn:
+    # a debit past the balance by any other path is refused: by the ledger, and under it by the stripes' CHECK
+    with pytest.raises(ledger.InsufficientBalance), write_tx(engine) as conn:
         _post(conn, tenant, "-1", "adjustment:overdraw", LedgerEntryType.ADJUSTMENT)
+    with pytest.raises(sa.exc.IntegrityError), write_tx(engine) as conn:
+        conn.execute(nudge_balance(tenant, -1))
     assert _balance(engine, tenant) == Decimal("0")
+
+
+def test_a_short_stripe_draws_on_the_others_and_spreads_the_rest(engine: Engine) -> None:
+    """The balance lives in striped rows (db/balances.py): a grant is spread over all of them, a reservation takes
+    from its task's stripe, and one its stripe cannot cover takes from the sum and spreads what is left evenly."""
+    tenant, task = tenant_and_task(engine)
+
+    def held() -> dict[int, Decimal]:
+        with read_conn(engine) as conn:
+            rows = conn.execute(sa.select(stripes.c.stripe, stripes.c.balance).where(stripes.c.tenant_id == tenant))
+            return {r.stripe: r.balance for r in rows}
+
+    with write_tx(engine) as conn:
+        _post(conn, tenant, "160.00000003", "adjustment:grant", LedgerEntryType.ADJUSTMENT)
+    granted = held()
+    assert sorted(granted) == list(range(balances.STRIPES))
+    assert granted[0] == Decimal("10.00000003") and set(granted.values()) == {Decimal("10.00000003"), Decimal(10)}
+    mine = balances.stripe_of(task)
+    assert mine == task.bytes[15] % balances.STRIPES
+    with write_tx(engine) as conn:  # covered by the task's stripe: only that one moves
+        ledger.reserve(conn, tenant_id=tenant, task_id=task, amount=Decimal("4"), now=T0, created_by="test")
+    assert {k: v for k, v in held().items() if v != granted[k]} == {mine: granted[mine] - 4}
+    # 6 left on that stripe: a debit of 7 that lands on it draws on all of them
+    key = next(k for i in range(256) if balances.stripe_of(key=(k := f"adjustment:take-{i}")) == mine)
+    with write_tx(engine) as conn:
+        _post(conn, tenant, "-7", key, LedgerEntryType.ADJUSTMENT)
+    after = held()
+    assert sum(after.values()) == Decimal("149.00000003") == _balance(engine, tenant)
+    assert after[0] == Decimal("9.31250003") and set(after.values()) == {Decimal("9.31250003"), Decimal("9.3125")}
 
 
 def test_ledger_settled_reads_reserved_and_charged(engine: Engine) -> None:

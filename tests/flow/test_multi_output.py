@@ -15,11 +15,12 @@ import sqlalchemy as sa
 
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.config import ModelSettings
-from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks, outbox_events, task_attempts, tenants
+from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks, outbox_events, task_attempts
 from aivedio_engine.services import media as media_module
 from aivedio_engine.services.follow_on import MediaProcessRequested
 from aivedio_engine.services.invariants import InvariantService
 from tests.support.app import tenant_with_key
+from tests.support.balance import balance_of
 from tests.support.flow import Driver, sim_context
 from tests.support.pump import Pump
 from tests.support.sim import running_sim
@@ -77,7 +78,7 @@ def _ready_by_output(ctx: AppContext, task_id: Any) -> dict[int, set[str]]:
 
 def _balance(ctx: AppContext, tenant_id: Any) -> Decimal:
     with ctx.engine.connect() as conn:
-        return D(conn.execute(sa.select(tenants.c.credit_balance).where(tenants.c.id == tenant_id)).scalar_one())
+        return balance_of(conn, tenant_id)
 
 
 def _audit_clean(ctx: AppContext) -> None:

@@ -15,12 +15,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from aivedio_engine.bootstrap import AppContext
-from aivedio_engine.db.tables import alerts, credit_ledger, generation_tasks, task_attempts, tenants
+from aivedio_engine.db.tables import alerts, credit_ledger, generation_tasks, task_attempts
 from aivedio_engine.domain.status import EventSource
 from aivedio_engine.providers.base import Observation
 from aivedio_engine.services import observations
 from aivedio_engine.services.invariants import InvariantService
 from tests.support.app import tenant_with_key
+from tests.support.balance import balance_of
 from tests.support.flow import Driver, sim_context
 from tests.support.pump import Pump
 from tests.support.sim import SimHandle, running_sim
@@ -59,7 +60,7 @@ def _alerts(ctx: AppContext, rule: str) -> list[Any]:
 
 def _balance(ctx: AppContext, tenant_id: Any) -> Decimal:
     with ctx.engine.connect() as conn:
-        return D(conn.execute(sa.select(tenants.c.credit_balance).where(tenants.c.id == tenant_id)).scalar_one())
+        return balance_of(conn, tenant_id)
 
 
 def _audit_clean(ctx: AppContext) -> None:

@@ -16,9 +16,10 @@ import pytest
 import sqlalchemy as sa
 
 from aivedio_engine.bootstrap import AppContext
-from aivedio_engine.db.tables import credit_ledger, generation_tasks, tenants
+from aivedio_engine.db.tables import credit_ledger, generation_tasks, tenant_balance_stripes
 from aivedio_engine.services.errors import InsufficientCredits
 from tests.support.app import make_context, running_api, tenant_with_key
+from tests.support.balance import balance_of
 
 BODY = {"prompt": "a lighthouse at dusk", "model": "local-v1", "duration_s": 2}  # 1 credit at 360p
 
@@ -71,9 +72,7 @@ def test_8_threads_reserving_against_a_balance_for_10_tasks(ctx: AppContext) -> 
             except InsufficientCredits:
                 result = "402"
             with ctx.engine.connect() as conn:
-                bal = conn.execute(
-                    sa.select(tenants.c.credit_balance).where(tenants.c.id == who.tenant_id)
-                ).scalar_one()
+                bal = balance_of(conn, who.tenant_id)
             with lock:
                 outcomes.append(result)
                 low_water[0] = min(low_water[0], bal)
@@ -86,11 +85,46 @@ def test_8_threads_reserving_against_a_balance_for_10_tasks(ctx: AppContext) -> 
     assert outcomes.count("ok") == 10 and outcomes.count("402") == 30
     assert low_water[0] >= 0
     with ctx.engine.connect() as conn:
-        final = conn.execute(sa.select(tenants.c.credit_balance).where(tenants.c.id == who.tenant_id)).scalar_one()
+        final = balance_of(conn, who.tenant_id)
         ledger_sum = conn.execute(
             sa.select(sa.func.sum(credit_ledger.c.amount)).where(credit_ledger.c.tenant_id == who.tenant_id)
         ).scalar_one()
     assert final == 0 and ledger_sum == 0
+
+
+def test_reservations_over_striped_balance_rows_neither_overspend_nor_strand_credits(ctx: AppContext) -> None:
+    """The balance lives in 16 stripes (db/balances.py): most creations take from their own stripe, a short one
+    draws on all of them. 8 threads × 20 creations of 1 credit against 100: exactly 100 succeed, no stripe ever
+    goes below zero, and nothing is left over (a credit stranded on a stripe would refuse a creation that the
+    balance as a whole covers)."""
+    who = tenant_with_key(ctx, "striped", credits=100)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def worker(n: int) -> None:
+        barrier.wait()
+        for i in range(20):
+            try:
+                ctx.generations.create(who.tenant_id, f"s{n}-{i}", dict(BODY))
+                result = "ok"
+            except InsufficientCredits:
+                result = "402"
+            with lock:
+                outcomes.append(result)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert (outcomes.count("ok"), outcomes.count("402")) == (100, 60)
+    with ctx.engine.connect() as conn:
+        stripes = conn.execute(
+            sa.select(tenant_balance_stripes.c.balance).where(tenant_balance_stripes.c.tenant_id == who.tenant_id)
+        ).scalars()
+        assert all(b >= 0 for b in stripes)
+        assert balance_of(conn, who.tenant_id) == 0
 
 
 def test_a_key_still_being_created_is_409_in_flight(ctx: AppContext, pg_dsn: str) -> None:

@@ -35,6 +35,7 @@ from aivedio_engine.services.operations import Operation
 from aivedio_engine.storage import keys
 from tests.integration.test_storage_scan import clip, fresh_bucket  # noqa: F401 - fixture
 from tests.support.app import tenant_with_key
+from tests.support.balance import balance_of
 from tests.support.flow import Driver, sim_context
 from tests.support.moto import moto_s3  # noqa: F401 - fixture
 from tests.support.pump import Pump
@@ -83,12 +84,12 @@ def objects(ctx: AppContext, tenant_id: uuid.UUID) -> list[str]:
 
 
 def ledger(ctx: AppContext, tenant_id: uuid.UUID) -> tuple[int, Decimal, Decimal]:
-    c, t = credit_ledger.c, tenants.c
+    c = credit_ledger.c
     with ctx.engine.connect() as conn:
         count, total = conn.execute(
             sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(c.amount), 0)).where(c.tenant_id == tenant_id)
         ).one()
-        balance = conn.execute(sa.select(t.credit_balance).where(t.id == tenant_id)).scalar_one()
+        balance = balance_of(conn, tenant_id)
     return int(count), Decimal(total), Decimal(balance)
 
 

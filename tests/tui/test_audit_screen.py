@@ -9,9 +9,10 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 
-from aivedio_engine.db.tables import generation_tasks, tenants
+from aivedio_engine.db.tables import generation_tasks
 from aivedio_engine.services.invariants import CHECKS, SKIPPED
 from tests.cli.seeding import Seeded
+from tests.support.balance import nudge_balance
 from tests.tui.conftest import drive, make_app, press, rows, status_line, type_text
 from tui.screens.audit import AuditScreen
 
@@ -23,9 +24,7 @@ def _select(table: DataTable[Any], key: str) -> None:
 def test_audit_lists_every_check_and_the_rows_of_a_violation(world: Seeded) -> None:
     boat = world.tasks["boat"]
     # I4.6: a cached balance that no longer equals the ledger sum; I9.3: TOO_LATE without a completion that won
-    world.execute(
-        tenants.update().where(tenants.c.id == world.tenant_id).values(credit_balance=tenants.c.credit_balance + 5)
-    )
+    world.execute(nudge_balance(world.tenant_id, 5))
     world.execute(generation_tasks.update().where(generation_tasks.c.id == boat).values(cancel_outcome="TOO_LATE"))
     app, _ = make_app(world.ctx)
 
@@ -69,9 +68,7 @@ def test_audit_lists_every_check_and_the_rows_of_a_violation(world: Seeded) -> N
         assert len(rows(checks)) == len(CHECKS) + len(SKIPPED)
 
         # repaired, `r` runs them again; showing the screen again does not
-        world.execute(
-            tenants.update().where(tenants.c.id == world.tenant_id).values(credit_balance=tenants.c.credit_balance - 5)
-        )
+        world.execute(nudge_balance(world.tenant_id, -5))
         world.execute(generation_tasks.update().where(generation_tasks.c.id == boat).values(cancel_outcome=None))
         await press(pilot, "1", "8")
         assert screen.loads == loads and str(rows(checks)["I4.6"][1]).startswith("VIOLATED")
