@@ -345,6 +345,8 @@ def test_ffmpeg_failure_fails_the_job_with_a_code(provider: LocalProvider, tmp_p
     obs = wait_for(provider, job_id, JobStatus.FAILED, JobStatus.SUCCEEDED)
     assert obs.status is JobStatus.FAILED and obs.error_code == "render_failed" and obs.error_message
     assert str(tmp_path) not in obs.error_message and not obs.outputs
+    # the render thread clears its scratch after the job's end is visible: close() waits for it
+    provider.close()
     assert not list(provider.root.glob("*.mp4")) and not any((provider.root / ".work").iterdir())
 
 
