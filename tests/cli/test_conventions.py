@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from aivedio_cli import _render
 from aivedio_cli.main import COMMANDS, app
+from aivedio_engine.testing import failpoints
 
 REPO = Path(__file__).resolve().parents[2]
 #: a PostgreSQL nobody listens on: a command that got past its option parsing fails with "database unavailable"
@@ -188,8 +189,13 @@ def test_duration_defaults_read_as_durations() -> None:
 
 
 def test_generate_wait_timeout_says_timed_out_in_json(tmp_path: Path) -> None:
-    """The embedded engine cannot render, fetch and derive a video within 1 s: the task is still moving."""
-    code, out, err = cli("--set", f"data_dir={tmp_path}", "generate", "a fox", "--wait", "--timeout", "1", "--json")
+    """A generation still moving when --timeout runs out. The submit is held for 3 s (a failpoint): on a fast
+    machine the embedded engine renders, fetches and derives the sim's video in under the 1 s given."""
+    failpoints.configure("submit.after_call=sleep:3")
+    try:
+        code, out, err = cli("--set", f"data_dir={tmp_path}", "generate", "a fox", "--wait", "--timeout", "1", "--json")
+    finally:
+        failpoints.reset()
     doc = json.loads(out)
     assert code == 1, err
     assert doc["error"].startswith("timed out after 1s: generation ") and doc["error_type"] == "timeout"
