@@ -143,6 +143,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--point-timeout", type=int, default=240, help="deadline of one Dramatiq point, seconds")
     p.add_argument(
+        "--worker-queues",
+        choices=("all", "own"),
+        default="all",
+        help="queues the Dramatiq point's worker consumes: every declared queue (a worker serving all of them, "
+        "the default) or only the reducer's (`aivedio serve --role worker --queues <its queue>`)",
+    )
+    p.add_argument(
         "--roundtrip-events", type=int, default=40, help="events per kind in the SQL round-trip count (0 skips it)"
     )
     p.add_argument(
@@ -579,10 +586,19 @@ def _counting_middleware() -> Any:
 
 
 def dramatiq_point(
-    settings: Any, sl: Slice, warm: Slice, threads: int, db: str, db_url: str, poll_interval: float, timeout_s: float
+    settings: Any,
+    sl: Slice,
+    warm: Slice,
+    threads: int,
+    db: str,
+    db_url: str,
+    poll_interval: float,
+    timeout_s: float,
+    own_queue_only: bool = False,
 ) -> dict[str, Any]:
     """Enqueue the slice on a RedisBroker (as the relay would), then run a Dramatiq worker with `threads`
-    threads until every distinct event's inbox row exists; then let it drain the re-deliveries and stop."""
+    threads until every distinct event's inbox row exists; then let it drain the re-deliveries and stop.
+    `own_queue_only`: the worker consumes the reducer's queue (and its delay queue) only, not every declared one."""
     import dramatiq
     import psycopg
 
@@ -599,7 +615,12 @@ def dramatiq_point(
     broker.add_middleware(counter)
     actors = declare_actors(broker, ctx)
     worker = None
-    out: dict[str, Any] = {"threads": threads, "deliveries": len(sl.envelopes), "distinct": sl.distinct}
+    out: dict[str, Any] = {
+        "threads": threads,
+        "deliveries": len(sl.envelopes),
+        "distinct": sl.distinct,
+        "worker_queues": "own" if own_queue_only else "all",
+    }
     try:
         # warm the context (engine pool, statement caches, slot store) through the actor function itself
         warm_pool(ctx.engine, threads)
@@ -624,7 +645,10 @@ def dramatiq_point(
         target = inbox_count(db_url) + sl.distinct
         broker.emit_after("process_boot")  # as the runtime does: TimeLimit starts its watchdog on it
         worker = dramatiq.Worker(
-            broker, worker_threads=threads, worker_timeout=settings.broker.consumer_idle_timeout_ms
+            broker,
+            queues={queue} if own_queue_only else None,
+            worker_threads=threads,
+            worker_timeout=settings.broker.consumer_idle_timeout_ms,
         )
         sampler = _TimedSampler(system_groups(db))
         with psycopg.connect(db_url, autocommit=True) as poll:
@@ -1331,7 +1355,15 @@ def run_repetition(
                             point_errors += res["first_errors"] or [f"{mode} c={c}: warm-up errors"]
                     else:
                         res = dramatiq_point(
-                            settings_for(c), sl, warm, c, sys_db, db_url, cfg.poll_interval, cfg.point_timeout
+                            settings_for(c),
+                            sl,
+                            warm,
+                            c,
+                            sys_db,
+                            db_url,
+                            cfg.poll_interval,
+                            cfg.point_timeout,
+                            own_queue_only=args.worker_queues == "own",
                         )
                         if res["failed"] or res["skipped"] or res["timed_out"]:
                             point_errors += res["first_errors"] or [f"{mode} c={c}: timed out or skipped messages"]
@@ -1473,6 +1505,7 @@ def run(args: argparse.Namespace) -> int:
             "lag": args.lag,
             "seed": args.seed,
             "poll_interval_s": args.poll_interval,
+            "worker_queues": args.worker_queues,
             "synchronous_commit": sync_commit,
             "redis_key_prefix": cfg.key_prefix,
             "wait_quiet_s": args.wait_quiet,
