@@ -5,10 +5,11 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -56,34 +57,48 @@ def test_50_concurrent_identical_posts_make_one_task_and_one_reservation(ctx: Ap
         )
 
 
-def test_8_threads_reserving_against_a_balance_for_10_tasks(ctx: AppContext) -> None:
-    who = tenant_with_key(ctx, "tight", credits=10)  # exactly 10 tasks of 1 credit
+def _create_from_8_threads(
+    ctx: AppContext, tenant_id: Any, prefix: str, per_thread: int, watch: Callable[[], Decimal] | None = None
+) -> tuple[list[str], list[Decimal]]:
+    """8 threads, released together, each creating `per_thread` tasks of 1 credit: "ok" or "402" per create, and
+    `watch()` read after each one."""
     outcomes: list[str] = []
+    watched: list[Decimal] = []
     lock = threading.Lock()
     barrier = threading.Barrier(8)
-    low_water = [Decimal(10)]
 
     def worker(n: int) -> None:
         barrier.wait()
-        for i in range(5):
+        for i in range(per_thread):
             try:
-                ctx.generations.create(who.tenant_id, f"t{n}-{i}", dict(BODY))
+                ctx.generations.create(tenant_id, f"{prefix}{n}-{i}", dict(BODY))
                 result = "ok"
             except InsufficientCredits:
                 result = "402"
-            with ctx.engine.connect() as conn:
-                bal = balance_of(conn, who.tenant_id)
+            value = watch() if watch is not None else None
             with lock:
                 outcomes.append(result)
-                low_water[0] = min(low_water[0], bal)
+                if value is not None:
+                    watched.append(value)
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(120)
+    return outcomes, watched
+
+
+def test_8_threads_reserving_against_a_balance_for_10_tasks(ctx: AppContext) -> None:
+    who = tenant_with_key(ctx, "tight", credits=10)  # exactly 10 tasks of 1 credit
+
+    def balance() -> Decimal:
+        with ctx.engine.connect() as conn:
+            return balance_of(conn, who.tenant_id)
+
+    outcomes, balances_seen = _create_from_8_threads(ctx, who.tenant_id, "t", 5, watch=balance)
     assert outcomes.count("ok") == 10 and outcomes.count("402") == 30
-    assert low_water[0] >= 0
+    assert min(balances_seen) >= 0
     with ctx.engine.connect() as conn:
         final = balance_of(conn, who.tenant_id)
         ledger_sum = conn.execute(
@@ -98,26 +113,7 @@ def test_reservations_over_striped_balance_rows_neither_overspend_nor_strand_cre
     goes below zero, and nothing is left over (a credit stranded on a stripe would refuse a creation that the
     balance as a whole covers)."""
     who = tenant_with_key(ctx, "striped", credits=100)
-    outcomes: list[str] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(8)
-
-    def worker(n: int) -> None:
-        barrier.wait()
-        for i in range(20):
-            try:
-                ctx.generations.create(who.tenant_id, f"s{n}-{i}", dict(BODY))
-                result = "ok"
-            except InsufficientCredits:
-                result = "402"
-            with lock:
-                outcomes.append(result)
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    outcomes, _ = _create_from_8_threads(ctx, who.tenant_id, "s", 20)
     assert (outcomes.count("ok"), outcomes.count("402")) == (100, 60)
     with ctx.engine.connect() as conn:
         stripes = conn.execute(
