@@ -11,9 +11,9 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
-from sqlalchemy.dialects import postgresql, sqlite
 
 from aivedio_engine.clock import new_id
+from aivedio_engine.db.session import dialect_insert
 from aivedio_engine.db.tables import alerts, generation_tasks
 from aivedio_engine.domain.status import TASK_TERMINAL, AlertSeverity, AlertStatus
 
@@ -71,7 +71,7 @@ def raise_alert(
     details: dict[str, Any] | None = None,
 ) -> None:
     """Open an alert, or bump `last_seen_at` of the open one with the same rule and dedup key."""
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    insert = dialect_insert(conn)
     stmt = insert(alerts).values(
         id=new_id(),
         rule=rule.value,

@@ -21,15 +21,15 @@ spreading debit (PostgreSQL aborts one); no path of the engine does that.
 from __future__ import annotations
 
 import uuid
-import weakref
 import zlib
 from decimal import ROUND_DOWN, Decimal
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 
+from aivedio_engine.db.session import dialect_insert, for_transaction
 from aivedio_engine.db.tables import MONEY, tenant_balance_stripes
 
 STRIPES = 16
@@ -82,7 +82,7 @@ def total(conn: Connection, tenant_id: uuid.UUID, *, lock: bool = False) -> Deci
 def credit(conn: Connection, tenant_id: uuid.UUID, amount: Decimal, stripe: int) -> None:
     """Add `amount` (≥ 0) to the balance: to the stripe this transaction already moved, else to `stripe`."""
     stripe = _sticky(conn, stripe)
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    insert = dialect_insert(conn)
     stmt = insert(tenant_balance_stripes).values(tenant_id=tenant_id, stripe=stripe, balance=amount)
     conn.execute(
         stmt.on_conflict_do_update(
@@ -131,7 +131,7 @@ def _spread(conn: Connection, tenant_id: uuid.UUID, balance: Decimal) -> None:
     share = (balance / STRIPES).quantize(_CENT, rounding=ROUND_DOWN)
     shares = [balance - share * (STRIPES - 1)] + [share] * (STRIPES - 1)
     # every stripe is held (PostgreSQL) or the writer is alone (SQLite): set, not add
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    insert = dialect_insert(conn)
     stmt = insert(tenant_balance_stripes)
     conn.execute(
         stmt.on_conflict_do_update(index_elements=[_s.tenant_id, _s.stripe], set_={"balance": stmt.excluded.balance}),
@@ -141,11 +141,9 @@ def _spread(conn: Connection, tenant_id: uuid.UUID, balance: Decimal) -> None:
 
 def _sticky(conn: Connection, stripe: int) -> int:
     """The stripe this transaction moved first, so that it holds one stripe lock at most (see the module doc)."""
-    txn = conn.get_transaction()
-    if txn is None:
+    noted: list[int] | None = for_transaction(conn, _TXN_STRIPE, list)
+    if noted is None:
         return stripe
-    noted = conn.info.get(_TXN_STRIPE)
-    if noted is not None and noted[0]() is txn:
-        return int(noted[1])
-    conn.info[_TXN_STRIPE] = (weakref.ref(txn), stripe)
-    return stripe
+    if not noted:
+        noted.append(stripe)
+    return int(noted[0])

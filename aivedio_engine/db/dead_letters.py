@@ -6,15 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.dialects import postgresql, sqlite
 
+from aivedio_engine.db.session import dialect_insert
 from aivedio_engine.db.tables import dead_letters
 
 
 def upsert(conn: Connection, row: dict[str, Any]) -> None:
     """Insert the dead letter `row` (all its columns), or, for a message id already recorded, count one more
     death and keep the latest error, traceback and body."""
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    insert = dialect_insert(conn)
     stmt = insert(dead_letters).values(**row)
     conn.execute(
         stmt.on_conflict_do_update(

@@ -13,8 +13,8 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
-from sqlalchemy.dialects import postgresql, sqlite
 
+from aivedio_engine.db.session import dialect_insert
 from aivedio_engine.db.tables import generation_tasks, outbox_events, process_heartbeats
 from aivedio_engine.domain.status import TASK_TERMINAL, OutboxStatus, TaskStatus
 
@@ -76,7 +76,7 @@ class Heartbeat:
 
 def beat(conn: Connection, hb: Heartbeat) -> None:
     """Insert the process's row, or move its `last_seen`, activity and backlog (one statement)."""
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    insert = dialect_insert(conn)
     values: dict[str, Any] = {
         "id": hb.id,
         "roles": ",".join(sorted(hb.roles))[:128],

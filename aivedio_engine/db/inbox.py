@@ -10,8 +10,8 @@ import uuid
 from datetime import datetime
 
 from sqlalchemy import Connection
-from sqlalchemy.dialects import postgresql, sqlite
 
+from aivedio_engine.db.session import dialect_insert
 from aivedio_engine.db.tables import inbox_dedup
 
 #: inbox_dedup.result_digest is varchar(128)
@@ -23,7 +23,7 @@ def claim(
     conn: Connection, consumer_group: str, event_id: uuid.UUID, aggregate_id: uuid.UUID | None, now: datetime
 ) -> bool:
     """Insert the dedup row; False: this event was consumed by the group already."""
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    insert = dialect_insert(conn)
     stmt = (
         insert(inbox_dedup)
         .values(consumer_group=consumer_group, event_id=event_id, aggregate_id=aggregate_id, processed_at=now)

@@ -16,11 +16,11 @@ from decimal import Decimal
 
 import sqlalchemy as sa
 from sqlalchemy import Connection
-from sqlalchemy.dialects import postgresql, sqlite
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import balances
 from aivedio_engine.db.balances import InsufficientBalance as InsufficientBalance  # the callers' name for it
+from aivedio_engine.db.session import dialect_insert
 from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts
 from aivedio_engine.domain.status import TASK_TERMINAL, LedgerEntryType
 
@@ -56,7 +56,7 @@ def post(
         vendor_amount=vendor_amount,
         vendor_currency=vendor_currency,
     )
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    insert = dialect_insert(conn)
     stmt = insert(credit_ledger).values(**values).on_conflict_do_nothing(index_elements=["business_key"])
     # RETURNING, not rowcount: SQLAlchemy 2.1 on psycopg reports -1 for an INSERT, so a repeat would look newly booked
     # and credit the balance a second time (tests/contract/test_repositories.py)

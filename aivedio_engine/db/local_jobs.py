@@ -17,9 +17,8 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
-from sqlalchemy.dialects import postgresql, sqlite
 
-from aivedio_engine.db.session import read_conn, write_tx
+from aivedio_engine.db.session import dialect_insert, read_conn, write_tx
 from aivedio_engine.db.tables import local_jobs
 from aivedio_engine.providers.base import JobStatus
 
@@ -78,7 +77,7 @@ class LocalJobs:
         """The job of `request_key`: a new one owned by `owner` (True), or the one that already has the key
         (False) — whoever asked first, in this process or another, wins."""
         with write_tx(self._engine) as conn:
-            insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+            insert = dialect_insert(conn)
             created = conn.execute(
                 insert(local_jobs)
                 .values(

@@ -15,10 +15,10 @@ Only PostgreSQL takes row locks; SQLite serialises writers with BEGIN IMMEDIATE,
 from __future__ import annotations
 
 import uuid
-import weakref
-from typing import Any
 
 from sqlalchemy import Connection
+
+from aivedio_engine.db.session import for_transaction
 
 _KEY = "aivedio.locked_tasks"
 
@@ -27,28 +27,21 @@ class LockOrderViolation(RuntimeError):
     """An attempt was locked before its task: a bug in the caller, never a condition to retry."""
 
 
-def _held(conn: Connection) -> tuple[Any, set[uuid.UUID]] | None:
-    txn = conn.get_transaction()
-    if txn is None:
-        return None
-    noted = conn.info.get(_KEY)
-    if noted is None or noted[0]() is not txn:
-        noted = (weakref.ref(txn), set())
-        conn.info[_KEY] = noted
-    return noted
+def _held(conn: Connection) -> set[uuid.UUID] | None:
+    return for_transaction(conn, _KEY, set)
 
 
 def note_task_locked(conn: Connection, task_id: uuid.UUID) -> None:
     held = _held(conn)
     if held is not None:
-        held[1].add(uuid.UUID(str(task_id)))
+        held.add(uuid.UUID(str(task_id)))
 
 
 def require_task_locked(conn: Connection, task_id: uuid.UUID, attempt_id: uuid.UUID) -> None:
     if conn.dialect.name != "postgresql":
         return
     held = _held(conn)
-    if held is not None and uuid.UUID(str(task_id)) not in held[1]:
+    if held is not None and uuid.UUID(str(task_id)) not in held:
         raise LockOrderViolation(
             f"attempt {attempt_id} locked before its task {task_id}: lock the task first (transition.lock_attempt)"
         )

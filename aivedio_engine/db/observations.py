@@ -12,8 +12,8 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, Row
-from sqlalchemy.dialects import postgresql, sqlite
 
+from aivedio_engine.db.session import dialect_insert
 from aivedio_engine.db.tables import provider_events
 
 _pe = provider_events.c
@@ -67,7 +67,7 @@ def store(
 
 
 def _insert_ignore(conn: Connection, values: dict[str, Any]) -> Any:
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    insert = dialect_insert(conn)
     return insert(provider_events).values(**values).on_conflict_do_nothing(index_elements=[_pe.provider, _pe.dedup_key])
 
 

@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine, Row
-from sqlalchemy.dialects import postgresql, sqlite
 
+from aivedio_engine.db.session import dialect_insert
 from aivedio_engine.db.tables import dead_letters, outbox_events, provider_events
 from aivedio_engine.domain.status import OutboxStatus
 
@@ -75,7 +75,7 @@ def upsert_pending_outbox(
     now: datetime,
 ) -> None:
     """Put the event's outbox row back to PENDING, or re-create it under the same id if it is gone."""
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    insert = dialect_insert(conn)
     stmt = insert(outbox_events).values(
         id=event_id,
         aggregate_type=aggregate_type,

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.dialects import postgresql, sqlite
 
 from aivedio_engine.db.engine import SQLITE_BEGIN_OPTION
+
+_T = TypeVar("_T")
 
 
 @contextmanager
@@ -53,3 +57,23 @@ def pg_transaction(conn: Connection) -> Iterator[Any]:
             raw.autocommit = False
         else:
             conn.invalidate()
+
+
+def dialect_insert(conn: Connection) -> Any:
+    """The INSERT construct with ON CONFLICT of the connection's dialect (`postgresql.insert` or `sqlite.insert`)."""
+    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+
+
+def for_transaction(conn: Connection, key: str, make: Callable[[], _T]) -> _T | None:
+    """State that lives as long as the caller's SQLAlchemy transaction: `make()`'s value, kept on the connection
+    under `key` and made anew for the next transaction, so a pooled connection never carries it over. None
+    outside an SQLAlchemy transaction."""
+    txn = conn.get_transaction()
+    if txn is None:
+        return None
+    noted = conn.info.get(key)
+    if noted is None or noted[0]() is not txn:
+        noted = (weakref.ref(txn), make())
+        conn.info[key] = noted
+    value: _T = noted[1]
+    return value
