@@ -471,12 +471,19 @@ outbox_events = sa.Table(
     enum_check("status", OutboxStatus),
     sa.CheckConstraint("publish_attempts >= 0", name="publish_attempts_nonnegative"),
 )
-sa.Index("ix_outbox_events_status_available", outbox_events.c.status, outbox_events.c.available_at)
 sa.Index(
     "ix_outbox_events_pending",
     outbox_events.c.available_at,
     **partial(outbox_events.c.status == OutboxStatus.PENDING.value),
 )
+# --- 0027: the audit's DEAD rows and the retention's PUBLISHED purge, each on its own partial index (a new row,
+# PENDING, enters neither)
+sa.Index(
+    "ix_outbox_events_published",
+    outbox_events.c.published_at,
+    **partial(outbox_events.c.status == OutboxStatus.PUBLISHED.value),
+)
+sa.Index("ix_outbox_events_dead", outbox_events.c.id, **partial(outbox_events.c.status == OutboxStatus.DEAD.value))
 # --- 0024_outbox_pending_by_id: the relay's claim order over the PENDING rows only
 sa.Index(
     "ix_outbox_events_pending_id",
@@ -527,13 +534,15 @@ sa.Index("ix_credit_ledger_task_id", credit_ledger.c.task_id)
 
 # --- 0026_balance_stripes: the balance, in rows no foreign key references (db/balances.py) ----------------------
 
+#: a tenant's balance is this many rows (db/balances.py; 16 in 0026, 64 since 0027)
+BALANCE_STRIPES = 64
 tenant_balance_stripes = sa.Table(
     "tenant_balance_stripes",
     metadata,
     sa.Column("tenant_id", sa.Uuid, sa.ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True),
     sa.Column("stripe", sa.SmallInteger, primary_key=True),
     sa.Column("balance", MONEY, nullable=False, server_default=ZERO),
-    sa.CheckConstraint("stripe >= 0 AND stripe < 16", name="stripe_range"),
+    sa.CheckConstraint(f"stripe >= 0 AND stripe < {BALANCE_STRIPES}", name="stripe_range"),
     sa.CheckConstraint("balance >= 0", name="balance_nonnegative"),
 )
 

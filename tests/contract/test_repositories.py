@@ -225,7 +225,7 @@ def test_a_short_stripe_draws_on_the_others_and_spreads_the_rest(engine: Engine)
             return {r.stripe: r.balance for r in rows}
 
     with write_tx(engine) as conn:
-        _post(conn, tenant, "160.00000003", "adjustment:grant", LedgerEntryType.ADJUSTMENT)
+        _post(conn, tenant, "640.00000003", "adjustment:grant", LedgerEntryType.ADJUSTMENT)
     granted = held()
     assert sorted(granted) == list(range(balances.STRIPES))
     assert granted[0] == Decimal("10.00000003") and set(granted.values()) == {Decimal("10.00000003"), Decimal(10)}
@@ -235,12 +235,12 @@ def test_a_short_stripe_draws_on_the_others_and_spreads_the_rest(engine: Engine)
         ledger.reserve(conn, tenant_id=tenant, task_id=task, amount=Decimal("4"), now=T0, created_by="test")
     assert {k: v for k, v in held().items() if v != granted[k]} == {mine: granted[mine] - 4}
     # 6 left on that stripe: a debit of 7 that lands on it draws on all of them
-    key = next(k for i in range(256) if balances.stripe_of(key=(k := f"adjustment:take-{i}")) == mine)
+    key = next(k for i in range(10_000) if balances.stripe_of(key=(k := f"adjustment:take-{i}")) == mine)
     with write_tx(engine) as conn:
         _post(conn, tenant, "-7", key, LedgerEntryType.ADJUSTMENT)
     after = held()
-    assert sum(after.values()) == Decimal("149.00000003") == _balance(engine, tenant)
-    assert after[0] == Decimal("9.31250003") and set(after.values()) == {Decimal("9.31250003"), Decimal("9.3125")}
+    assert sum(after.values()) == Decimal("629.00000003") == _balance(engine, tenant)
+    assert after[0] == Decimal("9.82812503") and set(after.values()) == {Decimal("9.82812503"), Decimal("9.828125")}
 
 
 def test_ledger_settled_reads_reserved_and_charged(engine: Engine) -> None:
