@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -168,14 +169,23 @@ def transition(
     result = decide_attempt(AttemptStatus(attempt.submit_state), event)
     if isinstance(result, Rejection):
         raise AttemptConflict(result.reason)
-    done = conn.execute(
-        task_attempts.update()
-        .where(_a.id == attempt.id, _a.submit_state == attempt.submit_state)
-        .values(submit_state=result.to_status.value, updated_at=now, **values)
-    )
+    values.update(submit_state=result.to_status.value, updated_at=now)
+    params = {f"v_{c}": v for c, v in values.items()}
+    params.update(attempt_id=attempt.id, from_state=attempt.submit_state)
+    done = conn.execute(_transition_statement(tuple(values)), params)
     if done.rowcount != 1:
         raise AttemptConflict(f"attempt {attempt.id} changed concurrently")
     return result
+
+
+@functools.cache
+def _transition_statement(columns: tuple[str, ...]) -> Any:
+    """The CAS update of `transition` for one set of columns, built once and bound per call."""
+    return (
+        task_attempts.update()
+        .where(_a.id == sa.bindparam("attempt_id"), _a.submit_state == sa.bindparam("from_state"))
+        .values({c: sa.bindparam(f"v_{c}", type_=_a[c].type) for c in columns})
+    )
 
 
 def update(conn: Connection, attempt_id: uuid.UUID, **values: Any) -> None:

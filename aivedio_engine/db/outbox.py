@@ -52,9 +52,14 @@ def add(
         causation_id=causation_id,
         route=route,
     )
-    conn.execute(outbox_events.insert().values(**values))
+    conn.execute(_INSERT, values)
     wakeups.notify(conn, NOTIFY_CHANNEL)
     return values["id"]  # type: ignore[no-any-return]
+
+
+#: built once; every row has the same columns (`row`), so SQLAlchemy compiles it once too (its values were a new
+#: `.values(...)` construct per call: a tenth of the reducer's CPU with the attempt's update)
+_INSERT = outbox_events.insert()
 
 
 def row(
