@@ -764,8 +764,9 @@ def serve_point(
         "skipped": 0,
         "first_errors": [],
     }
-    log = open(os.devnull, "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(argv, cwd=common.REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.PIPE)
+    # a file, not a pipe: nobody reads the workers' log while they run, and a full pipe would block them
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(argv, cwd=common.REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     try:
         with psycopg.connect(db_url, autocommit=True) as poll:
             count_sql = "SELECT count(*) FROM inbox_dedup WHERE consumer_group = 'reducer'"
@@ -782,7 +783,7 @@ def serve_point(
             for env in warm.envelopes:
                 broker.enqueue(relay_message(env))
             if wait_for(target, t + timeout_s) < target:
-                raise BenchError(f"the serve workers did not take the warm-up: {_stderr_tail(proc)}")
+                raise BenchError(f"the serve workers did not take the warm-up: {_log_tail(log)}")
             out["warm_s"] = round(time.monotonic() - t, 3)
             target = inbox_count(db_url) + sl.distinct
             sampler = _TimedSampler(
@@ -798,7 +799,7 @@ def serve_point(
             cpu = sampler.stop()
         out["timed_out"] = seen < target
         if proc.poll() is not None:
-            raise BenchError(f"aivedio serve exited ({proc.returncode}): {_stderr_tail(proc)}")
+            raise BenchError(f"aivedio serve exited ({proc.returncode}): {_log_tail(log)}")
         elapsed = t_distinct - t0
         out.update(
             {
@@ -822,10 +823,9 @@ def serve_point(
         ctx.close()
 
 
-def _stderr_tail(proc: subprocess.Popen[bytes], n: int = 2000) -> str:
-    if proc.poll() is None or proc.stderr is None:
-        return "(still running)"
-    return proc.stderr.read().decode(errors="replace")[-n:]
+def _log_tail(log: Any, n: int = 2000) -> str:
+    log.seek(0)
+    return log.read().decode(errors="replace")[-n:]
 
 
 def actor_inproc_point(settings: Any, sl: Slice, warm: Slice, threads: int, db: str) -> dict[str, Any]:

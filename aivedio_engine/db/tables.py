@@ -476,6 +476,12 @@ sa.Index(
     outbox_events.c.available_at,
     **partial(outbox_events.c.status == OutboxStatus.PENDING.value),
 )
+# --- 0024_outbox_pending_by_id: the relay's claim order over the PENDING rows only
+sa.Index(
+    "ix_outbox_events_pending_id",
+    outbox_events.c.id,
+    **partial(outbox_events.c.status == OutboxStatus.PENDING.value),
+)
 # --- 0027: the audit's DEAD rows and the retention's PUBLISHED purge, each on its own partial index (a new row,
 # PENDING, enters neither)
 sa.Index(
@@ -484,12 +490,6 @@ sa.Index(
     **partial(outbox_events.c.status == OutboxStatus.PUBLISHED.value),
 )
 sa.Index("ix_outbox_events_dead", outbox_events.c.id, **partial(outbox_events.c.status == OutboxStatus.DEAD.value))
-# --- 0024_outbox_pending_by_id: the relay's claim order over the PENDING rows only
-sa.Index(
-    "ix_outbox_events_pending_id",
-    outbox_events.c.id,
-    **partial(outbox_events.c.status == OutboxStatus.PENDING.value),
-)
 
 inbox_dedup = sa.Table(
     "inbox_dedup",

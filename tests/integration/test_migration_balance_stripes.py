@@ -3,7 +3,6 @@ tenant did not have yet (16–63) are made by its next spread or credit, not ass
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -19,6 +18,7 @@ from aivedio_engine.db.engine import make_engine
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import credit_ledger, tenant_balance_stripes
 from aivedio_engine.domain.status import LedgerEntryType
+from tests.support.migrations import upgrade_to_before
 
 pytestmark = pytest.mark.postgres
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -49,12 +49,7 @@ def _key_on(stripe: int, prefix: str) -> str:
 
 
 def test_0027_keeps_16_stripe_balances_and_grows_them_to_64(engine: sa.Engine, tmp_path: Path) -> None:
-    before = tmp_path / "before"
-    before.mkdir()
-    for f in sorted(migrate.DEFAULT_MIGRATIONS_DIR.glob("*.sql")):
-        if f.name < "0027":
-            shutil.copy(f, before / f.name)
-    migrate.upgrade(engine, before)
+    upgrade_to_before(engine, "0027", tmp_path)
     tenant = uuid.uuid4()
     with engine.begin() as conn:  # a tenant as 0026 left it: 16 credits spread over its 16 stripes, and its ledger
         conn.execute(

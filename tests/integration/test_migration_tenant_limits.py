@@ -3,7 +3,6 @@ column's comment now says tier 1 is served first, and only the seed's tiers and 
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ import sqlalchemy as sa
 from aivedio_engine.config import load_settings
 from aivedio_engine.db import migrate
 from aivedio_engine.db.engine import make_engine
+from tests.support.migrations import upgrade_to_before
 
 pytestmark = pytest.mark.postgres
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -28,12 +28,7 @@ def engine(pg_empty_url: str) -> Iterator[sa.Engine]:
 
 
 def test_0012_keeps_existing_tenants_in_the_tier_they_were_served_in(engine: sa.Engine, tmp_path: Path) -> None:
-    before = tmp_path / "before"
-    before.mkdir()
-    for f in sorted(migrate.DEFAULT_MIGRATIONS_DIR.glob("*.sql")):
-        if f.name < "0012":
-            shutil.copy(f, before / f.name)
-    migrate.upgrade(engine, before)
+    upgrade_to_before(engine, "0012", tmp_path)
     old, vip = uuid.uuid4(), uuid.uuid4()
     insert = sa.text(
         "INSERT INTO tenants (id, name, priority_tier, created_at, updated_at) VALUES (:id, :name, :tier, :t, :t)"
