@@ -116,6 +116,8 @@ class PgNotifier:
 
     def __call__(self, channels: set[str]) -> None:
         with self._cond:
+            if channels <= self._dirty:  # already due to be sent, and the thread already told: the hot path's case
+                return
             self._dirty |= channels
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="pg-notify", daemon=True)
