@@ -18,6 +18,7 @@ from aivedio_engine.clock import Clock, SystemClock
 from aivedio_engine.config import Settings
 
 if TYPE_CHECKING:
+    from aivedio_engine.db.async_pool import LoopPool
     from aivedio_engine.db.handles import Engine
     from aivedio_engine.domain.requests import Catalog
     from aivedio_engine.notify import Notifier
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from aivedio_engine.services.keep_moving import KeepMoving
     from aivedio_engine.services.ledger_ops import LedgerOps
     from aivedio_engine.services.liveness import HeartbeatWriter, LivenessService
+    from aivedio_engine.services.loop_create import LoopCreate
     from aivedio_engine.services.media import MediaService
     from aivedio_engine.services.output_fetch import OutputFetchService
     from aivedio_engine.services.outputs import OutputService
@@ -188,7 +190,27 @@ class AppContext:
     def generations(self) -> GenerationService:
         from aivedio_engine.services.generations import GenerationService
 
-        return GenerationService(self.engine, self.clock, self.catalog, self.settings, tier_of=self.tenant_limits.tier)
+        return GenerationService(
+            self.engine,
+            self.clock,
+            self.catalog,
+            self.settings,
+            tier_of=self.tenant_limits.tier,
+            tier_cached=self.tenant_limits.cached_tier,
+        )
+
+    @shared_property
+    def loop_pool(self) -> LoopPool | None:
+        """The API's async connections for the create route (PostgreSQL only); opened by the app's lifespan."""
+        from aivedio_engine.db.async_pool import LoopPool
+
+        return LoopPool(self.settings) if self.settings.is_postgres else None
+
+    @shared_property
+    def loop_create(self) -> LoopCreate:
+        from aivedio_engine.services.loop_create import LoopCreate
+
+        return LoopCreate(self.generations, self.rate_limiter, self.loop_pool)
 
     @shared_property
     def assets(self) -> AssetService:

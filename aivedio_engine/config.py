@@ -56,7 +56,8 @@ class _Section(BaseModel):
 class DatabaseSettings(_Section):
     #: SQLAlchemy URL. Empty: a SQLite file `aivedio.db` in the data dir (embedded mode).
     url: str = ""
-    #: connections each process keeps open to the database (SQLAlchemy pool size).
+    #: connections each process keeps open to the database (SQLAlchemy pool size). An API process on PostgreSQL
+    #: has a second pool of up to as many for the create route on its event loop (db/async_pool.py).
     pool_size: int = Field(10, ge=1, le=200)
     #: server-side statement timeout for the short transactions, in milliseconds (PostgreSQL only).
     statement_timeout_ms: int = Field(5000, ge=100)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import structlog
 from fastapi import FastAPI
@@ -22,7 +24,16 @@ STREAMED_PREFIXES = ("/v1/uploads/", "/v1/callbacks/")
 
 
 def create_app(ctx: AppContext) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await ctx.loop_create.open()  # creates run on this loop from now on (services/loop_create.py)
+        try:
+            yield
+        finally:
+            await ctx.loop_create.close()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="aivedio",
         version=__version__,
         description="Orchestration engine for AI video generation.",

@@ -38,22 +38,5 @@ async def get_principal(request: Request) -> Principal:
     return principal
 
 
-def take_rate_token(ctx: AppContext, principal: Principal) -> None:
-    """A token from the tenant's request rate limit, or 429 before anything is read or written (no task, no
-    reservation, and the Idempotency-Key stays free for the retry). Blocking (the Redis store): the create route
-    calls it in the same worker thread as the create itself, one thread hop per request instead of two."""
-    decision = ctx.rate_limiter.take(principal.tenant_id)
-    if not decision.allowed:
-        raise Problem(
-            429,
-            "rate-limited",
-            "Rate limited",
-            f"this tenant may create {decision.rate.per_s:g} generations per second "
-            f"(bursts of {decision.rate.burst:g}); retry in {decision.retry_after_header} s",
-            headers={"Retry-After": decision.retry_after_header},
-            retry_after_s=round(decision.retry_after_s, 3),
-        )
-
-
 Ctx = Annotated[AppContext, Depends(get_ctx)]
 Auth = Annotated[Principal, Depends(get_principal)]

@@ -29,6 +29,7 @@ _STATUS: dict[type[errors.ServiceError], int] = {
     errors.InvalidInput: 422,
     errors.ModerationRejected: 422,
     errors.TooManyStreams: 429,
+    errors.RateLimited: 429,
     errors.BadRequest: 400,
     errors.Unauthorized: 401,
     errors.Forbidden: 403,

@@ -121,6 +121,8 @@ FROM task
 #: the SQLSTATE of aivedio_insufficient_credits() (migration 0011)
 _REFUSED = "AV402"
 _LOCK_TIMEOUT_SQL = f"SELECT set_config('lock_timeout', '{IN_FLIGHT_WAIT_MS}ms', true)"
+#: the settings of the loop pool's sessions (db/async_pool.py), which only ever run `create_on_loop`
+LOOP_SESSION = {"lock_timeout": f"{IN_FLIGHT_WAIT_MS}ms"}
 
 
 class _Row:
@@ -138,20 +140,22 @@ class _Row:
             raise AttributeError(name) from None
 
 
-def create(engine: Engine, new: NewTask) -> Any:
-    """Insert the task and everything that commits with it; returns the task row.
+def create(engine: Engine, new: NewTask, *, whole_balance: bool = False) -> Any:
+    """Insert the task and everything that commits with it; returns the task row. `whole_balance`: go straight to
+    the reservation that draws on all of the tenant's stripes (the task's own was found short already).
 
     Raises KeyTaken (replay it), KeyInFlight, or Unaffordable; nothing is written then."""
+    if whole_balance:
+        return _create_core(engine, new, whole_balance=True)
     if engine.dialect.name == "postgresql":
         return _create_pg(engine, new)
     return _create_core(engine, new)
 
 
-def _create_pg(engine: Engine, new: NewTask) -> Any:
-    import psycopg
+def _pg_params(new: NewTask) -> dict[str, Any]:
     from psycopg.types.json import Jsonb
 
-    params = {
+    return {
         "id": new.id,
         "tenant_id": new.tenant_id,
         "key": new.key,
@@ -181,6 +185,12 @@ def _create_pg(engine: Engine, new: NewTask) -> Any:
         "notice_payload": Jsonb(_notice_payload(new)),
         "notice_target": ROUTES[EventType.TASK_STATUS_CHANGED].actor,
     }
+
+
+def _create_pg(engine: Engine, new: NewTask) -> Any:
+    import psycopg
+
+    params = _pg_params(new)
     for attempt in (1, 2):
         with engine.connect() as sa_conn:
             raw: psycopg.Connection[Any] = sa_conn.connection.driver_connection  # type: ignore[assignment]
@@ -203,6 +213,60 @@ def _create_pg(engine: Engine, new: NewTask) -> Any:
     # the task's stripe could not cover it: the same rows in a Core transaction whose reservation takes from all of
     # the tenant's stripes and spreads the rest over them again, or refuses with the whole balance
     return _create_core(engine, new, whole_balance=True)
+
+
+async def create_on_loop(pool: Any, engine: Engine, new: NewTask) -> Any | None:
+    """`create` for an event loop: the same statement, one round trip, on an async psycopg connection from `pool`
+    (autocommit sessions with `LOOP_SESSION`, `db/async_pool.py`). Returns the task row, or None when the task's
+    stripe could not cover it: nothing was written, and the caller runs `create(..., whole_balance=True)`
+    (blocking) instead. Raises KeyTaken or KeyInFlight as `create` does."""
+    import psycopg
+
+    params = _pg_params(new)
+    for attempt in (1, 2):
+        async with pool.connection() as raw:
+            try:
+                failpoint("create.before_commit")
+                row = await _run_pg_async(raw, params)
+                failpoint("create.after_commit")
+            except _StripeShort:
+                return None
+            except psycopg.OperationalError:
+                if attempt == 2 or not raw.broken:
+                    raise
+                continue  # a connection the server dropped: as in `_create_pg`
+        wakeup.committed(engine, (wakeup.OUTBOX, wakeup.DISPATCH))
+        return row
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _run_pg_async(raw: Any, params: dict[str, Any]) -> Any:
+    """The CTE alone, in autocommit: one statement is its own transaction, so there is no BEGIN or COMMIT to send
+    and no pipeline (whose async wait spun on a writable socket: 30 % of the API's CPU). The loop pool's
+    sessions carry the lock timeout (`LOOP_SESSION`); a statement that raises has rolled itself back."""
+    import psycopg
+
+    try:
+        cur = await raw.execute(_CREATE_SQL, params, prepare=True)
+    except psycopg.errors.LockNotAvailable:
+        raise KeyInFlight from None
+    except psycopg.DatabaseError as exc:
+        if exc.sqlstate != _REFUSED:
+            raise
+        raise _StripeShort from None
+    return _created(await cur.fetchone())
+
+
+_BY_KEY_SQL = f"""SELECT {", ".join(_COLUMNS)} FROM generation_tasks
+WHERE tenant_id = %(tenant_id)s AND client_idempotency_key = %(key)s"""
+
+
+async def by_key_on_loop(pool: Any, tenant_id: uuid.UUID, key: str) -> Any:
+    """`by_key` on the loop pool: the task a taken key holds (None if it is gone meanwhile)."""
+    async with pool.connection() as raw:
+        cur = await raw.execute(_BY_KEY_SQL, {"tenant_id": tenant_id, "key": key}, prepare=True)
+        values = await cur.fetchone()
+    return None if values is None else _Row(dict(zip(_COLUMNS, values, strict=True)))
 
 
 class _StripeShort(Exception):
@@ -228,7 +292,10 @@ def _run_pg(raw: Any, params: dict[str, Any]) -> Any:
             raise
         raw.rollback()
         raise _StripeShort from None
-    values = cur.fetchone()
+    return _created(cur.fetchone())
+
+
+def _created(values: Any) -> _Row:
     if values is None:  # the key was taken; nothing was written
         raise KeyTaken
     return _Row(dict(zip(_COLUMNS, values[:-1], strict=True)))

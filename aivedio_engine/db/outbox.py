@@ -94,6 +94,17 @@ def row(
     )
 
 
+_OLDEST_DUE_SQL = "SELECT min(available_at) FROM outbox_events WHERE status = %(pending)s AND available_at <= %(now)s"
+
+
+async def oldest_due_on_loop(pool: Any, now: datetime) -> datetime | None:
+    """`oldest_due` on the API's loop pool (db/async_pool.py)."""
+    async with pool.connection() as raw:
+        cur = await raw.execute(_OLDEST_DUE_SQL, {"pending": OutboxStatus.PENDING.value, "now": now}, prepare=True)
+        row = await cur.fetchone()
+    return None if row is None else row[0]
+
+
 def oldest_due(conn: Connection, now: datetime) -> datetime | None:
     """When the longest-waiting due PENDING row became due (index ix_outbox_events_pending); None when none is due."""
     o = outbox_events.c

@@ -16,6 +16,10 @@ class BucketStore(Protocol):
         clock instead)."""
         ...
 
+    async def take_on_loop(self, key: str, rate: Rate, now: float) -> Verdict:
+        """`take` for an event loop: the same bucket, without blocking it."""
+        ...
+
 
 def build_bucket_store(settings: Settings) -> BucketStore:
     """Embedded mode: in process; distributed mode: Redis with the in-process fallback."""

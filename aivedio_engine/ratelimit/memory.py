@@ -22,6 +22,9 @@ class MemoryBucketStore:
             verdict, self._buckets[key] = take(self._buckets.get(key), rate, now)
         return verdict
 
+    async def take_on_loop(self, key: str, rate: Rate, now: float) -> Verdict:
+        return self.take(key, rate, now)  # no I/O: the lock is held for microseconds
+
     def _forget_refilled(self, rate: Rate, now: float) -> None:
         # an approximation across tenants with other rates, erring towards keeping state: a bucket idle for the
         # refill time of this rate may still be refilling at a slower one, so only much older ones go

@@ -9,9 +9,12 @@ hosts cannot mint tokens; tests may pass their own clock instead.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import redis
+import redis.asyncio
 
 from aivedio_engine.domain.ratelimit import EPSILON, Rate, Verdict
 
@@ -51,24 +54,49 @@ class RedisBucketStore:
     #: any error of the server (a replica answering READONLY during a failover) — creates must go on meanwhile
     UNREACHABLE: tuple[type[BaseException], ...] = (redis.RedisError,)
 
-    def __init__(self, client: redis.Redis, key_prefix: str = "aivedio:", *, server_time: bool = True) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        key_prefix: str = "aivedio:",
+        *,
+        server_time: bool = True,
+        loop_client: Callable[[], Any] | None = None,
+    ) -> None:
         self._client = client
         self._p = key_prefix + "ratelimit:"
         self._server_time = server_time
         self._take = client.register_script(_TAKE)
+        #: makes the asyncio client of `take_on_loop`, on the loop that first needs it
+        self._loop_client = loop_client
+        self._take_on_loop: Any = None
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> RedisBucketStore:
         # short timeouts: a create must not wait on a dead Redis longer than the fallback needs to take over
         client = redis.Redis.from_url(url, socket_connect_timeout=0.25, socket_timeout=0.5)
-        return cls(client, **kwargs)
+        # on the event loop a read's timeout is a timer of the loop: a loop busy with other requests (or a process
+        # short of CPU) can fire it after the answer has arrived, so it is longer there; a waiting create holds
+        # no thread, and once one has failed the fallback spares the others the wait (`FallbackBucketStore`)
+        loop_options: dict[str, Any] = {"socket_connect_timeout": 1.0, "socket_timeout": 1.0}
+        return cls(client, loop_client=lambda: redis.asyncio.Redis.from_url(url, **loop_options), **kwargs)
 
     def key(self, key: str) -> str:
         return self._p + key
 
     def take(self, key: str, rate: Rate, now: float) -> Verdict:
-        now_arg = "" if self._server_time else repr(float(now))
-        allowed, remaining, retry = self._take(
-            keys=[self.key(key)], args=[repr(rate.per_s), repr(float(rate.burst)), "1", now_arg]
-        )
+        allowed, remaining, retry = self._take(keys=[self.key(key)], args=self._args(rate, now))
         return Verdict(bool(int(allowed)), float(remaining), float(retry))
+
+    async def take_on_loop(self, key: str, rate: Rate, now: float) -> Verdict:
+        loop = asyncio.get_running_loop()
+        if self._take_on_loop is None or self._take_on_loop[0] is not loop:  # an asyncio client serves one loop
+            if self._loop_client is None:
+                raise RuntimeError("this store was built without an asyncio client (RedisBucketStore.from_url)")
+            self._take_on_loop = (loop, self._loop_client().register_script(_TAKE))
+        script = self._take_on_loop[1]
+        allowed, remaining, retry = await script(keys=[self.key(key)], args=self._args(rate, now))
+        return Verdict(bool(int(allowed)), float(remaining), float(retry))
+
+    def _args(self, rate: Rate, now: float) -> list[str]:
+        now_arg = "" if self._server_time else repr(float(now))
+        return [repr(rate.per_s), repr(float(rate.burst)), "1", now_arg]

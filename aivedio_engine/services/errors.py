@@ -62,6 +62,12 @@ class Overloaded(Unavailable):
     code = "overloaded"
 
 
+class RateLimited(ServiceError):
+    """The tenant's request rate limit (429); `retry_after_s` becomes Retry-After."""
+
+    code = "rate-limited"
+
+
 class TooManyStreams(ServiceError):
     """An event stream beyond the tenant's or the process's cap (429); `retry_after_s` becomes Retry-After."""
 

@@ -10,8 +10,8 @@ and then replay it; a duplicate whose twin has not committed in time is told the
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -23,7 +23,7 @@ from aivedio_engine.db import creation, tasks
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import read_conn, write_tx
 from aivedio_engine.domain.admission import PriorityTier, capped_tier
-from aivedio_engine.domain.moderation import ModerationInput, ReferenceFacts
+from aivedio_engine.domain.moderation import ModerationInput, ModerationResult, ReferenceFacts, RuleModerator
 from aivedio_engine.domain.references import LimitExceeded, Reference, check_references
 from aivedio_engine.domain.requests import (
     Catalog,
@@ -56,63 +56,11 @@ from aivedio_engine.services.errors import (
 )
 from aivedio_engine.services.moderation import INPUT_REVIEW, InputModerator, build_moderator
 from aivedio_engine.services.shedding import BacklogGate
+from aivedio_engine.services.task_view import Created, TaskView
 from aivedio_engine.services.transition import Change, execute
 from aivedio_engine.testing.failpoints import failpoint
 
 MAX_IDEMPOTENCY_KEY = 255
-
-
-@dataclass(frozen=True, slots=True)
-class TaskView:
-    id: uuid.UUID
-    tenant_id: uuid.UUID
-    status: str
-    version: int
-    progress: int
-    model: str
-    provider: str | None
-    priority: int
-    estimated_cost: Decimal
-    reserved_amount: Decimal
-    actual_cost: Decimal | None
-    params: dict[str, Any]
-    cancel_outcome: str | None
-    last_error_class: str | None
-    parked_reason: str | None
-    deadline_at: datetime | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
-
-    @classmethod
-    def of(cls, row: Any) -> TaskView:
-        return cls(
-            id=row.id,
-            tenant_id=row.tenant_id,
-            status=row.status,
-            version=int(row.version),
-            progress=int(row.progress),
-            model=row.requested_model,
-            provider=row.selected_provider,
-            priority=row.priority,
-            estimated_cost=row.estimated_cost,
-            reserved_amount=row.reserved_amount,
-            actual_cost=row.actual_cost,
-            params=row.params,
-            cancel_outcome=row.cancel_outcome,
-            last_error_class=row.last_error_class,
-            parked_reason=row.parked_reason,
-            deadline_at=row.deadline_at,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-            finished_at=row.finished_at,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Created:
-    task: TaskView
-    replayed: bool
 
 
 class GenerationService:
@@ -124,6 +72,7 @@ class GenerationService:
         settings: Settings,
         tier_of: Callable[[uuid.UUID], int] | None = None,
         moderator: InputModerator | None = None,
+        tier_cached: Callable[[uuid.UUID], int | None] | None = None,
     ) -> None:
         self._engine = engine
         self._clock = clock
@@ -133,19 +82,16 @@ class GenerationService:
         #: the tenant's priority tier (cached per process), which caps a request's `priority`
         self._tier_of = tier_of
         self._moderator = moderator or build_moderator(settings)
+        #: the tier only if this process has it cached (None: a read is due), for `plan_on_loop`
+        self._tier_cached = tier_cached
+        self._moderator_local = isinstance(self._moderator, RuleModerator)
 
     # ------------------------------------------------------------------------------------------- create
     def create(
         self, tenant_id: uuid.UUID, idempotency_key: str | None, body: dict[str, Any], trace_id: str | None = None
     ) -> Created:
         key = _check_key(idempotency_key)
-        try:
-            params = normalize(body, self._catalog)
-        except InvalidRequest as exc:
-            raise InvalidInput(str(exc), field=exc.field) from None
-        spec = self._catalog.find(params.model, params.provider)
-        cost = estimate_cost(params, spec)
-        digest = request_hash(params)
+        params, cost, digest = self._priced(body)
         try:
             self._gate.check(self._engine, tenant_id, self._clock.now())
         except Overloaded:
@@ -167,24 +113,78 @@ class GenerationService:
             if existing is None:
                 raise
             return _replay(existing, digest)  # made while its assets were still READY, or under older rules
+        tenant_tier = self._tier_of(tenant_id) if self._tier_of is not None else PriorityTier.PAID
+        return self.insert(self._planned(tenant_id, key, params, body, verdict, digest, cost, trace_id, tenant_tier))
+
+    async def plan_on_loop(
+        self,
+        pool: Any,
+        tenant_id: uuid.UUID,
+        idempotency_key: str | None,
+        body: dict[str, Any],
+        trace_id: str | None = None,
+    ) -> creation.NewTask | None:
+        """`create`'s checks and its new task on the API's event loop (reads on the loop `pool`). None when they
+        would need a blocking call — reference assets to read, a tier not cached, a moderator that may call out,
+        a backlog or a refusal that may be a replay: the caller then runs `create` in a thread instead. Raises
+        what `create` raises before its first read (a bad key, an invalid request)."""
+        if self._tier_cached is None or not self._moderator_local or body.get("asset_ids"):
+            return None
+        key = _check_key(idempotency_key)
+        params, cost, digest = self._priced(body)
+        tenant_tier = self._tier_cached(tenant_id)
+        if tenant_tier is None or not await self._gate.open_on_loop(pool, self._clock.now()):
+            return None
+        verdict = self._moderator.check(ModerationInput(params.prompt, ()))
+        if verdict.verdict is ModerationVerdict.REJECT:
+            return None
+        return self._planned(tenant_id, key, params, body, verdict, digest, cost, trace_id, tenant_tier)
+
+    async def insert_on_loop(self, pool: Any, new: creation.NewTask) -> Created | None:
+        """Insert a planned task on the event loop; a taken key replays the task that holds it, or is a 409. None
+        when the blocking path must finish it (`insert` with `whole_balance`: the task's balance stripe is short)."""
+        with _creation_errors(new.cost):
+            try:
+                row = await creation.create_on_loop(pool, self._engine, new)
+            except creation.KeyTaken:
+                existing = await creation.by_key_on_loop(pool, new.tenant_id, new.key)
+                return None if existing is None else _replay(existing, new.request_hash)
+        return None if row is None else Created(TaskView.of(row), replayed=False)
+
+    def insert(self, new: creation.NewTask, *, whole_balance: bool = False) -> Created:
+        """Insert a planned task (blocking); a taken key replays the task that holds it, or is a 409."""
+        with _creation_errors(new.cost):
+            try:
+                task = creation.create(self._engine, new, whole_balance=whole_balance)
+            except creation.KeyTaken:
+                return _replay(creation.by_key(self._engine, new.tenant_id, new.key), new.request_hash)
+        return Created(TaskView.of(task), replayed=False)
+
+    def _priced(self, body: dict[str, Any]) -> tuple[GenerationParams, Decimal, bytes]:
+        try:
+            params = normalize(body, self._catalog)
+        except InvalidRequest as exc:
+            raise InvalidInput(str(exc), field=exc.field) from None
+        spec = self._catalog.find(params.model, params.provider)
+        return params, estimate_cost(params, spec), request_hash(params)
+
+    def _planned(
+        self,
+        tenant_id: uuid.UUID,
+        key: str,
+        params: GenerationParams,
+        body: dict[str, Any],
+        verdict: ModerationResult,
+        digest: bytes,
+        cost: Decimal,
+        trace_id: str | None,
+        tenant_tier: int,
+    ) -> creation.NewTask:
         stored = _stored(params, body)
         if verdict.verdict is ModerationVerdict.WARN:
             stored[INPUT_REVIEW] = verdict.summary  # the media step holds the output for a human
-        tenant_tier = self._tier_of(tenant_id) if self._tier_of is not None else PriorityTier.PAID
         tier = capped_tier(params.priority, tenant_tier)
-        try:
-            task = creation.create(self._engine, self._new_task(tenant_id, key, stored, digest, cost, trace_id, tier))
-        except creation.KeyTaken:
-            return _replay(creation.by_key(self._engine, tenant_id, key), digest)
-        except creation.KeyInFlight:
-            raise IdempotencyKeyInFlight("a request with this Idempotency-Key is still being processed") from None
-        except creation.Unaffordable as exc:
-            raise InsufficientCredits(
-                f"this request needs {cost} credits; the balance is {exc.balance}",
-                balance=str(exc.balance),
-                needed=str(cost),
-            ) from None
-        return Created(TaskView.of(task), replayed=False)
+        return self._new_task(tenant_id, key, stored, digest, cost, trace_id, tier)
 
     def _by_key(self, conn: Connection, tenant_id: uuid.UUID, key: str) -> Any:
         return creation._by_key(conn, tenant_id, key)
@@ -335,6 +335,20 @@ def apply_cancel(
         created_by=created_by,
     )
     return execute(conn, row, decision, change, now).booked
+
+
+@contextmanager
+def _creation_errors(cost: Decimal) -> Iterator[None]:
+    try:
+        yield
+    except creation.KeyInFlight:
+        raise IdempotencyKeyInFlight("a request with this Idempotency-Key is still being processed") from None
+    except creation.Unaffordable as exc:
+        raise InsufficientCredits(
+            f"this request needs {cost} credits; the balance is {exc.balance}",
+            balance=str(exc.balance),
+            needed=str(cost),
+        ) from None
 
 
 def _check_key(key: str | None) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import uuid
 from datetime import datetime
+from typing import Any
 
 from aivedio_engine.config import LimitsSettings
 from aivedio_engine.db import outbox
@@ -51,6 +52,20 @@ class BacklogGate:
             f"(limit {self._limit_s:g} s); retry later",
             retry_after_s=RETRY_AFTER_S,
         )
+
+    async def open_on_loop(self, pool: Any, now: datetime) -> bool:
+        """True when new work may come in, with the signal read (when due) on the API's loop pool. False: `check`
+        must decide, since it reads the tenant's tier while shedding (`GenerationService.plan_on_loop`)."""
+        if self._limit_s <= 0:
+            return True
+        with self._lock:
+            fresh = self._read_at is not None and 0 <= (now - self._read_at).total_seconds() < CACHE_S
+            oldest = self._oldest
+        if not fresh:
+            oldest = await outbox.oldest_due_on_loop(pool, now)
+            with self._lock:
+                self._read_at, self._oldest = now, oldest
+        return not backlogged((now - oldest).total_seconds() if oldest is not None else None, self._limit_s)
 
     def _oldest_due(self, engine: Engine, now: datetime) -> datetime | None:
         with self._lock:

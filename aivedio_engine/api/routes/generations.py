@@ -7,9 +7,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
-from starlette.concurrency import run_in_threadpool
 
-from aivedio_engine.api.deps import Auth, Ctx, take_rate_token
+from aivedio_engine.api.deps import Auth, Ctx
 from aivedio_engine.api.validation import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, Text
 from aivedio_engine.domain.requests import (
     MAX_ASSETS,
@@ -20,8 +19,8 @@ from aivedio_engine.domain.requests import (
     SEED_MAX,
 )
 from aivedio_engine.domain.status import USER_STAGE, TaskStatus
-from aivedio_engine.services.generations import Created, TaskView
 from aivedio_engine.services.outputs import OutputFile
+from aivedio_engine.services.task_view import TaskView
 
 router = APIRouter(prefix="/v1/generations", tags=["generations"])
 #: states in which derivatives exist (a reviewer may look at a held output; the client gets it once approved)
@@ -150,12 +149,7 @@ async def create_generation(
     """Create a generation. The same Idempotency-Key with the same request returns the original task."""
     raw = body.model_dump(exclude_none=True, mode="json")
     trace_id = getattr(request.state, "request_id", None)
-
-    def create() -> Created:  # the rate limit and the create block: one trip to the thread pool for both
-        take_rate_token(ctx, principal)
-        return ctx.generations.create(principal.tenant_id, idempotency_key, raw, trace_id=trace_id)
-
-    created = await run_in_threadpool(create)
+    created = await ctx.loop_create.create(principal.tenant_id, idempotency_key, raw, trace_id)
     headers = {"Location": f"/v1/generations/{created.task.id}"}
     if created.replayed:
         headers["Idempotent-Replayed"] = "true"
