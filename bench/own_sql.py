@@ -67,11 +67,16 @@ class Stmt:
     pipeline: int | None = None  # the psycopg pipeline batch it was sent in (same number = same batch)
 
 
+#: "implicit": one statement that writes, sent in autocommit — its own transaction (the API's loop create)
+_COMMITTED = ("commit", "implicit")
+_WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE|MERGE)\b", re.IGNORECASE)
+
+
 @dataclass
 class Tx:
     began_at: datetime
     stmts: list[Stmt] = field(default_factory=list)
-    end: str = "open"  # commit | rollback | failed | autocommit | unknown | open
+    end: str = "open"  # commit | implicit | rollback | failed | autocommit | unknown | open
 
 
 @dataclass
@@ -85,7 +90,7 @@ class Operation:
     wire: list[str] = field(default_factory=list)  # one label per round trip (libpq trace)
 
     def committed(self) -> list[Tx]:
-        return [t for t in self.txs if t.end == "commit" and t.stmts]
+        return [t for t in self.txs if t.end in _COMMITTED and t.stmts]
 
     def signature(self) -> tuple[Any, ...]:
         return tuple(
@@ -130,11 +135,13 @@ class Recorder:
     `Connection.pipeline` and `Pipeline.sync` (batches). So SQL the product sends straight through the psycopg
     connection (`sa_conn.connection.driver_connection`) is recorded as well as SQLAlchemy's, each statement once
     (a thread-local guard keeps a call psycopg makes inside another from counting twice). The patches are in
-    place only inside `operation()`; only connections the engine's pool handed out (its checkout event) count.
+    place only inside `operation()`; only connections the engine's pool handed out (its checkout event) count,
+    and those of the API's async loop pool (`psycopg.AsyncCursor.execute`, `AsyncConnectionPool.getconn`).
 
     Transactions follow psycopg: a statement on a connection outside autocommit with no transaction open starts
     one (psycopg sends BEGIN before it), commit() / rollback() end it; a statement in autocommit is its own
-    "autocommit" transaction (not replayed). A transaction that ended unseen (the server side is idle again
+    transaction: "implicit" when it writes (replayed without BEGIN and COMMIT, as the server ran it), else
+    "autocommit" (a read, not replayed). A transaction that ended unseen (the server side is idle again
     when the next statement comes) is marked "unknown" and not replayed either."""
 
     def __init__(self, engine: Any) -> None:
@@ -201,7 +208,23 @@ class Recorder:
             rec._pipe(p._conn, 0)
             return orig_sync(p)
 
+        from psycopg_pool import AsyncConnectionPool
+
+        orig_aexec = psycopg.AsyncCursor.__dict__["execute"]
+        orig_getconn = AsyncConnectionPool.__dict__["getconn"]
+
+        async def aexecute(cur: Any, query: Any, params: Any = None, *args: Any, **kw: Any) -> Any:
+            rec._stmt(cur.connection, query, params, False)
+            return await orig_aexec(cur, query, params, *args, **kw)
+
+        async def getconn(pool: Any, *args: Any, **kw: Any) -> Any:
+            conn = await orig_getconn(pool, *args, **kw)
+            rec._checkout(conn)
+            return conn
+
         for cls, name, fn in (
+            (psycopg.AsyncCursor, "execute", aexecute),
+            (AsyncConnectionPool, "getconn", getconn),
             (psycopg.Cursor, "execute", execute),
             (psycopg.Cursor, "executemany", executemany),
             (psycopg.Connection, "commit", ender(orig_commit, "commit")),
@@ -241,7 +264,8 @@ class Recorder:
                     else:
                         st.tx.stmts.append(stmt)
                     return
-                self._cur.txs.append(Tx(datetime.now(UTC), [stmt], end="autocommit"))  # type: ignore[union-attr]
+                end = "implicit" if _WRITES.search(stmt.sql) else "autocommit"
+                self._cur.txs.append(Tx(datetime.now(UTC), [stmt], end=end))  # type: ignore[union-attr]
                 return
             if st.tx is not None and not st.depth:
                 from psycopg import pq
@@ -785,8 +809,10 @@ def render_script(
         before = round_trips
         if k in optional:
             body.append(f"\\if :opt{k} <= {round(optional[k] * 1_000_000)}")
-        body.append("BEGIN;")
-        round_trips += 2
+        implicit = xa.end == "implicit"
+        if not implicit:
+            body.append("BEGIN;")
+            round_trips += 2
         labels = []
         side_a, side_b = _Side(a.index, xa.began_at), _Side(b.index, xb.began_at)
         pairs = list(zip(xa.stmts, xb.stmts, strict=True))
@@ -812,7 +838,8 @@ def render_script(
             else:
                 body += group
             s = e
-        body.append("COMMIT;")
+        if not implicit:
+            body.append("COMMIT;")
         if k in optional:
             body.append("\\endif")
         shape.append(labels)
@@ -1038,6 +1065,11 @@ class WireCounter:
         self._n = 0
         sa.event.listen(engine, "connect", self._connect)
         sa.event.listen(engine, "checkout", self._checkout)
+
+    def watch_loop_pool(self, pool: Any) -> None:
+        """Also trace and count the API's async loop pool (`AppContext.loop_pool`), before it opens."""
+        if pool is not None:
+            pool.watch(on_connect=lambda conn: self._connect(conn, None), on_checkout=self._checkout)
 
     def _connect(self, dbapi_conn: Any, _rec: Any) -> None:
         pgc = dbapi_conn.pgconn
