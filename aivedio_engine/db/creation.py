@@ -242,7 +242,7 @@ async def create_on_loop(pool: Any, engine: Engine, new: NewTask) -> Any | None:
 
 async def _run_pg_async(raw: Any, params: dict[str, Any]) -> Any:
     """The CTE alone, in autocommit: one statement is its own transaction, so there is no BEGIN or COMMIT to send
-    and no pipeline (whose async wait spun on a writable socket: 30 % of the API's CPU). The loop pool's
+    and no pipeline (psycopg's async pipeline handling took 30 % of the API's CPU under py-spy). The loop pool's
     sessions carry the lock timeout (`LOOP_SESSION`); a statement that raises has rolled itself back."""
     import psycopg
 
