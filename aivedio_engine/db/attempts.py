@@ -15,6 +15,7 @@ from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import lock_order
+from aivedio_engine.db.session import run_prebuilt
 from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.retry import LastError, last_error_value
 from aivedio_engine.domain.status import AttemptStatus
@@ -172,7 +173,7 @@ def transition(
     values.update(submit_state=result.to_status.value, updated_at=now)
     params = {f"v_{c}": v for c, v in values.items()}
     params.update(attempt_id=attempt.id, from_state=attempt.submit_state)
-    done = conn.execute(_transition_statement(tuple(values)), params)
+    done = run_prebuilt(conn, _transition_statement(tuple(values)), params)
     if done.rowcount != 1:
         raise AttemptConflict(f"attempt {attempt.id} changed concurrently")
     return result

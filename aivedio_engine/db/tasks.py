@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import lock_order, outbox, wakeup
+from aivedio_engine.db.session import run_prebuilt
 from aivedio_engine.db.tables import generation_tasks, outbox_events, task_state_events
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.retry import LastError, last_error_value
@@ -242,7 +243,7 @@ def _apply_one_statement(
     params.update({f"e_{c}": v for c, v in event.items()})
     if notice is not None:
         params.update({f"n_{c}": v for c, v in notice.items()})
-    if conn.execute(stmt, params).first() is None:
+    if run_prebuilt(conn, stmt, params).fetchone() is None:
         raise VersionConflict(f"task {task_id} is no longer at version {decision.version - 1}")
     if notice is not None:
         wakeup.notify(conn, wakeup.OUTBOX)
