@@ -1,13 +1,14 @@
-"""POST /v1/generations on the API's event loop, in distributed mode.
+"""POST /v1/generations on the API's event loop (PostgreSQL).
 
 The blocking create (`GenerationService.create`) runs in a worker thread, and the hand-off to that thread pool
 and back cost about as much of the API's CPU as the create's statements themselves (py-spy: 17 % against 20 %).
 Here the common case never leaves the loop: the rate-limit token through an asyncio Redis client, the checks
-from this process's caches (`plan_on_loop`), and the one-round-trip create pipeline on an async psycopg
-connection (`db.creation.create_on_loop`). Whatever needs a blocking read or the slow reservation — reference
-assets, a cold cache, a taken key, a short balance stripe — goes to the thread as before, with the token
-already taken, so both paths answer alike. With SQLite (embedded mode), or before the app's lifespan has opened
-the pool on its loop (a test client used without `with`), every create takes the thread.
+from this process's caches (`plan_on_loop`), and the create as one autocommit statement on an async psycopg
+connection (`db.creation.create_on_loop`); a taken key is read back on the same pool. Whatever needs a blocking
+read or the slow reservation — reference assets, a cold cache, a backlog, a short balance stripe — goes to the
+thread as before, with the token already taken, so both paths answer alike. With SQLite (embedded mode), or
+before the app's lifespan has opened the pool on its loop (a test client used without `with`), every create
+takes the thread.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from aivedio_engine.api.app import create_app
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.tables import credit_ledger, generation_tasks, outbox_events, task_state_events
 from aivedio_engine.services import loop_create
-from tests.support.app import TenantKey, make_context, tenant_with_key
+from tests.support.app import FakeClock, TenantKey, make_context, tenant_with_key
 from tests.support.balance import balance_of
 from tests.support.redis import private_prefix
 
@@ -173,3 +173,30 @@ def test_without_the_lifespan_every_create_takes_the_thread(ctx: AppContext, thr
     answers = [post(client, who, f"k{i}") for i in range(3)]
     assert [a.status_code for a in answers] == [202, 202, 202]
     assert threads.calls == 3
+
+
+def test_a_backlog_read_on_the_loop_sheds_new_work_there_too(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The loop reads the backlog signal itself once its cached reading is a second old; during a backlog it never
+    admits new work (the thread answers 503, reading the tier), and a key already in is still replayed."""
+    for prefix in private_prefix("loop-create-shed"):
+        ctx = make_context(
+            tmp_path / "data",
+            request.getfixturevalue("pg_url"),
+            clock=FakeClock(),
+            mode="distributed",
+            redis={"key_prefix": prefix},
+        )
+        try:
+            who = tenant_with_key(ctx, "alice", credits=1000)
+            with TestClient(create_app(ctx)) as client:
+                assert post(client, who, "k1").status_code == 202  # nothing relays the outbox from here on
+                ctx.clock.advance(299)  # type: ignore[attr-defined]
+                assert post(client, who, "k2").status_code == 202  # due for 299 s: not yet (limits read again)
+                ctx.clock.advance(2)  # the backlog reading is stale, the tenant's limits are not
+                shed = post(client, who, "k3")
+                replay = post(client, who, "k1")
+            assert count(ctx, generation_tasks, generation_tasks.c.client_idempotency_key == "k3") == 0
+        finally:
+            ctx.close()
+    assert shed.status_code == 503 and shed.json()["type"].endswith("/overloaded"), shed.text
+    assert replay.status_code == 202 and replay.headers["idempotent-replayed"] == "true"
