@@ -107,13 +107,19 @@ def test_an_idle_worker_makes_no_step_queries_and_a_due_step_runs_from_its_messa
         # the plan's message went to the `text` queue, which this worker was not given: it waits there, due
         wait_until(lambda: runtime.broker is not None and runtime.broker.queues["text"].qsize() == 1, 10, "text msg")
         assert _step(ctx, project_id, "plan").status is StepStatus.PENDING
-        with ctx.engine.connect() as conn:
-            targets = {
-                r.target: r.status
-                for r in conn.execute(sa.select(outbox_events.c.target, outbox_events.c.status)).all()
-                if r.target.startswith("run_step_")
-            }
-        assert targets == {"run_step_photo_check": "PUBLISHED", "run_step_text": "PUBLISHED"}
+
+        def targets() -> dict[str, str]:
+            with ctx.engine.connect() as conn:
+                return {
+                    r.target: r.status
+                    for r in conn.execute(sa.select(outbox_events.c.target, outbox_events.c.status)).all()
+                    if r.target.startswith("run_step_")
+                }
+
+        # the relay enqueues inside its transaction and the row reads PUBLISHED once that commits: the message can
+        # be seen in the queue a moment before (a CI run read PENDING right after the queue showed it)
+        expected = {"run_step_photo_check": "PUBLISHED", "run_step_text": "PUBLISHED"}
+        wait_until(lambda: targets() == expected, 10, "both step rows PUBLISHED")
     finally:
         queries.close()
         runtime.shutdown()
