@@ -35,7 +35,7 @@ from sqlalchemy import Connection, Engine
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import balances, ledger, outbox, tasks, wakeup
-from aivedio_engine.db.session import pg_transaction, read_conn, write_tx
+from aivedio_engine.db.session import pg_transaction, read_conn, run_prebuilt_on_loop, write_tx
 from aivedio_engine.db.tables import generation_tasks
 from aivedio_engine.domain.events import ROUTES, EventType
 from aivedio_engine.domain.status import EventSource, StateEventOutcome
@@ -257,14 +257,10 @@ async def _run_pg_async(raw: Any, params: dict[str, Any]) -> Any:
     return _created(await cur.fetchone())
 
 
-_BY_KEY_SQL = f"""SELECT {", ".join(_COLUMNS)} FROM generation_tasks
-WHERE tenant_id = %(tenant_id)s AND client_idempotency_key = %(key)s"""
-
-
 async def by_key_on_loop(pool: Any, tenant_id: uuid.UUID, key: str) -> Any:
     """`by_key` on the loop pool: the task a taken key holds (None if it is gone meanwhile)."""
     async with pool.connection() as raw:
-        cur = await raw.execute(_BY_KEY_SQL, {"tenant_id": tenant_id, "key": key}, prepare=True)
+        cur = await run_prebuilt_on_loop(raw, _BY_KEY, {"tenant_id": tenant_id, "key": key})
         values = await cur.fetchone()
     return None if values is None else _Row(dict(zip(_COLUMNS, values, strict=True)))
 
@@ -397,7 +393,11 @@ def by_key(engine: Engine, tenant_id: uuid.UUID, key: str) -> Any:
 
 
 def _by_key(conn: Connection, tenant_id: uuid.UUID, key: str) -> Any:
-    t = generation_tasks.c
-    return conn.execute(
-        sa.select(generation_tasks).where(t.tenant_id == tenant_id, t.client_idempotency_key == key)
-    ).first()
+    return conn.execute(_BY_KEY, {"tenant_id": tenant_id, "key": key}).first()
+
+
+#: the task a (tenant, key) holds; built once, run by both the blocking and the loop path
+_BY_KEY = sa.select(generation_tasks).where(
+    generation_tasks.c.tenant_id == sa.bindparam("tenant_id"),
+    generation_tasks.c.client_idempotency_key == sa.bindparam("key"),
+)

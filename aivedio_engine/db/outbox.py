@@ -15,6 +15,7 @@ from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import wakeup as wakeups
+from aivedio_engine.db.session import run_prebuilt_on_loop
 from aivedio_engine.db.tables import outbox_events
 from aivedio_engine.domain.events import ROUTES, EventType, Route
 from aivedio_engine.domain.status import OutboxStatus
@@ -94,20 +95,20 @@ def row(
     )
 
 
-_OLDEST_DUE_SQL = "SELECT min(available_at) FROM outbox_events WHERE status = %(pending)s AND available_at <= %(now)s"
-
-
 async def oldest_due_on_loop(pool: Any, now: datetime) -> datetime | None:
     """`oldest_due` on the API's loop pool (db/async_pool.py)."""
     async with pool.connection() as raw:
-        cur = await raw.execute(_OLDEST_DUE_SQL, {"pending": OutboxStatus.PENDING.value, "now": now}, prepare=True)
+        cur = await run_prebuilt_on_loop(raw, _OLDEST_DUE, {"pending": OutboxStatus.PENDING.value, "now": now})
         row = await cur.fetchone()
     return None if row is None else row[0]
 
 
 def oldest_due(conn: Connection, now: datetime) -> datetime | None:
     """When the longest-waiting due PENDING row became due (index ix_outbox_events_pending); None when none is due."""
-    o = outbox_events.c
-    return conn.execute(
-        sa.select(sa.func.min(o.available_at)).where(o.status == OutboxStatus.PENDING.value, o.available_at <= now)
-    ).scalar()
+    return conn.execute(_OLDEST_DUE, {"pending": OutboxStatus.PENDING.value, "now": now}).scalar()
+
+
+#: built once, run by both the blocking and the loop path
+_OLDEST_DUE = sa.select(sa.func.min(outbox_events.c.available_at)).where(
+    outbox_events.c.status == sa.bindparam("pending"), outbox_events.c.available_at <= sa.bindparam("now")
+)

@@ -97,6 +97,16 @@ def run_prebuilt(conn: Connection, stmt: Any, params: dict[str, Any]) -> Any:
     return raw.execute(sql, params)
 
 
+async def run_prebuilt_on_loop(raw: Any, stmt: Any, params: dict[str, Any]) -> Any:
+    """`run_prebuilt` on an async psycopg connection (the API's loop pool, `db/async_pool.py`): the same Core
+    statement the blocking path runs, compiled once for psycopg. Returns the cursor."""
+    sql, processors = _prebuilt(stmt, _PSYCOPG)
+    for name, process in processors:
+        params[name] = process(params[name])
+    return await raw.execute(sql, params, prepare=True)
+
+
+_PSYCOPG: Any = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy leaves it unannotated
 _PREBUILT: dict[int, tuple[Any, str, tuple[tuple[str, Any], ...]]] = {}
 
 

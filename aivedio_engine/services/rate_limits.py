@@ -31,10 +31,10 @@ class TenantLimitCache:
         self._lock = threading.Lock()
 
     def get(self, tenant_id: uuid.UUID) -> EffectiveLimits:
+        cached = self.cached(tenant_id)
+        if cached is not None:
+            return cached
         now = self._clock.now().timestamp()
-        hit = self._entries.get(tenant_id)
-        if hit is not None and now < hit[1]:
-            return hit[0]
         limits = self._tenants.effective(self._tenants.limits(tenant_id))
         if self._ttl_s > 0:
             with self._lock:

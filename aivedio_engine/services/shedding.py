@@ -58,21 +58,25 @@ class BacklogGate:
         must decide, since it reads the tenant's tier while shedding (`GenerationService.plan_on_loop`)."""
         if self._limit_s <= 0:
             return True
-        with self._lock:
-            fresh = self._read_at is not None and 0 <= (now - self._read_at).total_seconds() < CACHE_S
-            oldest = self._oldest
+        fresh, oldest = self._cached(now)
         if not fresh:
-            oldest = await outbox.oldest_due_on_loop(pool, now)
-            with self._lock:
-                self._read_at, self._oldest = now, oldest
+            oldest = self._remember(now, await outbox.oldest_due_on_loop(pool, now))
         return not backlogged((now - oldest).total_seconds() if oldest is not None else None, self._limit_s)
 
     def _oldest_due(self, engine: Engine, now: datetime) -> datetime | None:
-        with self._lock:
-            if self._read_at is not None and 0 <= (now - self._read_at).total_seconds() < CACHE_S:
-                return self._oldest
+        fresh, oldest = self._cached(now)
+        if fresh:
+            return oldest
         with engine.connect() as conn:
-            oldest = outbox.oldest_due(conn, now)
+            return self._remember(now, outbox.oldest_due(conn, now))
+
+    def _cached(self, now: datetime) -> tuple[bool, datetime | None]:
+        """(whether this process's reading is under CACHE_S old, the reading)."""
+        with self._lock:
+            fresh = self._read_at is not None and 0 <= (now - self._read_at).total_seconds() < CACHE_S
+            return fresh, self._oldest
+
+    def _remember(self, now: datetime, oldest: datetime | None) -> datetime | None:
         with self._lock:
             self._read_at, self._oldest = now, oldest
         return oldest
