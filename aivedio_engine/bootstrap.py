@@ -19,6 +19,7 @@ from aivedio_engine.config import Settings
 
 if TYPE_CHECKING:
     from aivedio_engine.db.async_pool import LoopPool
+    from aivedio_engine.db.creation_batch import CreateBatcher
     from aivedio_engine.db.handles import Engine
     from aivedio_engine.domain.requests import Catalog
     from aivedio_engine.notify import Notifier
@@ -197,7 +198,15 @@ class AppContext:
             self.settings,
             tier_of=self.tenant_limits.tier,
             tier_cached=self.tenant_limits.cached_tier,
+            batcher=self.create_batcher,
         )
+
+    @shared_property
+    def create_batcher(self) -> CreateBatcher | None:
+        """The create route's statements on the event loop, several creates to one (PostgreSQL only)."""
+        from aivedio_engine.db.creation_batch import CreateBatcher
+
+        return CreateBatcher(self.engine) if self.settings.is_postgres else None
 
     @shared_property
     def loop_pool(self) -> LoopPool | None:

@@ -80,7 +80,7 @@ class Unaffordable(Exception):
         self.balance = balance
 
 
-_COLUMNS = [c.name for c in generation_tasks.c]
+TASK_COLUMNS = [c.name for c in generation_tasks.c]
 _CREATE_SQL = f"""
 WITH task AS (
     INSERT INTO generation_tasks (id, tenant_id, client_idempotency_key, request_hash, status, version, progress,
@@ -114,7 +114,7 @@ WITH task AS (
         %(notice_target)s, %(now)s, %(tenant_id)s, %(trace)s, %(now)s
     FROM task
 )
-SELECT {", ".join(f"task.{c}" for c in _COLUMNS)},
+SELECT {", ".join(f"task.{c}" for c in TASK_COLUMNS)},
     CASE WHEN NOT EXISTS (SELECT FROM balance) THEN aivedio_insufficient_credits() END AS refused
 FROM task
 """
@@ -125,7 +125,7 @@ _LOCK_TIMEOUT_SQL = f"SELECT set_config('lock_timeout', '{IN_FLIGHT_WAIT_MS}ms',
 LOOP_SESSION = {"lock_timeout": f"{IN_FLIGHT_WAIT_MS}ms"}
 
 
-class _Row:
+class TaskRow:
     """A created task row with attribute access, as SQLAlchemy rows have (TaskView.of reads it)."""
 
     __slots__ = ("_values",)
@@ -182,7 +182,7 @@ def _pg_params(new: NewTask) -> dict[str, Any]:
         "ledger_id": new_id(),
         "outbox_id": new_id(),
         "notice_type": EventType.TASK_STATUS_CHANGED.value,
-        "notice_payload": Jsonb(_notice_payload(new)),
+        "notice_payload": Jsonb(notice_payload(new)),
         "notice_target": ROUTES[EventType.TASK_STATUS_CHANGED].actor,
     }
 
@@ -262,7 +262,7 @@ async def by_key_on_loop(pool: Any, tenant_id: uuid.UUID, key: str) -> Any:
     async with pool.connection() as raw:
         cur = await run_prebuilt_on_loop(raw, _BY_KEY, {"tenant_id": tenant_id, "key": key})
         values = await cur.fetchone()
-    return None if values is None else _Row(dict(zip(_COLUMNS, values, strict=True)))
+    return None if values is None else TaskRow(dict(zip(TASK_COLUMNS, values, strict=True)))
 
 
 class _StripeShort(Exception):
@@ -291,10 +291,10 @@ def _run_pg(raw: Any, params: dict[str, Any]) -> Any:
     return _created(cur.fetchone())
 
 
-def _created(values: Any) -> _Row:
+def _created(values: Any) -> TaskRow:
     if values is None:  # the key was taken; nothing was written
         raise KeyTaken
-    return _Row(dict(zip(_COLUMNS, values[:-1], strict=True)))
+    return TaskRow(dict(zip(TASK_COLUMNS, values[:-1], strict=True)))
 
 
 def _create_core(engine: Engine, new: NewTask, *, whole_balance: bool = False) -> Any:
@@ -365,7 +365,7 @@ def _insert_core(conn: Connection, new: NewTask, whole_balance: bool) -> Any:
         tenant_id=new.tenant_id,
         trace_id=new.trace_id,
         now=new.now,
-        payload=_notice_payload(new),
+        payload=notice_payload(new),
     )
     wakeup.notify(conn, wakeup.DISPATCH)
     try:
@@ -383,7 +383,7 @@ def _insert_core(conn: Connection, new: NewTask, whole_balance: bool) -> Any:
     return row
 
 
-def _notice_payload(new: NewTask) -> dict[str, Any]:
+def notice_payload(new: NewTask) -> dict[str, Any]:
     return tasks.status_changed_payload(new.id, new.version, new.status, new.progress)
 
 

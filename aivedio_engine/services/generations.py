@@ -20,6 +20,7 @@ from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
 from aivedio_engine.db import assets as asset_rows
 from aivedio_engine.db import creation, tasks
+from aivedio_engine.db.creation_batch import CreateBatcher
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.session import read_conn, write_tx
 from aivedio_engine.domain.admission import PriorityTier, capped_tier
@@ -73,6 +74,7 @@ class GenerationService:
         tier_of: Callable[[uuid.UUID], int] | None = None,
         moderator: InputModerator | None = None,
         tier_cached: Callable[[uuid.UUID], int | None] | None = None,
+        batcher: CreateBatcher | None = None,
     ) -> None:
         self._engine = engine
         self._clock = clock
@@ -85,6 +87,8 @@ class GenerationService:
         #: the tier only if this process has it cached (None: a read is due), for `plan_on_loop`
         self._tier_cached = tier_cached
         self._moderator_local = isinstance(self._moderator, RuleModerator)
+        #: the loop's creates, several to a statement under load (None: one statement each)
+        self._batcher = batcher
 
     # ------------------------------------------------------------------------------------------- create
     def create(
@@ -145,7 +149,10 @@ class GenerationService:
         when the blocking path must finish it (`insert` with `whole_balance`: the task's balance stripe is short)."""
         with _creation_errors(new.cost):
             try:
-                row = await creation.create_on_loop(pool, self._engine, new)
+                if self._batcher is None:
+                    row = await creation.create_on_loop(pool, self._engine, new)
+                else:
+                    row = await self._batcher.create(pool, new)
             except creation.KeyTaken:
                 existing = await creation.by_key_on_loop(pool, new.tenant_id, new.key)
                 return None if existing is None else _replay(existing, new.request_hash)

@@ -1,0 +1,233 @@
+"""Creates waiting on one API process's event loop, sent to PostgreSQL several to a statement.
+
+`creation.create_on_loop` costs one statement, one commit and one pool checkout per task; under load the API's
+CPU went to psycopg's per-statement work and the server's to one commit per task. Here a create that finds
+`MAX_IN_FLIGHT` statements of its process already running waits for the next one, which carries every create
+that queued meanwhile (up to `MAX_BATCH`): no timer, so a lone create is sent at once and a batch grows only
+while the server is busy anyway.
+
+The batch statement writes what `create_on_loop` writes for each task — the task, its four state events, the
+RESERVE row, the notice, the stripe's decrement — or nothing at all. A key already taken yields no row (that
+caller replays the task, as `KeyTaken` says); anything else that stops the statement (a stripe short for the
+batch's sum, a twin still in flight, a deadlock) rolls the whole batch back and each of its creates runs alone
+through `create_on_loop`, so a batch never changes an answer, only how many statements it took. Locks are taken
+in one order: the keys in (tenant, key) order by the insert, the stripes in (tenant, stripe) order by
+`SELECT … FOR UPDATE` before the decrement, so two batches do not deadlock on each other's rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from aivedio_engine.clock import new_id
+from aivedio_engine.db import balances, creation, wakeup
+from aivedio_engine.db.creation import TASK_COLUMNS, KeyTaken, NewTask, TaskRow, notice_payload
+from aivedio_engine.db.handles import Engine
+from aivedio_engine.domain.events import ROUTES, EventType
+from aivedio_engine.domain.status import EventSource, StateEventOutcome
+from aivedio_engine.testing.failpoints import failpoint
+
+#: statements of one process sent at once before creates start to queue for the next
+MAX_IN_FLIGHT = 2
+#: creates in one statement at most (the rest wait for the next)
+MAX_BATCH = 64
+
+#: one JSON document per statement carries every task's values: psycopg dumps one string instead of a typed array
+#: per column (its array dumpers, element by element, took more of the API's CPU than the rest of the batch)
+_TASK_RECORD = """i(id uuid, tenant_id uuid, key text, hash text, status text, version bigint, progress smallint,
+    model text, provider text, priority integer, cost numeric, prompt text, params jsonb, deadline timestamptz,
+    trace text, now timestamptz, ledger_id uuid, outbox_id uuid, notice jsonb)"""
+_EVENT_RECORD = "e(id uuid, task uuid, type text, from_status text, to_status text, version bigint)"
+
+_BATCH_SQL = f"""
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(%(tasks)s::jsonb) AS {_TASK_RECORD}
+), task AS (
+    INSERT INTO generation_tasks (id, tenant_id, client_idempotency_key, request_hash, status, version, progress,
+        requested_model, selected_provider, priority, estimated_cost, reserved_amount, prompt, params, deadline_at,
+        trace_id, created_at, updated_at)
+    SELECT id, tenant_id, key, decode(hash, 'hex'), status, version, progress, model, provider, priority, cost, cost,
+        prompt, params, deadline, trace, now, now
+    FROM input ORDER BY tenant_id, key
+    ON CONFLICT (tenant_id, client_idempotency_key) DO NOTHING
+    RETURNING *
+), made AS (
+    SELECT i.*, {balances.STRIPE_OF_TASK_SQL.format(param="i.id")} AS stripe FROM task JOIN input i ON i.id = task.id
+), need AS (
+    SELECT tenant_id, stripe, sum(cost) AS cost FROM made GROUP BY tenant_id, stripe
+), locked AS (
+    SELECT s.tenant_id, s.stripe FROM tenant_balance_stripes s JOIN need n ON n.tenant_id = s.tenant_id
+        AND n.stripe = s.stripe
+    ORDER BY s.tenant_id, s.stripe FOR UPDATE OF s
+), balance AS (
+    UPDATE tenant_balance_stripes s SET balance = s.balance - n.cost
+    FROM need n JOIN locked l ON l.tenant_id = n.tenant_id AND l.stripe = n.stripe
+    WHERE s.tenant_id = n.tenant_id AND s.stripe = n.stripe AND s.balance >= n.cost
+    RETURNING s.stripe
+), events AS (
+    INSERT INTO task_state_events (id, task_id, source, source_event_id, event_type, from_status, to_status,
+        task_version, observed_at, outcome, created_at)
+    SELECT e.id, m.id, %(source)s, m.id::text || ':' || e.version, e.type, e.from_status, e.to_status, e.version,
+        m.now, %(applied)s, m.now
+    FROM made m JOIN jsonb_to_recordset(%(events)s::jsonb) AS {_EVENT_RECORD} ON e.task = m.id
+), reserve AS (
+    INSERT INTO credit_ledger (id, tenant_id, task_id, entry_type, amount, business_key, created_by, created_at)
+    SELECT m.ledger_id, m.tenant_id, m.id, 'RESERVE', -m.cost, 'reserve:' || m.id::text, 'api', m.now
+    FROM made m
+), notice AS (
+    INSERT INTO outbox_events (id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, status,
+        target, available_at, tenant_id, trace_id, created_at)
+    SELECT m.outbox_id, 'task', m.id, m.version, %(notice_type)s, m.notice, 'PENDING', %(notice_target)s, m.now,
+        m.tenant_id, m.trace, m.now
+    FROM made m
+)
+SELECT {", ".join(f"task.{c}" for c in TASK_COLUMNS)},
+    CASE WHEN (SELECT count(*) FROM balance) < (SELECT count(*) FROM need) THEN aivedio_insufficient_credits() END
+FROM task
+"""
+
+
+def _batch_params(news: Sequence[NewTask]) -> dict[str, Any]:
+    tasks: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    for new in news:
+        task_id = new.id.hex
+        tasks.append(
+            {
+                "id": task_id,
+                "tenant_id": new.tenant_id.hex,
+                "key": new.key,
+                "hash": new.request_hash.hex(),
+                "status": new.status,
+                "version": new.version,
+                "progress": new.progress,
+                "model": new.model,
+                "provider": new.provider,
+                "priority": new.priority,
+                "cost": str(new.cost),
+                "prompt": new.prompt,
+                "params": new.params,
+                "deadline": new.deadline_at.isoformat(),
+                "trace": new.trace_id,
+                "now": new.now.isoformat(),
+                "ledger_id": new_id().hex,
+                "outbox_id": new_id().hex,
+                "notice": notice_payload(new),
+            }
+        )
+        events += (
+            {"id": new_id().hex, "task": task_id, "type": t, "from_status": f, "to_status": to, "version": v}
+            for t, f, to, v in new.history
+        )
+    return {
+        "tasks": json.dumps(tasks, separators=(",", ":")),
+        "events": json.dumps(events, separators=(",", ":")),
+        "source": EventSource.API.value,
+        "applied": StateEventOutcome.APPLIED.value,
+        "notice_type": EventType.TASK_STATUS_CHANGED.value,
+        "notice_target": ROUTES[EventType.TASK_STATUS_CHANGED].actor,
+    }
+
+
+async def create_many_on_loop(pool: Any, engine: Engine, news: Sequence[NewTask]) -> dict[Any, TaskRow]:
+    """The batch statement: the rows created, by task id (a task missing from it found its key taken). Raises
+    whatever stopped the statement; then nothing was written."""
+    params = _batch_params(news)
+    async with pool.connection() as raw:
+        failpoint("create.before_commit")
+        cur = await raw.execute(_BATCH_SQL, params, prepare=True)
+        rows = await cur.fetchall()
+        failpoint("create.after_commit")
+    if rows:
+        wakeup.committed(engine, (wakeup.OUTBOX, wakeup.DISPATCH))
+    return {values[0]: TaskRow(dict(zip(TASK_COLUMNS, values[:-1], strict=True))) for values in rows}
+
+
+class CreateBatcher:
+    """`creation.create_on_loop` for one process's event loop, batching the creates that queue while its
+    statements run (see the module's docstring). Same results and errors as `create_on_loop`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._waiting: list[tuple[NewTask, asyncio.Future[Any]]] = []
+        #: senders running; counted by the senders themselves, so a create queued as the last one returns is seen
+        self._sending = 0
+        self._senders: set[asyncio.Task[None]] = set()  # held so they are not collected while running
+
+    async def create(self, pool: Any, new: NewTask) -> Any | None:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append((new, future))
+        if self._sending < MAX_IN_FLIGHT:
+            self._sending += 1
+            sender = asyncio.create_task(self._send_waiting(pool))
+            self._senders.add(sender)
+            sender.add_done_callback(self._senders.discard)
+        return await future
+
+    async def _send_waiting(self, pool: Any) -> None:
+        try:
+            while self._waiting:
+                batch = self._take()
+                try:
+                    await self._send(pool, batch)
+                except BaseException as exc:  # every waiter of the batch hears of it; none is left hanging
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+        finally:
+            # no await between the last look at the queue and this: a create queued after it starts a sender
+            self._sending -= 1
+
+    def _take(self) -> list[tuple[NewTask, asyncio.Future[Any]]]:
+        """Up to MAX_BATCH waiting creates, one per (tenant, key): a twin waits for the next statement, where it
+        finds its key taken and replays — two rows for one key in one INSERT would make the statement fail."""
+        batch: list[tuple[NewTask, asyncio.Future[Any]]] = []
+        rest: list[tuple[NewTask, asyncio.Future[Any]]] = []
+        keys: set[tuple[Any, str]] = set()
+        for item in self._waiting:
+            ident = (item[0].tenant_id, item[0].key)
+            if len(batch) < MAX_BATCH and ident not in keys:
+                keys.add(ident)
+                batch.append(item)
+            else:
+                rest.append(item)
+        self._waiting = rest
+        return batch
+
+    async def _send(self, pool: Any, batch: list[tuple[NewTask, asyncio.Future[Any]]]) -> None:
+        import psycopg
+
+        if len(batch) == 1:
+            await _alone(pool, self._engine, *batch[0])
+            return
+        try:
+            rows = await create_many_on_loop(pool, self._engine, [new for new, _ in batch])
+        except psycopg.Error:
+            # a short stripe, a twin in flight, a deadlock or a dropped connection: each create on its own, as if
+            # it had never been batched (nothing of the batch was written)
+            await asyncio.gather(*(_alone(pool, self._engine, new, future) for new, future in batch))
+            return
+        for new, future in batch:
+            if future.done():  # the request was cancelled; its task stands, and a retry with its key replays it
+                continue
+            row = rows.get(new.id)
+            if row is None:
+                future.set_exception(KeyTaken())
+            else:
+                future.set_result(row)
+
+
+async def _alone(pool: Any, engine: Engine, new: NewTask, future: asyncio.Future[Any]) -> None:
+    try:
+        result = await creation.create_on_loop(pool, engine, new)
+    except Exception as exc:  # noqa: BLE001 — handed to the waiting request, which raises it
+        if not future.done():
+            future.set_exception(exc)
+        return
+    if not future.done():
+        future.set_result(result)

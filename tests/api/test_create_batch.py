@@ -1,0 +1,163 @@
+"""Creates sent several to a statement (`db/creation_batch.py`), against PostgreSQL and Redis.
+
+Concurrent POSTs on one event loop, as uvicorn serves them: once two statements of the process are running, the
+creates that arrive wait for the next one and go together. Every answer and every row must be what one statement
+per create gives: a task per key, its four state events, the RESERVE, the notice, the balance equal to the ledger
+— and a batch that cannot commit as a whole (a short stripe) falls back to one create at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from aivedio_engine.api.app import create_app
+from aivedio_engine.bootstrap import AppContext
+from aivedio_engine.db import creation_batch
+from aivedio_engine.db.tables import credit_ledger, generation_tasks, outbox_events, task_state_events
+from tests.support.app import TenantKey, make_context, tenant_with_key
+from tests.support.balance import balance_of
+from tests.support.redis import private_prefix
+
+pytestmark = pytest.mark.postgres
+
+BODY = {"prompt": "a red fox running through snow", "model": "local-v1", "duration_s": 1}
+
+
+@pytest.fixture
+def ctx(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AppContext]:
+    for prefix in private_prefix("create-batch"):
+        context = make_context(
+            tmp_path / "data", request.getfixturevalue("pg_url"), mode="distributed", redis={"key_prefix": prefix}
+        )
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+class Batches:
+    """The sizes of the batch statements sent (a create sent alone does not count)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sizes: list[int] = []
+        real = creation_batch.create_many_on_loop
+
+        async def counting(pool: Any, engine: Any, news: Any) -> Any:
+            self.sizes.append(len(news))
+            return await real(pool, engine, news)
+
+        monkeypatch.setattr(creation_batch, "create_many_on_loop", counting)
+
+
+@pytest.fixture
+def batches(monkeypatch: pytest.MonkeyPatch) -> Batches:
+    return Batches(monkeypatch)
+
+
+def storm(ctx: AppContext, requests: list[tuple[TenantKey, str]], warm: list[TenantKey]) -> list[httpx.Response]:
+    """Each tenant of `warm` creates once (so its limits are cached), then every request is sent at once."""
+
+    async def run() -> list[httpx.Response]:
+        await ctx.loop_create.open()  # what the app's lifespan does under uvicorn
+        try:
+            transport = httpx.ASGITransport(app=create_app(ctx))
+            async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+
+                def post(who: TenantKey, key: str) -> Any:
+                    headers = {**who.headers, "Idempotency-Key": key}
+                    return client.post("/v1/generations", json=BODY, headers=headers)
+
+                for who in warm:
+                    assert (await post(who, "warm")).status_code == 202
+                return list(await asyncio.gather(*(post(who, key) for who, key in requests)))
+        finally:
+            await ctx.loop_create.close()
+
+    return asyncio.run(run())
+
+
+def count(ctx: AppContext, table: sa.Table, *where: Any) -> int:
+    with ctx.engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one())
+
+
+def money(ctx: AppContext, tenant_id: uuid.UUID) -> tuple[Decimal, Decimal]:
+    """(balance, sum of the tenant's ledger)"""
+    with ctx.engine.connect() as conn:
+        ledger = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(credit_ledger.c.amount), 0)).where(
+                credit_ledger.c.tenant_id == tenant_id
+            )
+        ).scalar_one()
+        return balance_of(conn, tenant_id), Decimal(ledger)
+
+
+def assert_whole(ctx: AppContext, task_id: uuid.UUID) -> None:
+    assert count(ctx, task_state_events, task_state_events.c.task_id == task_id) == 4
+    assert count(ctx, credit_ledger, credit_ledger.c.task_id == task_id, credit_ledger.c.entry_type == "RESERVE") == 1
+    assert count(ctx, outbox_events, outbox_events.c.aggregate_id == task_id) == 1
+
+
+def test_concurrent_creates_of_two_tenants_go_several_to_a_statement_and_write_every_row(
+    ctx: AppContext, batches: Batches
+) -> None:
+    alice = tenant_with_key(ctx, "alice", credits=1000)
+    bob = tenant_with_key(ctx, "bob", credits=1000)
+    answers = storm(ctx, [(who, f"k{i}") for i in range(20) for who in (alice, bob)], warm=[alice, bob])
+    assert [a.status_code for a in answers] == [202] * 40, [a.text for a in answers if a.status_code != 202]
+    assert not any("idempotent-replayed" in a.headers for a in answers)
+    assert max(batches.sizes, default=0) > 1, batches.sizes  # some creates did share a statement
+    assert sum(batches.sizes) <= 40
+    ids = {uuid.UUID(a.json()["id"]) for a in answers}
+    assert len(ids) == 40
+    for task_id in ids:
+        assert_whole(ctx, task_id)
+    cost = Decimal(answers[0].json()["estimated_cost"])
+    for who in (alice, bob):
+        assert count(ctx, generation_tasks, generation_tasks.c.tenant_id == who.tenant_id) == 21
+        assert money(ctx, who.tenant_id) == (Decimal(1000) - 21 * cost,) * 2
+
+
+def test_the_same_key_sent_many_times_at_once_makes_one_task_and_replays_it(ctx: AppContext, batches: Batches) -> None:
+    alice = tenant_with_key(ctx, "alice", credits=1000)
+    requests = [(alice, "twin")] * 12 + [(alice, f"k{i}") for i in range(12)]
+    answers = storm(ctx, requests, warm=[alice])
+    assert [a.status_code for a in answers] == [202] * 24, [a.text for a in answers if a.status_code != 202]
+    twins = answers[:12]
+    assert len({a.json()["id"] for a in twins}) == 1
+    assert sum("idempotent-replayed" not in a.headers for a in twins) == 1  # one made it, eleven replayed it
+    assert count(ctx, generation_tasks, generation_tasks.c.client_idempotency_key == "twin") == 1
+    assert max(batches.sizes, default=0) > 1, batches.sizes
+    cost = Decimal(answers[0].json()["estimated_cost"])
+    assert money(ctx, alice.tenant_id) == (Decimal(1000) - 14 * cost,) * 2
+
+
+def test_a_batch_its_stripes_cannot_cover_falls_back_to_one_create_at_a_time(ctx: AppContext, batches: Batches) -> None:
+    """Credits for 4 tasks spread over every stripe: no batch statement can commit (each refuses for its stripes'
+    sum), so each create runs alone and ends as it would have: 4 are made from the whole balance, the rest are
+    402, and the balance never goes below zero."""
+    rich = tenant_with_key(ctx, "rich", credits=1000)
+    price = storm(ctx, [], warm=[rich])  # nothing but the warm-up: it tells the price
+    assert price == []
+    with ctx.engine.connect() as conn:
+        cost = Decimal(conn.execute(sa.select(generation_tasks.c.estimated_cost)).scalar_one())
+    poor = tenant_with_key(ctx, "poor", credits=5 * cost)  # the warm-up takes one
+    answers = storm(ctx, [(poor, f"p{i}") for i in range(12)], warm=[poor])
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [202] * 4 + [402] * 8, [a.text for a in answers]
+    assert all(a.json()["type"].endswith("insufficient-credits") for a in answers if a.status_code == 402)
+    assert max(batches.sizes, default=0) > 1, batches.sizes  # batches were tried, and refused as a whole
+    assert money(ctx, poor.tenant_id) == (Decimal(0), Decimal(0))
+    assert count(ctx, generation_tasks, generation_tasks.c.tenant_id == poor.tenant_id) == 5
+    for a in answers:
+        if a.status_code == 202:
+            assert_whole(ctx, uuid.UUID(a.json()["id"]))
