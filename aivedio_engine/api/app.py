@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aivedio_engine import __version__
 from aivedio_engine.api import openapi, problems
+from aivedio_engine.api.fast_create import FastCreate
 from aivedio_engine.api.routes import callbacks, events, generations, health, metrics, models, playback
 from aivedio_engine.bootstrap import AppContext
 
@@ -52,6 +53,8 @@ def create_app(ctx: AppContext) -> FastAPI:
     app.include_router(metrics.router)
     for router in _optional_routers():
         app.include_router(router)
+    # innermost of the three: the create route's fast path sees the request id and the size cap already applied
+    app.add_middleware(FastCreate, ctx=ctx, handlers=app.exception_handlers)
     app.add_middleware(BodyLimit, max_bytes=ctx.settings.api.max_body_bytes)
     app.add_middleware(RequestId)
     return app

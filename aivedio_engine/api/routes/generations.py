@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from aivedio_engine.api.deps import Auth, Ctx
 from aivedio_engine.api.validation import IDEMPOTENCY_KEY_MAX, IDEMPOTENCY_KEY_PATTERN, Text
+from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.domain.requests import (
     MAX_ASSETS,
     MAX_OUTPUTS,
@@ -147,15 +148,23 @@ async def create_generation(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", json_schema_extra=_KEY_SCHEMA)] = None,
 ) -> Response:
     """Create a generation. The same Idempotency-Key with the same request returns the original task."""
-    raw = body.model_dump(exclude_none=True, mode="json")
     trace_id = getattr(request.state, "request_id", None)
-    created = await ctx.loop_create.create(principal.tenant_id, idempotency_key, raw, trace_id)
+    content, headers = await accept(ctx, principal.tenant_id, idempotency_key, body, trace_id)
+    return Response(content, 202, headers, media_type="application/json")
+
+
+async def accept(
+    ctx: AppContext, tenant_id: uuid.UUID, idempotency_key: str | None, body: GenerationRequest, trace_id: str | None
+) -> tuple[bytes, dict[str, str]]:
+    """The create's 202, body and headers: the route above and its fast path (api/fast_create.py) answer with it."""
+    raw = body.model_dump(exclude_none=True, mode="json")
+    created = await ctx.loop_create.create(tenant_id, idempotency_key, raw, trace_id)
     headers = {"Location": f"/v1/generations/{created.task.id}"}
     if created.replayed:
         headers["Idempotent-Replayed"] = "true"
     # rendered here, not by FastAPI's response_model (kept for the schema): the model is built from our own view,
     # so validating it a second time on the way out only cost CPU on the hottest route
-    return Response(render(created.task).model_dump_json(), 202, headers, media_type="application/json")
+    return render(created.task).model_dump_json().encode(), headers
 
 
 @router.get("/{task_id}", response_model=Generation)
