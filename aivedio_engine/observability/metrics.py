@@ -82,6 +82,17 @@ REQUESTS_RATE_LIMITED = Counter(
     "Requests refused with 429 by a tenant's token bucket (api.tenant_rate_limit_per_s / tenants update).",
     ["action"],
 )
+CREATE_BATCHES = Histogram(
+    "aivedio_create_batch_size",
+    "Creates sent together in one statement by this API process (db/creation_batch.py; a lone create counts 1).",
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
+#: a batch that could not commit whole (a short stripe, a twin in flight, a deadlock): its creates ran one by one
+CREATE_BATCH_FALLBACKS = Counter(
+    "aivedio_create_batch_fallbacks",
+    "Create batches rolled back and retried one create at a time, by the SQLSTATE that stopped them.",
+    ["sqlstate"],
+)
 ACTOR_IN_PROGRESS = Gauge("aivedio_actor_in_progress", "Actor calls running now in this process.", ["actor"])
 MEDIA_ACTORS = ("process_media",)
 

@@ -161,3 +161,65 @@ def test_a_batch_its_stripes_cannot_cover_falls_back_to_one_create_at_a_time(ctx
     for a in answers:
         if a.status_code == 202:
             assert_whole(ctx, uuid.UUID(a.json()["id"]))
+
+
+def test_a_create_waiting_on_a_lock_does_not_hold_up_the_other_creates_of_its_process(
+    ctx: AppContext, pg_url: str
+) -> None:
+    """A twin's key held by another transaction keeps one statement waiting (up to the lock timeout); the next
+    create of the same process goes out beside it once it has waited STALLED_S, and answers first."""
+    import psycopg
+
+    alice = tenant_with_key(ctx, "alice", credits=1000)
+    conninfo = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    holder = psycopg.connect(conninfo)
+    watcher = psycopg.connect(conninfo, autocommit=True)  # a fresh view of pg_stat_activity on every read
+    order: list[str] = []
+
+    async def run() -> tuple[httpx.Response, httpx.Response]:
+        await ctx.loop_create.open()
+        try:
+            transport = httpx.ASGITransport(app=create_app(ctx))
+            async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+
+                async def post(key: str) -> httpx.Response:
+                    headers = {**alice.headers, "Idempotency-Key": key}
+                    response = await client.post("/v1/generations", json=BODY, headers=headers)
+                    order.append(key)
+                    return response
+
+                assert (await post("warm")).status_code == 202
+                # another transaction holds the key "held" (as a twin's create in another process would)
+                holder.execute(
+                    "INSERT INTO generation_tasks (id, tenant_id, client_idempotency_key, request_hash, status,"
+                    " requested_model, estimated_cost, prompt, params, created_at, updated_at)"
+                    " VALUES (%s, %s, 'held', '\\x00', 'QUEUED', 'local-v1', 0, 'p', '{}', now(), now())",
+                    (uuid.uuid4(), alice.tenant_id),
+                )
+                stuck = asyncio.create_task(post("held"))
+                while not _waiting_on_a_lock(watcher):  # the create's statement now waits for the holder
+                    await asyncio.sleep(0.01)
+                free = await post("free")
+                assert not stuck.done()  # still waiting on the lock when the other create was answered
+                holder.rollback()  # the twin went away: the waiting create takes the key
+                return await stuck, free
+        finally:
+            await ctx.loop_create.close()
+
+    try:
+        stuck, free = asyncio.run(run())
+    finally:
+        holder.close()
+        watcher.close()
+    assert free.status_code == 202, free.text
+    assert stuck.status_code == 202, stuck.text
+    assert order[-2:] == ["free", "held"]
+    assert count(ctx, generation_tasks, generation_tasks.c.tenant_id == alice.tenant_id) == 3
+
+
+def _waiting_on_a_lock(conn: Any) -> bool:
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        return bool(cur.fetchone()[0])
