@@ -28,6 +28,9 @@ def bench_settings(database_url: str, pool_size: int = 20, data_dir: str | None 
         "broker": {"kind": "redis"},
         # the benchmark measures the create path, not a tenant's request rate limit
         "api": {"tenant_rate_limit_per_s": 1e9, "tenant_rate_burst": 10**9},
+        # nor load shedding: nothing relays the outbox here, so after limits.shed_outbox_age_s (300 s) of a full
+        # run every create was refused 503 (reps 2 and 3 of a full run measured 0 creates/s)
+        "limits": {"shed_outbox_age_s": 0},
     }
     if data_dir:
         overrides["data_dir"] = data_dir
