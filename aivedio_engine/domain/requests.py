@@ -12,7 +12,7 @@ import json
 import unicodedata
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -92,12 +92,16 @@ class GenerationParams:
     n: int = 1
 
     def canonical(self) -> dict[str, Any]:
-        data = asdict(self)
+        # every field is a scalar or a tuple of strings, so a shallow copy is what `asdict` (a deep copy, ~5 % of
+        # the API's CPU per create under py-spy) gave
+        data = {name: getattr(self, name) for name in _PARAM_FIELDS}
         data["asset_ids"] = list(self.asset_ids)
         if self.n == 1:  # absent means one: a single-output request keeps the hash it had before `n` existed
             del data["n"]
         return data
 
+
+_PARAM_FIELDS = tuple(f.name for f in fields(GenerationParams))
 
 _FIELDS = {
     "prompt",
