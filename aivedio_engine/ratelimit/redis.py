@@ -68,7 +68,7 @@ class RedisBucketStore:
         self._take = client.register_script(_TAKE)
         #: makes the asyncio client of `take_on_loop`, on the loop that first needs it
         self._loop_client = loop_client
-        self._take_on_loop: Any = None
+        self._on_loop: _LoopTakes | None = None
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> RedisBucketStore:
@@ -88,15 +88,77 @@ class RedisBucketStore:
         return Verdict(bool(int(allowed)), float(remaining), float(retry))
 
     async def take_on_loop(self, key: str, rate: Rate, now: float) -> Verdict:
+        """`take` for an event loop. The takes that queue while one round trip is out go together in the next, as
+        one pipeline of the same script call each: every take keeps its own answer, as if sent alone, but a busy
+        API process sends one command batch (one write, one read) instead of one per request (the writes alone
+        were ~9 % of its CPU under py-spy)."""
         loop = asyncio.get_running_loop()
-        if self._take_on_loop is None or self._take_on_loop[0] is not loop:  # an asyncio client serves one loop
+        if self._on_loop is None or self._on_loop.loop is not loop:  # an asyncio client serves one loop
             if self._loop_client is None:
                 raise RuntimeError("this store was built without an asyncio client (RedisBucketStore.from_url)")
-            self._take_on_loop = (loop, self._loop_client().register_script(_TAKE))
-        script = self._take_on_loop[1]
-        allowed, remaining, retry = await script(keys=[self.key(key)], args=self._args(rate, now))
+            self._on_loop = _LoopTakes(loop, self._loop_client())
+        allowed, remaining, retry = await self._on_loop.take(self.key(key), self._args(rate, now))
         return Verdict(bool(int(allowed)), float(remaining), float(retry))
 
     def _args(self, rate: Rate, now: float) -> list[str]:
         now_arg = "" if self._server_time else repr(float(now))
         return [repr(rate.per_s), repr(float(rate.burst)), "1", now_arg]
+
+
+class _LoopTakes:
+    """The take script on one event loop's asyncio client, the takes queued meanwhile sent as one pipeline."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, client: Any) -> None:
+        self.loop = loop
+        self._client = client
+        self._script = client.register_script(_TAKE)
+        self._queued: list[tuple[str, list[str], asyncio.Future[Any]]] = []
+        self._sending = False
+        self._sender: asyncio.Task[None] | None = None  # held so it is not collected while running
+
+    async def take(self, key: str, args: list[str]) -> Any:
+        future: asyncio.Future[Any] = self.loop.create_future()
+        self._queued.append((key, args, future))
+        if not self._sending:
+            self._sending = True
+            self._sender = self.loop.create_task(self._send_queued())
+        return await future
+
+    async def _send_queued(self) -> None:
+        try:
+            while self._queued:
+                batch, self._queued = self._queued, []
+                try:
+                    results = await self._send(batch)
+                    if len(results) != len(batch):  # never expected; but no take may be left without an answer
+                        raise redis.RedisError(f"{len(results)} answers to {len(batch)} takes")
+                except Exception as exc:  # noqa: BLE001 — unreachable or refused: each take of the batch hears it
+                    results = [exc] * len(batch)
+                except BaseException:  # cancelled (the loop is closing): nobody is left hanging on an answer
+                    for _, _, future in (*batch, *self._queued):
+                        future.cancel()
+                    raise
+                for (_, _, future), result in zip(batch, results, strict=True):
+                    if future.done():  # the request went away
+                        continue
+                    if isinstance(result, BaseException):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+        finally:
+            # no await between the last look at the queue and this: a take queued after it starts a sender
+            self._sending = False
+
+    async def _send(self, batch: list[tuple[str, list[str], asyncio.Future[Any]]]) -> list[Any]:
+        if len(batch) == 1:
+            key, args, _ = batch[0]
+            return [await self._script(keys=[key], args=args)]
+        pipe = self._client.pipeline(transaction=False)
+        for key, args, _ in batch:
+            pipe.evalsha(self._script.sha, 1, key, *args)
+        results = list(await pipe.execute(raise_on_error=False))
+        for i, result in enumerate(results):
+            if isinstance(result, redis.exceptions.NoScriptError):  # a restarted Redis: the script loads it again
+                key, args, _ = batch[i]
+                results[i] = await self._script(keys=[key], args=args)
+        return results

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -68,3 +69,46 @@ def test_distributed_mode_builds_the_redis_bucket_with_the_fallback(prefix: str)
     assert store.take("t", Rate(1, 1), 0).allowed and not store.take("t", Rate(1, 1), 0).allowed
     assert not store.degraded
     assert isinstance(build_bucket_store(load_settings(None, {})), MemoryBucketStore)
+
+
+def test_takes_queued_on_the_loop_go_as_one_pipeline_and_answer_as_if_sent_alone(
+    client: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Takes that queue while a round trip is out are sent together; each keeps its own answer (the domain
+    function's, in the order they were taken), also after Redis forgot the script (NOSCRIPT: it is loaded again)."""
+    import asyncio
+
+    import redis.asyncio
+
+    sent: list[int] = []
+    real_execute = redis.asyncio.client.Pipeline.execute
+
+    async def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(len(self.command_stack))
+        return await real_execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.asyncio.client.Pipeline, "execute", counting)
+    store = RedisBucketStore(
+        client, prefix, server_time=False, loop_client=lambda: redis.asyncio.Redis.from_url(REDIS_URL)
+    )
+    rate, now = Rate(per_s=1, burst=5), 1_700_000_000.0
+    keys = [f"t{i % 3}" for i in range(24)]  # 8 takes per bucket: 5 allowed, 3 refused each
+
+    async def storm() -> list[Any]:
+        first = await asyncio.gather(*(store.take_on_loop(k, rate, now) for k in keys))
+        client.script_flush()  # Redis restarted, say: the next batch meets NOSCRIPT
+        again = await asyncio.gather(*(store.take_on_loop(f"again-{k}", rate, now) for k in keys))
+        return [*first, *again]
+
+    got = asyncio.run(storm())
+    buckets: dict[str, Bucket | None] = {}
+    expected = []
+    for k in [*keys, *(f"again-{k}" for k in keys)]:
+        verdict, buckets[k] = take(buckets.get(k), rate, now)
+        expected.append(verdict)
+    assert [g.allowed for g in got] == [e.allowed for e in expected]
+    assert [g.allowed for g in got[:24]].count(True) == 15
+    for g, e in zip(got, expected, strict=True):
+        assert g.remaining == pytest.approx(e.remaining, abs=1e-9)
+        assert g.retry_after_s == pytest.approx(e.retry_after_s, abs=1e-9)
+    assert sent and max(sent) > 1 and len(sent) < 2 * len(keys)  # batched, not one round trip per take
