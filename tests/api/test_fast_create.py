@@ -22,7 +22,17 @@ from tests.support.app import TenantKey, make_context, tenant_with_key
 
 BODY = {"prompt": "a red fox running through snow", "model": "local-v1", "duration_s": 1}
 #: fields that differ between any two answers (ids, times, the request id)
-VOLATILE = {"id", "created_at", "updated_at", "deadline_at", "request_id", "location", "x-request-id", "instance", "links"}
+VOLATILE = {
+    "id",
+    "created_at",
+    "updated_at",
+    "deadline_at",
+    "request_id",
+    "location",
+    "x-request-id",
+    "instance",
+    "links",
+}
 
 
 @pytest.fixture
