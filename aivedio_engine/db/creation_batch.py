@@ -162,7 +162,8 @@ class CreateBatcher:
         self._senders: set[asyncio.Task[None]] = set()  # held so they are not collected while running
         #: when each running statement was sent (loop time), by sender
         self._sent_at: dict[int, float] = {}
-        self._stall_check: asyncio.TimerHandle | None = None
+        #: the loop a look-again is armed on (None: none is): one closed before it fired leaves no stale mark
+        self._stall_check: asyncio.AbstractEventLoop | None = None
 
     async def create(self, pool: Any, new: NewTask) -> Any | None:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -178,8 +179,9 @@ class CreateBatcher:
         loop = asyncio.get_running_loop()
         running_for = loop.time() - min(self._sent_at.values(), default=loop.time())
         if self._sending and running_for < STALLED_S:
-            if self._stall_check is None:
-                self._stall_check = loop.call_later(STALLED_S - running_for, self._look_again, pool)
+            if self._stall_check is not loop:
+                self._stall_check = loop
+                loop.call_later(STALLED_S - running_for, self._look_again, pool)
             return
         self._sending += 1
         sender = asyncio.create_task(self._send_waiting(pool))
