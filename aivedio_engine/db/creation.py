@@ -152,6 +152,15 @@ def create(engine: Engine, new: NewTask, *, whole_balance: bool = False) -> Any:
     return _create_core(engine, new)
 
 
+#: what every create statement binds the same way: the single CTE here and the batch (db/creation_batch.py)
+FIXED_PARAMS: dict[str, Any] = {
+    "source": EventSource.API.value,
+    "applied": StateEventOutcome.APPLIED.value,
+    "notice_type": EventType.TASK_STATUS_CHANGED.value,
+    "notice_target": ROUTES[EventType.TASK_STATUS_CHANGED].actor,
+}
+
+
 def _pg_params(new: NewTask) -> dict[str, Any]:
     from psycopg.types.json import Jsonb
 
@@ -172,8 +181,7 @@ def _pg_params(new: NewTask) -> dict[str, Any]:
         "deadline": new.deadline_at,
         "trace": new.trace_id,
         "now": new.now,
-        "source": EventSource.API.value,
-        "applied": StateEventOutcome.APPLIED.value,
+        **FIXED_PARAMS,
         "ev_ids": [new_id() for _ in new.history],
         "ev_types": [h[0] for h in new.history],
         "ev_from": [h[1] for h in new.history],
@@ -181,9 +189,7 @@ def _pg_params(new: NewTask) -> dict[str, Any]:
         "ev_versions": [h[3] for h in new.history],
         "ledger_id": new_id(),
         "outbox_id": new_id(),
-        "notice_type": EventType.TASK_STATUS_CHANGED.value,
         "notice_payload": Jsonb(notice_payload(new)),
-        "notice_target": ROUTES[EventType.TASK_STATUS_CHANGED].actor,
     }
 
 

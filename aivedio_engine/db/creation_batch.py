@@ -26,10 +26,8 @@ from typing import Any
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import balances, creation, wakeup
-from aivedio_engine.db.creation import TASK_COLUMNS, KeyTaken, NewTask, TaskRow, notice_payload
+from aivedio_engine.db.creation import FIXED_PARAMS, TASK_COLUMNS, KeyTaken, NewTask, TaskRow, notice_payload
 from aivedio_engine.db.handles import Engine
-from aivedio_engine.domain.events import ROUTES, EventType
-from aivedio_engine.domain.status import EventSource, StateEventOutcome
 from aivedio_engine.observability.metrics import CREATE_BATCH_FALLBACKS, CREATE_BATCHES
 from aivedio_engine.testing.failpoints import failpoint
 
@@ -129,10 +127,7 @@ def _batch_params(news: Sequence[NewTask]) -> dict[str, Any]:
     return {
         "tasks": json.dumps(tasks, separators=(",", ":")),
         "events": json.dumps(events, separators=(",", ":")),
-        "source": EventSource.API.value,
-        "applied": StateEventOutcome.APPLIED.value,
-        "notice_type": EventType.TASK_STATUS_CHANGED.value,
-        "notice_target": ROUTES[EventType.TASK_STATUS_CHANGED].actor,
+        **FIXED_PARAMS,
     }
 
 

@@ -23,9 +23,8 @@ from aivedio_engine.api.app import create_app
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db import creation_batch
 from aivedio_engine.db.tables import credit_ledger, generation_tasks, outbox_events, task_state_events
-from tests.support.app import TenantKey, make_context, tenant_with_key
+from tests.support.app import TenantKey, distributed_context, tenant_with_key
 from tests.support.balance import balance_of
-from tests.support.redis import private_prefix
 
 pytestmark = pytest.mark.postgres
 
@@ -34,14 +33,7 @@ BODY = {"prompt": "a red fox running through snow", "model": "local-v1", "durati
 
 @pytest.fixture
 def ctx(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AppContext]:
-    for prefix in private_prefix("create-batch"):
-        context = make_context(
-            tmp_path / "data", request.getfixturevalue("pg_url"), mode="distributed", redis={"key_prefix": prefix}
-        )
-        try:
-            yield context
-        finally:
-            context.close()
+    yield from distributed_context(tmp_path / "data", request.getfixturevalue("pg_url"), "create-batch")
 
 
 class Batches:

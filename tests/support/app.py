@@ -42,6 +42,19 @@ def make_context(data_dir: Path, database_url: str | None = None, clock: Any = N
     return ctx
 
 
+def distributed_context(data_dir: Path, database_url: str, prefix_name: str, **overrides: Any) -> Iterator[AppContext]:
+    """A distributed-mode context on `database_url` whose Redis keys live under a private prefix (removed after);
+    `yield from` it in a fixture."""
+    from tests.support.redis import private_prefix
+
+    for prefix in private_prefix(prefix_name):
+        ctx = make_context(data_dir, database_url, mode="distributed", redis={"key_prefix": prefix}, **overrides)
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+
+
 @dataclass
 class TenantKey:
     tenant_id: Any
