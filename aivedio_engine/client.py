@@ -26,6 +26,7 @@ from aivedio_engine.storage.base import CHUNK, iter_file
 
 if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext
+    from aivedio_engine.services.task_view import TaskView
     from aivedio_engine.services.tenants import Principal
 
 TERMINAL = frozenset(s.value for s in TASK_TERMINAL)
@@ -264,7 +265,7 @@ class EmbeddedClient:
         events = notifications.history(self._ctx.engine, self._principal.tenant_id, uuid.UUID(task_id), after_version)
         return [Snapshot(task_id, e["status"], int(e["version"]), int(e["progress"] or 0)) for e in events]
 
-    def _snapshot(self, task: Any, *, with_outputs: bool = True) -> Snapshot:
+    def _snapshot(self, task: TaskView, *, with_outputs: bool = True) -> Snapshot:
         outputs: dict[str, str] = {}
         variants: list[dict[str, Any]] = []
         if with_outputs and task.status == TaskStatus.SUCCEEDED.value:

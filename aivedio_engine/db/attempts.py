@@ -15,6 +15,7 @@ from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import lock_order
+from aivedio_engine.db.records import Attempt
 from aivedio_engine.db.session import run_prebuilt
 from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.retry import LastError, last_error_value
@@ -73,12 +74,20 @@ def create(
     return attempt_id
 
 
-def read(conn: Connection, attempt_id: uuid.UUID, *, lock: bool = False) -> Any:
+def read(conn: Connection, attempt_id: uuid.UUID, *, lock: bool = False) -> Attempt | None:
     """The attempt; with `lock`, under its row lock, which needs its task's lock first (`db.lock_order`)."""
     return _locked(conn, sa.select(task_attempts).where(_a.id == attempt_id), lock)
 
 
-def by_job(conn: Connection, provider: str, job_id: str, *, lock: bool = False) -> Any:
+def get(conn: Connection, attempt_id: uuid.UUID, *, lock: bool = False) -> Attempt:
+    """`read` of an attempt that must exist (one a message or a row names)."""
+    attempt = read(conn, attempt_id, lock=lock)
+    if attempt is None:
+        raise LookupError(f"attempt {attempt_id} does not exist")
+    return attempt
+
+
+def by_job(conn: Connection, provider: str, job_id: str, *, lock: bool = False) -> Attempt | None:
     return _locked(conn, sa.select(task_attempts).where(_a.provider == provider, _a.provider_job_id == job_id), lock)
 
 
@@ -136,25 +145,27 @@ def lease_facts(conn: Connection, attempt_id: uuid.UUID) -> LeaseFacts | None:
     return None if row is None else LeaseFacts(*row)
 
 
-def _locked(conn: Connection, stmt: sa.Select[Any], lock: bool) -> Any:
+def _locked(conn: Connection, stmt: sa.Select[Any], lock: bool) -> Attempt | None:
     if not (lock and conn.dialect.name == "postgresql"):
-        return conn.execute(stmt).first()
+        return Attempt.of(conn.execute(stmt).first())
     row = conn.execute(stmt.with_for_update()).first()
     if row is not None:
         lock_order.require_task_locked(conn, row.task_id, row.id)
-    return row
+    return Attempt.of(row)
 
 
-def current(conn: Connection, task_id: uuid.UUID) -> Any:
+def current(conn: Connection, task_id: uuid.UUID) -> Attempt | None:
     """The task's latest attempt (highest attempt_no), or None."""
-    return conn.execute(
-        sa.select(task_attempts).where(_a.task_id == task_id).order_by(_a.attempt_no.desc()).limit(1)
-    ).first()
+    return Attempt.of(
+        conn.execute(
+            sa.select(task_attempts).where(_a.task_id == task_id).order_by(_a.attempt_no.desc()).limit(1)
+        ).first()
+    )
 
 
 def transition(
     conn: Connection,
-    attempt: Any,
+    attempt: Attempt,
     event: AttemptEvent,
     now: datetime,
     *,

@@ -35,6 +35,7 @@ from sqlalchemy import Connection, Engine
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import balances, ledger, outbox, tasks, wakeup
+from aivedio_engine.db.records import Task
 from aivedio_engine.db.session import pg_transaction, read_conn, run_prebuilt_on_loop, write_tx
 from aivedio_engine.db.tables import generation_tasks
 from aivedio_engine.domain.events import ROUTES, EventType
@@ -125,22 +126,7 @@ _LOCK_TIMEOUT_SQL = f"SELECT set_config('lock_timeout', '{IN_FLIGHT_WAIT_MS}ms',
 LOOP_SESSION = {"lock_timeout": f"{IN_FLIGHT_WAIT_MS}ms"}
 
 
-class TaskRow:
-    """A created task row with attribute access, as SQLAlchemy rows have (TaskView.of reads it)."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self._values = values
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
-def create(engine: Engine, new: NewTask, *, whole_balance: bool = False) -> Any:
+def create(engine: Engine, new: NewTask, *, whole_balance: bool = False) -> Task:
     """Insert the task and everything that commits with it; returns the task row. `whole_balance`: go straight to
     the reservation that draws on all of the tenant's stripes (the task's own was found short already).
 
@@ -193,7 +179,7 @@ def _pg_params(new: NewTask) -> dict[str, Any]:
     }
 
 
-def _create_pg(engine: Engine, new: NewTask) -> Any:
+def _create_pg(engine: Engine, new: NewTask) -> Task:
     import psycopg
 
     params = _pg_params(new)
@@ -221,7 +207,7 @@ def _create_pg(engine: Engine, new: NewTask) -> Any:
     return _create_core(engine, new, whole_balance=True)
 
 
-async def create_on_loop(pool: Any, engine: Engine, new: NewTask) -> Any | None:
+async def create_on_loop(pool: Any, engine: Engine, new: NewTask) -> Task | None:
     """`create` for an event loop: the same statement, one round trip, on an async psycopg connection from `pool`
     (autocommit sessions with `LOOP_SESSION`, `db/async_pool.py`). Returns the task row, or None when the task's
     stripe could not cover it: nothing was written, and the caller runs `create(..., whole_balance=True)`
@@ -246,7 +232,7 @@ async def create_on_loop(pool: Any, engine: Engine, new: NewTask) -> Any | None:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _run_pg_async(raw: Any, params: dict[str, Any]) -> Any:
+async def _run_pg_async(raw: Any, params: dict[str, Any]) -> Task:
     """The CTE alone, in autocommit: one statement is its own transaction, so there is no BEGIN or COMMIT to send
     and no pipeline (psycopg's async pipeline handling took 30 % of the API's CPU under py-spy). The loop pool's
     sessions carry the lock timeout (`LOOP_SESSION`); a statement that raises has rolled itself back."""
@@ -263,19 +249,19 @@ async def _run_pg_async(raw: Any, params: dict[str, Any]) -> Any:
     return _created(await cur.fetchone())
 
 
-async def by_key_on_loop(pool: Any, tenant_id: uuid.UUID, key: str) -> Any:
+async def by_key_on_loop(pool: Any, tenant_id: uuid.UUID, key: str) -> Task | None:
     """`by_key` on the loop pool: the task a taken key holds (None if it is gone meanwhile)."""
     async with pool.connection() as raw:
         cur = await run_prebuilt_on_loop(raw, _BY_KEY, {"tenant_id": tenant_id, "key": key})
         values = await cur.fetchone()
-    return None if values is None else TaskRow(dict(zip(TASK_COLUMNS, values, strict=True)))
+    return Task.of(values)
 
 
 class _StripeShort(Exception):
     """The task's balance stripe could not cover it: nothing was written; the balance as a whole may still."""
 
 
-def _run_pg(raw: Any, params: dict[str, Any]) -> Any:
+def _run_pg(raw: Any, params: dict[str, Any]) -> Task:
     """BEGIN, the lock timeout, the CTE and COMMIT: one round trip. A stripe that cannot cover the reservation or a
     twin still in flight aborts the statement, and the COMMIT queued behind it then does nothing."""
     import psycopg
@@ -297,13 +283,13 @@ def _run_pg(raw: Any, params: dict[str, Any]) -> Any:
     return _created(cur.fetchone())
 
 
-def _created(values: Any) -> TaskRow:
+def _created(values: Any) -> Task:
     if values is None:  # the key was taken; nothing was written
         raise KeyTaken
-    return TaskRow(dict(zip(TASK_COLUMNS, values[:-1], strict=True)))
+    return Task(*values[:-1])  # the last column is the refusal guard
 
 
-def _create_core(engine: Engine, new: NewTask, *, whole_balance: bool = False) -> Any:
+def _create_core(engine: Engine, new: NewTask, *, whole_balance: bool = False) -> Task:
     from sqlalchemy.exc import IntegrityError
 
     try:
@@ -320,7 +306,7 @@ def _create_core(engine: Engine, new: NewTask, *, whole_balance: bool = False) -
     return row
 
 
-def _insert_core(conn: Connection, new: NewTask, whole_balance: bool) -> Any:
+def _insert_core(conn: Connection, new: NewTask, whole_balance: bool) -> Task:
     row = conn.execute(
         generation_tasks.insert()
         .values(
@@ -345,6 +331,7 @@ def _insert_core(conn: Connection, new: NewTask, whole_balance: bool) -> Any:
         )
         .returning(*generation_tasks.c)
     ).one()
+    record = Task(*row)
     tasks.record_events(
         conn,
         [
@@ -386,20 +373,20 @@ def _insert_core(conn: Connection, new: NewTask, whole_balance: bool) -> Any:
         )
     except ledger.InsufficientBalance as exc:
         raise Unaffordable(exc.balance) from None
-    return row
+    return record
 
 
 def notice_payload(new: NewTask) -> dict[str, Any]:
     return tasks.status_changed_payload(new.id, new.version, new.status, new.progress)
 
 
-def by_key(engine: Engine, tenant_id: uuid.UUID, key: str) -> Any:
+def by_key(engine: Engine, tenant_id: uuid.UUID, key: str) -> Task | None:
     with read_conn(engine) as conn:
         return _by_key(conn, tenant_id, key)
 
 
-def _by_key(conn: Connection, tenant_id: uuid.UUID, key: str) -> Any:
-    return conn.execute(_BY_KEY, {"tenant_id": tenant_id, "key": key}).first()
+def _by_key(conn: Connection, tenant_id: uuid.UUID, key: str) -> Task | None:
+    return Task.of(conn.execute(_BY_KEY, {"tenant_id": tenant_id, "key": key}).first())
 
 
 #: the task a (tenant, key) holds; built once, run by both the blocking and the loop path

@@ -26,8 +26,9 @@ from typing import Any
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import balances, creation, wakeup
-from aivedio_engine.db.creation import FIXED_PARAMS, TASK_COLUMNS, KeyTaken, NewTask, TaskRow, notice_payload
+from aivedio_engine.db.creation import FIXED_PARAMS, TASK_COLUMNS, KeyTaken, NewTask, notice_payload
 from aivedio_engine.db.handles import Engine
+from aivedio_engine.db.records import Task
 from aivedio_engine.observability.metrics import CREATE_BATCH_FALLBACKS, CREATE_BATCHES
 from aivedio_engine.testing.failpoints import failpoint
 
@@ -131,7 +132,7 @@ def _batch_params(news: Sequence[NewTask]) -> dict[str, Any]:
     }
 
 
-async def create_many_on_loop(pool: Any, engine: Engine, news: Sequence[NewTask]) -> dict[Any, TaskRow]:
+async def create_many_on_loop(pool: Any, engine: Engine, news: Sequence[NewTask]) -> dict[Any, Task]:
     """The batch statement: the rows created, by task id (a task missing from it found its key taken). Raises
     whatever stopped the statement; then nothing was written."""
     params = _batch_params(news)
@@ -142,7 +143,7 @@ async def create_many_on_loop(pool: Any, engine: Engine, news: Sequence[NewTask]
         failpoint("create.after_commit")
     if rows:
         wakeup.committed(engine, (wakeup.OUTBOX, wakeup.DISPATCH))
-    return {values[0]: TaskRow(dict(zip(TASK_COLUMNS, values[:-1], strict=True))) for values in rows}
+    return {values[0]: Task(*values[:-1]) for values in rows}
 
 
 class CreateBatcher:
@@ -151,7 +152,7 @@ class CreateBatcher:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._waiting: list[tuple[NewTask, asyncio.Future[Any]]] = []
+        self._waiting: list[tuple[NewTask, asyncio.Future[Task | None]]] = []
         #: senders running; counted by the senders themselves, so a create queued as the last one returns is seen
         self._sending = 0
         self._senders: set[asyncio.Task[None]] = set()  # held so they are not collected while running
@@ -160,8 +161,8 @@ class CreateBatcher:
         #: the loop a look-again is armed on (None: none is): one closed before it fired leaves no stale mark
         self._stall_check: asyncio.AbstractEventLoop | None = None
 
-    async def create(self, pool: Any, new: NewTask) -> Any | None:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    async def create(self, pool: Any, new: NewTask) -> Task | None:
+        future: asyncio.Future[Task | None] = asyncio.get_running_loop().create_future()
         self._waiting.append((new, future))
         self._start_sender(pool)
         return await future

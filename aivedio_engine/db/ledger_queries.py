@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from aivedio_engine.db import balances
+from aivedio_engine.db.records import Task
 from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts, tenants
 from aivedio_engine.domain.status import AttemptStatus
 
@@ -180,9 +181,9 @@ def task_tenant(conn: Connection, task_id: uuid.UUID) -> uuid.UUID | None:
     return owner
 
 
-def task(conn: Connection, task_id: uuid.UUID) -> Any:
+def task(conn: Connection, task_id: uuid.UUID) -> Task:
     """The task's row, for billing (there must be one)."""
-    return conn.execute(sa.select(generation_tasks).where(_t.id == task_id)).one()
+    return Task(*conn.execute(sa.select(generation_tasks).where(_t.id == task_id)).one())
 
 
 _ATTEMPT_COLUMNS = (

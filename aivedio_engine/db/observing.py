@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
+from aivedio_engine.db.records import Attempt, Task
 from aivedio_engine.db.tables import generation_tasks, task_attempts, task_state_events
 
 _A_COLS = ", ".join(c.name for c in task_attempts.c)
@@ -42,8 +43,8 @@ _DIGEST = (
 @dataclass(frozen=True, slots=True)
 class Claimed:
     fresh: bool  # False: another delivery of this event was consumed already
-    attempt: Any  # None: no attempt has this job id (an orphan, or a job bound by request key)
-    task: Any
+    attempt: Attempt | None  # None: no attempt has this job id (an orphan, or a job bound by request key)
+    task: Task | None
     seen: bool  # the observation is in the task's history already
 
 
@@ -60,8 +61,6 @@ def claim(
     dedup_key: str,
 ) -> Claimed:
     """BEGIN and the four reads, one round trip."""
-    from psycopg.rows import namedtuple_row
-
     params = {
         "group": group,
         "event_id": event_id,
@@ -74,12 +73,12 @@ def claim(
     }
     with raw.pipeline():
         raw.execute("BEGIN")
-        cursors = [raw.cursor(row_factory=namedtuple_row) for _ in range(4)]
+        cursors = [raw.cursor() for _ in range(4)]
         for cur, sql in zip(cursors, (_INBOX, _TASK, _ATTEMPT, _SEEN), strict=True):
             cur.execute(sql, params, prepare=True)
     # fetched after the block: inside it, each fetch would wait for a Flush of its own
     inbox, task, attempt, seen = (cur.fetchone() for cur in cursors)
-    return Claimed(fresh=inbox is not None, attempt=attempt, task=task, seen=seen is not None)
+    return Claimed(fresh=inbox is not None, attempt=Attempt.of(attempt), task=Task.of(task), seen=seen is not None)
 
 
 def seen(conn: Connection, source: str, dedup_key: str) -> bool:

@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import lock_order, outbox, wakeup
+from aivedio_engine.db.records import Task
 from aivedio_engine.db.session import run_prebuilt
 from aivedio_engine.db.tables import generation_tasks, outbox_events, task_state_events
 from aivedio_engine.domain.events import EventType
@@ -62,7 +63,9 @@ def applied_history(conn: Connection, task_id: uuid.UUID, after_version: int | N
     ]
 
 
-def read(conn: Connection, task_id: uuid.UUID, tenant_id: uuid.UUID | None = None, *, lock: bool = False) -> Any:
+def read(
+    conn: Connection, task_id: uuid.UUID, tenant_id: uuid.UUID | None = None, *, lock: bool = False
+) -> Task | None:
     stmt = sa.select(generation_tasks).where(_t.id == task_id)
     if tenant_id is not None:
         stmt = stmt.where(_t.tenant_id == tenant_id)
@@ -71,18 +74,28 @@ def read(conn: Connection, task_id: uuid.UUID, tenant_id: uuid.UUID | None = Non
         row = conn.execute(stmt).first()
         if row is not None:
             lock_order.note_task_locked(conn, row.id)
-        return row
-    return conn.execute(stmt).first()
+        return Task.of(row)
+    return Task.of(conn.execute(stmt).first())
 
 
-def page(conn: Connection, tenant_id: uuid.UUID, status: str | None, cursor: uuid.UUID | None, limit: int) -> list[Any]:
+def get(conn: Connection, task_id: uuid.UUID, *, lock: bool = False) -> Task:
+    """`read` of a task that must exist (one named by an attempt, an asset or a message written with it)."""
+    task = read(conn, task_id, lock=lock)
+    if task is None:
+        raise LookupError(f"task {task_id} does not exist")
+    return task
+
+
+def page(
+    conn: Connection, tenant_id: uuid.UUID, status: str | None, cursor: uuid.UUID | None, limit: int
+) -> list[Task]:
     """Up to `limit` of the tenant's tasks, newest first, below `cursor` (keyset on the time-ordered id)."""
     stmt = sa.select(generation_tasks).where(_t.tenant_id == tenant_id)
     if status is not None:
         stmt = stmt.where(_t.status == status)
     if cursor is not None:
         stmt = stmt.where(_t.id < cursor)
-    return list(conn.execute(stmt.order_by(_t.id.desc()).limit(limit)).all())
+    return [Task(*r) for r in conn.execute(stmt.order_by(_t.id.desc()).limit(limit))]
 
 
 def mark_ready(conn: Connection, task_id: uuid.UUID, version: int, now: datetime) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection, Row
 
+from aivedio_engine.db.records import Attempt, Task
 from aivedio_engine.db.tables import (
     alerts,
     assets,
@@ -24,17 +25,14 @@ from aivedio_engine.db.tables import (
 )
 
 
-def task(conn: Connection, task_id: uuid.UUID) -> Row[Any] | None:
-    return conn.execute(sa.select(generation_tasks).where(generation_tasks.c.id == task_id)).first()
+def task(conn: Connection, task_id: uuid.UUID) -> Task | None:
+    return Task.of(conn.execute(sa.select(generation_tasks).where(generation_tasks.c.id == task_id)).first())
 
 
-def attempts(conn: Connection, task_id: uuid.UUID) -> list[Row[Any]]:
+def attempts(conn: Connection, task_id: uuid.UUID) -> list[Attempt]:
     """The task's attempts, by attempt number."""
-    return list(
-        conn.execute(
-            sa.select(task_attempts).where(task_attempts.c.task_id == task_id).order_by(task_attempts.c.attempt_no)
-        ).all()
-    )
+    stmt = sa.select(task_attempts).where(task_attempts.c.task_id == task_id).order_by(task_attempts.c.attempt_no)
+    return [Attempt(*r) for r in conn.execute(stmt)]
 
 
 def state_events(conn: Connection, task_id: uuid.UUID) -> list[Row[Any]]:

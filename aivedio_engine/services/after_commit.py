@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 from aivedio_engine.db import attempts, wakeup
+from aivedio_engine.db.attempts import LeaseFacts
 from aivedio_engine.db.handles import Engine
+from aivedio_engine.db.records import Attempt
 from aivedio_engine.domain import admission
 from aivedio_engine.domain.status import ATTEMPT_TERMINAL, AttemptStatus
 from aivedio_engine.slots.base import Lease, SlotStore
@@ -47,7 +48,7 @@ class AfterCommit:
                 log.warning("after-commit hook failed", exc_info=True)
 
 
-def lease_of(attempt: Any, tenant_id: uuid.UUID) -> Lease | None:
+def lease_of(attempt: Attempt | LeaseFacts, tenant_id: uuid.UUID) -> Lease | None:
     """The lease an attempt row holds, from rows already read (no query)."""
     if attempt.fencing_token is None:
         return None
@@ -56,7 +57,9 @@ def lease_of(attempt: Any, tenant_id: uuid.UUID) -> Lease | None:
     )
 
 
-def finished_lease(attempt: Any, tenant_id: uuid.UUID, state: AttemptStatus | str | None = None) -> Lease | None:
+def finished_lease(
+    attempt: Attempt | LeaseFacts, tenant_id: uuid.UUID, state: AttemptStatus | str | None = None
+) -> Lease | None:
     """The attempt's lease if it is (now) terminal: the slot to free after the commit."""
     now_in = AttemptStatus(state or attempt.submit_state)
     return lease_of(attempt, tenant_id) if now_in in ATTEMPT_TERMINAL else None

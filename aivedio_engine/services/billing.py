@@ -15,10 +15,10 @@ import uuid
 from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
 
 from aivedio_engine.db import alerts, attempts, ledger
 from aivedio_engine.db.handles import Connection
+from aivedio_engine.db.records import Task
 from aivedio_engine.domain.settlement import Bill, Quote, Settlement, refund_after_close, settle
 from aivedio_engine.domain.status import AlertSeverity, LedgerEntryType
 from aivedio_engine.domain.transitions import Decision, Effect
@@ -29,7 +29,7 @@ def refund_key(task_id: uuid.UUID, attempt_id: uuid.UUID | None) -> str:
     return f"refund:{task_id}:vendor:{attempt_id}"
 
 
-def quote_of(task: Any) -> Quote:
+def quote_of(task: Task) -> Quote:
     """What the client was quoted, from the task row (the price per second is the estimate's, as reserved)."""
     params = task.params if isinstance(task.params, dict) else {}
     seconds = params.get("duration_s")
@@ -57,7 +57,7 @@ def bill_from(recorded: attempts.VendorBill | None, verdict: bool | None = None)
 
 def close_reservation(
     conn: Connection,
-    task: Any,
+    task: Task,
     decision: Decision,
     now: datetime,
     *,
@@ -81,7 +81,7 @@ def close_reservation(
 
 def book(
     conn: Connection,
-    task: Any,
+    task: Task,
     result: Settlement,
     now: datetime,
     *,
@@ -144,7 +144,7 @@ def book(
 
 def refund(
     conn: Connection,
-    task: Any,
+    task: Task,
     now: datetime,
     *,
     business_key: str,
@@ -184,7 +184,7 @@ def refund(
     return value
 
 
-def settle_late_bill(conn: Connection, task: Any, now: datetime, *, attempt_id: uuid.UUID) -> Decimal:
+def settle_late_bill(conn: Connection, task: Task, now: datetime, *, attempt_id: uuid.UUID) -> Decimal:
     """A bill that arrives after the task was closed without it (a cancel confirmed by the cancel call, a deadline):
     when the table, given the bill now recorded on the attempt, charges less than was charged, the difference is
     REFUNDed once per attempt. A higher bill changes nothing: the charge never grows after the close."""

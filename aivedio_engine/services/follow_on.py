@@ -13,11 +13,12 @@ import random
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import outbox, tasks
 from aivedio_engine.db.handles import Connection
+from aivedio_engine.db.records import Attempt, Task
 from aivedio_engine.domain.events import EventType, Route
 from aivedio_engine.domain.retry import ErrorClass, FailureContext, RetryBudget, RetryDecision, Verdict, decide_retry
 from aivedio_engine.services.consume import Envelope
@@ -89,7 +90,7 @@ class FetchRequested:
 
     @classmethod
     def of(
-        cls, task_id: uuid.UUID, attempt: Any, outputs: list[dict[str, Any]] | tuple[dict[str, Any], ...] = ()
+        cls, task_id: uuid.UUID, attempt: Attempt, outputs: list[dict[str, Any]] | tuple[dict[str, Any], ...] = ()
     ) -> FetchRequested:
         return cls(task_id, attempt.id, attempt.provider, attempt.provider_job_id, tuple(outputs))
 
@@ -161,9 +162,18 @@ Message = SubmitRequested | FetchRequested | MediaProcessRequested
 RetriedStep = FetchRequested | MediaProcessRequested
 
 
+class Owner(Protocol):
+    """What a message's outbox row takes from the task it belongs to (a task record, or a row carrying both)."""
+
+    @property
+    def tenant_id(self) -> uuid.UUID: ...
+    @property
+    def trace_id(self) -> str | None: ...
+
+
 def emit(
     conn: Connection,
-    task: Any,
+    task: Owner,
     message: Message,
     *,
     version: int,
@@ -188,7 +198,7 @@ def emit(
 
 
 def inline_envelope(
-    task: Any, message: Message, *, version: int, now: datetime, causation_id: uuid.UUID | None
+    task: Owner, message: Message, *, version: int, now: datetime, causation_id: uuid.UUID | None
 ) -> Envelope:
     """The envelope `message` would carry through the broker, for a step the same worker runs at once instead
     of writing it to the outbox. Its id is fresh (there is no row): the step's inbox row records it like any
@@ -209,7 +219,7 @@ def inline_envelope(
 
 def retry_step(
     conn: Connection,
-    task: Any,
+    task: Task,
     message: RetriedStep,
     failure: ErrorClass | None,
     code: str,

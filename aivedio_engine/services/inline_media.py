@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
 
 from aivedio_engine.clock import Clock
 from aivedio_engine.db import tasks
 from aivedio_engine.db.handles import Engine
+from aivedio_engine.db.records import Task
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.domain.status import TaskStatus
 from aivedio_engine.services import follow_on
@@ -40,7 +40,7 @@ class InlineMedia:
     def takes(self, total_bytes: int) -> bool:
         return 0 < self.max_bytes and total_bytes <= self.max_bytes
 
-    def run(self, task: Any, version: int, requests: tuple[MediaProcessRequested, ...], cause: uuid.UUID) -> str:
+    def run(self, task: Task, version: int, requests: tuple[MediaProcessRequested, ...], cause: uuid.UUID) -> str:
         """Run each request's media step now, in order; `version` is the task's after the fetch committed."""
         results = []
         for i, request in enumerate(requests):
@@ -58,7 +58,7 @@ class InlineMedia:
     def _queue(self, task_id: uuid.UUID, requests: tuple[MediaProcessRequested, ...]) -> None:
         now = self._clock.now()
         with write_tx(self._engine) as conn:
-            task = tasks.read(conn, task_id, lock=True)
+            task = tasks.get(conn, task_id, lock=True)
             if task.status == TaskStatus.POST_PROCESSING.value:
                 for request in requests:
                     follow_on.emit(conn, task, request, version=int(task.version), now=now)

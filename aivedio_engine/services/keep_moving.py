@@ -212,7 +212,7 @@ class KeepMoving:
         after = AfterCommit(self._engine, self._slots)
         with write_tx(self._engine) as conn:
             task, attempt = lock_attempt(conn, attempt_id)
-            if attempt is None or not TaskStatus(task.status).is_terminal:
+            if task is None or attempt is None or not TaskStatus(task.status).is_terminal:
                 return 0
             if attempt.submit_state == AttemptStatus.NEW.value:
                 # never sent, and its submit message is gone (the submit actor closes it this way when the

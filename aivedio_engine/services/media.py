@@ -27,6 +27,7 @@ from aivedio_engine.config import Settings
 from aivedio_engine.db import alerts, tasks
 from aivedio_engine.db import assets as asset_rows
 from aivedio_engine.db.handles import Connection, Engine
+from aivedio_engine.db.records import Task
 from aivedio_engine.domain.requests import Catalog, InvalidRequest
 from aivedio_engine.domain.retry import ErrorClass, ErrorOutcome, Step, Verdict
 from aivedio_engine.domain.status import (
@@ -69,7 +70,7 @@ DURATION_SLACK_S = 1.0
 
 
 class ModerationHook(Protocol):
-    def hold_reason(self, task: Any, probe: ProbeResult) -> str | None:
+    def hold_reason(self, task: Task, probe: ProbeResult) -> str | None:
         """Why the output must wait for a human (MANUAL_REVIEW), or None to let it through."""
 
 
@@ -80,7 +81,7 @@ class PromptTermsModeration:
 
     terms: tuple[str, ...] = ()
 
-    def hold_reason(self, task: Any, probe: ProbeResult) -> str | None:
+    def hold_reason(self, task: Task, probe: ProbeResult) -> str | None:
         warned = (task.params or {}).get(INPUT_REVIEW)
         if warned:
             return f"input moderation: {warned}"
@@ -157,7 +158,7 @@ class MediaService:
         )
         return result[0] if result else "duplicate"
 
-    def limits_for(self, task: Any) -> MediaLimits:
+    def limits_for(self, task: Task) -> MediaLimits:
         limits = MediaLimits.from_settings(self._settings.media)
         try:
             model = self._catalog.find(task.requested_model, task.selected_provider)
@@ -167,7 +168,7 @@ class MediaService:
 
     # --- files (no transaction open) ---------------------------------------------------------------------
 
-    def _process(self, task: Any, raw: asset_rows.Asset, limits: MediaLimits) -> Outcome:
+    def _process(self, task: Task, raw: asset_rows.Asset, limits: MediaLimits) -> Outcome:
         with derive.job_dir() as workdir:
             limits = replace(limits, workdir=workdir)  # every file of the job is in it: the sandbox may isolate
             src = workdir / "raw.mp4"
@@ -192,7 +193,7 @@ class MediaService:
                 outcome.derived[profile] = self._upload(task, raw, res)
         return outcome
 
-    def _upload(self, task: Any, raw: asset_rows.Asset, res: derive.DerivativeResult) -> Derived:
+    def _upload(self, task: Task, raw: asset_rows.Asset, res: derive.DerivativeResult) -> Derived:
         pv = self._settings.media.pipeline_version
         if res.status != "READY" or res.main is None:
             return Derived(
@@ -220,7 +221,7 @@ class MediaService:
     def _record(self, conn: Connection, envelope: Envelope, raw: asset_rows.Asset, outcome: Outcome) -> str:
         now = self._clock.now()
         assert raw.task_id is not None, "a raw output names its task (check raw_output_key)"
-        task = tasks.read(conn, raw.task_id, lock=True)
+        task = tasks.get(conn, raw.task_id, lock=True)
         request = MediaProcessRequested.parse(envelope.payload)
         if task.status != _STATUS_FOR[request.derivatives_only]:
             return f"skipped: task is {task.status}"
@@ -265,14 +266,14 @@ class MediaService:
         )
         decide_and_execute(conn, task, TaskEvent.PLAYABLE_ASSET_READY, change, now)
         if partial:  # written after the transition, so the late run is announced at the SUCCEEDED version
-            media_partial.schedule_rebuild(conn, tasks.read(conn, task.id), request, self._settings, now, self._rng)
+            media_partial.schedule_rebuild(conn, tasks.get(conn, task.id), request, self._settings, now, self._rng)
             return "succeeded on the proxy; " + ", ".join(p.value for p in missing) + " to be rebuilt"
         return "succeeded"
 
     def _record_late(
         self,
         conn: Connection,
-        task: Any,
+        task: Task,
         raw: asset_rows.Asset,
         request: MediaProcessRequested,
         outcome: Outcome,
@@ -294,7 +295,7 @@ class MediaService:
         outputs = asset_rows.raw_outputs(conn, raw_id, self._settings.media.pipeline_version)
         return [o.index for o in outputs if o.id != raw_id and not required <= o.ready_profiles]
 
-    def _save_derivative(self, conn: Connection, task: Any, raw: asset_rows.Asset, d: Derived, now: datetime) -> None:
+    def _save_derivative(self, conn: Connection, task: Task, raw: asset_rows.Asset, d: Derived, now: datetime) -> None:
         values = dict(
             status=AssetStatus.READY.value if d.status == "READY" else AssetStatus.FAILED.value,
             object_key=d.key,
@@ -321,7 +322,7 @@ class MediaService:
         self,
         conn: Connection,
         envelope: Envelope,
-        task: Any,
+        task: Task,
         raw: asset_rows.Asset,
         reason: str,
         final: bool,
@@ -350,7 +351,7 @@ class MediaService:
             return self._review(conn, task, raw.id, f"media processing failed ({why}): {reason}", now)
         return self._fail(conn, task, reason, now)
 
-    def _fail(self, conn: Connection, task: Any, reason: str, now: datetime) -> str:
+    def _fail(self, conn: Connection, task: Task, reason: str, now: datetime) -> str:
         change = Change(
             EventSource.WORKER,
             error=ErrorOutcome.MEDIA_REJECTED,
@@ -371,7 +372,7 @@ class MediaService:
         )
         return f"failed: {reason[:80]}"
 
-    def _review(self, conn: Connection, task: Any, asset_id: uuid.UUID, reason: str, now: datetime) -> str:
+    def _review(self, conn: Connection, task: Task, asset_id: uuid.UUID, reason: str, now: datetime) -> str:
         change = Change(EventSource.WORKER, payload={"reason": reason[:500]}, review=ReviewOrder(asset_id, reason))
         decide_and_execute(conn, task, TaskEvent.REVIEW_REQUIRED, change, now)
         return "held for review"

@@ -14,10 +14,11 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from aivedio_engine.config import Settings
 from aivedio_engine.db.handles import Connection
+from aivedio_engine.db.records import Task
 from aivedio_engine.domain.retry import Step
 from aivedio_engine.domain.status import AssetStatus, DerivativeProfile
 from aivedio_engine.services import follow_on
@@ -52,7 +53,7 @@ def proxy_suffices(
 
 def schedule_rebuild(
     conn: Connection,
-    task: Any,
+    task: Task,
     request: MediaProcessRequested,
     settings: Settings,
     now: datetime,

@@ -17,6 +17,7 @@ import structlog
 
 from aivedio_engine.db import tasks
 from aivedio_engine.db.handles import Connection, Engine
+from aivedio_engine.db.records import Task
 from aivedio_engine.domain.status import TASK_TERMINAL, TaskStatus
 from aivedio_engine.notify import Notifier, Subscription
 from aivedio_engine.services.consume import Envelope
@@ -115,7 +116,7 @@ def _check_owner(engine: Engine, tenant_id: uuid.UUID, task_id: uuid.UUID) -> No
         _owned_task(conn, tenant_id, task_id)
 
 
-def _event(task_id: uuid.UUID, row: tasks.AppliedChange, task: Any, task_version: int) -> dict[str, Any]:
+def _event(task_id: uuid.UUID, row: tasks.AppliedChange, task: Task, task_version: int) -> dict[str, Any]:
     # history rows do not store progress: the current one is on the task, earlier ones only where the
     # transition's payload recorded it (provider observations do)
     if int(row.task_version) == task_version:

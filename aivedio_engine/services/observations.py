@@ -201,7 +201,7 @@ def rematch(conn: Connection, provider: str, job_id: str, attempt_id: uuid.UUID,
     rows = raw_events.orphans_of(conn, provider, job_id)
     if not rows:
         return 0
-    attempt = attempts.read(conn, attempt_id)
+    attempt = attempts.get(conn, attempt_id)
     for row in rows:
         raw_events.match(conn, row.id, attempt_id)
         if row.observation:

@@ -35,6 +35,7 @@ from aivedio_engine.config import Settings
 from aivedio_engine.db import alerts, attempts, tasks
 from aivedio_engine.db import outputs as output_rows
 from aivedio_engine.db.handles import Connection, Engine
+from aivedio_engine.db.records import Attempt, Task
 from aivedio_engine.domain.events import Route, fetch_route
 from aivedio_engine.domain.retry import ErrorClass, Step, Verdict
 from aivedio_engine.domain.status import AlertSeverity, EventSource, TaskStatus
@@ -158,7 +159,9 @@ class OutputFetchService:
             cfg = cfg.model_copy(update={"base_url": runtime_origin})
         return FetchPolicy.for_provider(cfg)
 
-    def _store_output(self, task: Any, attempt: Any, out: dict[str, Any], fresh: dict[int, dict[str, Any]]) -> Stored:
+    def _store_output(
+        self, task: Task, attempt: Attempt, out: dict[str, Any], fresh: dict[int, dict[str, Any]]
+    ) -> Stored:
         """`fresh`: this try's fresh URLs by index, empty until asked for; filled here on the first expiry."""
         index = int(out.get("index", 0))
         key = keys.raw_output_key(task.tenant_id, task.id, attempt.id, index)
@@ -191,8 +194,9 @@ class OutputFetchService:
             return False
         return urlsplit(url).hostname == urlsplit(origin).hostname and not url.startswith(origin + "/")
 
-    def _fresh_outputs(self, attempt: Any) -> list[dict[str, Any]]:
-        answer = self._providers[attempt.provider].query(attempt.provider_job_id)
+    def _fresh_outputs(self, attempt: Attempt) -> list[dict[str, Any]]:
+        job_id = attempt.provider_job_id
+        answer = self._providers[attempt.provider].query(job_id) if job_id else None
         if not isinstance(answer, Observation) or not answer.outputs:
             raise FetchFailure(
                 ErrorClass.OUTPUT_URL_EXPIRED,
@@ -205,7 +209,7 @@ class OutputFetchService:
             for o in answer.outputs
         ]
 
-    def _download(self, task: Any, attempt: Any, key: str, index: int, url: str) -> Stored:
+    def _download(self, task: Task, attempt: Attempt, key: str, index: int, url: str) -> Stored:
         policy = self._policy(attempt.provider)
         cap = self._settings.fetch.max_bytes
         if self._store.head(key) is None:
@@ -262,7 +266,7 @@ class OutputFetchService:
         """`inline`: the media requests go to `follow` (with the new task version) for this run to carry out
         after the commit, instead of to the outbox."""
         now = self._clock.now()
-        task = tasks.read(conn, task_id, lock=True)
+        task = tasks.get(conn, task_id, lock=True)
         if task.status != TaskStatus.OUTPUT_FETCHING.value:
             return f"skipped: task is {task.status}"
         existing = _raw_assets(conn, task_id, attempt_id)
@@ -306,7 +310,7 @@ class OutputFetchService:
             return fetch_route(again.expiries(), at, self._settings.fetch.urgent_within_s)
 
         def record(conn: Connection) -> str:
-            task = tasks.read(conn, request.task_id, lock=True)
+            task = tasks.get(conn, request.task_id, lock=True)
             if task.status != TaskStatus.OUTPUT_FETCHING.value:
                 return f"skipped: task is {task.status}"
             verdict = follow_on.retry_step(

@@ -15,6 +15,7 @@ from typing import Any
 
 from aivedio_engine.db import alerts, attempts, observing, tasks, wakeup
 from aivedio_engine.db.handles import Connection, Engine
+from aivedio_engine.db.records import Attempt, Task
 from aivedio_engine.db.session import pg_transaction
 from aivedio_engine.domain.retry import ErrorOutcome
 from aivedio_engine.domain.status import (
@@ -46,7 +47,7 @@ from aivedio_engine.services.transition import (
     Change,
     FetchOrder,
     execute,
-    lock_attempt,
+    lock_existing_attempt,
 )
 from aivedio_engine.slots.base import Lease, SlotStore
 from aivedio_engine.testing.failpoints import failpoint
@@ -100,7 +101,7 @@ def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s:
     binding the job id replays (`observations.rematch`)."""
     found = attempts.by_job(conn, obs["provider"], obs["job_id"])  # unlocked, for its id only
     if found is not None:
-        task, attempt = lock_attempt(conn, found.id)
+        task, attempt = lock_existing_attempt(conn, found.id)
     else:
         task, attempt = cases.bind_ambiguous(conn, obs, now, after)
     if attempt is None:
@@ -111,8 +112,8 @@ def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s:
 
 def _reduce(
     conn: Connection,
-    attempt: Any,
-    task: Any,
+    attempt: Attempt,
+    task: Task,
     obs: dict[str, Any],
     now: datetime,
     urgent_fetch_s: float,
@@ -129,8 +130,8 @@ def _reduce(
 
 def _reduce_locked(
     conn: Connection,
-    attempt: Any,
-    task: Any,
+    attempt: Attempt,
+    task: Task,
     obs: dict[str, Any],
     now: datetime,
     urgent_fetch_s: float,
@@ -209,7 +210,7 @@ def _reduce_locked(
 
 def _move_attempt(
     conn: Connection,
-    attempt: Any,
+    attempt: Attempt,
     status: JobStatus,
     obs: dict[str, Any],
     observed_at: datetime | None,
@@ -240,8 +241,8 @@ def _move_attempt(
 
 def _apply(
     conn: Connection,
-    task: Any,
-    attempt: Any,
+    task: Task,
+    attempt: Attempt,
     decision: Decision,
     obs: dict[str, Any],
     base: dict[str, Any],
@@ -277,7 +278,7 @@ def _apply(
     execute(conn, task, decision, change, now, after)
 
 
-def _progress_only(conn: Connection, task: Any, progress: Any, now: datetime) -> None:
+def _progress_only(conn: Connection, task: Task, progress: Any, now: datetime) -> None:
     if isinstance(progress, int) and 0 <= progress <= 100 and progress > task.progress:
         tasks.set_columns(conn, task.id, progress=progress, updated_at=now)
 
@@ -378,10 +379,10 @@ def _reduce_pg(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s
                 failpoint("consume.duplicate")
                 observing.commit(raw, group=CONSUMER_GROUP, event_id=envelope.event_id, digest=None)  # wrote nothing
                 # the first delivery may have committed and died before freeing the slot: free it from these rows
-                if got.attempt is not None:
+                if got.attempt is not None and got.task is not None:
                     after.release(finished_lease(got.attempt, got.task.tenant_id))
                 return DUPLICATE
-            if got.attempt is None:  # an orphan, or bound by request key: the general path
+            if got.attempt is None or got.task is None:  # an orphan, or bound by request key: the general path
                 digest = reduce(conn, obs, now, urgent_fetch_s, after)
             else:
                 digest = _reduce(conn, got.attempt, got.task, obs, now, urgent_fetch_s, after, seen=got.seen)

@@ -10,12 +10,19 @@ from typing import Any
 
 from aivedio_engine.db import attempts, tasks
 from aivedio_engine.db.handles import Connection
+from aivedio_engine.db.records import Attempt, Task
 from aivedio_engine.domain.status import TASK_TERMINAL, AttemptStatus, EventSource, StateEventOutcome, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, TaskEvent
 from aivedio_engine.providers.base import JobStatus
 from aivedio_engine.services import billing, observations
 from aivedio_engine.services.after_commit import AfterCommit
-from aivedio_engine.services.transition import AttemptMove, Change, decide_and_execute, lock_attempt, move_attempt
+from aivedio_engine.services.transition import (
+    AttemptMove,
+    Change,
+    decide_and_execute,
+    lock_existing_attempt,
+    move_attempt,
+)
 
 
 def bind_ambiguous(conn: Connection, obs: dict[str, Any], now: datetime, after: AfterCommit) -> tuple[Any, Any]:
@@ -28,7 +35,7 @@ def bind_ambiguous(conn: Connection, obs: dict[str, Any], now: datetime, after: 
     found = attempts.unknown_by_request_key(conn, obs["provider"], key)
     if found is None:
         return None, None
-    task, attempt = lock_attempt(conn, found)
+    task, attempt = lock_existing_attempt(conn, found)
     if attempt.submit_state != AttemptStatus.UNKNOWN.value:
         return None, None  # resolved meanwhile: an orphan now, rematched from the job id it was bound to
     move = AttemptMove(
@@ -49,7 +56,7 @@ def bind_ambiguous(conn: Connection, obs: dict[str, Any], now: datetime, after: 
     return tasks.read(conn, task.id), attempts.read(conn, attempt.id)
 
 
-def stale_bill(conn: Connection, task: Any, attempt: Any, obs: dict[str, Any], now: datetime) -> str:
+def stale_bill(conn: Connection, task: Task, attempt: Attempt, obs: dict[str, Any], now: datetime) -> str:
     """A closed task's job bill in an observation older than the attempt's newest — typically the job's own
     terminal status after the cancel call confirmed the cancel at our time. The bill is the vendor's fact however
     late: kept when the attempt has no billed units yet (a verdict alone may be ours, from the cancel call), and
@@ -70,7 +77,7 @@ def stale_bill(conn: Connection, task: Any, attempt: Any, obs: dict[str, Any], n
 
 
 def late_refund(
-    conn: Connection, task: Any, attempt: Any, status: JobStatus, base: dict[str, Any], now: datetime
+    conn: Connection, task: Task, attempt: Attempt, status: JobStatus, base: dict[str, Any], now: datetime
 ) -> str:
     """The vendor gave back what it charged for a job of a closed task (it voided the job, or its moderation
     failed it after the fact): a REFUND row for the job the tenant paid for — once, by its business key."""
@@ -91,7 +98,7 @@ def late_refund(
 
 def record(
     conn: Connection,
-    task: Any,
+    task: Task,
     status: JobStatus,
     outcome: StateEventOutcome,
     base: dict[str, Any],

@@ -33,6 +33,7 @@ from typing import Any
 from aivedio_engine.clock import Clock
 from aivedio_engine.db import reviews, tasks
 from aivedio_engine.db.handles import Connection, Engine
+from aivedio_engine.db.records import Task
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.domain.retry import ErrorOutcome
 from aivedio_engine.domain.status import EventSource, ReviewState, TaskStatus
@@ -202,7 +203,7 @@ class ReviewService:
         self, conn: Connection, item: Any, reviewer: str, reason: str, approve: bool, now: datetime
     ) -> tuple[ReviewView, Decimal | None]:
         verdict = ReviewState.APPROVED if approve else ReviewState.REJECTED
-        task = tasks.read(conn, item.task_id, lock=True)
+        task = tasks.get(conn, item.task_id, lock=True)
         if task.status != TaskStatus.MANUAL_REVIEW.value:
             raise Conflict(f"task {task.id} is {task.status}, not MANUAL_REVIEW: nothing to decide")
         if approve and not _playable(conn, task):
@@ -228,7 +229,7 @@ class ReviewService:
         return ReviewView.of(_read(conn, item.id), now)
 
     def _move_task(
-        self, conn: Connection, task: Any, item: Any, reviewer: str, reason: str, approve: bool, now: datetime
+        self, conn: Connection, task: Task, item: Any, reviewer: str, reason: str, approve: bool, now: datetime
     ) -> Decimal | None:
         event = TaskEvent.REVIEW_APPROVED if approve else TaskEvent.REVIEW_REJECTED
         change = Change(
@@ -272,7 +273,7 @@ def _take(conn: Connection, item: Any, reviewer: str, now: datetime, until: date
     raise Conflict(f"review item {item.id} is claimed by {row.claimed_by} until {_iso(row.claimed_until)}")
 
 
-def _playable(conn: Connection, task: Any) -> bool:
+def _playable(conn: Connection, task: Task) -> bool:
     if task.output_asset_id is None:
         return False
     return reviews.has_playable(conn, task.output_asset_id)

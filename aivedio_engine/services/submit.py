@@ -21,6 +21,7 @@ from aivedio_engine.config import Settings
 from aivedio_engine.db import assets as asset_rows
 from aivedio_engine.db import attempts, tasks
 from aivedio_engine.db.handles import Connection, Engine
+from aivedio_engine.db.records import Attempt, Task
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.domain.polling import PollPolicy, next_poll_at
 from aivedio_engine.domain.retry import ErrorClass, ErrorOutcome, FailureContext, Step, Verdict, decide_retry
@@ -36,6 +37,7 @@ from aivedio_engine.services.transition import (
     Change,
     decide_and_execute,
     lock_attempt,
+    lock_existing_attempt,
     move_attempt,
 )
 from aivedio_engine.slots.base import SlotStore
@@ -85,11 +87,11 @@ class SubmitService:
         return type(result).__name__.lower()
 
     # tx A
-    def _claim(self, attempt_id: uuid.UUID) -> tuple[Any, Any, list[asset_rows.InputAsset | None]] | str:
+    def _claim(self, attempt_id: uuid.UUID) -> tuple[Attempt, Task, list[asset_rows.InputAsset | None]] | str:
         after = AfterCommit(self._engine, self._slots)
         with write_tx(self._engine) as conn:
             task, attempt = lock_attempt(conn, attempt_id)
-            if attempt is None:
+            if task is None or attempt is None:
                 return "skipped:missing"
             if attempt.submit_state != AttemptStatus.NEW.value:
                 return f"skipped:{attempt.submit_state}"
@@ -104,18 +106,18 @@ class SubmitService:
                     after=after,
                     error=ErrorOutcome.NOT_SENT_TASK_MOVED,
                 )
-                claimed: tuple[Any, Any, list[asset_rows.InputAsset | None]] | str = f"skipped:task-{task.status}"
+                claimed: tuple[Attempt, Task, list[asset_rows.InputAsset | None]] | str = f"skipped:task-{task.status}"
             else:
                 now = self._clock.now()
                 attempts.transition(conn, attempt, AttemptEvent.SEND_STARTED, now, submitted_at=now)
                 inputs = asset_rows.inputs_of(conn, task.tenant_id, task.params.get("asset_ids") or ())
-                claimed = attempts.read(conn, attempt_id), task, inputs
+                claimed = attempts.get(conn, attempt_id), task, inputs
             failpoint("submit.claim.before_commit")
         failpoint("submit.claim.after_commit")
         after.run()
         return claimed
 
-    def _request(self, task: Any, provider: Provider, inputs: list[asset_rows.InputAsset | None]) -> GenerationRequest:
+    def _request(self, task: Task, provider: Provider, inputs: list[asset_rows.InputAsset | None]) -> GenerationRequest:
         p = task.params
         callback = None
         if self._callback_base and provider.capabilities.supports_callbacks:
@@ -146,7 +148,7 @@ class SubmitService:
     def _record(self, attempt_id: uuid.UUID, result: SubmitResult) -> None:
         after = AfterCommit(self._engine, self._slots)
         with write_tx(self._engine) as conn:
-            task, attempt = lock_attempt(conn, attempt_id)
+            task, attempt = lock_existing_attempt(conn, attempt_id)
             now = self._clock.now()
             if isinstance(result, Accepted):
                 self._accepted(conn, attempt, task, result, now, after)
@@ -159,7 +161,7 @@ class SubmitService:
         after.run()  # a rejected attempt's slot is free once this has committed
 
     def _accepted(
-        self, conn: Connection, attempt: Any, task: Any, result: Accepted, now: datetime, after: AfterCommit
+        self, conn: Connection, attempt: Attempt, task: Task, result: Accepted, now: datetime, after: AfterCommit
     ) -> None:
         move = AttemptMove(
             attempt,
@@ -179,7 +181,7 @@ class SubmitService:
         observations.rematch(conn, attempt.provider, result.job_id, attempt.id, now)
 
     def _rejected(
-        self, conn: Connection, attempt: Any, task: Any, result: Rejected, now: datetime, after: AfterCommit
+        self, conn: Connection, attempt: Attempt, task: Task, result: Rejected, now: datetime, after: AfterCommit
     ) -> None:
         # the attempt moves first: the retry budget counts this failure among the task's failed attempts
         move_attempt(
@@ -217,7 +219,7 @@ class SubmitService:
             decide_and_execute(conn, task, TaskEvent.FINAL_FAILURE, change, now, after)
 
     def _ambiguous(
-        self, conn: Connection, attempt: Any, task: Any, result: Ambiguous, now: datetime, after: AfterCommit
+        self, conn: Connection, attempt: Attempt, task: Task, result: Ambiguous, now: datetime, after: AfterCommit
     ) -> None:
         first_lookup = now + timedelta(seconds=self._settings.reconcile.lookup_after_s[0])
         move = AttemptMove(attempt, AttemptEvent.SUBMIT_AMBIGUOUS, error=ErrorClass.SUBMIT_AMBIGUOUS)
@@ -234,7 +236,7 @@ class SubmitService:
             move_attempt(conn, attempt, move.event, now, tenant_id=task.tenant_id, after=after, error=move.error)
             tasks.set_columns(conn, task.id, next_action_at=first_lookup)
 
-    def _failure_context(self, conn: Connection, task: Any, result: Rejected, now: datetime) -> FailureContext:
+    def _failure_context(self, conn: Connection, task: Task, result: Rejected, now: datetime) -> FailureContext:
         made, first_failure_at = attempts.failed_before_accept(conn, task.id)
         return FailureContext(
             error_class=result.error_class,
@@ -246,7 +248,9 @@ class SubmitService:
         )
 
     @staticmethod
-    def _change(attempt: Any, payload: dict[str, Any], *, attempt_move: AttemptMove | None = None, **kw: Any) -> Change:
+    def _change(
+        attempt: Attempt, payload: dict[str, Any], *, attempt_move: AttemptMove | None = None, **kw: Any
+    ) -> Change:
         return Change(
             EventSource.WORKER, payload={"attempt_id": str(attempt.id), **payload}, attempt=attempt_move, **kw
         )

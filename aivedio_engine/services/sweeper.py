@@ -37,6 +37,7 @@ from aivedio_engine.config import Settings
 from aivedio_engine.db import alerts, attempts, sweeps, tasks
 from aivedio_engine.db import assets as asset_rows
 from aivedio_engine.db.handles import Engine
+from aivedio_engine.db.records import Task
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.retry import ErrorOutcome
@@ -46,7 +47,7 @@ from aivedio_engine.services import follow_on
 from aivedio_engine.services.follow_on import FetchRequested, MediaProcessRequested, SubmitRequested
 from aivedio_engine.services.keep_moving import KeepMoving
 from aivedio_engine.services.sync import ProviderSync
-from aivedio_engine.services.transition import AfterCommit, Change, execute, lock_attempt, move_attempt
+from aivedio_engine.services.transition import AfterCommit, Change, execute, lock_existing_attempt, move_attempt
 from aivedio_engine.slots.base import SlotStoreUnavailable
 from aivedio_engine.testing.failpoints import failpoint
 
@@ -196,7 +197,7 @@ class Sweeper:
         now = self._clock.now()
         after = AfterCommit(self._engine)
         with write_tx(self._engine) as conn:
-            task = tasks.read(conn, task_id, lock=True)
+            task = tasks.get(conn, task_id, lock=True)
             decision = decide(tasks.snapshot(task), Trigger(event, expected_version=int(task.version)), now)
             if not isinstance(decision, Decision):
                 return 0
@@ -232,7 +233,7 @@ class Sweeper:
         after = AfterCommit(self._engine)
         for attempt_id in ids:
             with write_tx(self._engine) as conn:
-                task, attempt = lock_attempt(conn, attempt_id)
+                task, attempt = lock_existing_attempt(conn, attempt_id)
                 if attempt.submit_state != AttemptStatus.SENDING.value:
                     continue
                 error = ErrorOutcome.SENDER_LOST
@@ -275,7 +276,7 @@ class Sweeper:
                 stuck = sweeps.stuck_in_step(conn, status, event_type.value, idle_since, _PAGE)
             for task_id in stuck:
                 with write_tx(self._engine) as conn:
-                    task = tasks.read(conn, task_id, lock=True)
+                    task = tasks.get(conn, task_id, lock=True)
                     if task.status != status:
                         continue
                     for request in self._requests(conn, task, event_type):
@@ -287,15 +288,23 @@ class Sweeper:
                 redriven += 1
         return redriven
 
-    def _requests(self, conn: Any, task: Any, event_type: EventType) -> list[FetchRequested | MediaProcessRequested]:
+    def _requests(self, conn: Any, task: Task, event_type: EventType) -> list[FetchRequested | MediaProcessRequested]:
         if event_type is EventType.MEDIA_PROCESS_REQUESTED:
+            output = task.output_asset_id
+            if output is None:  # POST_PROCESSING is entered with the output recorded; nothing to redrive without it
+                log.warning("task %s is %s without an output asset: not redriven", task.id, task.status)
+                return []
             # every output of the job still without its required derivatives (a job of one: that one)
             required = {p.value for p in self._settings.media.required_profiles}
-            outputs = asset_rows.raw_outputs(conn, task.output_asset_id, self._settings.media.pipeline_version)
-            pending = [o.id for o in outputs if not required <= o.ready_profiles] or [task.output_asset_id]
+            outputs = asset_rows.raw_outputs(conn, output, self._settings.media.pipeline_version)
+            pending = [o.id for o in outputs if not required <= o.ready_profiles] or [output]
             return [MediaProcessRequested(task.id, asset_id, redriven=True) for asset_id in pending]
         # no outputs: the fetcher asks the provider for fresh URLs (the old ones may have expired meanwhile)
-        return [replace(FetchRequested.of(task.id, attempts.current(conn, task.id)), redriven=True)]
+        attempt = attempts.current(conn, task.id)
+        if attempt is None:  # OUTPUT_FETCHING is entered from an attempt's success; nothing to fetch without one
+            log.warning("task %s is %s without an attempt: not redriven", task.id, task.status)
+            return []
+        return [replace(FetchRequested.of(task.id, attempt), redriven=True)]
 
     def _orphans(self) -> int:
         now = self._clock.now()

@@ -17,6 +17,7 @@ from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
 from aivedio_engine.db import alerts, attempts, provider_sync, tasks
 from aivedio_engine.db.handles import Engine
+from aivedio_engine.db.records import Attempt
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.domain.polling import LookupVerdict, PollPolicy, ReconcilePolicy, next_poll_at, reconcile_step
 from aivedio_engine.domain.retry import ErrorOutcome, Step
@@ -39,7 +40,7 @@ from aivedio_engine.services.transition import (
     AttemptMove,
     Change,
     decide_and_execute,
-    lock_attempt,
+    lock_existing_attempt,
     move_attempt,
 )
 from aivedio_engine.testing.failpoints import failpoint
@@ -165,14 +166,14 @@ class ProviderSync:
         if isinstance(found, Unsupported):
             return self._without_lookup(attempt, now)
         with self._engine.connect() as conn:
-            attempt = attempts.read(conn, attempt_id)
+            attempt = attempts.get(conn, attempt_id)
         verdict, wait_until = self._step(attempt, now)
         if verdict is LookupVerdict.CONFIRMED_NOT_CREATED:
             return self._not_created(attempt, now)
         self._set_next_action(attempt.task_id, wait_until or now + timedelta(seconds=10))
         return "not-found-yet" if isinstance(found, NotFound) else "lookup-failed"
 
-    def _step(self, attempt: Any, now: datetime) -> tuple[LookupVerdict, datetime | None]:
+    def _step(self, attempt: Attempt, now: datetime) -> tuple[LookupVerdict, datetime | None]:
         return reconcile_step(
             self._reconcile,
             sent_at=attempt.submitted_at or attempt.created_at,
@@ -182,10 +183,10 @@ class ProviderSync:
             last_not_found_at=attempt.last_not_found_at,
         )
 
-    def _found(self, attempt: Any, obs: Observation, now: datetime) -> str:
+    def _found(self, attempt: Attempt, obs: Observation, now: datetime) -> str:
         after = AfterCommit(self._engine)
         with write_tx(self._engine) as conn:
-            task, fresh = lock_attempt(conn, attempt.id)
+            task, fresh = lock_existing_attempt(conn, attempt.id)
             if fresh.submit_state != AttemptStatus.UNKNOWN.value:
                 return "already-resolved"
             move = AttemptMove(
@@ -212,10 +213,10 @@ class ProviderSync:
         after.run()
         return "found"
 
-    def _not_created(self, attempt: Any, now: datetime) -> str:
+    def _not_created(self, attempt: Attempt, now: datetime) -> str:
         after = AfterCommit(self._engine)
         with write_tx(self._engine) as conn:
-            task, fresh = lock_attempt(conn, attempt.id)
+            task, fresh = lock_existing_attempt(conn, attempt.id)
             if fresh.submit_state != AttemptStatus.UNKNOWN.value:
                 return "already-resolved"
             move = AttemptMove(fresh, AttemptEvent.CONFIRMED_NOT_CREATED, error=ErrorOutcome.CONFIRMED_NOT_CREATED)
@@ -233,7 +234,7 @@ class ProviderSync:
         after.run()
         return "not-created"
 
-    def _without_lookup(self, attempt: Any, now: datetime) -> str:
+    def _without_lookup(self, attempt: Attempt, now: datetime) -> str:
         """No lookup by request key: list the vendor's jobs around the send and match the request's fingerprint
         (seed 000 §4.8.4). A vendor that cannot list either: wait out the window, then park (or, if configured,
         resubmit with an alert). `reconcile_one` has already counted this round as a lookup."""
@@ -249,7 +250,7 @@ class ProviderSync:
         return self._match_listing(attempt, provider, listing, sent_at, now)
 
     def _match_listing(
-        self, attempt: Any, provider: Any, listing: list[JobSummary], sent_at: datetime, now: datetime
+        self, attempt: Attempt, provider: Any, listing: list[JobSummary], sent_at: datetime, now: datetime
     ) -> str:
         fp = bytes(attempt.request_fingerprint)
         with self._engine.connect() as conn:
@@ -279,7 +280,7 @@ class ProviderSync:
             return self._not_created(attempt, now)
         return self._next_listing(attempt, now, "not-found-yet")
 
-    def _found_listed(self, attempt: Any, provider: Any, job: JobSummary, now: datetime) -> str:
+    def _found_listed(self, attempt: Attempt, provider: Any, job: JobSummary, now: datetime) -> str:
         # a summary has no outputs: a finished job is recorded from its full record, never from the listing
         obs = provider.query(job.job_id)
         now = self._clock.now()
@@ -290,7 +291,7 @@ class ProviderSync:
         return self._found(attempt, obs, now)
 
     def _park_ambiguous(
-        self, attempt: Any, candidates: list[JobSummary], rivals: Sequence[provider_sync.Rival], now: datetime
+        self, attempt: Attempt, candidates: list[JobSummary], rivals: Sequence[provider_sync.Rival], now: datetime
     ) -> str:
         """Several jobs could be ours: a human decides. Never resubmit here — one of them very likely is ours."""
         ids = sorted(j.job_id for j in candidates)
@@ -320,7 +321,7 @@ class ProviderSync:
             )
         return "parked-ambiguous"
 
-    def _next_listing(self, attempt: Any, now: datetime, outcome: str) -> str:
+    def _next_listing(self, attempt: Attempt, now: datetime, outcome: str) -> str:
         """Come back at the next scheduled lookup; at the end of the window, today's park (or resubmit)."""
         verdict, wait_until = self._step(self._reread(attempt), now)
         if verdict is LookupVerdict.PARK:
@@ -328,11 +329,11 @@ class ProviderSync:
         self._set_next_action(attempt.task_id, wait_until or now + timedelta(seconds=10))
         return outcome
 
-    def _reread(self, attempt: Any) -> Any:
+    def _reread(self, attempt: Attempt) -> Any:
         with self._engine.connect() as conn:
             return attempts.read(conn, attempt.id)
 
-    def _wait_then_park(self, attempt: Any, now: datetime) -> str:
+    def _wait_then_park(self, attempt: Attempt, now: datetime) -> str:
         verdict, wait_until = self._step(attempt, now)
         if verdict is not LookupVerdict.PARK:
             park_at = (attempt.submitted_at or attempt.created_at) + timedelta(seconds=self._reconcile.park_after_s)
@@ -340,7 +341,7 @@ class ProviderSync:
             return "waiting-no-lookup"
         return self._park(attempt, now)
 
-    def _park(self, attempt: Any, now: datetime) -> str:
+    def _park(self, attempt: Attempt, now: datetime) -> str:
         if (
             self._settings.reconcile.resubmit_without_lookup
             and not self._settings.providers[attempt.provider].supports_lookup_by_request_key
@@ -401,12 +402,16 @@ class ProviderSync:
         ):
             self._set_next_action(task_id, now + timedelta(seconds=5))
             return "awaiting-reducer"
-        result = self._providers[attempt.provider].cancel(attempt.provider_job_id)
+        job_id = attempt.provider_job_id
+        if job_id is None:  # accepted with no job id recorded: only a lookup by request key can find the job
+            self._set_next_action(task_id, now + timedelta(seconds=10))
+            return "awaiting-reconciliation"
+        result = self._providers[attempt.provider].cancel(job_id)
         now = self._clock.now()
         if isinstance(result, Canceled):
             # the job's own record carries the vendor's billing verdict for the cancel; fall back to the rule
             provider = self._providers[attempt.provider]
-            seen = provider.query(attempt.provider_job_id)
+            seen = provider.query(job_id)
             billed = seen.billed if isinstance(seen, Observation) and seen.status is JobStatus.CANCELED else None
             if billed is None:
                 billed = provider.capabilities.cancel_is_billed
@@ -415,7 +420,7 @@ class ProviderSync:
                     conn,
                     attempt.provider,
                     Observation(
-                        job_id=attempt.provider_job_id,
+                        job_id=job_id,
                         status=JobStatus.CANCELED,
                         provider_updated_at=now,
                         billed=billed,
@@ -433,7 +438,7 @@ class ProviderSync:
             tasks.set_columns(conn, task_id, next_action_at=now + timedelta(seconds=30))
         return "too-late" if isinstance(result, TooLate) else "retry-later"
 
-    def cancel_job(self, attempt: Any) -> None:
+    def cancel_job(self, attempt: Attempt) -> None:
         """Ask the provider to stop a job whose task already ended (e.g. expired); failures are only logged."""
         try:
             self._providers[attempt.provider].cancel(attempt.provider_job_id)
@@ -442,7 +447,7 @@ class ProviderSync:
 
     def _confirm_cancel(self, task_id: uuid.UUID, now: datetime, billed: bool) -> str:
         with write_tx(self._engine) as conn:
-            task = tasks.read(conn, task_id, lock=True)
+            task = tasks.get(conn, task_id, lock=True)
             if task.status != TaskStatus.CANCEL_REQUESTED.value:
                 return "moved"
             change = self._change({"reason": "nothing at the provider"}, billed=billed, ledger_reason="canceled")

@@ -14,6 +14,7 @@ from typing import Any
 
 from aivedio_engine.db import timeline
 from aivedio_engine.db.handles import Connection
+from aivedio_engine.db.records import Task
 
 KINDS = ("state_event", "attempt", "provider_event", "ledger", "asset", "review", "alert", "outbox")
 
@@ -71,7 +72,7 @@ def build_timeline(conn: Connection, task_id: uuid.UUID) -> Timeline | None:
     return Timeline(task=header, items=items)
 
 
-def _input_assets(task: Any) -> list[uuid.UUID]:
+def _input_assets(task: Task) -> list[uuid.UUID]:
     """The input assets the task's request named."""
     inputs = []
     for raw in (task.params or {}).get("asset_ids") or []:

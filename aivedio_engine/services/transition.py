@@ -35,6 +35,7 @@ from typing import Any
 
 from aivedio_engine.db import attempts, lock_order, reviews, tasks, wakeup
 from aivedio_engine.db.handles import Connection
+from aivedio_engine.db.records import Attempt, Task
 from aivedio_engine.domain.events import fetch_route
 from aivedio_engine.domain.retry import ErrorOutcome, LastError, last_error_value
 from aivedio_engine.domain.status import ATTEMPT_TERMINAL, EventSource, ReviewState, TaskStatus
@@ -64,7 +65,7 @@ class UnhandledEffect(RuntimeError):
 
 def move_attempt(
     conn: Connection,
-    attempt: Any,
+    attempt: Attempt,
     event: AttemptEvent,
     now: datetime,
     *,
@@ -82,7 +83,7 @@ def move_attempt(
     return moved
 
 
-def lock_attempt(conn: Connection, attempt_id: uuid.UUID) -> tuple[Any, Any]:
+def lock_attempt(conn: Connection, attempt_id: uuid.UUID) -> tuple[Task | None, Attempt | None]:
     """The engine's lock order (`db.lock_order`): the attempt's task row first, then the attempt, both locked in
     the caller's transaction. Returns (task, attempt), or (None, None) when the attempt does not exist. Read
     this way, the attempt cannot move between the read and the caller's writes, so a move of it is applied
@@ -94,6 +95,15 @@ def lock_attempt(conn: Connection, attempt_id: uuid.UUID) -> tuple[Any, Any]:
     return task, attempts.read(conn, attempt_id, lock=True)
 
 
+def lock_existing_attempt(conn: Connection, attempt_id: uuid.UUID) -> tuple[Task, Attempt]:
+    """`lock_attempt` of an attempt that must exist (one a row or the caller's own read names: attempts are never
+    deleted while their task lives); LookupError otherwise."""
+    task, attempt = lock_attempt(conn, attempt_id)
+    if task is None or attempt is None:
+        raise LookupError(f"attempt {attempt_id} (or its task) does not exist")
+    return task, attempt
+
+
 # -------------------------------------------------------------------------------------------------- change
 
 
@@ -101,7 +111,7 @@ def lock_attempt(conn: Connection, attempt_id: uuid.UUID) -> tuple[Any, Any]:
 class AttemptMove:
     """The attempt's own transition, carried out with the task's (both locked, the task first)."""
 
-    attempt: Any
+    attempt: Attempt
     event: AttemptEvent
     values: Mapping[str, Any] = field(default_factory=dict)
     error: LastError | None = None
@@ -118,7 +128,7 @@ class NewAttempt:
 
 @dataclass(frozen=True, slots=True)
 class FetchOrder:
-    attempt: Any
+    attempt: Attempt
     outputs: tuple[dict[str, Any], ...]
     urgent_within_s: float
 
@@ -173,7 +183,7 @@ class Executed:
 
 @dataclass
 class _Plan:
-    task: Any
+    task: Task
     decision: Decision
     change: Change
     now: datetime
@@ -192,7 +202,7 @@ class _Plan:
 
 
 def execute(
-    conn: Connection, task: Any, decision: Decision, change: Change, now: datetime, after: AfterCommit | None = None
+    conn: Connection, task: Task, decision: Decision, change: Change, now: datetime, after: AfterCommit | None = None
 ) -> Executed:
     """Carry out `decision` for `task` (read under its lock in this transaction) and every one of its effects.
     Raises UnhandledEffect before writing anything when an effect cannot be carried out, VersionConflict when
@@ -288,7 +298,7 @@ def execute(
 
 def decide_and_execute(
     conn: Connection,
-    task: Any,
+    task: Task,
     event: TaskEvent,
     change: Change,
     now: datetime,

@@ -1,0 +1,101 @@
+"""The task and attempt rows as typed, frozen records: what every repository hands to services.
+
+Fields are the tables' columns in their order (`tests/unit/test_records.py` checks it), so a row read with
+`select(table)`, a psycopg row of the same column list, or the values a create statement returns become a record
+positionally, without a per-column lookup. Services read attributes only; a change of state is written through
+the repositories, never on a record.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One `generation_tasks` row, every column."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    user_id: uuid.UUID | None
+    project_id: uuid.UUID | None
+    client_idempotency_key: str
+    request_hash: bytes
+    status: str
+    version: int
+    progress: int
+    requested_model: str
+    selected_provider: str | None
+    current_attempt_no: int
+    priority: int
+    estimated_cost: Decimal
+    reserved_amount: Decimal
+    actual_cost: Decimal | None
+    output_asset_id: uuid.UUID | None
+    prompt: str
+    params: dict[str, Any]
+    next_retry_at: datetime | None
+    deadline_at: datetime | None
+    cancel_requested_at: datetime | None
+    cancel_outcome: str | None
+    last_error_class: str | None
+    last_error_code: str | None
+    parked_reason: str | None
+    next_action_at: datetime | None
+    review_state: str | None
+    trace_id: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    prompt_redacted_at: datetime | None
+
+    @classmethod
+    def of(cls, row: Iterable[Any] | None) -> Task | None:
+        """The record of a row of every column in table order (None stays None)."""
+        return None if row is None else cls(*row)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One `task_attempts` row, every column."""
+
+    id: uuid.UUID
+    task_id: uuid.UUID
+    attempt_no: int
+    provider: str
+    model: str
+    provider_request_key: str
+    provider_job_id: str | None
+    submit_state: str
+    request_fingerprint: bytes
+    provider_error_code: str | None
+    provider_updated_at: datetime | None
+    submitted_at: datetime | None
+    completed_at: datetime | None
+    next_poll_at: datetime | None
+    poll_count: int
+    output_url_expires_at: datetime | None
+    resubmitted_after_unknown: bool
+    fencing_token: int | None
+    last_error_class: str | None
+    created_at: datetime
+    updated_at: datetime
+    lookup_count: int
+    last_lookup_at: datetime | None
+    last_not_found_at: datetime | None
+    vendor_billed: bool | None
+    billed_seconds: Decimal | None
+    billed_outputs: int | None
+    vendor_cost: Decimal | None
+    vendor_refunded: bool | None
+
+    @classmethod
+    def of(cls, row: Iterable[Any] | None) -> Attempt | None:
+        """The record of a row of every column in table order (None stays None)."""
+        return None if row is None else cls(*row)
