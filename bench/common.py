@@ -440,13 +440,16 @@ class CpuSampler:
     """Cores used over a window by named groups of processes, and by everything else on the box ("other":
     whole-box busy time minus the groups — on a shared machine, other people's work).
 
-    Each group is a predicate over (pid, comm, cmdline); a process counts in the first group that matches.
-    Processes must live through the whole window to be counted fully, so sample the middle of a run.
+    Each group is a predicate over (pid, comm, cmdline); a process counts in the first group that matches. A
+    process born inside the window counts from zero (a worker's pool opening PostgreSQL backends mid-run: their
+    CPU had gone to "other" before); one that ends inside it is lost, so sample the middle of a run.
     Linux /proc only; a no-op elsewhere."""
 
     def __init__(self, groups: dict[str, Matcher]) -> None:
         self._groups = groups
         self._start: dict[str, dict[int, float]] = {}
+        #: every process alive at the start, matched or not: one absent here was born inside the window
+        self._alive0: set[int] = set()
         self._box0 = (0.0, 0.0)
         self._t0 = 0.0
 
@@ -470,6 +473,7 @@ class CpuSampler:
     def start(self) -> None:
         if not Path("/proc/stat").exists():
             return
+        self._alive0 = {int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()}
         self._start = self._snapshot()
         self._box0 = _box_cpu()
         self._t0 = time.monotonic()
@@ -482,7 +486,8 @@ class CpuSampler:
         window = time.monotonic() - self._t0
         out: dict[str, float] = {}
         for name, procs in end.items():
-            used = sum(c - self._start.get(name, {}).get(p, c) for p, c in procs.items())
+            before = self._start.get(name, {})
+            used = sum(c - before.get(p, c if p in self._alive0 else 0.0) for p, c in procs.items())
             out[f"{name}_cores"] = round(used / window, 3)
         busy, total = box1[0] - self._box0[0], box1[1] - self._box0[1]
         ncpu = os.cpu_count() or 1
