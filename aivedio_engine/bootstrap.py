@@ -274,7 +274,7 @@ class AppContext:
     def sync(self) -> ProviderSync:
         from aivedio_engine.services.sync import ProviderSync
 
-        return ProviderSync(self.engine, self.clock, self.settings, self.providers)
+        return ProviderSync(self.engine, self.clock, self.settings, self.providers, slots=self.slots)
 
     @shared_property
     def dispatcher(self) -> Dispatcher:

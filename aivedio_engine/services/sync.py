@@ -43,6 +43,7 @@ from aivedio_engine.services.transition import (
     lock_existing_attempt,
     move_attempt,
 )
+from aivedio_engine.slots.base import SlotStore
 from aivedio_engine.testing.failpoints import failpoint
 
 #: the window listed around an ambiguous send: our clock and the vendor's differ, and a slow vendor may create
@@ -55,9 +56,18 @@ LISTED_TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CA
 
 class ProviderSync:
     def __init__(
-        self, engine: Engine, clock: Clock, settings: Settings, providers: Any, rng: random.Random | None = None
+        self,
+        engine: Engine,
+        clock: Clock,
+        settings: Settings,
+        providers: Any,
+        rng: random.Random | None = None,
+        slots: SlotStore | None = None,
     ) -> None:
+        """`slots`: an attempt this ends (confirmed not created, a cancel confirmed) frees its slot after the
+        commit; without it the slot reconciler frees it on its next pass."""
         self._engine = engine
+        self._slots = slots
         self._clock = clock
         self._settings = settings
         self._providers = providers
@@ -184,7 +194,7 @@ class ProviderSync:
         )
 
     def _found(self, attempt: Attempt, obs: Observation, now: datetime) -> str:
-        after = AfterCommit(self._engine)
+        after = AfterCommit(self._engine, self._slots)
         with write_tx(self._engine) as conn:
             task, fresh = lock_existing_attempt(conn, attempt.id)
             if fresh.submit_state != AttemptStatus.UNKNOWN.value:
@@ -214,7 +224,7 @@ class ProviderSync:
         return "found"
 
     def _not_created(self, attempt: Attempt, now: datetime) -> str:
-        after = AfterCommit(self._engine)
+        after = AfterCommit(self._engine, self._slots)
         with write_tx(self._engine) as conn:
             task, fresh = lock_existing_attempt(conn, attempt.id)
             if fresh.submit_state != AttemptStatus.UNKNOWN.value:
