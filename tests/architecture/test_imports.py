@@ -122,3 +122,56 @@ def test_the_import_scan_sees_every_import_form(source: str, tmp_path: Path) -> 
     stray.parent.mkdir(parents=True)
     stray.write_text(source + "\n")
     assert _importers("httpx", tmp_path) == {stray}
+
+
+def _product_imports(path: Path) -> set[str]:
+    """Every product module `path` imports (lazy imports inside functions included); `from pkg import name` counts
+    as `pkg.name`, since the name may be a module."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found.update(n for n in names if n.split(".")[0] in PRODUCT_PACKAGES)
+    return found
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+#: the shells: what receives a request, a message or a keystroke, and the one place that wires them
+SHELLS = ("aivedio_engine.api", "aivedio_engine.worker", "aivedio_engine.bootstrap", "aivedio_cli", "tui")
+#: what the persistence layer may import: the domain and the process's plumbing, and the value types of the adapters'
+#: contracts its rows hold (a job status, a request fingerprint, a lease) — never a service, an adapter or a shell
+DB_MAY_IMPORT = (
+    "aivedio_engine.clock",
+    "aivedio_engine.config",
+    "aivedio_engine.db",
+    "aivedio_engine.domain",
+    "aivedio_engine.observability",
+    "aivedio_engine.testing",
+    "aivedio_engine.providers.base",
+    "aivedio_engine.providers.fingerprint",
+    "aivedio_engine.slots.base",
+)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "aivedio_engine" / "services").rglob("*.py")), ids=lambda p: p.name)
+def test_services_import_no_shell(path: Path) -> None:
+    assert not {m for m in _product_imports(path) if _under(m, SHELLS)}
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "aivedio_engine" / "db").rglob("*.py")), ids=lambda p: p.name)
+def test_the_persistence_layer_imports_nothing_above_the_domain(path: Path) -> None:
+    assert not {m for m in _product_imports(path) if not _under(m, DB_MAY_IMPORT)}
+
+
+def test_the_layer_scan_sees_a_lazy_import_of_a_service(tmp_path: Path) -> None:
+    stray = tmp_path / "stray.py"
+    stray.write_text("def f():\n    from aivedio_engine.services import reducer\n")
+    assert _product_imports(stray) == {"aivedio_engine.services.reducer"}
+    assert not _under("aivedio_engine.services.reducer", DB_MAY_IMPORT)
