@@ -22,6 +22,7 @@ from aivedio_engine.db import assets as asset_rows
 from aivedio_engine.db import creation, tasks
 from aivedio_engine.db.creation_batch import CreateBatcher
 from aivedio_engine.db.handles import Connection, Engine
+from aivedio_engine.db.records import Task
 from aivedio_engine.db.session import read_conn, write_tx
 from aivedio_engine.domain.admission import PriorityTier, capped_tier
 from aivedio_engine.domain.moderation import ModerationInput, ModerationResult, ReferenceFacts, RuleModerator
@@ -164,7 +165,10 @@ class GenerationService:
             try:
                 task = creation.create(self._engine, new, whole_balance=whole_balance)
             except creation.KeyTaken:
-                return _replay(creation.by_key(self._engine, new.tenant_id, new.key), new.request_hash)
+                existing = creation.by_key(self._engine, new.tenant_id, new.key)
+                if existing is None:  # KeyTaken means a committed task holds the key, and tasks are never deleted
+                    raise LookupError(f"the task holding idempotency key {new.key!r} is gone") from None
+                return _replay(existing, new.request_hash)
         return Created(TaskView.of(task), replayed=False)
 
     def _priced(self, body: dict[str, Any]) -> tuple[GenerationParams, Decimal, bytes]:
@@ -193,7 +197,7 @@ class GenerationService:
         tier = capped_tier(params.priority, tenant_tier)
         return self._new_task(tenant_id, key, stored, digest, cost, trace_id, tier)
 
-    def _by_key(self, conn: Connection, tenant_id: uuid.UUID, key: str) -> Any:
+    def _by_key(self, conn: Connection, tenant_id: uuid.UUID, key: str) -> Task | None:
         return creation._by_key(conn, tenant_id, key)
 
     def _check_assets(self, conn: Connection, tenant_id: uuid.UUID, params: GenerationParams) -> list[ReferenceFacts]:
@@ -315,7 +319,7 @@ class GenerationService:
                 created_by=requested_by,
                 payload={"requested_by": requested_by},
             )
-            view = TaskView.of(tasks.read(conn, task_id))
+            view = TaskView.of(tasks.get(conn, task_id))
             failpoint("cancel.before_commit")
         failpoint("cancel.after_commit")
         return view
@@ -323,7 +327,7 @@ class GenerationService:
 
 def apply_cancel(
     conn: Connection,
-    row: Any,
+    row: Task,
     decision: Decision,
     now: datetime,
     *,
@@ -366,7 +370,7 @@ def _check_key(key: str | None) -> str:
     return key
 
 
-def _replay(row: Any, digest: bytes) -> Created:
+def _replay(row: Task, digest: bytes) -> Created:
     if bytes(row.request_hash) != digest:
         raise IdempotencyKeyReused("this Idempotency-Key was used with a different request")
     return Created(TaskView.of(row), replayed=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from aivedio_engine.db import timeline
 from aivedio_engine.db.handles import Connection
-from aivedio_engine.db.records import Task
+from aivedio_engine.db.records import Attempt, Task
 
 KINDS = ("state_event", "attempt", "provider_event", "ledger", "asset", "review", "alert", "outbox")
 
@@ -105,7 +105,7 @@ def _state_event(r: Any) -> dict[str, Any]:
     )
 
 
-def _attempt(r: Any) -> dict[str, Any]:
+def _attempt(r: Attempt) -> dict[str, Any]:
     return _item(
         "attempt",
         r.created_at,

@@ -6,7 +6,10 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the view is imported by light modules; the record pulls in the db package
+    from aivedio_engine.db.records import Task
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +35,7 @@ class TaskView:
     finished_at: datetime | None
 
     @classmethod
-    def of(cls, row: Any) -> TaskView:
+    def of(cls, row: Task) -> TaskView:
         return cls(
             id=row.id,
             tenant_id=row.tenant_id,
