@@ -13,11 +13,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Self
+
+
+class _FromRow:
+    """`of(row)`: the record of a row of every column in table order (None stays None)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, row: Iterable[Any] | None) -> Self | None:
+        return None if row is None else cls(*row)
 
 
 @dataclass(frozen=True, slots=True)
-class Task:
+class Task(_FromRow):
     """One `generation_tasks` row, every column."""
 
     id: uuid.UUID
@@ -55,14 +65,9 @@ class Task:
     finished_at: datetime | None
     prompt_redacted_at: datetime | None
 
-    @classmethod
-    def of(cls, row: Iterable[Any] | None) -> Task | None:
-        """The record of a row of every column in table order (None stays None)."""
-        return None if row is None else cls(*row)
-
 
 @dataclass(frozen=True, slots=True)
-class Attempt:
+class Attempt(_FromRow):
     """One `task_attempts` row, every column."""
 
     id: uuid.UUID
@@ -94,8 +99,3 @@ class Attempt:
     billed_outputs: int | None
     vendor_cost: Decimal | None
     vendor_refunded: bool | None
-
-    @classmethod
-    def of(cls, row: Iterable[Any] | None) -> Attempt | None:
-        """The record of a row of every column in table order (None stays None)."""
-        return None if row is None else cls(*row)

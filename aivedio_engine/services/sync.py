@@ -64,8 +64,8 @@ class ProviderSync:
         rng: random.Random | None = None,
         slots: SlotStore | None = None,
     ) -> None:
-        """`slots`: an attempt this ends (confirmed not created, a cancel confirmed) frees its slot after the
-        commit; without it the slot reconciler frees it on its next pass."""
+        """`slots`: an attempt this ends (confirmed not created, also while its task is being canceled) frees its
+        slot after the commit; without it the slot reconciler frees it on its next pass."""
         self._engine = engine
         self._slots = slots
         self._clock = clock
