@@ -7,6 +7,8 @@ records the probe facts and every derivative's own status, and decides: every re
 moderation hook → SUCCEEDED with the credit settlement and notification in the same transaction (or
 MANUAL_REVIEW with a review item); a gate rejection → FAILED_FINAL; a failure that may pass on another run →
 retry within the `media` budget, past which a human decides (seed §4.9.5: media failures never regenerate).
+A store that cannot be reached is an outage of ours, not a failure of the output: it holds the task in
+POST_PROCESSING without spending the budget (seed §4.11), and the broker or the sweeper runs the step again.
 A job of several outputs (`n`) gets one message per raw output, each processed and retried on its own; the
 task moves on (moderation, SUCCEEDED) only in the run that finds every output's required derivatives READY
 (runs are serialized by the task row's lock, so exactly one of them sees the last output done).
@@ -54,7 +56,7 @@ from aivedio_engine.services.follow_on import MediaProcessRequested
 from aivedio_engine.services.moderation import INPUT_REVIEW
 from aivedio_engine.services.transition import Change, ReviewOrder, decide_and_execute
 from aivedio_engine.storage import keys
-from aivedio_engine.storage.base import ObjectStore, iter_file, sha256_of
+from aivedio_engine.storage.base import ObjectNotFound, ObjectStore, iter_file, sha256_of
 
 CONSUMER_GROUP = "media"
 KIND = {
@@ -107,7 +109,7 @@ class Outcome:
     probe: ProbeResult | None = None
     #: the output itself is unacceptable (gate, checksum): final
     rejected: str | None = None
-    #: our side failed (ffprobe missing, store hiccup): another run may pass
+    #: our side failed (ffprobe missing, the stored object missing): another run may pass
     unavailable: str | None = None
     #: the run was stopped, not failed (shutdown, SIGINT/SIGTERM/SIGHUP): retried at once, within the budget
     interrupted: bool = False
@@ -174,8 +176,11 @@ class MediaService:
             src = workdir / "raw.mp4"
             try:
                 self._store.download_to(raw.object_key, src)
-            except Exception as exc:  # noqa: BLE001 - any store failure is ours; the output may still be fine
-                return Outcome(unavailable=f"cannot read the stored output: {type(exc).__name__}")
+            except ObjectNotFound:  # gone from the store: another run may find it restored, past that a human
+                return Outcome(unavailable="the stored output is missing from the store")
+            # any other store failure is an outage of our own store, not a fault of this output: it propagates, so
+            # the task is held in POST_PROCESSING (seed 000 §4.11) without spending the media budget, and the
+            # broker's retries, then the sweeper's re-drive (`media_stuck_s`), run it again once the store answers
             with open(src, "rb") as f:
                 if raw.checksum_value and sha256_of(f)[0] != raw.checksum_value:
                     return Outcome(rejected="stored output does not match the checksum recorded at fetch")

@@ -18,12 +18,14 @@ import pytest
 import sqlalchemy as sa
 
 from aivedio_engine.db.tables import review_items
+from aivedio_engine.domain.retry import Step
 from aivedio_engine.domain.status import DerivativeProfile
 from aivedio_engine.media import derive
 from aivedio_engine.media.probe import ProbeUnavailable
 from aivedio_engine.providers.sim import app as sim_app
 from aivedio_engine.services import media as media_module
 from aivedio_engine.storage import keys
+from aivedio_engine.storage.base import ObjectNotFound
 from tests.flow.test_output_fetch import (
     MEDIA,
     STATUS_CHANGED,
@@ -296,7 +298,11 @@ def _store_down(self: Any, key: str, path: Path) -> int:
     raise OSError("store unreachable")
 
 
-@pytest.mark.parametrize("breakage", ["probe", "store"])
+def _object_gone(self: Any, key: str, path: Path) -> int:
+    raise ObjectNotFound(key)
+
+
+@pytest.mark.parametrize("breakage", ["probe", "object_gone"])
 def test_failures_on_our_side_retry_without_judging_the_output(
     tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch, breakage: str
 ) -> None:
@@ -304,7 +310,7 @@ def test_failures_on_our_side_retry_without_judging_the_output(
     if breakage == "probe":
         monkeypatch.setattr(media_module, "probe_file", _probe_unavailable)
     else:
-        monkeypatch.setattr(type(s.ctx.storage), "download_to", _store_down)
+        monkeypatch.setattr(type(s.ctx.storage), "download_to", _object_gone)
 
     assert s.media().startswith("retry: ")
 
@@ -314,6 +320,36 @@ def test_failures_on_our_side_retry_without_judging_the_output(
     assert raw_of(s).status == "PROCESSING" and raw_of(s).error is None  # not rejected: nothing was wrong with it
     assert derivatives(s) == [] and alerts_of(s.ctx) == []
     assert_only_reserved(s.ctx, s.task_id)
+    s.ctx.close()
+
+
+def test_a_store_outage_holds_the_task_without_spending_the_media_budget(
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 000 §4.11: with our store down the task stays where it is. Before, each run against a down store
+    spent a try, so an outage longer than the budget's delays sent good outputs to a human (CI, the degrade
+    matrix's storage row: one task in MANUAL_REVIEW)."""
+    s = staged(tmp_path, sim)
+    budget = s.ctx.settings.retry.budget(Step.MEDIA).max_attempts
+    (request,) = pending(s.ctx, MEDIA)
+    real = type(s.ctx.storage).download_to
+    monkeypatch.setattr(type(s.ctx.storage), "download_to", _store_down)
+
+    for _ in range(budget + 2):  # the broker's and the sweeper's deliveries of the same request, past the budget
+        with pytest.raises(OSError, match="store unreachable"):
+            s.ctx.media.handle(envelope(request))
+
+    assert task_row(s.ctx, s.task_id).status == "POST_PROCESSING"
+    assert [r.id for r in pending(s.ctx, MEDIA, due_only=False)] == [request.id]  # no retry row: nothing spent
+    assert raw_of(s).status == "PROCESSING" and raw_of(s).error is None
+    assert derivatives(s) == [] and reviews(s) == [] and alerts_of(s.ctx) == []
+    assert_only_reserved(s.ctx, s.task_id)
+
+    monkeypatch.setattr(type(s.ctx.storage), "download_to", real)  # the store is back
+    assert s.media() == "succeeded"
+    assert task_row(s.ctx, s.task_id).status == "SUCCEEDED"
+    assert {d.kind for d in derivatives(s) if d.status == "READY"} == REQUIRED
+    assert_settled(s.ctx, s.task_id)
     s.ctx.close()
 
 

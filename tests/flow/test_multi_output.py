@@ -133,8 +133,8 @@ def test_a_retryable_media_failure_of_one_output_waits_and_then_succeeds(
 
     def flaky(self: Any, task: Any, raw: Any, limits: Any) -> media_module.Outcome:
         runs.append(raw.output_index)
-        if raw.output_index == 1 and runs.count(1) == 1:  # output 1's first run: the store hiccups
-            return media_module.Outcome(unavailable="cannot read the stored output: ConnectionError")
+        if raw.output_index == 1 and runs.count(1) == 1:  # output 1's first run: ffprobe is missing for a moment
+            return media_module.Outcome(unavailable="ffprobe not found")
         return real(self, task, raw, limits)
 
     monkeypatch.setattr(media_module.MediaService, "_process", flaky)
