@@ -89,9 +89,7 @@ def arrivals_by_provider(conn: Connection, since: datetime, now: datetime) -> di
             sa.select(_t.selected_provider, sa.func.count())
             .where(_in(_t.created_at, since, now))
             .group_by(_t.selected_provider)
-        )
-        .tuples()
-        .all()
+        ).all()
     )
 
 
@@ -120,9 +118,7 @@ def in_flight_by_provider(conn: Connection) -> dict[str | None, int]:
             sa.select(_a.provider, sa.func.count())
             .where(_a.submit_state.in_([s.value for s in ATTEMPT_IN_FLIGHT]))
             .group_by(_a.provider)
-        )
-        .tuples()
-        .all()
+        ).all()
     )
 
 
@@ -133,9 +129,7 @@ def waiting_by_provider(conn: Connection) -> dict[str | None, int]:
             sa.select(_t.selected_provider, sa.func.count())
             .where(_t.status.in_(_WAITING))
             .group_by(_t.selected_provider)
-        )
-        .tuples()
-        .all()
+        ).all()
     )
 
 
