@@ -117,11 +117,21 @@ def failed_before_accept(conn: Connection, task_id: uuid.UUID) -> tuple[int, dat
     return int(failed[0]), failed[1]
 
 
-def by_request_key(conn: Connection, provider: str, key: str) -> Any:
-    """The attempt (id, task_id, submit_state) a provider request key names, or None."""
-    return conn.execute(
+@dataclass(frozen=True, slots=True)
+class AttemptRef:
+    """Which attempt a request key names, its task, and where it stands."""
+
+    id: uuid.UUID
+    task_id: uuid.UUID
+    submit_state: str
+
+
+def by_request_key(conn: Connection, provider: str, key: str) -> AttemptRef | None:
+    """The attempt a provider request key names, or None."""
+    row = conn.execute(
         sa.select(_a.id, _a.task_id, _a.submit_state).where(_a.provider == provider, _a.provider_request_key == key)
     ).first()
+    return None if row is None else AttemptRef(*row)
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,14 +109,28 @@ def mark_ready(conn: Connection, task_id: uuid.UUID, version: int, now: datetime
     return bool(updated)
 
 
-def status_version(conn: Connection, task_id: uuid.UUID) -> Any:
+@dataclass(frozen=True, slots=True)
+class StatusVersion:
+    status: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOwner:
+    tenant_id: uuid.UUID
+    trace_id: str | None
+
+
+def status_version(conn: Connection, task_id: uuid.UUID) -> StatusVersion | None:
     """The task's status and version (None: no such task)."""
-    return conn.execute(sa.select(_t.status, _t.version).where(_t.id == task_id)).first()
+    row = conn.execute(sa.select(_t.status, _t.version).where(_t.id == task_id)).first()
+    return None if row is None else StatusVersion(*row)
 
 
-def tenant_and_trace(conn: Connection, task_id: uuid.UUID) -> Any:
+def tenant_and_trace(conn: Connection, task_id: uuid.UUID) -> TaskOwner | None:
     """The task's tenant_id and trace_id (None: no such task)."""
-    return conn.execute(sa.select(_t.tenant_id, _t.trace_id).where(_t.id == task_id)).first()
+    row = conn.execute(sa.select(_t.tenant_id, _t.trace_id).where(_t.id == task_id)).first()
+    return None if row is None else TaskOwner(*row)
 
 
 def event_row(

@@ -23,6 +23,7 @@ from aivedio_engine.clock import new_id
 from aivedio_engine.db import attempts, outbox, tasks
 from aivedio_engine.db import observations as raw_events
 from aivedio_engine.db.handles import Connection
+from aivedio_engine.db.records import Attempt
 from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.status import AttemptStatus, EventSource
 from aivedio_engine.domain.text import is_storable
@@ -99,7 +100,7 @@ def record(
         _store_rejected(conn, provider, obs, source, now, reason, raw_body, headers_digest, verified)
         return False
     dedup_key = f"wh:{obs.event_id}" if obs.event_id else fingerprint(provider, obs)
-    attempt = attempts.by_job(conn, provider, obs.job_id)
+    attempt: attempts.AttemptRef | Attempt | None = attempts.by_job(conn, provider, obs.job_id)
     if attempt is None and obs.request_key:
         by_key = attempts.by_request_key(conn, provider, obs.request_key)
         # only an ambiguous submit is bound by its request key (the reducer does it); an attempt whose job id

@@ -108,6 +108,20 @@ def test_task_read_is_scoped_to_its_tenant(engine: Engine) -> None:
         assert tasks.read(conn, new_id()) is None
 
 
+def test_small_reads_come_back_as_records_or_none(engine: Engine) -> None:
+    tenant, task = tenant_and_task(engine)
+    with write_tx(engine) as conn:
+        attempt = attempts.create(conn, task_id=task, attempt_no=1, provider="sim", model="m", params={}, now=T0)
+        key = attempts.get(conn, attempt).provider_request_key
+    with read_conn(engine) as conn:
+        assert tasks.status_version(conn, task) == tasks.StatusVersion(TaskStatus.QUEUED.value, 3)
+        owner = tasks.tenant_and_trace(conn, task)
+        assert owner is not None and owner.tenant_id == tenant
+        assert attempts.by_request_key(conn, "sim", key) == attempts.AttemptRef(attempt, task, "NEW")
+        assert tasks.status_version(conn, new_id()) is None and tasks.tenant_and_trace(conn, new_id()) is None
+        assert attempts.by_request_key(conn, "other", key) is None
+
+
 def test_task_columns_outside_a_transition_refuse_status_and_errors(engine: Engine) -> None:
     _, task = tenant_and_task(engine)
     with write_tx(engine) as conn:
