@@ -1,4 +1,4 @@
-"""The task and attempt rows as typed, frozen records: what every repository hands to services.
+"""The task, attempt and review-item rows as typed, frozen records: what every repository hands to services.
 
 Fields are the tables' columns in their order (`tests/unit/test_records.py` checks it), so a row read with
 `select(table)`, a psycopg row of the same column list, or the values a create statement returns become a record
@@ -99,3 +99,32 @@ class Attempt(_FromRow):
     billed_outputs: int | None
     vendor_cost: Decimal | None
     vendor_refunded: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewItem(_FromRow):
+    """One `review_items` row, every column."""
+
+    id: uuid.UUID
+    task_id: uuid.UUID | None
+    asset_id: uuid.UUID | None
+    reason: str
+    state: str
+    claimed_by: str | None
+    claimed_until: datetime | None
+    decision: str | None
+    decided_by: str | None
+    decided_at: datetime | None
+    note: str | None
+    created_at: datetime
+    workflow_task_id: uuid.UUID | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewRow(ReviewItem):
+    """A review item with what the queue shows of its subject: the task's (or step's) status, project and step."""
+
+    #: never None: an item names exactly one subject (`one_subject`), which its foreign key keeps
+    task_status: str
+    project_id: uuid.UUID | None
+    step_key: str | None

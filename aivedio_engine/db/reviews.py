@@ -10,9 +10,10 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, Row
+from sqlalchemy import Connection
 
 from aivedio_engine.clock import new_id
+from aivedio_engine.db.records import ReviewItem, ReviewRow
 from aivedio_engine.db.tables import assets, generation_tasks, review_items, workflow_tasks
 from aivedio_engine.domain.status import AssetKind, AssetStatus, ReviewState, TaskStatus
 from aivedio_engine.domain.workflow import StepStatus
@@ -58,21 +59,22 @@ class StepRef:
     step_key: str
 
 
-def list_items(conn: Connection, state: str | None, now: datetime, *, limit: int) -> list[Row[Any]]:
+def list_items(conn: Connection, state: str | None, now: datetime, *, limit: int) -> list[ReviewRow]:
     """Items with their subject's status, oldest first; `state` is pending, claimed, decided or None (all)."""
-    return list(conn.execute(_in_state(_select().order_by(_r.created_at, _r.id).limit(limit), state, now)))
+    stmt = _in_state(_select().order_by(_r.created_at, _r.id).limit(limit), state, now)
+    return [ReviewRow(*row) for row in conn.execute(stmt)]
 
 
 def count_items(conn: Connection, state: str | None, now: datetime) -> int:
     return int(conn.execute(_in_state(sa.select(sa.func.count()).select_from(review_items), state, now)).scalar_one())
 
 
-def read_item(conn: Connection, item_id: uuid.UUID) -> Row[Any]:
+def read_item(conn: Connection, item_id: uuid.UUID) -> ReviewRow:
     """The item with its subject's status (`task_status`), project and step key."""
-    return conn.execute(_select().where(_r.id == item_id)).one()
+    return ReviewRow(*conn.execute(_select().where(_r.id == item_id)).one())
 
 
-def resolve(conn: Connection, ref: uuid.UUID) -> Row[Any] | None:
+def resolve(conn: Connection, ref: uuid.UUID) -> ReviewItem | None:
     """The item by its id, else the open item of the task (or step) with that id; locked on PostgreSQL."""
     for where in (
         _r.id == ref,
@@ -84,7 +86,7 @@ def resolve(conn: Connection, ref: uuid.UUID) -> Row[Any] | None:
             stmt = stmt.with_for_update()
         row = conn.execute(stmt).first()
         if row is not None:
-            return row
+            return ReviewItem(*row)
     return None
 
 

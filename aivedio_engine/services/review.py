@@ -33,7 +33,7 @@ from typing import Any
 from aivedio_engine.clock import Clock
 from aivedio_engine.db import reviews, tasks
 from aivedio_engine.db.handles import Connection, Engine
-from aivedio_engine.db.records import Task
+from aivedio_engine.db.records import ReviewItem, ReviewRow, Task
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.domain.retry import ErrorOutcome
 from aivedio_engine.domain.status import EventSource, ReviewState, TaskStatus
@@ -81,7 +81,7 @@ class ReviewView:
         return f"task {self.task_id}"
 
     @classmethod
-    def of(cls, row: Any, now: datetime) -> ReviewView:
+    def of(cls, row: ReviewRow, now: datetime) -> ReviewView:
         live_claim = (
             row.state == ReviewState.CLAIMED.value and row.claimed_until is not None and row.claimed_until > now
         )
@@ -200,9 +200,10 @@ class ReviewService:
         return Decided(view, view.task_status, settled, op.dry_run)
 
     def _decide_task(
-        self, conn: Connection, item: Any, reviewer: str, reason: str, approve: bool, now: datetime
+        self, conn: Connection, item: ReviewItem, reviewer: str, reason: str, approve: bool, now: datetime
     ) -> tuple[ReviewView, Decimal | None]:
         verdict = ReviewState.APPROVED if approve else ReviewState.REJECTED
+        assert item.task_id is not None, "an item without a step is about a task (one_subject)"
         task = tasks.get(conn, item.task_id, lock=True)
         if task.status != TaskStatus.MANUAL_REVIEW.value:
             raise Conflict(f"task {task.id} is {task.status}, not MANUAL_REVIEW: nothing to decide")
@@ -216,9 +217,10 @@ class ReviewService:
         return ReviewView.of(_read(conn, item.id), now), settled
 
     def _decide_step(
-        self, conn: Connection, item: Any, reviewer: str, reason: str, approve: bool, now: datetime
+        self, conn: Connection, item: ReviewItem, reviewer: str, reason: str, approve: bool, now: datetime
     ) -> ReviewView:
         """Inside `_decide`'s transaction (and dry-run savepoint): the step moves and its item closes together."""
+        assert item.workflow_task_id is not None, "called for an item about a step"
         step = reviews.step_of(conn, item.workflow_task_id)
         _take(conn, item, reviewer, now, now)
         event = StepEvent.APPROVED if approve else StepEvent.REJECTED
@@ -229,7 +231,7 @@ class ReviewService:
         return ReviewView.of(_read(conn, item.id), now)
 
     def _move_task(
-        self, conn: Connection, task: Task, item: Any, reviewer: str, reason: str, approve: bool, now: datetime
+        self, conn: Connection, task: Task, item: ReviewItem, reviewer: str, reason: str, approve: bool, now: datetime
     ) -> Decimal | None:
         event = TaskEvent.REVIEW_APPROVED if approve else TaskEvent.REVIEW_REJECTED
         change = Change(
@@ -247,11 +249,11 @@ class ReviewService:
             raise Conflict(f"task {task.id} changed while deciding; try again ({exc})") from None
 
 
-def _read(conn: Connection, item_id: uuid.UUID) -> Any:
+def _read(conn: Connection, item_id: uuid.UUID) -> ReviewRow:
     return reviews.read_item(conn, item_id)
 
 
-def _resolve(conn: Connection, ref: uuid.UUID) -> Any:
+def _resolve(conn: Connection, ref: uuid.UUID) -> ReviewItem:
     """The item by its id, else the open item of the task (or step) with that id (operators often hold those)."""
     row = reviews.resolve(conn, ref)
     if row is not None:
@@ -259,7 +261,7 @@ def _resolve(conn: Connection, ref: uuid.UUID) -> Any:
     raise NotFound(f"review item {ref} not found (neither an item id nor a task with an open item)")
 
 
-def _take(conn: Connection, item: Any, reviewer: str, now: datetime, until: datetime) -> None:
+def _take(conn: Connection, item: ReviewItem, reviewer: str, now: datetime, until: datetime) -> None:
     """The conditional UPDATE that makes a claim; explains the refusal when it matches nothing."""
     if reviews.take(conn, item.id, reviewer, now, until):
         return

@@ -7,11 +7,13 @@ from dataclasses import fields
 
 import pytest
 
-from aivedio_engine.db.records import Attempt, Task
-from aivedio_engine.db.tables import generation_tasks, task_attempts
+from aivedio_engine.db.records import Attempt, ReviewItem, ReviewRow, Task
+from aivedio_engine.db.tables import generation_tasks, review_items, task_attempts
 
 
-@pytest.mark.parametrize(("record", "table"), [(Task, generation_tasks), (Attempt, task_attempts)])
+@pytest.mark.parametrize(
+    ("record", "table"), [(Task, generation_tasks), (Attempt, task_attempts), (ReviewItem, review_items)]
+)
 def test_record_fields_are_the_columns_in_table_order(record: type, table: object) -> None:
     assert [f.name for f in fields(record)] == [c.name for c in table.c]  # type: ignore[attr-defined]
 
@@ -21,3 +23,11 @@ def test_of_keeps_none_and_reads_a_row_positionally() -> None:
     values = [f"v{i}" for i in range(len(fields(Attempt)))]
     attempt = Attempt.of(values)
     assert attempt is not None and attempt.id == "v0" and attempt.vendor_refunded == values[-1]
+
+
+def test_a_review_row_is_the_item_then_its_subject() -> None:
+    assert [f.name for f in fields(ReviewRow)] == [c.name for c in review_items.c] + [
+        "task_status",
+        "project_id",
+        "step_key",
+    ]
