@@ -93,11 +93,12 @@ def raise_alert(
     conn.execute(stmt)
 
 
-def open_alerts(conn: Connection, rule: Rule | None = None) -> list[Any]:
+def open_alerts(conn: Connection, rule: Rule | None = None) -> list[AlertView]:
+    """The OPEN alerts (of one rule), oldest first."""
     stmt = sa.select(alerts).where(alerts.c.status == AlertStatus.OPEN.value)
     if rule is not None:
         stmt = stmt.where(alerts.c.rule == rule.value)
-    return list(conn.execute(stmt.order_by(alerts.c.raised_at)))
+    return [_view(r) for r in conn.execute(stmt.order_by(alerts.c.raised_at))]
 
 
 @dataclass(frozen=True)
