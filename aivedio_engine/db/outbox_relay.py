@@ -1,8 +1,7 @@
 """The relay's side of the outbox (`worker.relay`, `worker.undelivered`): claiming due PENDING rows, marking them
 PUBLISHED or recording a failed enqueue, and handing the rows of messages a stopping process never finished back.
 
-Claimed rows go to the relay untouched (it builds each broker message from the row): the claim is the hot path,
-so no per-row record is made of them.
+Claimed rows go to the relay as `OutboxRow` records, built positionally (the claim is the hot path).
 """
 
 from __future__ import annotations
@@ -13,15 +12,16 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import Connection, Row
+from sqlalchemy import Connection
 
+from aivedio_engine.db.records import OutboxRow
 from aivedio_engine.db.tables import outbox_events
 from aivedio_engine.domain.status import OutboxStatus
 
 _o = outbox_events.c
 
 
-def claim_due(conn: Connection, now: datetime, limit: int) -> Sequence[Row[Any]]:
+def claim_due(conn: Connection, now: datetime, limit: int) -> list[OutboxRow]:
     """Up to `limit` due PENDING rows, oldest id first. On PostgreSQL they are locked `FOR UPDATE SKIP LOCKED`,
     so relays sharing the table never claim a row twice; on SQLite the caller's `BEGIN IMMEDIATE` serializes."""
     query = (
@@ -32,7 +32,7 @@ def claim_due(conn: Connection, now: datetime, limit: int) -> Sequence[Row[Any]]
     )
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
-    return conn.execute(query).all()
+    return [OutboxRow(*row) for row in conn.execute(query)]
 
 
 def mark_published(conn: Connection, ids: Sequence[Any], now: datetime) -> None:

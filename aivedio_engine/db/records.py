@@ -1,4 +1,4 @@
-"""The task, attempt and review-item rows as typed, frozen records: what every repository hands to services.
+"""The task, attempt, outbox and review-item rows as typed, frozen records: what every repository hands to services.
 
 Fields are the tables' columns in their order (`tests/unit/test_records.py` checks it), so a row read with
 `select(table)`, a psycopg row of the same column list, or the values a create statement returns become a record
@@ -128,3 +128,26 @@ class ReviewRow(ReviewItem):
     task_status: str
     project_id: uuid.UUID | None
     step_key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow(_FromRow):
+    """One `outbox_events` row, every column: what the relay builds a broker message from."""
+
+    id: uuid.UUID
+    aggregate_type: str
+    aggregate_id: uuid.UUID
+    aggregate_version: int
+    event_type: str
+    schema_version: int
+    payload: dict[str, Any]
+    status: str
+    target: str
+    available_at: datetime
+    publish_attempts: int
+    last_error: str | None
+    tenant_id: uuid.UUID | None
+    trace_id: str | None
+    causation_id: uuid.UUID | None
+    created_at: datetime
+    published_at: datetime | None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,7 @@ from aivedio_engine.db import outbox_relay
 from aivedio_engine.db.engine import SQLITE_BEGIN_OPTION
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.outbox import NOTIFY_CHANNEL
+from aivedio_engine.db.records import OutboxRow
 from aivedio_engine.db.wakeup import Waiter
 from aivedio_engine.domain.events import BY_ACTOR, EventType
 from aivedio_engine.services.consume import Envelope
@@ -137,9 +139,9 @@ class Relay:
         log.debug("outbox batch: claimed %d, published %d, failed %d", len(rows), len(published), len(failures))
         return BatchResult(claimed=len(rows), published=len(published), failed=len(failures))
 
-    def _enqueue_all(self, rows: Sequence[Any]) -> tuple[list[Any], list[tuple[Any, BaseException]]]:
-        published: list[Any] = []
-        failures: list[tuple[Any, BaseException]] = []
+    def _enqueue_all(self, rows: Sequence[OutboxRow]) -> tuple[list[uuid.UUID], list[tuple[OutboxRow, BaseException]]]:
+        published: list[uuid.UUID] = []
+        failures: list[tuple[OutboxRow, BaseException]] = []
         for row in rows:
             try:
                 self.broker.enqueue(_message(row))
@@ -153,7 +155,7 @@ class Relay:
             published.append(row.id)
         return published, failures
 
-    def _record_failure(self, conn: Connection, row: Any, exc: BaseException, now: datetime) -> None:
+    def _record_failure(self, conn: Connection, row: OutboxRow, exc: BaseException, now: datetime) -> None:
         attempts = row.publish_attempts + 1
         dead = attempts >= self.max_publish_attempts
         delay = min(self.retry_backoff_s * 2 ** (attempts - 1), self.retry_backoff_max_s)
@@ -205,7 +207,7 @@ class Relay:
                 return
 
 
-def _message(row: Any) -> dramatiq.Message[Any]:
+def _message(row: OutboxRow) -> dramatiq.Message[Any]:
     """The broker message for one outbox row; ValueError for an event type this build does not route."""
     EventType(row.event_type)  # an unknown type raises ValueError: this build does not route it
     route = BY_ACTOR[row.target]

@@ -7,12 +7,13 @@ from dataclasses import fields
 
 import pytest
 
-from aivedio_engine.db.records import Attempt, ReviewItem, ReviewRow, Task
-from aivedio_engine.db.tables import generation_tasks, review_items, task_attempts
+from aivedio_engine.db.records import Attempt, OutboxRow, ReviewItem, ReviewRow, Task
+from aivedio_engine.db.tables import generation_tasks, outbox_events, review_items, task_attempts
 
 
 @pytest.mark.parametrize(
-    ("record", "table"), [(Task, generation_tasks), (Attempt, task_attempts), (ReviewItem, review_items)]
+    ("record", "table"),
+    [(Task, generation_tasks), (Attempt, task_attempts), (ReviewItem, review_items), (OutboxRow, outbox_events)],
 )
 def test_record_fields_are_the_columns_in_table_order(record: type, table: object) -> None:
     assert [f.name for f in fields(record)] == [c.name for c in table.c]  # type: ignore[attr-defined]
