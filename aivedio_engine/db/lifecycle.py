@@ -47,6 +47,22 @@ REDACTED = "[redacted]"
 PROMPT_PARAMS = ("prompt", "negative_prompt")
 
 
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """A row (upload session or asset) and the object key whose bytes go with it."""
+
+    id: uuid.UUID
+    object_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class PromptHolder:
+    """A task whose prompt (and prompt-like request parameters) is still to redact."""
+
+    id: uuid.UUID
+    params: dict[str, Any]
+
+
 # --- quarantine -------------------------------------------------------------------------------------------------
 
 
@@ -58,12 +74,12 @@ def mark_quarantine_cleared(conn: Connection, session_id: uuid.UUID, now: dateti
     )
 
 
-def quarantine_due(conn: Connection, now: datetime, rejected_before: datetime, batch: int) -> list[Any]:
+def quarantine_due(conn: Connection, now: datetime, rejected_before: datetime, batch: int) -> list[StoredObject]:
     """Closed sessions whose quarantined object is still to delete: at once when it was promoted, abandoned or
     aborted; once `rejected_before` passed its completion when the upload was rejected."""
     rejected = _a.status == AssetStatus.REJECTED.value
     ended = sa.func.coalesce(_s.completed_at, _s.expires_at)
-    return list(
+    return _objects(
         conn.execute(
             sa.select(_s.id, _s.object_key)
             .join(assets, _a.id == _s.asset_id)
@@ -111,9 +127,9 @@ def retentions(conn: Connection) -> list[TenantRetention]:
     return [TenantRetention(r[0], r[1], r[2], r[3]) for r in rows]
 
 
-def expired_outputs(conn: Connection, tenant_id: uuid.UUID, ended_before: datetime, batch: int) -> list[Any]:
+def expired_outputs(conn: Connection, tenant_id: uuid.UUID, ended_before: datetime, batch: int) -> list[StoredObject]:
     """Raw outputs (not yet deleted) of the tenant's tasks that ended before `ended_before`."""
-    return list(
+    return _objects(
         conn.execute(
             sa.select(_a.id, _a.object_key)
             .join(generation_tasks, _t.id == _a.task_id)
@@ -132,7 +148,7 @@ def expired_outputs(conn: Connection, tenant_id: uuid.UUID, ended_before: dateti
     )
 
 
-def expired_inputs(conn: Connection, tenant_id: uuid.UUID, created_before: datetime, batch: int) -> list[Any]:
+def expired_inputs(conn: Connection, tenant_id: uuid.UUID, created_before: datetime, batch: int) -> list[StoredObject]:
     """Uploaded inputs (not yet deleted) created before `created_before`, minus those an unfinished task of the
     tenant names: its submit or a retry may still send them to a provider."""
     rows = conn.execute(
@@ -162,7 +178,11 @@ def expired_inputs(conn: Connection, tenant_id: uuid.UUID, created_before: datet
             )
         ).scalars()
     )
-    return [r for r in rows if str(r.id) not in in_use]
+    return [StoredObject(r.id, r.object_key) for r in rows if str(r.id) not in in_use]
+
+
+def _objects(rows: Iterable[Any]) -> list[StoredObject]:
+    return [StoredObject(row_id, key) for row_id, key in rows]
 
 
 def _open_projects(tenant_id: uuid.UUID) -> sa.Select[Any]:
@@ -187,16 +207,19 @@ def mark_assets_deleted(conn: Connection, ids: Iterable[uuid.UUID]) -> list[uuid
     return marked
 
 
-def prompts_due(conn: Connection, tenant_id: uuid.UUID, ended_before: datetime | None, batch: int) -> list[Any]:
+def prompts_due(
+    conn: Connection, tenant_id: uuid.UUID, ended_before: datetime | None, batch: int
+) -> list[PromptHolder]:
     """Tasks of the tenant whose prompt is still there and that ended before `ended_before` (None: every task,
     finished or not — a purge)."""
     where = [_t.tenant_id == tenant_id, _t.prompt_redacted_at.is_(None)]
     if ended_before is not None:
         where += [_t.status.in_(_TERMINAL), _t.finished_at < ended_before]
-    return list(conn.execute(sa.select(_t.id, _t.params).where(*where).order_by(_t.id).limit(batch)))
+    rows = conn.execute(sa.select(_t.id, _t.params).where(*where).order_by(_t.id).limit(batch))
+    return [PromptHolder(task_id, params) for task_id, params in rows]
 
 
-def redact_prompts(conn: Connection, rows: Sequence[Any], now: datetime) -> int:
+def redact_prompts(conn: Connection, rows: Sequence[PromptHolder], now: datetime) -> int:
     """Replace the prompt and the prompt-like request parameters of these tasks, and of the local provider's
     jobs made for them (their request carries the same words). Ids, amounts and statuses stay."""
     for row in rows:

@@ -24,12 +24,14 @@ Every deletion runs in batches of `retention.batch` rows, one short transaction 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from aivedio_engine.db import bookkeeping, lifecycle
+from aivedio_engine.db.lifecycle import StoredObject
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.storage import keys
 
@@ -82,7 +84,7 @@ def delete_objects(store: ObjectStore, keys_or_prefixes: list[str]) -> tuple[int
     return deleted, failed
 
 
-def asset_objects(tenant_id: Any, rows: list[Any]) -> list[str]:
+def asset_objects(tenant_id: uuid.UUID, rows: list[StoredObject]) -> list[str]:
     """The object of each asset row and the prefix of its derivatives (and an input's earlier revisions)."""
     out: list[str] = []
     for row in rows:
@@ -131,9 +133,9 @@ class RetentionService:
     def _assets(
         self,
         report: RetentionReport,
-        tenant_id: Any,
+        tenant_id: uuid.UUID,
         cutoff: datetime,
-        select: Callable[[Connection, Any, datetime, int], list[Any]],
+        select: Callable[[Connection, uuid.UUID, datetime, int], list[StoredObject]],
     ) -> int:
         done = 0
         for _ in range(MAX_BATCHES):
@@ -148,7 +150,7 @@ class RetentionService:
             done += len(rows)
         return done
 
-    def _prompts(self, tenant_id: Any, cutoff: datetime, now: datetime) -> int:
+    def _prompts(self, tenant_id: uuid.UUID, cutoff: datetime, now: datetime) -> int:
         done = 0
         for _ in range(MAX_BATCHES):
             with write_tx(self._engine) as conn:
