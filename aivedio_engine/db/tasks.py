@@ -34,7 +34,7 @@ class VersionConflict(Exception):
     """The task moved since it was read; re-read and decide again."""
 
 
-def snapshot(row: Any) -> TaskSnapshot:
+def snapshot(row: Task) -> TaskSnapshot:
     return TaskSnapshot(TaskStatus(row.status), int(row.version), int(row.progress), row.deadline_at)
 
 

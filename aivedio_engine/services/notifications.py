@@ -104,7 +104,7 @@ def _read(engine: Engine, tenant_id: uuid.UUID, task_id: uuid.UUID, after_versio
     return _Read([_event(task_id, row, task, version) for row in rows], task.status, version)
 
 
-def _owned_task(conn: Connection, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Any:
+def _owned_task(conn: Connection, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Task:
     task = tasks.read(conn, task_id, tenant_id)
     if task is None:  # the same answer as for a missing task: a foreign id must not be distinguishable
         raise NotFound(f"generation {task_id} not found")

@@ -9,6 +9,7 @@ raises an alert and is never applied.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -350,7 +351,7 @@ class _Leases(AfterCommit):
         super().release(lease)
 
 
-def attempt_of(engine: Engine, obs: dict[str, Any]) -> Any:
+def attempt_of(engine: Engine, obs: dict[str, Any]) -> uuid.UUID | None:
     """The attempt an observation is about (None while it is an orphan)."""
     with engine.connect() as conn:
         row = attempts.by_job(conn, obs["provider"], obs["job_id"])

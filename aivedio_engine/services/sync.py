@@ -339,9 +339,10 @@ class ProviderSync:
         self._set_next_action(attempt.task_id, wait_until or now + timedelta(seconds=10))
         return outcome
 
-    def _reread(self, attempt: Attempt) -> Any:
+    def _reread(self, attempt: Attempt) -> Attempt:
+        """The attempt as it is now (attempts are never deleted: one that vanished is a LookupError)."""
         with self._engine.connect() as conn:
-            return attempts.read(conn, attempt.id)
+            return attempts.get(conn, attempt.id)
 
     def _wait_then_park(self, attempt: Attempt, now: datetime) -> str:
         verdict, wait_until = self._step(attempt, now)

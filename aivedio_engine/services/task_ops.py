@@ -18,11 +18,12 @@ from typing import Any
 from aivedio_engine.clock import Clock
 from aivedio_engine.db import task_admin, tasks
 from aivedio_engine.db.handles import Connection, Engine
+from aivedio_engine.db.records import Task
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.task_admin import TaskFilter, TaskRow
 from aivedio_engine.domain.durations import parse_seconds
 from aivedio_engine.domain.status import EventSource, TaskStatus
-from aivedio_engine.domain.transitions import Rejection, RejectionKind, TaskEvent, decide
+from aivedio_engine.domain.transitions import Decision, Rejection, RejectionKind, TaskEvent, decide
 from aivedio_engine.services.errors import IllegalState, InvalidInput, NotFound
 from aivedio_engine.services.generations import apply_cancel
 from aivedio_engine.services.operations import Operation, record
@@ -214,12 +215,15 @@ class TaskOps:
             record(conn, op, affected_ids=[task_id], outcome=result.outcome, now=now)
             return result
 
-    def _decide_cancel(self, row: Any, *, dry_run: bool) -> tuple[CancelResult, Any]:
+    def _decide_cancel(self, row: Task, *, dry_run: bool) -> tuple[CancelResult, Decision | None]:
         decision = decide(tasks.snapshot(row), TaskEvent.CANCEL_REQUESTED, self._clock.now())
-        base = dict(task_id=row.id, tenant_id=row.tenant_id, from_status=row.status, dry_run=dry_run, released=None)
+
+        def result(to_status: str, outcome: str) -> CancelResult:
+            return CancelResult(row.id, row.tenant_id, row.status, to_status, outcome, dry_run, released=None)
+
         if isinstance(decision, Rejection):
             if row.status in (TaskStatus.CANCELED.value, TaskStatus.CANCEL_REQUESTED.value):
-                return CancelResult(**base, to_status=row.status, outcome="already"), None
+                return result(row.status, "already"), None
             why = "finished" if decision.kind is RejectionKind.TERMINAL else "past the point of cancellation"
             raise IllegalState(f"task {row.id} is {row.status}: {why}", current_status=row.status)
         direct = decision.to_status is TaskStatus.CANCELED
@@ -228,7 +232,7 @@ class TaskOps:
             if dry_run
             else ("canceled" if direct else "cancel_requested")
         )
-        return CancelResult(**base, to_status=decision.to_status.value, outcome=outcome), decision
+        return result(decision.to_status.value, outcome), decision
 
 
 class EventTail:
