@@ -8,7 +8,8 @@ moderation hook → SUCCEEDED with the credit settlement and notification in the
 MANUAL_REVIEW with a review item); a gate rejection → FAILED_FINAL; a failure that may pass on another run →
 retry within the `media` budget, past which a human decides (seed §4.9.5: media failures never regenerate).
 A store that cannot be reached is an outage of ours, not a failure of the output: it holds the task in
-POST_PROCESSING without spending the budget (seed §4.11), and the broker or the sweeper runs the step again.
+POST_PROCESSING without spending the budget (seed §4.11), and the broker or the sweeper runs the step again;
+only a late derivatives-only run (the task already SUCCEEDED on its proxy) spends a try of its delayed schedule.
 A job of several outputs (`n`) gets one message per raw output, each processed and retried on its own; the
 task moves on (moderation, SUCCEEDED) only in the run that finds every output's required derivatives READY
 (runs are serialized by the task row's lock, so exactly one of them sees the last output done).
@@ -148,7 +149,15 @@ class MediaService:
             return "unknown task or asset"
         if task.status != _STATUS_FOR[request.derivatives_only]:
             return f"skipped: task is {task.status}"
-        outcome = self._process(task, raw, self.limits_for(task))
+        try:
+            outcome = self._process(task, raw, self.limits_for(task))
+        except Exception as exc:
+            if not request.derivatives_only:
+                raise  # a store outage holds the task in its step without spending the budget (see _process)
+            # the task already SUCCEEDED on its proxy, and the sweeper re-drives no finished task: a late rebuild
+            # that cannot reach the store spends a try of its own delayed schedule (media_partial) instead of
+            # ending in dead letters after the broker's few quick retries
+            outcome = Outcome(unavailable=f"store unavailable for the late rebuild: {type(exc).__name__}")
         result: list[str] = []
         consume_once(
             self._engine,
@@ -287,7 +296,11 @@ class MediaService:
         built = [d for d in outcome.derived.values() if d.status == "READY"]
         for derived in built:
             self._save_derivative(conn, task, raw, derived, now)
-        missing = [p for p in self.required if p not in {d.profile for d in built}]
+        # against the stored rows, not this run's: a run that reached nothing (a store outage) names only the
+        # derivatives still missing, not the proxy an earlier run made READY
+        outputs = asset_rows.raw_outputs(conn, raw.id, self._settings.media.pipeline_version)
+        ready = next(o.ready_profiles for o in outputs if o.id == raw.id)
+        missing = [p for p in self.required if p.value not in ready]
         if not missing:
             return "derivatives rebuilt"
         if media_partial.schedule_rebuild(conn, task, request, self._settings, now, self._rng):

@@ -48,6 +48,9 @@ from tests.support.sim import SimHandle, sim  # noqa: F401 - fixture
 REQUIRED = {"PROXY", "HLS", "THUMBNAIL"}  # kinds of the default required profiles (proxy_mp4, hls, thumbnail)
 
 
+_REAL_BUILD = derive.build_derivatives
+
+
 def staged(tmp_path: Path, sim: SimHandle, **overrides: Any) -> Staged:
     """A task in POST_PROCESSING whose media.process.requested row is PENDING (fetch already done)."""
     s = stage(tmp_path, sim, hold=(MEDIA,), **overrides)
@@ -347,6 +350,33 @@ def test_a_store_outage_holds_the_task_without_spending_the_media_budget(
 
     monkeypatch.setattr(type(s.ctx.storage), "download_to", real)  # the store is back
     assert s.media() == "succeeded"
+    assert task_row(s.ctx, s.task_id).status == "SUCCEEDED"
+    assert {d.kind for d in derivatives(s) if d.status == "READY"} == REQUIRED
+    assert_settled(s.ctx, s.task_id)
+    s.ctx.close()
+
+
+def test_a_late_rebuild_against_a_down_store_spends_a_try_of_its_schedule(
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `succeed_with_proxy_only` the task is SUCCEEDED before its late derivatives-only run: nothing holds it
+    and the sweeper re-drives no finished task, so a store outage must not propagate out of that run (it would end
+    in dead letters after the broker's few quick retries); it is retried later on the rebuild's own schedule."""
+    s = staged(tmp_path, sim, media={"succeed_with_proxy_only": True})
+    replace_result(monkeypatch, DerivativeProfile.HLS, retryable=True)
+    assert s.media() == "succeeded on the proxy; hls to be rebuilt"
+    (late,) = pending(s.ctx, MEDIA, due_only=False)
+    assert late.payload["derivatives_only"] is True and late.payload["try"] == 1
+
+    real = type(s.ctx.storage).download_to
+    monkeypatch.setattr(type(s.ctx.storage), "download_to", _store_down)
+    assert s.ctx.media.handle(envelope(late)) == "derivatives still missing: hls; retried later"
+    (later,) = [r for r in pending(s.ctx, MEDIA, due_only=False) if r.id != late.id]
+    assert later.payload["derivatives_only"] is True and later.payload["try"] == 2
+
+    monkeypatch.setattr(type(s.ctx.storage), "download_to", real)  # the store and the segmenter are back
+    monkeypatch.setattr(derive, "build_derivatives", _REAL_BUILD)
+    assert s.ctx.media.handle(envelope(later)) == "derivatives rebuilt"
     assert task_row(s.ctx, s.task_id).status == "SUCCEEDED"
     assert {d.kind for d in derivatives(s) if d.status == "READY"} == REQUIRED
     assert_settled(s.ctx, s.task_id)
