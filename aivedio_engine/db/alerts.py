@@ -37,6 +37,8 @@ class Rule(StrEnum):
     OUTPUT_CHECKSUM_MISMATCH = "output_checksum_mismatch"
     OUTPUT_FETCH_FAILED = "output_fetch_failed"  # the provider's output could not be brought home
     MEDIA_FAILED = "media_failed"  # the output was stored but could not be made playable
+    #: our object store failed under the fetch or media step: tasks are held, not failed (services/store_outage.py)
+    STORAGE_UNAVAILABLE = "storage_unavailable"
     #: the vendor billed more than the task's reservation: recorded, never charged past it (domain/settlement.py)
     VENDOR_BILL_OVER_RESERVATION = "vendor_bill_over_reservation"
     # threshold rules over live data (seed 004 §17), evaluated by observability.alert_rules

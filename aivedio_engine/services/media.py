@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -51,7 +52,7 @@ from aivedio_engine.media.probe import (
     ProbeUnavailable,
     probe_file,
 )
-from aivedio_engine.services import follow_on, media_partial
+from aivedio_engine.services import follow_on, media_partial, store_outage
 from aivedio_engine.services.consume import Envelope, consume_once
 from aivedio_engine.services.follow_on import MediaProcessRequested
 from aivedio_engine.services.moderation import INPUT_REVIEW
@@ -184,12 +185,14 @@ class MediaService:
             limits = replace(limits, workdir=workdir)  # every file of the job is in it: the sandbox may isolate
             src = workdir / "raw.mp4"
             try:
-                self._store.download_to(raw.object_key, src)
+                with self._store_watched(task):
+                    self._store.download_to(raw.object_key, src)
             except ObjectNotFound:  # gone from the store: another run may find it restored, past that a human
                 return Outcome(unavailable="the stored output is missing from the store")
-            # any other store failure is an outage of our own store, not a fault of this output: it propagates, so
-            # the task is held in POST_PROCESSING (seed 000 §4.11) without spending the media budget, and the
-            # broker's retries, then the sweeper's re-drive (`media_stuck_s`), run it again once the store answers
+            # any other store failure is an outage of our own store, not a fault of this output: it propagates (with
+            # a storage_unavailable alert), so the task is held in POST_PROCESSING (seed 000 §4.11) without spending
+            # the media budget, and the broker's retries, then the sweeper's re-drive (`media_stuck_s`), run it
+            # again once the store answers
             with open(src, "rb") as f:
                 if raw.checksum_value and sha256_of(f)[0] != raw.checksum_value:
                     return Outcome(rejected="stored output does not match the checksum recorded at fetch")
@@ -221,7 +224,7 @@ class MediaService:
         main = None
         for path in res.files:
             key = keys.derivative_key(task.tenant_id, raw.id, res.profile, pv, path.name)
-            with open(path, "rb") as f:
+            with open(path, "rb") as f, self._store_watched(task):
                 obj = self._store.put_stream(
                     key, iter_file(f), derive.content_type_for(path), self._settings.fetch.max_bytes
                 )
@@ -229,6 +232,9 @@ class MediaService:
                 main = obj
         assert main is not None, "the main file is one of the derivative's files"
         return Derived(res.profile, "READY", main.key, main.size, main.sha256)
+
+    def _store_watched(self, task: Task) -> AbstractContextManager[None]:
+        return store_outage.watched(self._engine, self._clock, self._store, step="media", task_id=task.id)
 
     # --- the decision (one transaction) ------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import random
 import tempfile
 import uuid
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -44,7 +45,7 @@ from aivedio_engine.fetch.fetcher import Fetcher, FetchError
 from aivedio_engine.fetch.policy import FetchPolicy
 from aivedio_engine.providers.base import Observation
 from aivedio_engine.providers.registry import ProviderRegistry
-from aivedio_engine.services import follow_on
+from aivedio_engine.services import follow_on, store_outage
 from aivedio_engine.services.consume import Envelope, consume_once
 from aivedio_engine.services.follow_on import FetchRequested, MediaProcessRequested
 from aivedio_engine.services.transition import Change, decide_and_execute
@@ -212,8 +213,11 @@ class OutputFetchService:
     def _download(self, task: Task, attempt: Attempt, key: str, index: int, url: str) -> Stored:
         policy = self._policy(attempt.provider)
         cap = self._settings.fetch.max_bytes
-        if self._store.head(key) is None:
-            with self._fetcher.open(url, policy) as download:
+        with self._store_watched(task):
+            stored = self._store.head(key)
+        if stored is None:
+            # the fetcher's own errors reach here through the streaming upload: they are the output's, not the store's
+            with self._fetcher.open(url, policy) as download, self._store_watched(task, answers=(FetchError,)):
                 obj = self._store.put_stream(key, download.chunks(), RAW_CONTENT_TYPE, cap)
             return Stored(index, key, obj.size, obj.sha256 or "")
         # never overwrite what may already be referenced: spool, compare, keep both when they differ
@@ -223,11 +227,12 @@ class OutputFetchService:
             with self._fetcher.open(url, policy) as download, open(spool, "wb") as f:
                 for chunk in counter.feed(download.chunks()):
                     f.write(chunk)
-            existing = self._existing_sha(key)
+            with self._store_watched(task):
+                existing = self._existing_sha(key)
             if existing == counter.hexdigest:
                 return Stored(index, key, counter.size, counter.hexdigest)
             other = key.removesuffix(".mp4") + f"-{counter.hexdigest[:16]}.mp4"
-            with open(spool, "rb") as f:
+            with open(spool, "rb") as f, self._store_watched(task):
                 obj = self._store.put_stream(other, iter_file(f), RAW_CONTENT_TYPE, cap)
         with self._engine.begin() as conn:
             alerts.raise_alert(
@@ -242,6 +247,13 @@ class OutputFetchService:
                 f"object; kept both ({key}, {other})",
             )
         return Stored(index, other, obj.size, obj.sha256 or "")
+
+    def _store_watched(self, task: Task, answers: tuple[type[Exception], ...] = ()) -> AbstractContextManager[None]:
+        """Store calls: a failure of the store itself raises the storage_unavailable alert and propagates (the task
+        is held in OUTPUT_FETCHING, no try spent)."""
+        return store_outage.watched(
+            self._engine, self._clock, self._store, step="fetch", task_id=task.id, answers=answers
+        )
 
     def _existing_sha(self, key: str) -> str | None:
         head = self._store.head(key)

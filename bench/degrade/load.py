@@ -15,7 +15,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from aivedio_engine.db.tables import credit_ledger, generation_tasks, outbox_events
+from aivedio_engine.db.tables import alerts, credit_ledger, generation_tasks, outbox_events
 from bench.e2e.model import BODY, TERMINAL
 
 
@@ -129,6 +129,11 @@ class Db:
             q = q.where(outbox_events.c.available_at <= sa.func.now())
         with self.engine.connect() as conn:
             return int(conn.execute(q).scalar_one())
+
+    def alert_count(self, rule: str) -> int:
+        """Alerts of `rule`, whatever their status (one per subject: the rule's dedup key)."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).where(alerts.c.rule == rule)).scalar_one())
 
     def ledger_violations(self) -> list[str]:
         """Tasks charged other than once: RESERVE ≠ 1, or more than one SETTLE/RELEASE, or a terminal task with

@@ -152,6 +152,9 @@ def _storage_judge(o: Outage) -> list[str]:
     out = _never_failed(o)
     if held == 0:
         out.append("no task was held in OUTPUT_FETCHING/POST_PROCESSING while storage was down")
+    o.notes["storage_alerts"] = o.db.alert_count("storage_unavailable")
+    if o.notes["storage_alerts"] != 1:  # on call is told, once per store (services/store_outage.py)
+        out.append(f"{o.notes['storage_alerts']} storage_unavailable alerts for one store outage (want 1)")
     missing = _succeeded_without_objects(o)
     o.notes["succeeded_without_stored_object"] = len(missing)
     if missing:

@@ -345,7 +345,14 @@ def test_a_store_outage_holds_the_task_without_spending_the_media_budget(
     assert task_row(s.ctx, s.task_id).status == "POST_PROCESSING"
     assert [r.id for r in pending(s.ctx, MEDIA, due_only=False)] == [request.id]  # no retry row: nothing spent
     assert raw_of(s).status == "PROCESSING" and raw_of(s).error is None
-    assert derivatives(s) == [] and reviews(s) == [] and alerts_of(s.ctx) == []
+    assert derivatives(s) == [] and reviews(s) == []
+    # the on-call engineer is told once per store, not once per delivery: the 5 failures bumped one alert
+    (alert,) = alerts_of(s.ctx)
+    store = f"{s.ctx.storage.kind} {s.ctx.storage.bucket}"
+    assert (alert.rule, alert.severity, alert.status) == ("storage_unavailable", "critical", "OPEN")
+    assert (alert.subject_type, alert.subject_id) == ("storage", store)
+    assert alert.details == {"step": "media", "task_id": str(s.task_id), "error": "OSError: store unreachable"}
+    assert "store unreachable" in alert.message and "nothing is failed or charged" in alert.message
     assert_only_reserved(s.ctx, s.task_id)
 
     monkeypatch.setattr(type(s.ctx.storage), "download_to", real)  # the store is back
@@ -371,6 +378,8 @@ def test_a_late_rebuild_against_a_down_store_spends_a_try_of_its_schedule(
     real = type(s.ctx.storage).download_to
     monkeypatch.setattr(type(s.ctx.storage), "download_to", _store_down)
     assert s.ctx.media.handle(envelope(late)) == "derivatives still missing: hls; retried later"
+    (alert,) = alerts_of(s.ctx, "storage_unavailable")  # held or not, the store is down: on call is told
+    assert alert.details["step"] == "media" and alert.details["task_id"] == str(s.task_id)
     (later,) = [r for r in pending(s.ctx, MEDIA, due_only=False) if r.id != late.id]
     assert later.payload["derivatives_only"] is True and later.payload["try"] == 2
 

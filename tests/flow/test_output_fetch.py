@@ -520,6 +520,41 @@ def test_transient_cdn_failure_retries_through_a_delayed_row_then_recovers(
     s.ctx.close()
 
 
+def test_a_store_outage_holds_the_fetch_without_spending_a_try_and_raises_one_alert(
+    tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 000 §4.11: our own store failing is no fault of the output. The step raises (the broker retries it,
+    then the sweeper re-drives it) with nothing spent, and the on-call engineer gets one alert for the store."""
+    s = stage(tmp_path, sim)
+    (row,) = pending(s.ctx, FETCH)
+    store_type = type(s.ctx.storage)
+    real = store_type.put_stream
+
+    def store_down(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("store unreachable")
+
+    monkeypatch.setattr(store_type, "put_stream", store_down)
+    for _ in range(4):  # the broker's and the sweeper's deliveries, past the fetch budget (3)
+        with pytest.raises(ConnectionError, match="store unreachable"):
+            s.ctx.output_fetch.handle(envelope(row))
+
+    assert s.status == "OUTPUT_FETCHING"
+    assert [r.id for r in pending(s.ctx, FETCH, due_only=False)] == [row.id]  # no retry row: no try spent
+    task = task_row(s.ctx, s.task_id)
+    assert task.last_error_class is None
+    assert assets_of(s.ctx, s.task_id) == []
+    (alert,) = alerts_of(s.ctx)  # one per store, however many deliveries failed
+    assert (alert.rule, alert.severity, alert.subject_type) == ("storage_unavailable", "critical", "storage")
+    assert alert.details == {"step": "fetch", "task_id": str(s.task_id), "error": "ConnectionError: store unreachable"}
+    assert_only_reserved(s.ctx, s.task_id)
+
+    monkeypatch.setattr(store_type, "put_stream", real)  # the store is back
+    assert s.ctx.output_fetch.handle(envelope(row)) == "stored 1"
+    assert s.status == "POST_PROCESSING"
+    assert len(assets_of(s.ctx, s.task_id, "RAW_OUTPUT")) == 1
+    s.ctx.close()
+
+
 def test_transient_failure_past_the_budget_fails_the_task_and_settles(
     tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
