@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ import sqlalchemy as sa
 from typer.testing import CliRunner, Result
 
 from aivedio_cli.main import app
-from aivedio_engine.db.tables import assets, dead_letters, generation_tasks, task_attempts
+from aivedio_engine.db.tables import alerts, assets, dead_letters, generation_tasks, task_attempts
 from aivedio_engine.services.liveness import NO_ENGINE
 from aivedio_engine.testing import failpoints
 from tests.cli.seeding import Seeded, database_url, seeder  # noqa: F401 - fixtures
@@ -31,6 +32,7 @@ from tests.cli.test_ledger_cli import _write_invoice
 from tests.cli.test_reconcile_cli import config_file
 from tests.cli.test_replay_cli import Dramatiq, poison, queue_tasks
 from tests.cli.test_tasks_cli import Cli
+from tests.flow.test_output_fetch import FETCH, MEDIA, HoldingPump, envelope, pending
 from tests.support.app import make_context
 from tests.support.flow import Driver, create_tasks, sim_context
 from tests.support.pump import Pump
@@ -391,3 +393,73 @@ def test_runbook_a_reviewer_backlog(seeder: Callable[..., Seeded]) -> None:
         ("aivedio review approve ITEM --as alice --reason ... --yes", 4, shows("no playable output", stream="stderr")),
         ("aivedio review reject ITEM --as alice --reason ... --yes", 0, rejected),
     )
+
+
+# --- an object store outage ------------------------------------------------------------------------------------
+
+
+def test_runbook_an_object_store_outage(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # two outputs come home while our store breaks for real (the fs store's staging directory replaced by a file,
+    # as a lost mount or a full disk would do): one task's fetch cannot write its raw output, the other's media
+    # step cannot upload its derivatives. Both steps raise, as their actors would; nothing is spent or failed
+    with running_sim(seed=44, job_seconds=1) as sim:
+        ctx = sim_context(tmp_path, sim, pg_url)
+        fetching, processing = create_tasks(ctx, 2, credits=1000, prefix="st")
+        drv = Driver(ctx, sim, HoldingPump(ctx, (FETCH, MEDIA)))
+        drv.run_until(lambda: len(pending(ctx, FETCH)) == 2, max_rounds=30)
+        row_of = {r.aggregate_id: r for r in pending(ctx, FETCH)}
+        assert ctx.output_fetch.handle(envelope(row_of[processing])) == "stored 1"
+        (media_row,) = pending(ctx, MEDIA)
+        staging = Path(ctx.storage.root) / ".tmp"  # type: ignore[attr-defined]
+        shutil.rmtree(staging)
+        staging.write_bytes(b"not a directory")
+        with pytest.raises(OSError):
+            ctx.output_fetch.handle(envelope(row_of[fetching]))
+        with pytest.raises(OSError):
+            ctx.media.handle(envelope(media_row))
+        status = sa.select(generation_tasks.c.id, generation_tasks.c.status)
+        assert dict(rows(ctx.engine, status)) == {fetching: "OUTPUT_FETCHING", processing: "POST_PROCESSING"}
+        cli = WideCli(ctx, monkeypatch, config=config_file(ctx, tmp_path / "aivedio.toml"))
+        book = Runbook("an object store outage", lambda args: cli(*args))
+
+        def alert_listed(r: Result) -> None:
+            (line,) = r.stdout.splitlines()  # one alert for the store, not one per task
+            assert "storage_unavailable  storage:fs " in line and "  OPEN  critical  " in line, line
+            book.fill["ALERT"] = line.split()[0]
+
+        def store_fails(r: Result) -> None:
+            assert re.search(r"^FAIL\s+storage\s+check failed: .*objects/\.tmp", r.stdout, flags=re.M), r.stdout
+
+        def store_fixed(r: Result) -> None:  # step 3's second command; then the operator fixes the store
+            assert str(processing) in r.stdout and str(fetching) not in r.stdout
+            staging.unlink()
+            staging.mkdir()
+
+        def store_passes(r: Result) -> None:
+            assert re.search(r"^ok\s+storage\s+fs .*: write, read, delete", r.stdout, flags=re.M), r.stdout
+            assert "failed: role worker, role sweeper" in r.stdout  # no engine runs in this test; storage passes
+            # what the engine does by itself from here: the broker's retries (or the sweeper's re-drive) run
+            # each held step again, and the tasks move on
+            assert ctx.output_fetch.handle(envelope(row_of[fetching])) == "stored 1"
+            assert ctx.media.handle(envelope(media_row)) == "succeeded"
+            drv.pump.hold = frozenset()  # type: ignore[attr-defined]
+            drv.run_until(lambda: drv.all_in("SUCCEEDED"), max_rounds=30)
+
+        def none_fetching(r: Result) -> None:
+            assert str(fetching) not in r.stdout and str(processing) not in r.stdout, r.stdout
+
+        def resolved(r: Result) -> None:
+            assert "resolved" in r.stdout
+            assert [a.status for a in rows(ctx.engine, sa.select(alerts))] == ["RESOLVED"]
+
+        book(
+            ("aivedio alerts list --rule storage_unavailable", 0, alert_listed),
+            ('aivedio alerts ack ALERT --reason "INC-127" --yes', 0, shows("acknowledged")),
+            ("aivedio doctor", 1, store_fails),
+            ("aivedio tasks list --status OUTPUT_FETCHING", 0, shows(str(fetching))),
+            ("aivedio tasks list --status POST_PROCESSING", 0, store_fixed),
+            ("aivedio doctor", 1, store_passes),
+            ("aivedio tasks list --status OUTPUT_FETCHING", 0, none_fetching),
+            ('aivedio alerts resolve ALERT --reason "INC-127" --yes', 0, resolved),
+        )
+        ctx.close()
