@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aivedio_engine.db import attempts, wakeup
 from aivedio_engine.db.attempts import LeaseFacts
@@ -30,17 +30,21 @@ class AfterCommit:
         self._engine = engine
         self._slots = slots
         self._hooks: list[Callable[[], object]] = []
+        self._leases: list[Lease] = []
 
     def release(self, lease: Lease | None) -> None:
         if lease is not None and self._slots is not None:
-            slots = self._slots
-            self._hooks.append(lambda: release_lease(self._engine, slots, lease))
+            self._leases.append(lease)
 
     def call(self, fn: Callable[[], object]) -> None:
         self._hooks.append(fn)
 
     def run(self) -> None:
         hooks, self._hooks = self._hooks, []
+        leases, self._leases = self._leases, []
+        if leases and self._slots is not None:
+            slots = self._slots
+            hooks.insert(0, lambda: release_leases(self._engine, slots, leases))
         for hook in hooks:
             try:
                 hook()
@@ -67,8 +71,14 @@ def finished_lease(
 
 def release_lease(engine: Engine, slots: SlotStore, lease: Lease) -> bool:
     """Free a finished attempt's slot (after the commit that finished it); idempotent."""
-    released = slots.release(lease)
-    if released:  # a freed slot may admit a waiting task: wake the dispatcher
+    return release_leases(engine, slots, [lease]) > 0
+
+
+def release_leases(engine: Engine, slots: SlotStore, leases: Sequence[Lease]) -> int:
+    """Free finished attempts' slots in one exchange with the store (a batch of reduced events ends many);
+    idempotent. Returns how many were still held."""
+    released = slots.release_many(leases)
+    if released:  # a freed slot may admit a waiting task: wake the dispatcher (once for all of them)
         wakeup.committed(engine, (wakeup.DISPATCH,))
     return released
 

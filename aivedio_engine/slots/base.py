@@ -104,6 +104,10 @@ class SlotStore(Protocol):
         """Free the lease's slots; True only if it was still live. Never frees another lease."""
         ...
 
+    def release_many(self, leases: Sequence[Lease]) -> int:
+        """`release` of each lease, in one exchange with the store; returns how many were still live."""
+        ...
+
     def is_current(self, lease: Lease) -> bool:
         """Is the lease still live in all its scopes?"""
         ...

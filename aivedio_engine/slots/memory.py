@@ -73,6 +73,9 @@ class MemorySlotStore:
             self._backed.discard(lease.token)
             return live
 
+    def release_many(self, leases: Sequence[Lease]) -> int:
+        return sum(self.release(lease) for lease in leases)
+
     def is_current(self, lease: Lease) -> bool:
         with self._lock:
             return self._is_live(lease, self._clock())

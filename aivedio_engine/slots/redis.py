@@ -288,6 +288,16 @@ class RedisSlotStore:
         return bool(self._release(keys=keys, args=[lease.token]))
 
     @_reachable
+    def release_many(self, leases: Sequence[Lease]) -> int:
+        if len(leases) <= 1:
+            return sum(self.release(lease) for lease in leases)
+        pipe = self._r.pipeline(transaction=False)  # each release script is atomic on its own
+        for lease in leases:
+            keys = [self._backed_key, *(self.zset_key(s) for s in lease.scopes)]
+            self._release(keys=keys, args=[lease.token], client=pipe)
+        return sum(bool(freed) for freed in pipe.execute())
+
+    @_reachable
     def is_current(self, lease: Lease) -> bool:
         return bool(self._is_current(keys=[self.zset_key(s) for s in lease.scopes], args=[lease.token]))
 
