@@ -75,6 +75,9 @@ class BrokerSettings(_Section):
     consumer_idle_timeout_ms: int = Field(100, ge=10)
     #: Dramatiq worker threads per worker process.
     worker_threads: int = Field(4, ge=1, le=64)
+    #: up to this many provider status observations of one relay claim go as one message, reduced in one
+    #: transaction (services/reducer_batch.py); 1 sends each alone.
+    reducer_batch: int = Field(32, ge=1, le=500)
 
     @model_validator(mode="after")
     def _url_fits_kind(self) -> BrokerSettings:

@@ -82,6 +82,9 @@ ROUTES: dict[EventType, Route] = {
 }
 
 URGENT_FETCH = Route("fetch_output_urgent", Queue.FETCH_URGENT, priority=0)
+#: many `provider.status.observed` events in one message: the relay groups up to `broker.reducer_batch` of one
+#: claim, and they are reduced in one transaction. Not an outbox target: every row still names the one-event actor
+REDUCE_BATCH = Route("reduce_provider_statuses", Queue.STATE)
 
 
 #: routes besides the default one that an event type may be written to

@@ -108,10 +108,10 @@ def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s:
     if attempt is None:
         observations.keep_as_orphan(conn, obs)
         return "unmatched"
-    return _reduce(conn, attempt, task, obs, now, urgent_fetch_s, after)
+    return reduce_locked(conn, attempt, task, obs, now, urgent_fetch_s, after)
 
 
-def _reduce(
+def reduce_locked(
     conn: Connection,
     attempt: Attempt,
     task: Task,
@@ -386,7 +386,7 @@ def _reduce_pg(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s
             if got.attempt is None or got.task is None:  # an orphan, or bound by request key: the general path
                 digest = reduce(conn, obs, now, urgent_fetch_s, after)
             else:
-                digest = _reduce(conn, got.attempt, got.task, obs, now, urgent_fetch_s, after, seen=got.seen)
+                digest = reduce_locked(conn, got.attempt, got.task, obs, now, urgent_fetch_s, after, seen=got.seen)
             failpoint("consume.before_commit")
             failpoint("reducer.before_commit")
             observing.commit(raw, group=CONSUMER_GROUP, event_id=envelope.event_id, digest=digest)

@@ -42,7 +42,7 @@ from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.outbox import NOTIFY_CHANNEL
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.domain.durations import parse_seconds
-from aivedio_engine.domain.events import BY_ACTOR, EventType
+from aivedio_engine.domain.events import BY_ACTOR, REDUCE_BATCH, ROUTES, EventType
 from aivedio_engine.domain.status import OutboxStatus
 from aivedio_engine.services import observations
 from aivedio_engine.services.consume import Envelope, InvalidEnvelope
@@ -311,14 +311,32 @@ def _replay_letter(conn: Connection, row: Any, result: ReplayResult, now: dateti
     if row.replayed_at is not None:
         result.skipped.append({"id": str(row.id), "reason": f"already replayed at {row.replayed_at.isoformat()}"})
         return
-    envelope, why = _envelope_of(row)
-    if envelope is None:
+    if row.actor == REDUCE_BATCH.actor:  # many observations: each goes back to its own outbox row
+        envelopes, why = _envelopes_of_batch(row)
+        actor = ROUTES[EventType.PROVIDER_STATUS_OBSERVED].actor
+    else:
+        envelope, why = _envelope_of(row)
+        envelopes, actor = ([] if envelope is None else [envelope]), row.actor
+    if not envelopes:
         result.failed.append({"id": str(row.id), "reason": why})
         return
     if not result.dry_run:
-        _upsert_pending(conn, envelope, row.actor, now)
+        for envelope in envelopes:
+            _upsert_pending(conn, envelope, actor, now)
         replay_queries.mark_letter_replayed(conn, row.id, now)
-    result.done.append({"id": str(row.id), "event_id": str(envelope.event_id), "actor": row.actor})
+    for envelope in envelopes:
+        result.done.append({"id": str(row.id), "event_id": str(envelope.event_id), "actor": actor})
+
+
+def _envelopes_of_batch(row: Any) -> tuple[list[Envelope], str]:
+    """The envelopes a dead batched-reducer message carried; none unless every one of them parses."""
+    args = (row.message or {}).get("args") or []
+    if len(args) != 1 or not isinstance(args[0], list) or not args[0]:
+        return [], "the message does not carry a list of envelopes"
+    try:
+        return [Envelope.parse(body) for body in args[0]], ""
+    except (InvalidEnvelope, AttributeError, TypeError) as exc:
+        return [], f"invalid envelope: {exc}"
 
 
 def _envelope_of(row: Any) -> tuple[Envelope | None, str]:

@@ -17,6 +17,7 @@ and a submit-to-provider actor must use max_retries=0 (its retries belong to the
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,13 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 import dramatiq
 
-from aivedio_engine.domain.events import ALTERNATE_ROUTES, ROUTES, EventType
+from aivedio_engine.domain.events import ALTERNATE_ROUTES, REDUCE_BATCH, ROUTES, EventType
 from aivedio_engine.domain.workflow import STEP_SPECS, QueueName
 from aivedio_engine.observability.logging import task_context
 from aivedio_engine.observability.metrics import measure_actor
-from aivedio_engine.services import intake, notifications, reducer
+from aivedio_engine.services import intake, notifications, reducer, reducer_batch
 from aivedio_engine.services.consume import Envelope, InvalidEnvelope
 from aivedio_engine.services.follow_on import SubmitRequested
+from aivedio_engine.worker.relay import message_of
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext
@@ -157,7 +161,48 @@ def declare_actors(broker: dramatiq.Broker, ctx: AppContext) -> dict[str, dramat
                 priority=route.priority,
                 **spec.options,
             )(_bind(spec.handler, ctx, route.actor))
+    declared[REDUCE_BATCH.actor] = _declare_reduce_batch(broker, ctx)
     return declared
+
+
+def _declare_reduce_batch(broker: dramatiq.Broker, ctx: AppContext) -> dramatiq.Actor[Any, Any]:
+    """The batched reducer (`services.reducer_batch`): many observations, one transaction. An event that fails on
+    its own goes again as a one-event message, with that actor's retries and dead letter; so a broker retry of the
+    batch only follows an error around it (the database down), and a re-run finds its done events in the inbox."""
+    single = REGISTRY[EventType.PROVIDER_STATUS_OBSERVED]
+    route = ROUTES[EventType.PROVIDER_STATUS_OBSERVED]
+
+    def reduce_provider_statuses(bodies: list[Any]) -> None:
+        parsed: list[Envelope] = []
+        alone: list[Any] = []
+        for body in bodies if isinstance(bodies, list) else [bodies]:
+            try:
+                parsed.append(Envelope.parse(body))
+            except (InvalidEnvelope, AttributeError, TypeError):
+                alone.append(body)  # dead-lettered by the one-event actor, where replay can see it
+        with measure_actor(REDUCE_BATCH.actor):
+            result = reducer_batch.reduce_many(
+                ctx.engine, parsed, ctx.clock.now(), ctx.settings.fetch.urgent_within_s, slots=ctx.slots
+            )
+        for envelope, error in result.failed:
+            log.warning("observation %s failed in a batch and alone (%s); sent again alone", envelope.event_id, error)
+            alone.append(envelope.to_dict())
+        for body in alone:
+            event_id = body.get("event_id") if isinstance(body, dict) else None
+            message = message_of(body, route, str(event_id or uuid.uuid4()))
+            broker.enqueue(message, delay=single.options["min_backoff"])
+
+    reduce_provider_statuses.__module__ = __name__
+    return dramatiq.actor(
+        broker=broker,
+        actor_name=REDUCE_BATCH.actor,
+        queue_name=REDUCE_BATCH.queue.value,
+        priority=REDUCE_BATCH.priority,
+        max_retries=single.options["max_retries"],
+        min_backoff=single.options["min_backoff"],
+        max_backoff=single.options["max_backoff"],
+        time_limit=2 * single.options["time_limit"],
+    )(reduce_provider_statuses)
 
 
 def _bind(handler: Handler, ctx: AppContext, name: str) -> Callable[[dict[str, Any]], None]:

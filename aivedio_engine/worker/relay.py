@@ -33,7 +33,7 @@ from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.outbox import NOTIFY_CHANNEL
 from aivedio_engine.db.records import OutboxRow
 from aivedio_engine.db.wakeup import Waiter
-from aivedio_engine.domain.events import BY_ACTOR, EventType
+from aivedio_engine.domain.events import BY_ACTOR, REDUCE_BATCH, ROUTES, EventType, Route
 from aivedio_engine.services.consume import Envelope
 from aivedio_engine.testing.failpoints import failpoint
 from aivedio_engine.worker.dead_letters import one_line_error
@@ -77,6 +77,8 @@ class Relay:
         fallback_interval_s: longest wait between two checks without any wake-up.
         retry_backoff_s, retry_backoff_max_s: a failed row is retried after base × 2^attempts, capped.
         error_backoff_s: pause after a batch that failed as a whole (database down, failpoint).
+        reducer_batch: up to this many `provider.status.observed` rows of one claim go as one message, reduced in
+            one transaction (`services.reducer_batch`); 1 sends each alone.
     """
 
     def __init__(
@@ -92,9 +94,10 @@ class Relay:
         retry_backoff_s: float = 1.0,
         retry_backoff_max_s: float = 300.0,
         error_backoff_s: float = 1.0,
+        reducer_batch: int = 1,
     ) -> None:
-        if batch_size < 1 or max_publish_attempts < 1:
-            raise ValueError("batch_size and max_publish_attempts must be >= 1")
+        if batch_size < 1 or max_publish_attempts < 1 or reducer_batch < 1:
+            raise ValueError("batch_size, max_publish_attempts and reducer_batch must be >= 1")
         self.engine = engine
         self.broker = broker
         self.clock = clock
@@ -105,6 +108,7 @@ class Relay:
         self.retry_backoff_s = retry_backoff_s
         self.retry_backoff_max_s = retry_backoff_max_s
         self.error_backoff_s = error_backoff_s
+        self.reducer_batch = reducer_batch
         #: set once run_forever is listening and has drained what was due at start
         self.ready = threading.Event()
         self.published_total = 0
@@ -142,17 +146,19 @@ class Relay:
     def _enqueue_all(self, rows: Sequence[OutboxRow]) -> tuple[list[uuid.UUID], list[tuple[OutboxRow, BaseException]]]:
         published: list[uuid.UUID] = []
         failures: list[tuple[OutboxRow, BaseException]] = []
-        for row in rows:
+        for group, message in messages(rows, self.reducer_batch):
             try:
-                self.broker.enqueue(_message(row))
+                if isinstance(message, Exception):
+                    raise message
+                self.broker.enqueue(message)
             except Exception as exc:  # noqa: BLE001 - any failure is recorded on the row, never lost
-                failures.append((row, exc))
+                failures.extend((row, exc) for row in group)
                 if isinstance(exc, _BROKER_DOWN):
                     # the rest would fail the same way; they stay PENDING without spending an attempt
                     break
                 continue
             failpoint("relay.after_enqueue")
-            published.append(row.id)
+            published.extend(row.id for row in group)
         return published, failures
 
     def _record_failure(self, conn: Connection, row: OutboxRow, exc: BaseException, now: datetime) -> None:
@@ -207,12 +213,54 @@ class Relay:
                 return
 
 
+_REDUCER = ROUTES[EventType.PROVIDER_STATUS_OBSERVED].actor
+
+
+def messages(
+    rows: Sequence[OutboxRow], reducer_batch: int = 1
+) -> list[tuple[list[OutboxRow], dramatiq.Message[Any] | Exception]]:
+    """The broker messages for claimed rows, each with the rows it carries: one message per row, except that the
+    reducer's rows go `reducer_batch` at a time in one `reduce_provider_statuses` message. A row this build
+    cannot route gets its error in place of a message (recorded on that row alone)."""
+    out: list[tuple[list[OutboxRow], dramatiq.Message[Any] | Exception]] = []
+    batch: list[tuple[OutboxRow, Envelope]] = []
+
+    def flush() -> None:
+        if len(batch) == 1:
+            out.append(([batch[0][0]], message_of(batch[0][1].to_dict(), BY_ACTOR[_REDUCER], str(batch[0][0].id))))
+        elif batch:
+            bodies = [envelope.to_dict() for _, envelope in batch]
+            # its own id: under an event's id it could overwrite that event's one-event message in a Redis queue
+            out.append(([row for row, _ in batch], message_of(bodies, REDUCE_BATCH, str(uuid.uuid4()))))
+        batch.clear()
+
+    for row in rows:
+        try:
+            envelope = _envelope(row)
+        except ValueError as exc:
+            out.append(([row], exc))
+            continue
+        if reducer_batch > 1 and row.target == _REDUCER:
+            batch.append((row, envelope))
+            if len(batch) >= reducer_batch:
+                flush()
+        else:
+            out.append(([row], message_of(envelope.to_dict(), BY_ACTOR[row.target], str(row.id))))
+    flush()
+    return out
+
+
 def _message(row: OutboxRow) -> dramatiq.Message[Any]:
     """The broker message for one outbox row; ValueError for an event type this build does not route."""
+    return message_of(_envelope(row).to_dict(), BY_ACTOR[row.target], str(row.id))
+
+
+def _envelope(row: OutboxRow) -> Envelope:
     EventType(row.event_type)  # an unknown type raises ValueError: this build does not route it
-    route = BY_ACTOR[row.target]
+    if row.target not in BY_ACTOR:
+        raise ValueError(f"target {row.target!r} is not an actor of this build")
     occurred_at = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
-    envelope = Envelope(
+    return Envelope(
         event_id=row.id,
         event_type=row.event_type,
         schema_version=row.schema_version,
@@ -224,11 +272,15 @@ def _message(row: OutboxRow) -> dramatiq.Message[Any]:
         occurred_at=occurred_at,
         payload=row.payload,
     )
+
+
+def message_of(body: Any, route: Route, message_id: str) -> dramatiq.Message[Any]:
+    """A message to `route`'s actor carrying `body` (an envelope, or a list of them for the batched reducer)."""
     return dramatiq.Message(
         queue_name=route.queue.value,
-        actor_name=row.target,
-        args=(envelope.to_dict(),),
+        actor_name=route.actor,
+        args=(body,),
         kwargs={},
         options={},
-        message_id=str(row.id),
+        message_id=message_id,
     )

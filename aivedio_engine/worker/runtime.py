@@ -126,6 +126,7 @@ class Runtime:
                 self.broker,
                 self.ctx.clock,
                 wakeup=None if settings.is_postgres else self.ctx.outbox_wakeup,
+                reducer_batch=settings.broker.reducer_batch,
             )
             self.relays.append(relay)
             self.activity["relay"] = "publishing the outbox"

@@ -4,7 +4,7 @@ The StubBroker's queues live in this process. Its consumer cannot requeue (Drama
 no-op), so whatever it had not finished when the worker stopped — messages still queued, prefetched, waiting
 out a retry delay, or held by an actor that outlived the stop timeout — would vanish with the process while
 their outbox rows say PUBLISHED, and only the sweeper's stuck-task windows (minutes) would notice. `Undelivered`
-counts each message id in (enqueued) and out (acked or nacked: done, or dead-lettered and recorded); at
+counts each message's event ids in (enqueued) and out (acked or nacked: done, or dead-lettered and recorded); at
 shutdown `hand_back` turns the rows of those still open back to PENDING, so the next run publishes them at once.
 Consumers dedupe by event id, so a message that did finish its effect but not its ack is harmless to resend.
 """
@@ -21,6 +21,7 @@ import dramatiq
 
 from aivedio_engine.db import outbox_relay
 from aivedio_engine.db.handles import Engine
+from aivedio_engine.domain.events import REDUCE_BATCH
 
 
 class Undelivered(dramatiq.Middleware):
@@ -35,23 +36,34 @@ class Undelivered(dramatiq.Middleware):
 
     def after_enqueue(self, broker: dramatiq.Broker, message: Any, delay: Any) -> None:
         with self._lock:
-            self._open[message.message_id] += 1
+            for event_id in _event_ids(message):
+                self._open[event_id] += 1
 
     def after_ack(self, broker: dramatiq.Broker, message: Any) -> None:
-        self._done(message.message_id)
+        self._done(message)
 
     def after_nack(self, broker: dramatiq.Broker, message: Any) -> None:
-        self._done(message.message_id)
+        self._done(message)
 
-    def _done(self, message_id: str) -> None:
+    def _done(self, message: Any) -> None:
         with self._lock:
-            self._open[message_id] -= 1
-            if self._open[message_id] <= 0:
-                del self._open[message_id]
+            for event_id in _event_ids(message):
+                self._open[event_id] -= 1
+                if self._open[event_id] <= 0:
+                    del self._open[event_id]
 
     def open_ids(self) -> list[str]:
         with self._lock:
             return sorted(self._open)
+
+
+def _event_ids(message: Any) -> list[str]:
+    """The outbox events a message carries: its id (= the event id), or each envelope's of a batched reducer
+    message (whose own id is not an event's)."""
+    args = getattr(message, "args", None)
+    if getattr(message, "actor_name", None) == REDUCE_BATCH.actor and args and isinstance(args[0], list):
+        return [str(body.get("event_id")) for body in args[0] if isinstance(body, dict)]
+    return [message.message_id]
 
 
 def of(broker: dramatiq.Broker) -> Undelivered | None:

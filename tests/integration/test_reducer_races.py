@@ -132,7 +132,7 @@ def test_a_reducer_holding_a_stale_attempt_is_refused_as_a_whole(tmp_path: Path,
         with pytest.raises(attempts.AttemptConflict):
             with write_tx(ctx.engine) as conn:
                 task = tasks.read(conn, stale.task_id, lock=True)
-                reducer._reduce(conn, stale, task, succeeded, now, 900, AfterCommit(ctx.engine))
+                reducer.reduce_locked(conn, stale, task, succeeded, now, 900, AfterCommit(ctx.engine))
         with ctx.engine.connect() as conn:
             rows = conn.execute(
                 sa.select(generation_tasks.c.status, task_attempts.c.submit_state).join(
