@@ -94,7 +94,7 @@ QUICK = {
     "reps": 1,
     "duration": 4,
     "clients": "16",
-    "tasks": 200,
+    "tasks": 2000,
     "roundtrip_events": 6,
     "actor_inproc": False,
     "profile": 0,
@@ -114,8 +114,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tasks",
         type=int,
-        default=800,
-        help="tasks per measured point: 2 events each plus the duplicates (default 800)",
+        default=3000,
+        help="tasks per measured point: 2 events each plus the duplicates (default 3000: the batched reducer takes "
+        "32 events a message, so a point needs many messages per worker thread to measure more than its start)",
     )
     p.add_argument(
         "--warmup-tasks",
@@ -132,8 +133,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lag",
         type=int,
-        default=1000,
-        help="minimum distance in the stream between a task's RUNNING and SUCCEEDED (default 1000)",
+        default=3000,
+        help="minimum distance in the stream between a task's RUNNING and SUCCEEDED (default 3000: more than the "
+        "events a worker holds at once — threads × prefetched messages × events per message — so no SUCCEEDED "
+        "overtakes its RUNNING, as none does at a real provider)",
     )
     p.add_argument("--seed", type=int, default=20261130, help="random seed of the event order")
     p.add_argument(
@@ -149,6 +152,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="all",
         help="queues the Dramatiq point's worker consumes: every declared queue (a worker serving all of them, "
         "the default) or only the reducer's (`aivedio serve --role worker --queues <its queue>`)",
+    )
+    p.add_argument(
+        "--reducer-batch",
+        type=int,
+        default=None,
+        help="observations per Dramatiq message, as the relay groups them (`broker.reducer_batch`; default: "
+        "aivedio.toml's); 1 sends each alone",
     )
     p.add_argument(
         "--worker-processes",
@@ -402,12 +412,36 @@ def observation_envelope(task_id: uuid.UUID, job_id: str, phase: int, base: date
     )
 
 
-def relay_message(envelope: Any) -> Any:
-    """The Dramatiq message the outbox relay builds for this event (`worker.relay._message` on a row)."""
-    from aivedio_engine.domain.events import ROUTES, EventType
-    from aivedio_engine.worker.relay import _message
+def relay_messages(envelopes: Sequence[Any], reducer_batch: int, claim: int = 200) -> list[Any]:
+    """The Dramatiq messages the outbox relay builds for these events, claimed `claim` rows at a time (its default
+    batch) with `reducer_batch` observations per message (`worker.relay.messages`)."""
+    from aivedio_engine.worker.relay import messages
 
-    row = types.SimpleNamespace(
+    rows = [_row(env) for env in envelopes]
+    out = []
+    for lo in range(0, len(rows), claim):
+        for _, message in messages(rows[lo : lo + claim], reducer_batch):
+            if isinstance(message, Exception):
+                raise message
+            out.append(message)
+    return out
+
+
+def phases(sl: Slice) -> list[tuple[list[Any], int]]:
+    """The slice's RUNNING deliveries, then the others, each with its distinct events. A warm-up slice is short,
+    so its SUCCEEDED would follow its RUNNING by fewer events than a worker holds at once (several batches of
+    them): sent in one go, some SUCCEEDED would overtake their RUNNING, which then arrives stale."""
+    parts: list[tuple[list[Any], int]] = []
+    for running in (True, False):
+        picked = [(it, e) for it, e in zip(sl.items, sl.envelopes, strict=True) if (it.phase == RUNNING) is running]
+        parts.append(([e for _, e in picked], sum(not it.dup for it, _ in picked)))
+    return parts
+
+
+def _row(envelope: Any) -> Any:
+    from aivedio_engine.domain.events import ROUTES, EventType
+
+    return types.SimpleNamespace(
         id=envelope.event_id,
         event_type=envelope.event_type,
         schema_version=envelope.schema_version,
@@ -420,12 +454,18 @@ def relay_message(envelope: Any) -> Any:
         payload=envelope.payload,
         target=ROUTES[EventType(envelope.event_type)].actor,
     )
-    return _message(row)
 
 
 # ------------------------------------------------------------------------------------------ settings / db
 def reducer_settings(
-    database_url: str, *, pool_size: int, worker_threads: int, redis_url: str, key_prefix: str, data_dir: str
+    database_url: str,
+    *,
+    pool_size: int,
+    worker_threads: int,
+    redis_url: str,
+    key_prefix: str,
+    data_dir: str,
+    reducer_batch: int | None = None,
 ) -> Any:
     """Distributed mode, as a deployment runs it: PostgreSQL, Redis broker and slots, default durability; the
     pool holds one connection per worker thread."""
@@ -438,6 +478,8 @@ def reducer_settings(
         "broker": {"kind": "redis", "url": redis_url, "worker_threads": worker_threads},
         "redis": {"url": redis_url, "key_prefix": key_prefix},
     }
+    if reducer_batch is not None:
+        overrides["broker"]["reducer_batch"] = reducer_batch
     config = common.REPO / "aivedio.toml"
     return load_settings(config if config.is_file() else None, overrides)
 
@@ -653,8 +695,8 @@ def dramatiq_point(
             w.join()
 
         t = time.monotonic()
-        for env in sl.envelopes:
-            broker.enqueue(relay_message(env))
+        for message in relay_messages(sl.envelopes, settings.broker.reducer_batch):
+            broker.enqueue(message)
         out["enqueue_s"] = round(time.monotonic() - t, 3)
         target = inbox_count(db_url) + sl.distinct
         broker.emit_after("process_boot")  # as the runtime does: TimeLimit starts its watchdog on it
@@ -745,6 +787,7 @@ def serve_point(
         "broker.worker_threads": str(per_process),
         "redis.url": settings.redis.url,
         "redis.key_prefix": settings.redis.key_prefix,
+        "broker.reducer_batch": str(settings.broker.reducer_batch),
     }
     argv = [sys.executable, "-m", "aivedio_cli", "--config", str(common.REPO / "aivedio.toml")]
     for k, v in items.items():
@@ -779,11 +822,12 @@ def serve_point(
                     time.sleep(poll_interval)
 
             t = time.monotonic()
-            target = inbox_count(db_url) + warm.distinct
-            for env in warm.envelopes:
-                broker.enqueue(relay_message(env))
-            if wait_for(target, t + timeout_s) < target:
-                raise BenchError(f"the serve workers did not take the warm-up: {_log_tail(log)}")
+            for part, distinct in phases(warm):
+                target = inbox_count(db_url) + distinct
+                for message in relay_messages(part, settings.broker.reducer_batch):
+                    broker.enqueue(message)
+                if wait_for(target, t + timeout_s) < target:
+                    raise BenchError(f"the serve workers did not take the warm-up: {_log_tail(log)}")
             out["warm_s"] = round(time.monotonic() - t, 3)
             target = inbox_count(db_url) + sl.distinct
             sampler = _TimedSampler(
@@ -791,8 +835,8 @@ def serve_point(
             )
             t0 = time.monotonic()
             sampler.start()
-            for env in sl.envelopes:
-                broker.enqueue(relay_message(env))
+            for message in relay_messages(sl.envelopes, settings.broker.reducer_batch):
+                broker.enqueue(message)
             out["enqueue_s"] = round(time.monotonic() - t0, 3)
             seen = wait_for(target, t0 + timeout_s)
             t_distinct = time.monotonic()
@@ -893,14 +937,16 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
     from psycopg import pq
 
     from aivedio_engine.bootstrap import build_context
-    from aivedio_engine.domain.events import ROUTES, EventType
+    from aivedio_engine.domain.events import REDUCE_BATCH, ROUTES, EventType
     from aivedio_engine.services import reducer
     from aivedio_engine.worker.actors import declare_actors
 
     ctx = build_context(settings)
     pgconns: list[Any] = []
     sa.event.listen(ctx.engine, "connect", lambda dbapi_conn, rec: pgconns.append(dbapi_conn.pgconn))
-    fn = declare_actors(StubBroker(), ctx)[ROUTES[EventType.PROVIDER_STATUS_OBSERVED].actor].fn
+    declared = declare_actors(StubBroker(), ctx)
+    fn = declared[ROUTES[EventType.PROVIDER_STATUS_OBSERVED].actor].fn
+    batch_fn = declared[REDUCE_BATCH.actor].fn
     # each path is warmed by itself: psycopg prepares a statement on its 6th execution and forgets them all on
     # every ROLLBACK, so what one path leaves prepared is not the other's steady state
     warm = work.seed("rt-warm", 16, dup_fraction=0.0)
@@ -938,7 +984,8 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
                 f.close()
         return [Path(f.name).read_text(errors="replace").splitlines() for _, f in files]
 
-    def traced(label: str, calls: list[Callable[[], Any]]) -> dict[str, Any]:
+    def traced(label: str, calls: list[Callable[[], Any]], events: int | None = None) -> dict[str, Any]:
+        """`events`: how many events the calls carry together (default one each)."""
         redis_calls.clear()
         checkouts[0] = 0
         first = trace_once(f"{label}-first", calls[:1])  # the first call alone: its round trips in order
@@ -953,10 +1000,11 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
                 cycles += got
                 if k == 0:
                     sequence += [sql_label(c) for c in got]
-        n = len(calls)
+        n = events or len(calls)
         per_label = Counter(sql_label(c) for c in cycles)
         return {
             "events": n,
+            "calls": len(calls),
             "round_trips": len(cycles),
             "per_event": round(len(cycles) / n, 2),
             "checkouts_per_event": round(checkouts[0] / n, 2),
@@ -993,6 +1041,19 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
         out["actor RUNNING"] = traced("a-run", [lambda b=e.to_dict(): fn(b) for e in runs])  # noqa: B008 - serialized before the traced call
         out["actor SUCCEEDED"] = traced("a-succ", [lambda b=e.to_dict(): fn(b) for e in by_phase(actor_sl, SUCCEEDED)])  # noqa: B008 - serialized before the traced call
         out["actor re-delivery"] = traced("a-dup", [lambda b=e.to_dict(): fn(b) for e in runs])  # noqa: B008 - serialized before the traced call
+        # the batched actor, as the relay feeds it: `reducer_batch` events per message
+        size = max(2, settings.broker.reducer_batch)
+        warm_batch = work.seed("rt-bwarm", 2 * size, dup_fraction=0.0)
+        batch_sl = work.seed("rt-batch", size, dup_fraction=0.0)
+
+        def batches(sl: Slice, phase: int, k: int = size) -> list[Callable[[], Any]]:
+            events = [e.to_dict() for e in by_phase(sl, phase)]
+            return [lambda b=events[i : i + k]: batch_fn(b) for i in range(0, len(events), k)]
+
+        traced("b-warm", batches(warm_batch, RUNNING, size // 2) + batches(warm_batch, SUCCEEDED, size // 2))
+        for kind, label, phase in (("RUNNING", "b-run", RUNNING), ("SUCCEEDED", "b-succ", SUCCEEDED)):
+            out[f"batch actor {kind} (×{size})"] = traced(label, batches(batch_sl, phase), events=size)
+        out[f"batch actor re-delivery (×{size})"] = traced("b-dup", batches(batch_sl, RUNNING), events=size)
         out["connections"] = len(pgconns)
         return out
     finally:
@@ -1409,6 +1470,7 @@ def run_repetition(
             redis_url=cfg.redis_url,
             key_prefix=cfg.key_prefix,
             data_dir=str(cfg.workdir / "data"),
+            reducer_batch=args.reducer_batch,
         )
 
     t = time.monotonic()
@@ -1641,6 +1703,7 @@ def run(args: argparse.Namespace) -> int:
             "poll_interval_s": args.poll_interval,
             "worker_queues": args.worker_queues,
             "worker_processes": args.worker_processes,
+            "reducer_batch": args.reducer_batch,
             "synchronous_commit": sync_commit,
             "redis_key_prefix": cfg.key_prefix,
             "wait_quiet_s": args.wait_quiet,

@@ -98,3 +98,17 @@ def test_trace_parser_counts_one_round_trip_per_ready_for_query_and_labels_prepa
 )
 def test_sql_label(sql: str, label: str) -> None:
     assert sql_label(sql) == label
+
+
+def test_a_warm_up_slice_goes_in_two_phases_every_running_before_any_succeeded() -> None:
+    """A short slice sent in one go would let a batch of SUCCEEDED overtake its RUNNING (then stale)."""
+    from bench.reducer import Slice, phases
+
+    items = build_stream(40, lag=1000, dup_fraction=0.1, rng=random.Random(3))
+    envelopes = [(it.task, it.phase, it.dup) for it in items]  # stand-ins: phases only passes them through
+    sl = Slice("warm", [], items, envelopes, stream_stats(items))
+    (first, n_first), (second, n_second) = phases(sl)
+    assert {phase for _, phase, _ in first} == {RUNNING} and {phase for _, phase, _ in second} == {SUCCEEDED}
+    assert len(first) + len(second) == len(items)
+    assert (n_first, n_second) == (40, 40)  # distinct events: a re-delivery is not counted
+    assert n_first + n_second == sl.distinct
