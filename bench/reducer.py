@@ -427,6 +427,16 @@ def relay_messages(envelopes: Sequence[Any], reducer_batch: int, claim: int = 20
     return out
 
 
+def collapse(sequence: list[str]) -> list[str]:
+    """A batch's round trips with its per-event writes written once: first, (unit) ×k, last."""
+    middle = sequence[1:-1]
+    for p in range(1, len(middle) // 2 + 1):
+        k, rest = divmod(len(middle), p)
+        if not rest and middle == middle[:p] * k:
+            return [sequence[0], f"({', '.join(middle[:p])}) ×{k}", sequence[-1]]
+    return sequence
+
+
 def phases(sl: Slice) -> list[tuple[list[Any], int]]:
     """The slice's RUNNING deliveries, then the others, each with its distinct events. A warm-up slice is short,
     so its SUCCEEDED would follow its RUNNING by fewer events than a worker holds at once (several batches of
@@ -1002,6 +1012,8 @@ def count_round_trips(settings: Any, work: Workload, per_kind: int, workdir: Pat
                     sequence += [sql_label(c) for c in got]
         n = events or len(calls)
         per_label = Counter(sql_label(c) for c in cycles)
+        if events:
+            sequence = collapse(sequence)
         return {
             "events": n,
             "calls": len(calls),

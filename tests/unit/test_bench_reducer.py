@@ -112,3 +112,11 @@ def test_a_warm_up_slice_goes_in_two_phases_every_running_before_any_succeeded()
     assert len(first) + len(second) == len(items)
     assert (n_first, n_second) == (40, 40)  # distinct events: a re-delivery is not counted
     assert n_first + n_second == sl.distinct
+
+
+def test_a_batch_round_trip_sequence_is_written_with_its_per_event_writes_once() -> None:
+    from bench.reducer import collapse
+
+    assert collapse(["claim", "a", "b", "a", "b", "a", "b", "commit"]) == ["claim", "(a, b) ×3", "commit"]
+    assert collapse(["claim", "a", "b", "c", "commit"]) == ["claim", "a", "b", "c", "commit"]
+    assert collapse(["claim", "commit"]) == ["claim", "commit"]
