@@ -21,8 +21,9 @@ Per repetition (performance_anchors.md C.2):
          A   pgbench minimal, then pgbench own, -c c -j 2
          S1  in-process: c threads calling `reducer.reduce_event(engine, envelope, now)` on pre-built envelopes
          B   the same two pgbench runs
-         S2  Dramatiq: the messages enqueued on a RedisBroker (own key prefix) and a `dramatiq.Worker` with c
-             threads running the `reduce_provider_status` actor from `declare_actors`, timed until every
+         S2  Dramatiq: the messages the relay sends (`worker.relay.messages`: up to `broker.reducer_batch`
+             events per `reduce_provider_statuses` message) enqueued on a RedisBroker (own key prefix) and a
+             `dramatiq.Worker` with c threads running the actors from `declare_actors`, timed until every
              event's inbox row exists (a database condition with a deadline)
          C   the same two pgbench runs
   ratio(S, minimal) = S ÷ mean(minimal around S); client-path cost = S ÷ mean(own around S); schema cost =

@@ -1,5 +1,8 @@
 """The outbox relay: PENDING outbox rows → broker messages (message_id = event_id) → PUBLISHED.
 
+Provider status observations of one claim go up to `reducer_batch` to a message (`messages`), reduced in one
+transaction by `reduce_provider_statuses`; such a message has an id of its own and carries its events' envelopes.
+
 At least once, never lost: rows are claimed, enqueued and marked in one short transaction, so a crash after an
 enqueue but before the commit leaves the row PENDING and it is published again (consumers dedup by event id).
 On PostgreSQL, `FOR UPDATE SKIP LOCKED` lets any number of relays share the table without claiming a row twice;
