@@ -93,6 +93,17 @@ CREATE_BATCH_FALLBACKS = Counter(
     "Create batches rolled back and retried one create at a time, by the SQLSTATE that stopped them.",
     ["sqlstate"],
 )
+REDUCER_BATCHES = Histogram(
+    "aivedio_reducer_batch_size",
+    "Status observations reduced together in one transaction by this worker (services/reducer_batch.py).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+)
+#: a batch that could not commit whole (a deadlock, an attempt conflict, one bad event): its events ran one by one
+REDUCER_BATCH_FALLBACKS = Counter(
+    "aivedio_reducer_batch_fallbacks",
+    "Reducer batches rolled back and reduced one event at a time, by the error class that stopped them.",
+    ["error"],
+)
 ACTOR_IN_PROGRESS = Gauge("aivedio_actor_in_progress", "Actor calls running now in this process.", ["actor"])
 MEDIA_ACTORS = ("process_media",)
 

@@ -27,6 +27,7 @@ from datetime import datetime
 from aivedio_engine.db import observing, wakeup
 from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.session import pg_transaction
+from aivedio_engine.observability.metrics import REDUCER_BATCH_FALLBACKS, REDUCER_BATCHES
 from aivedio_engine.services import reducer
 from aivedio_engine.services.after_commit import AfterCommit, finished_lease
 from aivedio_engine.services.consume import DUPLICATE, PROCESSED, Envelope, Outcome
@@ -59,8 +60,10 @@ def reduce_many(
         try:
             outcomes = _together(engine, envelopes, now, urgent_fetch_s, after)
         except Exception as exc:  # noqa: BLE001 - rolled back as a whole; each event is tried on its own below
+            REDUCER_BATCH_FALLBACKS.labels(type(exc).__name__).inc()
             log.info("reducer batch of %d rolled back (%s); reducing its events one by one", len(envelopes), exc)
         else:
+            REDUCER_BATCHES.observe(len(envelopes))
             after.run()
             return BatchReduced(list(outcomes), together=True)
     return _one_by_one(engine, envelopes, now, urgent_fetch_s, slots)

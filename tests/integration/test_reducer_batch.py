@@ -20,6 +20,7 @@ from aivedio_engine.clock import new_id
 from aivedio_engine.db.tables import generation_tasks, inbox_dedup, task_attempts, task_state_events
 from aivedio_engine.domain.events import REDUCE_BATCH, ROUTES, EventType
 from aivedio_engine.domain.status import EventSource
+from aivedio_engine.observability.metrics import REDUCER_BATCH_FALLBACKS
 from aivedio_engine.providers.base import JobStatus, Observation, Output
 from aivedio_engine.services import reducer_batch
 from aivedio_engine.services.consume import DUPLICATE, PROCESSED, Envelope
@@ -125,6 +126,7 @@ def test_a_failing_event_falls_back_to_one_transaction_each_and_is_handed_back(t
         good = [_envelope(a, JobStatus.RUNNING, 1, now) for a in acked]
         bad = _envelope(acked[0], JobStatus.SUCCEEDED, 2, now)
         bad.payload["status"] = "EXPLODED"  # no JobStatus: the reducer raises on it, in a batch and alone
+        fallbacks = REDUCER_BATCH_FALLBACKS.labels("ValueError")._value.get()
         done = reducer_batch.reduce_many(ctx.engine, [*good[:3], bad, *good[3:]], now, slots=ctx.slots)
         state = _state(ctx)
         with ctx.engine.connect() as conn:
@@ -133,6 +135,7 @@ def test_a_failing_event_falls_back_to_one_transaction_each_and_is_handed_back(t
             ).scalar_one()
         ctx.close()
     assert done.together is False
+    assert REDUCER_BATCH_FALLBACKS.labels("ValueError")._value.get() == fallbacks + 1  # on call sees why
     assert [e.event_id for e, _ in done.failed] == [bad.event_id]
     assert isinstance(done.failed[0][1], ValueError)
     assert done.outcomes == [PROCESSED] * 3 + [None] + [PROCESSED] * (TASKS - 3)
