@@ -27,6 +27,7 @@ from datetime import datetime
 from aivedio_engine.db import observing, wakeup
 from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.session import pg_transaction
+from aivedio_engine.observability.logging import task_context
 from aivedio_engine.observability.metrics import REDUCER_BATCH_FALLBACKS, REDUCER_BATCHES
 from aivedio_engine.services import reducer
 from aivedio_engine.services.after_commit import AfterCommit, finished_lease
@@ -75,7 +76,8 @@ def _one_by_one(
     result = BatchReduced(outcomes=[])
     for envelope in envelopes:
         try:
-            result.outcomes.append(reducer.reduce_observation(engine, envelope, now, urgent_fetch_s, slots).outcome)
+            with task_context(envelope):  # each event's log lines carry its ids, as from the one-event actor
+                result.outcomes.append(reducer.reduce_observation(engine, envelope, now, urgent_fetch_s, slots).outcome)
         except Exception as exc:  # noqa: BLE001 - handed back: the caller re-sends this event alone
             result.outcomes.append(None)
             result.failed.append((envelope, exc))
@@ -104,13 +106,14 @@ def _together(
                     if got.attempt is not None and got.task is not None:
                         after.release(finished_lease(got.attempt, got.task.tenant_id))
                     continue
-                if job in moved or got.attempt is None or got.task is None:
-                    # read again under the lock this transaction holds: an earlier event may have moved the rows
-                    digest = reducer.reduce(conn, obs, now, urgent_fetch_s, after)
-                else:
-                    digest = reducer.reduce_locked(
-                        conn, got.attempt, got.task, obs, now, urgent_fetch_s, after, got.seen
-                    )
+                with task_context(envelope):  # each event's log lines carry its ids, as from the one-event actor
+                    if job in moved or got.attempt is None or got.task is None:
+                        # read again under the lock this transaction holds: an earlier event may have moved the rows
+                        digest = reducer.reduce(conn, obs, now, urgent_fetch_s, after)
+                    else:
+                        digest = reducer.reduce_locked(
+                            conn, got.attempt, got.task, obs, now, urgent_fetch_s, after, got.seen
+                        )
                 moved.add(job)
                 digests.append((envelope.event_id, digest))
                 outcomes[i] = PROCESSED

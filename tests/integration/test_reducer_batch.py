@@ -291,3 +291,31 @@ def test_the_in_memory_broker_hands_back_each_event_of_an_unfinished_batch_messa
     assert tracker.open_ids() == sorted(str(r.id) for r in rows)
     tracker.after_ack(broker, message)
     assert tracker.open_ids() == []
+
+
+@pytest.mark.postgres
+def test_each_event_of_a_batch_logs_under_its_own_task_id(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an on-call engineer greps for: a line the reducer logs while on an event carries that event's task id,
+    in a batch as from the one-event actor."""
+    import structlog
+
+    from aivedio_engine.services import reducer
+
+    seen: list[tuple[str, str | None]] = []
+    real = reducer.reduce_locked
+
+    def spying(conn: Any, attempt: Any, task: Any, *args: Any, **kw: Any) -> str:
+        seen.append((str(task.id), structlog.contextvars.get_contextvars().get("task_id")))
+        return real(conn, attempt, task, *args, **kw)
+
+    monkeypatch.setattr(reducer, "reduce_locked", spying)
+    with running_sim(seed=14, job_seconds=30) as sim:
+        ctx = sim_context(tmp_path, sim, pg_url)
+        acked = _acked(ctx)
+        now = ctx.clock.now()
+        done = reducer_batch.reduce_many(ctx.engine, [_envelope(a, JobStatus.RUNNING, 1, now) for a in acked], now)
+        ctx.close()
+    assert done.together and len(seen) == TASKS
+    assert all(task == logged for task, logged in seen), seen
