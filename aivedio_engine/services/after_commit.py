@@ -69,11 +69,6 @@ def finished_lease(
     return lease_of(attempt, tenant_id) if now_in in ATTEMPT_TERMINAL else None
 
 
-def release_lease(engine: Engine, slots: SlotStore, lease: Lease) -> bool:
-    """Free a finished attempt's slot (after the commit that finished it); idempotent."""
-    return release_leases(engine, slots, [lease]) > 0
-
-
 def release_leases(engine: Engine, slots: SlotStore, leases: Sequence[Lease]) -> int:
     """Free finished attempts' slots in one exchange with the store (a batch of reduced events ends many);
     idempotent. Returns how many were still held."""
@@ -88,4 +83,4 @@ def release_if_finished(engine: Engine, slots: SlotStore, attempt_id: uuid.UUID)
     with engine.connect() as conn:
         row = attempts.lease_facts(conn, attempt_id)
     lease = None if row is None else finished_lease(row, row.tenant_id)
-    return lease is not None and release_lease(engine, slots, lease)
+    return lease is not None and release_leases(engine, slots, [lease]) > 0

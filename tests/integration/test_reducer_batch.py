@@ -7,7 +7,6 @@ one transaction per event, and the failing event is handed back to be sent again
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,46 +15,20 @@ import pytest
 import sqlalchemy as sa
 from dramatiq.brokers.stub import StubBroker
 
-from aivedio_engine.clock import new_id
 from aivedio_engine.db.tables import generation_tasks, inbox_dedup, task_attempts, task_state_events
 from aivedio_engine.domain.events import REDUCE_BATCH, ROUTES, EventType
 from aivedio_engine.domain.status import EventSource
 from aivedio_engine.observability.metrics import REDUCER_BATCH_FALLBACKS
-from aivedio_engine.providers.base import JobStatus, Observation, Output
+from aivedio_engine.providers.base import JobStatus
 from aivedio_engine.services import reducer_batch
-from aivedio_engine.services.consume import DUPLICATE, PROCESSED, Envelope
-from aivedio_engine.services.observations import to_payload
+from aivedio_engine.services.consume import DUPLICATE, PROCESSED
 from aivedio_engine.worker.actors import declare_actors
 from tests.support.flow import create_tasks, sim_context
+from tests.support.observed import outbox_row, status_envelope
 from tests.support.pump import Pump
 from tests.support.sim import running_sim
 
 TASKS = 6
-
-
-def _envelope(attempt: Any, status: JobStatus, at_s: int, now: object) -> Envelope:
-    outputs = (Output(url="https://cdn.example/out.mp4"),) if status is JobStatus.SUCCEEDED else ()
-    obs = Observation(
-        job_id=attempt.provider_job_id,
-        status=status,
-        outputs=outputs,
-        provider_updated_at=attempt.submitted_at + timedelta(seconds=at_s),
-        event_id=f"{attempt.provider_job_id}:{status.value}",
-    )
-    event_id = new_id()
-    payload = to_payload(attempt.provider, obs, EventSource.CALLBACK, f"wh:{obs.event_id}", event_id)
-    return Envelope(
-        event_id=event_id,
-        event_type=EventType.PROVIDER_STATUS_OBSERVED.value,
-        schema_version=1,
-        aggregate_id=attempt.task_id,
-        aggregate_version=0,
-        tenant_id=None,
-        trace_id=None,
-        causation_id=None,
-        occurred_at=now,  # type: ignore[arg-type]
-        payload=payload,
-    )
 
 
 def _acked(ctx: Any) -> list[Any]:
@@ -93,8 +66,8 @@ def test_a_batch_has_the_effects_of_its_events_reduced_one_by_one(
         ctx = sim_context(tmp_path, sim, url)
         acked = _acked(ctx)
         now = ctx.clock.now()
-        running = [_envelope(a, JobStatus.RUNNING, 1, now) for a in acked]
-        succeeded = [_envelope(a, JobStatus.SUCCEEDED, 2, now) for a in acked]
+        running = [status_envelope(a, JobStatus.RUNNING, 1, now) for a in acked]
+        succeeded = [status_envelope(a, JobStatus.SUCCEEDED, 2, now) for a in acked]
         # the first job's SUCCEEDED before its RUNNING in the list: the batch takes a job's events in their order
         # of arrival, so its RUNNING (sent later) is stale, exactly as one message after the other
         batch = [succeeded[0], *running, running[1], *succeeded[1:]]
@@ -123,8 +96,8 @@ def test_a_failing_event_falls_back_to_one_transaction_each_and_is_handed_back(t
         ctx = sim_context(tmp_path, sim, pg_url)
         acked = _acked(ctx)
         now = ctx.clock.now()
-        good = [_envelope(a, JobStatus.RUNNING, 1, now) for a in acked]
-        bad = _envelope(acked[0], JobStatus.SUCCEEDED, 2, now)
+        good = [status_envelope(a, JobStatus.RUNNING, 1, now) for a in acked]
+        bad = status_envelope(acked[0], JobStatus.SUCCEEDED, 2, now)
         bad.payload["status"] = "EXPLODED"  # no JobStatus: the reducer raises on it, in a batch and alone
         fallbacks = REDUCER_BATCH_FALLBACKS.labels("ValueError")._value.get()
         done = reducer_batch.reduce_many(ctx.engine, [*good[:3], bad, *good[3:]], now, slots=ctx.slots)
@@ -152,8 +125,8 @@ def test_the_batch_actor_sends_a_failing_event_again_alone(tmp_path: Path, pg_ur
         ctx = sim_context(tmp_path, sim, pg_url)
         acked = _acked(ctx)
         now = ctx.clock.now()
-        good = [_envelope(a, JobStatus.RUNNING, 1, now) for a in acked[:2]]
-        bad = _envelope(acked[2], JobStatus.RUNNING, 1, now)
+        good = [status_envelope(a, JobStatus.RUNNING, 1, now) for a in acked[:2]]
+        bad = status_envelope(acked[2], JobStatus.RUNNING, 1, now)
         bad.payload["status"] = "EXPLODED"
         broker = StubBroker()
         broker.emit_after("process_boot")
@@ -171,28 +144,11 @@ def test_the_batch_actor_sends_a_failing_event_again_alone(tmp_path: Path, pg_ur
 
 
 def test_relay_groups_the_reducer_rows_of_a_claim_and_sends_the_others_alone() -> None:
-    from types import SimpleNamespace
-
     from aivedio_engine.worker.relay import messages
 
-    def row(event_type: EventType, target: str | None = None) -> Any:
-        return SimpleNamespace(
-            id=uuid.uuid4(),
-            event_type=event_type.value,
-            schema_version=1,
-            aggregate_id=uuid.uuid4(),
-            aggregate_version=1,
-            tenant_id=None,
-            trace_id=None,
-            causation_id=None,
-            created_at=__import__("datetime").datetime(2026, 12, 7),
-            payload={"n": 1},
-            target=target or ROUTES[event_type].actor,
-        )
-
-    observed = [row(EventType.PROVIDER_STATUS_OBSERVED) for _ in range(5)]
-    fetch = row(EventType.FETCH_REQUESTED)
-    unroutable = row(EventType.FETCH_REQUESTED, target="no_such_actor")
+    observed = [outbox_row(payload={"n": 1}) for _ in range(5)]
+    fetch = outbox_row(EventType.FETCH_REQUESTED)
+    unroutable = outbox_row(EventType.FETCH_REQUESTED, target="no_such_actor")
     out = messages([observed[0], fetch, *observed[1:], unroutable], reducer_batch=2)
     carried = [[r.id for r in rows] for rows, _ in out]
     kinds = [m.actor_name if isinstance(m, dramatiq.Message) else type(m).__name__ for _, m in out]
@@ -216,8 +172,6 @@ def test_relay_groups_the_reducer_rows_of_a_claim_and_sends_the_others_alone() -
 def test_a_dead_batch_message_replays_as_one_outbox_row_per_event(tmp_path: Path) -> None:
     """Replay reads a dead batch message's envelopes: each event goes back to its own outbox row, to the one-event
     actor (the relay groups them again); a message whose list does not parse is refused as a whole."""
-    from types import SimpleNamespace
-
     from aivedio_engine.db.tables import dead_letters, outbox_events
     from aivedio_engine.services.operations import Operation
     from aivedio_engine.worker import dead_letters as dead
@@ -226,22 +180,7 @@ def test_a_dead_batch_message_replays_as_one_outbox_row_per_event(tmp_path: Path
 
     ctx = make_context(tmp_path / "data")
     now = ctx.clock.now()
-    rows = [
-        SimpleNamespace(
-            id=uuid.uuid4(),
-            event_type=EventType.PROVIDER_STATUS_OBSERVED.value,
-            schema_version=1,
-            aggregate_id=uuid.uuid4(),
-            aggregate_version=1,
-            tenant_id=None,
-            trace_id=None,
-            causation_id=None,
-            created_at=now,
-            payload={"provider": "sim", "job_id": f"j{i}"},
-            target=ROUTES[EventType.PROVIDER_STATUS_OBSERVED].actor,
-        )
-        for i in range(3)
-    ]
+    rows = [outbox_row(payload={"provider": "sim", "job_id": f"j{i}"}, created_at=now) for i in range(3)]
     ((_, message),) = messages(rows, reducer_batch=3)
     assert isinstance(message, dramatiq.Message)
     broken = message.copy(args=([{"event_id": "not a uuid"}],), message_id=str(uuid.uuid4()))
@@ -263,27 +202,10 @@ def test_a_dead_batch_message_replays_as_one_outbox_row_per_event(tmp_path: Path
 
 def test_the_in_memory_broker_hands_back_each_event_of_an_unfinished_batch_message() -> None:
     """Embedded mode: `Undelivered` counts a batch message's events, not its own id (no outbox row has it)."""
-    from types import SimpleNamespace
-
     from aivedio_engine.worker.relay import messages
     from aivedio_engine.worker.undelivered import Undelivered
 
-    rows = [
-        SimpleNamespace(
-            id=uuid.uuid4(),
-            event_type=EventType.PROVIDER_STATUS_OBSERVED.value,
-            schema_version=1,
-            aggregate_id=uuid.uuid4(),
-            aggregate_version=1,
-            tenant_id=None,
-            trace_id=None,
-            causation_id=None,
-            created_at=__import__("datetime").datetime(2026, 12, 7),
-            payload={},
-            target=ROUTES[EventType.PROVIDER_STATUS_OBSERVED].actor,
-        )
-        for _ in range(2)
-    ]
+    rows = [outbox_row() for _ in range(2)]
     ((_, message),) = messages(rows, reducer_batch=2)
     tracker = Undelivered()
     broker = StubBroker()
@@ -315,7 +237,8 @@ def test_each_event_of_a_batch_logs_under_its_own_task_id(
         ctx = sim_context(tmp_path, sim, pg_url)
         acked = _acked(ctx)
         now = ctx.clock.now()
-        done = reducer_batch.reduce_many(ctx.engine, [_envelope(a, JobStatus.RUNNING, 1, now) for a in acked], now)
+        running = [status_envelope(a, JobStatus.RUNNING, 1, now) for a in acked]
+        done = reducer_batch.reduce_many(ctx.engine, running, now)
         ctx.close()
     assert done.together and len(seen) == TASKS
     assert all(task == logged for task, logged in seen), seen

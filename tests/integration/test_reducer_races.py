@@ -7,51 +7,21 @@ from __future__ import annotations
 
 import threading
 import uuid
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-from aivedio_engine.clock import new_id
 from aivedio_engine.db.tables import generation_tasks, task_attempts
-from aivedio_engine.domain.events import EventType
-from aivedio_engine.domain.status import EventSource
-from aivedio_engine.providers.base import JobStatus, Observation, Output
+from aivedio_engine.providers.base import JobStatus
 from aivedio_engine.services import reducer
-from aivedio_engine.services.consume import Envelope
 from aivedio_engine.services.invariants import InvariantService
-from aivedio_engine.services.observations import to_payload
 from tests.support.flow import create_tasks, sim_context
+from tests.support.observed import status_envelope
 from tests.support.pump import Pump
 from tests.support.sim import running_sim
 
 TASKS = 30
-
-
-def _envelope(attempt: sa.Row, status: JobStatus, at_s: int, now: object) -> Envelope:
-    outputs = (Output(url="https://cdn.example/out.mp4"),) if status is JobStatus.SUCCEEDED else ()
-    obs = Observation(
-        job_id=attempt.provider_job_id,
-        status=status,
-        outputs=outputs,
-        provider_updated_at=attempt.submitted_at + timedelta(seconds=at_s),
-        event_id=f"{attempt.provider_job_id}:{status.value}",
-    )
-    event_id = new_id()
-    payload = to_payload(attempt.provider, obs, EventSource.CALLBACK, f"wh:{obs.event_id}", event_id)
-    return Envelope(
-        event_id=event_id,
-        event_type=EventType.PROVIDER_STATUS_OBSERVED.value,
-        schema_version=1,
-        aggregate_id=attempt.task_id,
-        aggregate_version=0,
-        tenant_id=None,
-        trace_id=None,
-        causation_id=None,
-        occurred_at=now,
-        payload=payload,
-    )  # type: ignore[arg-type]
 
 
 @pytest.mark.postgres
@@ -68,7 +38,7 @@ def test_racing_running_and_succeeded_never_leave_the_attempt_behind(tmp_path: P
         work = [
             e
             for a in acked
-            for e in (_envelope(a, JobStatus.RUNNING, 1, now), _envelope(a, JobStatus.SUCCEEDED, 2, now))
+            for e in (status_envelope(a, JobStatus.RUNNING, 1, now), status_envelope(a, JobStatus.SUCCEEDED, 2, now))
         ]
         start, lock, errors = threading.Barrier(16), threading.Lock(), []
         take = iter(range(len(work)))
@@ -128,7 +98,7 @@ def test_a_reducer_holding_a_stale_attempt_is_refused_as_a_whole(tmp_path: Path,
         with write_tx(ctx.engine) as conn:  # the concurrent reducer: RUNNING, committed
             conn.execute(task_attempts.update().values(submit_state="RUNNING"))
         now = ctx.clock.now()
-        succeeded = _envelope(stale, JobStatus.SUCCEEDED, 2, now).payload
+        succeeded = status_envelope(stale, JobStatus.SUCCEEDED, 2, now).payload
         with pytest.raises(attempts.AttemptConflict):
             with write_tx(ctx.engine) as conn:
                 task = tasks.read(conn, stale.task_id, lock=True)
@@ -141,7 +111,7 @@ def test_a_reducer_holding_a_stale_attempt_is_refused_as_a_whole(tmp_path: Path,
             ).all()
         # nothing of it was applied: the retried delivery reads both rows under their locks and applies both
         assert [tuple(r) for r in rows] == [("SUBMITTED", "RUNNING")]
-        assert reducer.reduce_observation(ctx.engine, _envelope(stale, JobStatus.SUCCEEDED, 2, now), now)
+        assert reducer.reduce_observation(ctx.engine, status_envelope(stale, JobStatus.SUCCEEDED, 2, now), now)
         with ctx.engine.connect() as conn:
             rows = conn.execute(
                 sa.select(generation_tasks.c.status, task_attempts.c.submit_state).join(
