@@ -8,6 +8,14 @@ statement at a time per process made the batches biggest (bench api_create: API 
 against ~700-1,170 us with two); a statement that has been running for `STALLED_S` (waiting on a lock, say a
 twin's key held by another process's transaction) no longer holds up the rest: a second one is sent beside it.
 
+Batches that only grow while a statement runs stayed small (bench api_create, 16 clients on 2 processes: 2.8
+creates a statement, 42 % of statements a lone create), because a request spends part of its way waiting on
+its rate-limit token: when the sender was free, the others were still on their way. So a sender about to send
+waits, up to LINGER_S, for the requests that were on their way to `create` at that moment (`expecting`, entered
+by `LoopCreate`), not for the ones that start meanwhile. A lone request (nobody on the way) is still sent at once.
+With it: 4.4-5.2 creates a statement, API CPU per create 540-660 us instead of 760, PostgreSQL's 260-310 instead
+of 400.
+
 The batch statement writes what `create_on_loop` writes for each task — the task, its four state events, the
 RESERVE row, the notice, the stripe's decrement — or nothing at all. A key already taken yields no row (that
 caller replays the task, as `KeyTaken` says); anything else that stops the statement (a stripe short for the
@@ -20,8 +28,9 @@ in one order: the keys in (tenant, key) order by the insert, the stripes in (ten
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from aivedio_engine.clock import new_id
@@ -37,6 +46,8 @@ MAX_IN_FLIGHT = 2
 STALLED_S = 0.05
 #: creates in one statement at most (the rest wait for the next)
 MAX_BATCH = 64
+#: how long a sender waits at most for creates already on their way (`expecting`) before it sends what it has
+LINGER_S = 0.002
 
 #: one JSON document per statement carries every task's values: psycopg dumps one string instead of a typed array
 #: per column (its array dumpers, element by element, took more of the API's CPU than the rest of the batch)
@@ -160,10 +171,43 @@ class CreateBatcher:
         self._sent_at: dict[int, float] = {}
         #: the loop a look-again is armed on (None: none is): one closed before it fired leaves no stale mark
         self._stall_check: asyncio.AbstractEventLoop | None = None
+        #: the requests (asyncio tasks) between `expecting` and their `create`: the creates a sender may wait for
+        self._on_the_way: set[asyncio.Task[Any]] = set()
+        #: the ones a lingering sender waits for (those on the way when it began to wait, not the ones that came
+        #: after: in a closed loop of clients, those are the answered ones' next requests, and waiting for them
+        #: would hold every statement for the whole linger); resolved when the last of them arrives (or leaves)
+        self._awaited: set[asyncio.Task[Any]] | None = None
+        self._all_here: asyncio.Future[None] | None = None
+
+    @contextlib.contextmanager
+    def expecting(self) -> Iterator[None]:
+        """Around a request's way to `create` (its rate limit, its checks): a sender about to send waits up to
+        LINGER_S for the creates of such requests, so they share its statement instead of each paying one. A
+        request that leaves without creating (refused, or sent to the blocking path) stops being waited for."""
+        task = asyncio.current_task()
+        if task is None:
+            yield
+            return
+        self._on_the_way.add(task)
+        try:
+            yield
+        finally:
+            self._here(task)
+
+    def _here(self, task: asyncio.Task[Any]) -> None:
+        self._on_the_way.discard(task)
+        awaited = self._awaited
+        if awaited is not None and task in awaited:
+            awaited.discard(task)
+            if not awaited and self._all_here is not None and not self._all_here.done():
+                self._all_here.set_result(None)
 
     async def create(self, pool: Any, new: NewTask) -> Task | None:
         future: asyncio.Future[Task | None] = asyncio.get_running_loop().create_future()
         self._waiting.append((new, future))
+        task = asyncio.current_task()
+        if task is not None:
+            self._here(task)
         self._start_sender(pool)
         return await future
 
@@ -193,6 +237,7 @@ class CreateBatcher:
         loop = asyncio.get_running_loop()
         try:
             while self._waiting:
+                await self._linger(loop)
                 batch = self._take()
                 self._sent_at[me] = loop.time()
                 try:
@@ -208,6 +253,19 @@ class CreateBatcher:
         finally:
             # no await between the last look at the queue and this: a create queued after it starts a sender
             self._sending -= 1
+
+    async def _linger(self, loop: asyncio.AbstractEventLoop) -> None:
+        # one sender waits at a time (the other, if any, was started beside a stalled statement: it sends at once)
+        if not self._on_the_way or len(self._waiting) >= MAX_BATCH or self._all_here is not None:
+            return
+        self._awaited = set(self._on_the_way)
+        self._all_here = all_here = loop.create_future()
+        timer = loop.call_later(LINGER_S, _resolve, all_here)
+        try:
+            await all_here
+        finally:
+            timer.cancel()
+            self._awaited = self._all_here = None
 
     def _take(self) -> list[tuple[NewTask, asyncio.Future[Any]]]:
         """Up to MAX_BATCH waiting creates, one per (tenant, key): a twin waits for the next statement, where it
@@ -248,6 +306,11 @@ class CreateBatcher:
                 future.set_exception(KeyTaken())
             else:
                 future.set_result(row)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _alone(pool: Any, engine: Engine, new: NewTask, future: asyncio.Future[Any]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -144,6 +144,10 @@ class GenerationService:
         if verdict.verdict is ModerationVerdict.REJECT:
             return None
         return self._planned(tenant_id, key, params, body, verdict, digest, cost, trace_id, tenant_tier)
+
+    def expecting(self) -> AbstractContextManager[None]:
+        """Around a create's way to `insert_on_loop` on the loop: the batcher may wait for it (`CreateBatcher`)."""
+        return nullcontext() if self._batcher is None else self._batcher.expecting()
 
     async def insert_on_loop(self, pool: Any, new: creation.NewTask) -> Created | None:
         """Insert a planned task on the event loop; a taken key replays the task that holds it, or is a 409. None

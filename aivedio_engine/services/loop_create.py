@@ -37,14 +37,17 @@ class LoopCreate:
         pool = None if self._pool is None else self._pool.current()
         if pool is None:
             return await run_in_threadpool(self._blocking, tenant_id, idempotency_key, body, trace_id, True)
-        decision = await self._limiter.take_on_loop(tenant_id)
+        with self._generations.expecting():  # left before any wait on a thread: the batcher waits for creates only
+            decision = await self._limiter.take_on_loop(tenant_id)
+            new = None
+            if decision is not None:
+                decision.check()
+                new = await self._generations.plan_on_loop(pool, tenant_id, idempotency_key, body, trace_id)
+            created = None if new is None else await self._generations.insert_on_loop(pool, new)
         if decision is None:  # the tenant's limits are not cached: the blocking path reads them
             return await run_in_threadpool(self._blocking, tenant_id, idempotency_key, body, trace_id, True)
-        decision.check()
-        new = await self._generations.plan_on_loop(pool, tenant_id, idempotency_key, body, trace_id)
         if new is None:
             return await run_in_threadpool(self._blocking, tenant_id, idempotency_key, body, trace_id, False)
-        created = await self._generations.insert_on_loop(pool, new)
         if created is not None:
             return created
         # nothing was written: a taken key to replay, or a stripe too short for the task (the whole balance)

@@ -218,3 +218,133 @@ def _waiting_on_a_lock(conn: Any) -> bool:
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
         )
         return bool(cur.fetchone()[0])
+
+
+class OnTheWay:
+    """Requests on one loop as `LoopCreate` runs them: each inside `expecting` from its start, held at a gate where
+    the real one awaits its rate-limit token, then planned and created."""
+
+    def __init__(self, ctx: AppContext, who: TenantKey) -> None:
+        self.ctx, self.who = ctx, who
+        self.gates: dict[str, asyncio.Event] = {}
+
+    def start(self, key: str, *, held: bool = False, creates: bool = True) -> asyncio.Task[Any]:
+        gate = self.gates[key] = asyncio.Event()
+        if not held:
+            gate.set()
+        return asyncio.create_task(self._request(key, gate, creates))
+
+    async def _request(self, key: str, gate: asyncio.Event, creates: bool) -> Any:
+        generations, pool = self.ctx.generations, self.ctx.loop_pool.current()
+        with generations.expecting():
+            await gate.wait()
+            if not creates:  # refused, or sent to the blocking path: it leaves without a create
+                return None
+            new = await generations.plan_on_loop(pool, self.who.tenant_id, key, dict(BODY))
+            assert new is not None
+            return await generations.insert_on_loop(pool, new)
+
+    async def queued(self, n: int) -> None:
+        """Until `n` creates wait in the batcher's queue (a plan reads the database, so this takes real time)."""
+        batcher = self.ctx.create_batcher
+        async with asyncio.timeout(10):
+            while len(batcher._waiting) < n:
+                await asyncio.sleep(0.001)
+
+
+def on_the_way(ctx: AppContext, scenario: Any) -> None:
+    alice = tenant_with_key(ctx, "alice", credits=1000)
+    storm(ctx, [], warm=[alice])  # the tenant's limits and tier cached, as on a warm API process
+
+    async def run() -> None:
+        await ctx.loop_create.open()
+        try:
+            await scenario(OnTheWay(ctx, alice))
+        finally:
+            await ctx.loop_create.close()
+
+    asyncio.run(run())
+
+
+def test_a_sender_waits_for_the_creates_already_on_their_way_and_sends_them_in_one_statement(
+    ctx: AppContext, batches: Batches, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(creation_batch, "LINGER_S", 60.0)  # only the arrival can end the wait here
+
+    async def scenario(way: OnTheWay) -> None:
+        second = way.start("second", held=True)
+        first = way.start("first")
+        await way.queued(1)
+        for _ in range(10):  # the sender has every chance to send "first" alone: it must not
+            await asyncio.sleep(0)
+        assert not first.done() and batches.sizes == []
+        way.gates["second"].set()
+        async with asyncio.timeout(10):
+            made = await asyncio.gather(first, second)
+        assert batches.sizes == [2]
+        assert all(m is not None and not m.replayed for m in made)
+
+    on_the_way(ctx, scenario)
+    assert count(ctx, generation_tasks, generation_tasks.c.client_idempotency_key.in_(["first", "second"])) == 2
+
+
+def test_a_request_that_leaves_without_creating_ends_the_wait(
+    ctx: AppContext, batches: Batches, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(creation_batch, "LINGER_S", 60.0)
+
+    async def scenario(way: OnTheWay) -> None:
+        refused = way.start("refused", held=True, creates=False)
+        first = way.start("first")
+        await way.queued(1)
+        assert not first.done()
+        way.gates["refused"].set()
+        async with asyncio.timeout(10):
+            assert await first is not None
+        assert await refused is None
+        assert batches.sizes == []  # sent alone, as soon as nobody was left on the way
+
+    on_the_way(ctx, scenario)
+
+
+def test_requests_that_start_while_a_sender_waits_are_not_waited_for(
+    ctx: AppContext, batches: Batches, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a closed loop of clients, the answered requests' next ones start while a sender waits: waiting for them
+    too would hold each statement for the whole linger."""
+    monkeypatch.setattr(creation_batch, "LINGER_S", 60.0)
+
+    async def scenario(way: OnTheWay) -> None:
+        second = way.start("second", held=True)
+        first = way.start("first")
+        await way.queued(1)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        later = way.start("later", held=True)  # begins while the sender waits for "second"
+        way.gates["second"].set()
+        async with asyncio.timeout(10):
+            await asyncio.gather(first, second)
+        assert batches.sizes == [2] and not later.done()
+        way.gates["later"].set()
+        async with asyncio.timeout(10):
+            assert await later is not None
+
+    on_the_way(ctx, scenario)
+
+
+def test_a_create_on_its_way_for_longer_than_the_linger_is_not_waited_for(
+    ctx: AppContext, batches: Batches, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(creation_batch, "LINGER_S", 0.05)
+
+    async def scenario(way: OnTheWay) -> None:
+        slow = way.start("slow", held=True)  # a rate-limit token that takes long to come
+        first = way.start("first")
+        async with asyncio.timeout(10):
+            assert await first is not None
+        assert not slow.done() and batches.sizes == []
+        way.gates["slow"].set()
+        async with asyncio.timeout(10):
+            assert await slow is not None
+
+    on_the_way(ctx, scenario)
