@@ -112,3 +112,41 @@ def test_takes_queued_on_the_loop_go_as_one_pipeline_and_answer_as_if_sent_alone
         assert g.remaining == pytest.approx(e.remaining, abs=1e-9)
         assert g.retry_after_s == pytest.approx(e.retry_after_s, abs=1e-9)
     assert sent and max(sent) > 1 and len(sent) < 2 * len(keys)  # batched, not one round trip per take
+
+
+def test_takes_of_one_bucket_queued_together_are_one_script_call_taking_each_token_in_turn(
+    client: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load most of a batch is one tenant's: its takes are one call of the script (n tokens, one after the
+    other), each answered as the domain function answers the n-th take."""
+    import asyncio
+
+    import redis.asyncio
+    import redis.commands.core
+
+    calls: list[list[Any]] = []
+    real_call = redis.commands.core.AsyncScript.__call__
+
+    async def counting(self: Any, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        calls.append(list(args or []))
+        return await real_call(self, keys, args, client)
+
+    monkeypatch.setattr(redis.commands.core.AsyncScript, "__call__", counting)
+    store = RedisBucketStore(
+        client, prefix, server_time=False, loop_client=lambda: redis.asyncio.Redis.from_url(REDIS_URL)
+    )
+    rate, now = Rate(per_s=1, burst=5), 1_700_000_000.0
+
+    async def storm() -> list[Any]:
+        return list(await asyncio.gather(*(store.take_on_loop("busy", rate, now) for _ in range(9))))
+
+    got = asyncio.run(storm())
+    bucket: Bucket | None = None
+    for g in got:
+        expected, bucket = take(bucket, rate, now)
+        assert (g.allowed, g.remaining, g.retry_after_s) == pytest.approx(
+            (expected.allowed, expected.remaining, expected.retry_after_s), abs=1e-9
+        )
+    assert [g.allowed for g in got] == [True] * 5 + [False] * 4
+    # the sender runs once all 9 have queued: one call taking 9 tokens
+    assert [c[-1] for c in calls] == ["9"], calls
