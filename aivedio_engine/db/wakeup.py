@@ -4,9 +4,9 @@
 the connection. Once the commit has returned (so a woken loop never looks before the rows exist), the channels
 go to the engine's waker:
 - PostgreSQL: a per-engine background thread sends `NOTIFY` on its own autocommit connection, coalescing a
-  burst of commits into one notification per channel. `pg_notify` inside the writing transaction took a
-  cluster-wide lock held through the commit flush, which halved creation throughput with 16 tenants
-  (research/performance_profile.md); after the commit it costs the writer nothing.
+  burst of commits into one notification per channel, at most one send per few milliseconds. `pg_notify` inside
+  the writing transaction took a cluster-wide lock held through the commit flush, which halved creation
+  throughput with 16 tenants (research/performance_profile.md); after the commit it costs the writer nothing.
 - Embedded mode (SQLite, one process): the channel's `threading.Event` is set.
 
 Channels: OUTBOX wakes the relays (new outbox rows); DISPATCH wakes the dispatcher (a task became ready, or a
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -105,11 +106,15 @@ class PgNotifier:
     """Sends the NOTIFYs of committed transactions from one background thread, coalesced per channel.
 
     The thread starts on the first wake-up and ends after `idle_s` without one (closing its connection), so an
-    engine that is only used briefly leaves nothing running."""
+    engine that is only used briefly leaves nothing running. Under load it sends at most one round trip (every
+    channel due, one transaction) per `gap_s`: the API commits a create batch several hundred times a second, and
+    one NOTIFY per channel per commit cost the API process a thread switch each, the database a transaction
+    each, and every listener a wake-up each, for work the first wake-up already announced."""
 
-    def __init__(self, dsn: str, idle_s: float = 10.0) -> None:
+    def __init__(self, dsn: str, idle_s: float = 10.0, gap_s: float = 0.005) -> None:
         self._dsn = dsn
         self._idle_s = idle_s
+        self._gap_s = gap_s
         self._dirty: set[str] = set()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -134,6 +139,8 @@ class PgNotifier:
                         return
                     channels, self._dirty = self._dirty, set()
                 conn = self._send(conn, channels)
+                # what commits meanwhile waits for the next send: one wake-up per gap at most, none lost
+                time.sleep(self._gap_s)
         finally:
             if conn is not None:
                 conn.close()
@@ -144,8 +151,8 @@ class PgNotifier:
         try:
             if conn is None or conn.closed:
                 conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
-            for channel in sorted(channels):
-                conn.execute(f"NOTIFY {channel}")
+            # no parameters: one simple query, one round trip and one transaction for every channel
+            conn.execute("; ".join(f"NOTIFY {channel}" for channel in sorted(channels)))
             return conn
         except Exception as exc:  # noqa: BLE001 - a lost wake-up costs latency only; the next one reconnects
             log.warning("NOTIFY %s failed (%s)", ",".join(sorted(channels)), type(exc).__name__)

@@ -77,3 +77,50 @@ def test_a_connection_whose_backend_was_terminated_is_given_back_cleanly(tmp_pat
                 assert conn.execute(sa.text("SELECT 1")).scalar_one() == 1
     finally:
         eng.dispose()
+
+
+@pytest.mark.postgres
+def test_a_burst_of_commits_notifies_each_channel_with_sends_spaced_and_none_lost(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hundreds of commits a second (the API's create batches) must not cost a NOTIFY per channel per commit:
+    the sends are at least `gap_s` apart and each carries every channel noted since the last, in one round trip;
+    the last wake-up of the burst is still sent."""
+    import time
+
+    import psycopg
+
+    conninfo = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    notifier = wakeup.PgNotifier(conninfo, idle_s=1.0, gap_s=0.05)
+    sends: list[tuple[float, set[str]]] = []
+    real_send = notifier._send
+
+    def recording(conn: object, channels: set[str]) -> object:
+        sends.append((time.monotonic(), set(channels)))
+        return real_send(conn, channels)
+
+    monkeypatch.setattr(notifier, "_send", recording)
+    with psycopg.connect(conninfo, autocommit=True) as listener:
+        listener.execute(f"LISTEN {wakeup.OUTBOX}")
+        listener.execute(f"LISTEN {wakeup.DISPATCH}")
+        began = time.monotonic()
+        for i in range(300):
+            notifier({wakeup.OUTBOX} if i % 2 else {wakeup.DISPATCH})
+            if i % 50 == 0:
+                time.sleep(0.01)  # commits spread over a while, not all in one instant
+        last_call = time.monotonic()
+        notifier({wakeup.DISPATCH})  # the last commit of the burst
+
+        def last_sent() -> bool:
+            return any(t >= last_call and wakeup.DISPATCH in channels for t, channels in sends)
+
+        heard = set()
+        for note in listener.notifies(timeout=5, stop_after=100):
+            heard.add(note.channel)
+            if heard == set(wakeup.CHANNELS) and last_sent():
+                break
+    assert heard == set(wakeup.CHANNELS)
+    assert last_sent()  # the burst's last wake-up was sent after it, not dropped as already sent
+    gaps = [b[0] - a[0] for a, b in zip(sends, sends[1:], strict=False)]
+    assert all(g >= 0.05 for g in gaps), gaps
+    assert len(sends) <= (last_call - began) / 0.05 + 2, len(sends)  # 301 wake-ups
