@@ -1,7 +1,8 @@
 """Creates sent several to a statement (`db/creation_batch.py`), against PostgreSQL and Redis.
 
-Concurrent POSTs on one event loop, as uvicorn serves them: once two statements of the process are running, the
-creates that arrive wait for the next one and go together. Every answer and every row must be what one statement
+Concurrent POSTs on one event loop, as uvicorn serves them: while a statement of the process runs, the creates
+that arrive wait for the next one and go together, and a sender about to send waits briefly for the creates
+already on their way (`CreateBatcher.expecting`). Every answer and every row must be what one statement
 per create gives: a task per key, its four state events, the RESERVE, the notice, the balance equal to the ledger
 — and a batch that cannot commit as a whole (a short stripe) falls back to one create at a time.
 """
