@@ -205,8 +205,8 @@ class CreateBatcher:
         awaited = self._awaited
         if awaited is not None and task in awaited:
             awaited.discard(task)
-            if not awaited and self._all_here is not None and not self._all_here.done():
-                self._all_here.set_result(None)
+            if not awaited and self._all_here is not None:
+                _resolve(self._all_here)
 
     async def create(self, pool: Any, new: NewTask) -> Task | None:
         future: asyncio.Future[Task | None] = asyncio.get_running_loop().create_future()
