@@ -335,11 +335,8 @@ class LocalProvider:
 
     def _observe_stored(self, row: LocalJob) -> Observation:
         outputs: tuple[Output, ...] = ()
-        if row.state is JobStatus.SUCCEEDED:
-            expires = int(self._clock.now().timestamp()) + self._ttl_s
-            url = self.output_url(row.job_id, expires)
-            expires_at = datetime.fromtimestamp(expires, UTC)
-            outputs = (Output(url=url, content_type="video/mp4", expires_at=expires_at, size_bytes=row.size_bytes),)
+        if row.state is JobStatus.SUCCEEDED:  # rendered by another instance: every variant it renamed into place
+            outputs = self._served(row.job_id, self._sizes_on_disk(row.job_id))
         progress = 100 if row.state is JobStatus.SUCCEEDED else row.progress
         return Observation(
             job_id=row.job_id,
@@ -347,6 +344,7 @@ class LocalProvider:
             provider_updated_at=row.updated_at,
             progress=progress,
             outputs=outputs,
+            billed_outputs=_billed(len(outputs), int(row.params.get("n", 1))) if outputs else None,
             error_code=row.error_code,
             error_message=row.error_message,
             request_key=row.request_key,
@@ -406,18 +404,8 @@ class LocalProvider:
 
     def _observe(self, job: _Job) -> Observation:
         outputs: tuple[Output, ...] = ()
-        if job.status is JobStatus.SUCCEEDED:  # a fresh URL on every look, as vendors re-sign on each poll
-            expires = int(self._clock.now().timestamp()) + self._ttl_s
-            outputs = tuple(
-                Output(
-                    url=self.output_url(job.job_id, expires, index),
-                    content_type="video/mp4",
-                    expires_at=datetime.fromtimestamp(expires, UTC),
-                    size_bytes=size,
-                    index=index,
-                )
-                for index, size in enumerate(job.sizes)
-            )
+        if job.status is JobStatus.SUCCEEDED:
+            outputs = self._served(job.job_id, job.sizes)
         return Observation(
             job_id=job.job_id,
             status=job.status,
@@ -428,9 +416,30 @@ class LocalProvider:
             error_message=job.error_message,
             request_key=job.request_key,
             # every output made is billed; reported only for n > 1, where the price list alone would not say it
-            billed_outputs=len(job.sizes) if job.n > 1 and job.status is JobStatus.SUCCEEDED else None,
+            billed_outputs=_billed(len(job.sizes), job.n) if job.status is JobStatus.SUCCEEDED else None,
             raw={"status": job.status.value, "progress": job.progress},
         )
+
+    def _served(self, job_id: str, sizes: list[int]) -> tuple[Output, ...]:
+        """The finished outputs, by index, each with a fresh signed URL (vendors re-sign on each poll too)."""
+        expires = int(self._clock.now().timestamp()) + self._ttl_s
+        return tuple(
+            Output(
+                url=self.output_url(job_id, expires, index),
+                content_type="video/mp4",
+                expires_at=datetime.fromtimestamp(expires, UTC),
+                size_bytes=size,
+                index=index,
+            )
+            for index, size in enumerate(sizes)
+        )
+
+    def _sizes_on_disk(self, job_id: str) -> list[int]:
+        """The sizes of the job's outputs in the served directory, output 0 first, up to the first one missing."""
+        sizes: list[int] = []
+        while (path := self.root / f"{_output_name(job_id, len(sizes))}.mp4").is_file():
+            sizes.append(path.stat().st_size)
+        return sizes
 
     def _from_disk(self, job_id: str) -> Observation | NotFound:
         """A job this instance does not know, as far as the data dir tells (see the module docstring)."""
@@ -441,26 +450,13 @@ class LocalProvider:
         except OSError:
             stat = None
         if stat is not None:  # renamed into place only once complete: the render finished before the restart
-            expires = int(self._clock.now().timestamp()) + self._ttl_s
-            sizes = [stat.st_size]
-            while (more := self.root / f"{_output_name(job_id, len(sizes))}.mp4").is_file():
-                sizes.append(more.stat().st_size)
-            outs = tuple(
-                Output(
-                    url=self.output_url(job_id, expires, index),
-                    content_type="video/mp4",
-                    expires_at=datetime.fromtimestamp(expires, UTC),
-                    size_bytes=size,
-                    index=index,
-                )
-                for index, size in enumerate(sizes)
-            )
+            sizes = self._sizes_on_disk(job_id)
             return Observation(
                 job_id=job_id,
                 status=JobStatus.SUCCEEDED,
                 progress=100,
-                outputs=outs,
-                billed_outputs=len(sizes) if len(sizes) > 1 else None,
+                outputs=self._served(job_id, sizes),
+                billed_outputs=_billed(len(sizes), len(sizes)),
                 provider_updated_at=datetime.fromtimestamp(stat.st_mtime, UTC),
                 raw={"status": JobStatus.SUCCEEDED.value, "recovered": True},
             )
@@ -714,7 +710,12 @@ def _remove_stale(root: Path, work: Path, work_age_s: float, output_age_s: float
 
 def _params(job: _Job) -> dict[str, Any]:
     """What a later process needs to render the job again."""
-    return {"spec": dataclasses.asdict(job.spec), "prompt": job.prompt, "image": str(job.image) if job.image else None}
+    return {
+        "spec": dataclasses.asdict(job.spec),
+        "prompt": job.prompt,
+        "image": str(job.image) if job.image else None,
+        "n": job.n,
+    }
 
 
 def _job_of(row: LocalJob, now: datetime) -> _Job:
@@ -726,4 +727,11 @@ def _job_of(row: LocalJob, now: datetime) -> _Job:
         prompt=p["prompt"],
         image=Path(p["image"]) if p.get("image") else None,
         updated_at=now,
+        n=int(p.get("n", 1)),  # rows written before multi-output jobs have no n: one output
     )
+
+
+def _billed(made: int, asked: int) -> int | None:
+    """Every output made is billed; reported only for a job of several, where the price list alone would not say
+    it."""
+    return made if asked > 1 or made > 1 else None

@@ -153,3 +153,30 @@ def test_a_job_canceled_through_another_instance_stops_rendering(
     # the renderer learns it at its next progress write and stops its ffmpeg
     stopped = wait_for(renderer, job_id, JobStatus.CANCELED)
     assert stopped.status is JobStatus.CANCELED and renderer.process_id(job_id) is None
+
+
+def test_a_multi_output_render_stopped_by_close_is_finished_with_every_variant_by_the_next_instance(
+    make_provider: Callable[..., LocalProvider], engine: sa.Engine, tmp_path: Path
+) -> None:
+    """A Ctrl-C'd `generate --n 3`: the next instance renders all three variants again, and every later look (the
+    instance that rendered them, or one that only finds the stored job) reports all three, billed as three."""
+    first = make_provider(realtime=True)
+    accepted = first.submit(_request(duration_s=4, n=3), "attempt-key-n3")
+    assert isinstance(accepted, Accepted)
+    job_id = accepted.job_id
+    wait_for(first, job_id, JobStatus.RUNNING, until=lambda o: first.process_id(job_id) is not None)
+    first.close()
+
+    second = make_provider()
+    done = wait_for(second, job_id, JobStatus.SUCCEEDED, JobStatus.FAILED)
+    assert done.status is JobStatus.SUCCEEDED, done
+    assert [o.index for o in done.outputs] == [0, 1, 2] and done.billed_outputs == 3
+    second.close()
+
+    third = make_provider()
+    served = third.query(job_id)
+    assert isinstance(served, Observation) and served.status is JobStatus.SUCCEEDED
+    assert [o.index for o in served.outputs] == [0, 1, 2] and served.billed_outputs == 3
+    bodies = [_download(o.url, tmp_path / f"out-{o.index}.mp4") for o in served.outputs]
+    assert [status for status, _ in bodies] == [200, 200, 200]
+    assert len({(tmp_path / f"out-{i}.mp4").read_bytes() for i in range(3)}) == 3  # three variants, not one thrice
