@@ -2,6 +2,7 @@
 
 Preview, confirm, act on exactly the previewed set: `--dry-run` lists the candidates without calling any
 provider, `--plan-out F` saves that exact set, `--plan F` applies it later, whatever the filters would match then.
+`--task T --job-id J` and `--task T --not-created` settle one submit on the operator's word instead of a lookup.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from aivedio_cli.tasks_cmd import id_table, print_table, wide
 from aivedio_engine.domain.durations import format_seconds
 
 if TYPE_CHECKING:  # the services load SQLAlchemy: imported where the command runs, not when completion loads this
-    from aivedio_engine.services.reconcile_ops import Candidate, Outcome
+    from aivedio_engine.services.reconcile_ops import Candidate, Outcome, Settlement
 
 SCHEMA = "aivedio.reconcile.v1"
 RESULTS = ("found", "not_created", "still_unknown", "skipped", "error")
@@ -45,13 +46,42 @@ def reconcile(
     plan_out: Path | None = PLAN_OUT,
     plan: Path | None = PLAN,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output (the stable contract)."),
+    job_id: str | None = typer.Option(
+        None,
+        "--job-id",
+        metavar="JOB",
+        help="Bind this job (found in the vendor's console) to the task's ambiguous submit. Needs --task.",
+    ),
+    not_created: bool = typer.Option(
+        False,
+        "--not-created",
+        help="Declare the vendor never created the task's job: a new attempt, or a release. Needs --task.",
+    ),
 ) -> None:
     """Resolve SUBMIT_UNKNOWN tasks now: look each one up at its provider.
 
     Instead of waiting for the next scheduled lookup. Reports per task: found (job bound), not created (new
     attempt scheduled), or still unknown (next lookup scheduled, or parked with an alert). Parked tasks are
     included. A "not found" is only believed 60 s after the send.
+
+    When the engine cannot decide, settle one task by hand: `--task ID --job-id JOB` binds the job found in the
+    vendor's console (the provider is asked for it; a job another attempt holds, or that the vendor made for
+    another request, is refused); `--task ID --not-created` closes the attempt as never created, refused until
+    the send can no longer be in flight plus `reconcile.visibility_lag_s`.
     """
+    if job_id is not None or not_created:
+        _settle(
+            ctx,
+            task,
+            job_id,
+            not_created,
+            refused={"--plan": plan, "--plan-out": plan_out, "--provider": provider, "--older-than": older_than},
+            dry_run=dry_run,
+            yes=yes,
+            reason=reason,
+            as_json=as_json,
+        )
+        return
     if plan is not None and plan_out is not None:
         fail("--plan and --plan-out cannot be combined", ExitCode.USAGE)
     if plan is not None and (task or provider or older_than is not None):
@@ -90,6 +120,66 @@ def reconcile(
     errors = sum(1 for o in outcomes if o.result == "error")
     if errors:
         raise typer.Exit(int(ExitCode.FAILED if errors == len(outcomes) else ExitCode.PARTIAL))
+
+
+def _settle(
+    ctx: typer.Context,
+    task: str | None,
+    job_id: str | None,
+    not_created: bool,
+    *,
+    refused: dict[str, Any],
+    dry_run: bool,
+    yes: bool,
+    reason: str | None,
+    as_json: bool,
+) -> None:
+    """One task settled on the operator's word: `job_id` is the job to bind, None the vendor never created it."""
+    flag = "--not-created" if job_id is None else "--job-id"
+    if job_id is not None and not_created:
+        fail("--job-id and --not-created are two different answers: give one", ExitCode.USAGE)
+    given = [name for name, value in refused.items() if value is not None]
+    if given:
+        fail(f"{flag} settles one named task: it cannot be combined with {', '.join(given)}", ExitCode.USAGE)
+    if task is None:
+        fail(f"{flag} settles one task: name it with --task ID", ExitCode.USAGE)
+    task_id = parse_id(task, "task")
+    from aivedio_engine.services.reconcile_ops import COMMAND
+
+    op = operation(COMMAND, reason, dry_run, task=task, job_id=job_id, not_created=job_id is None)
+    with service_context(ctx) as app_ctx:
+        ops = app_ctx.reconcile_ops
+        plan = ops.check_not_created(task_id) if job_id is None else ops.check_bind(task_id, job_id)
+        if dry_run:
+            ops.preview(op, [plan])
+            _render_settlement(plan, as_json)
+            return
+        Console(file=sys.stderr, soft_wrap=True).print(_settlement_text(plan), highlight=False)
+        confirm("Settle this submit now?", yes)
+        outcome = ops.not_created(op, task_id) if job_id is None else ops.bind(op, task_id, job_id)
+        if outcome.result in ("found", "not_created"):
+            warn_if_no_engine(app_ctx)
+    _render_outcomes([outcome], as_json)
+
+
+def _settlement_text(plan: Settlement) -> str:
+    parked = ", parked" if plan.parked else ""
+    who = f"task {plan.task_id} ({plan.task_status}{parked}; attempt {plan.attempt_id} at {plan.provider})"
+    if plan.settle == "bind_job":
+        return f"{who}: bind job {plan.provider_job_id}, {plan.job_status} at {plan.provider}; the task goes on from it"
+    return (
+        f"{who}: close the attempt as never created (FAILED_BEFORE_ACCEPT); a new attempt follows, or the "
+        "credits are released, as after a lookup that found nothing"
+    )
+
+
+def _render_settlement(plan: Settlement, as_json: bool) -> None:
+    from aivedio_engine.services.task_ops import jsonable
+
+    if as_json:
+        emit_json({"schema": SCHEMA, "dry_run": True, "count": 1, "tasks": [jsonable(plan)]})
+        return
+    out().print(f"dry run: {_settlement_text(plan)}; nothing changed", highlight=False)
 
 
 def _plan_ids(path: Path) -> list[uuid.UUID]:

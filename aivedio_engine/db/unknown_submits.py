@@ -150,3 +150,17 @@ def after_lookup(conn: Connection, task_id: uuid.UUID, attempt_id: uuid.UUID | N
         provider_job_id=attempt.provider_job_id if attempt is not None else None,
         open_alerts=open_rules,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class JobHolder:
+    task_id: uuid.UUID
+    attempt_id: uuid.UUID
+
+
+def job_holder(conn: Connection, provider: str, job_id: str) -> JobHolder | None:
+    """The attempt that holds `job_id` at `provider` (one job belongs to one attempt), or None."""
+    row = conn.execute(
+        sa.select(_a.task_id, _a.id).where(_a.provider == provider, _a.provider_job_id == job_id)
+    ).first()
+    return None if row is None else JobHolder(task_id=row.task_id, attempt_id=row.id)

@@ -23,6 +23,7 @@ from aivedio_engine.domain.polling import LookupVerdict, PollPolicy, ReconcilePo
 from aivedio_engine.domain.retry import ErrorOutcome, Step
 from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, TaskEvent
+from aivedio_engine.httpclient import Timeouts
 from aivedio_engine.observability.metrics import PROVIDER_POLLS
 from aivedio_engine.providers.base import (
     Canceled,
@@ -182,6 +183,44 @@ class ProviderSync:
             return self._not_created(attempt, now)
         self._set_next_action(attempt.task_id, wait_until or now + timedelta(seconds=10))
         return "not-found-yet" if isinstance(found, NotFound) else "lookup-failed"
+
+    # ------------------------------------------------------------------- an operator's word on one ambiguous submit
+    def send_bound_s(self, provider: str) -> float:
+        """How long after its SENDING claim a request to `provider` may still reach the vendor. Nothing bounds the
+        claim-to-call gap yet, so this is the HTTP client's own timeouts end to end (a pooled connection, connect,
+        write the body, read the answer) as vendor adapters use them; the sim's are shorter."""
+        t = Timeouts()
+        return t.pool + t.connect + t.write + t.read
+
+    def not_created_from(self, provider: str, sent_at: datetime) -> datetime:
+        """The earliest moment "the vendor has no such job" can be believed of a request sent at `sent_at`: before,
+        the request may still be on its way, or its job not yet visible to the vendor's own lookups."""
+        lag = self._reconcile.visibility_lag_s
+        return sent_at + timedelta(seconds=self.send_bound_s(provider) + lag)
+
+    def ask_job(self, provider: str, job_id: str) -> Observation | NotFound | QueryFailed:
+        return self._providers[provider].query(job_id)
+
+    def look_up(self, attempt: Attempt) -> Observation | NotFound | Unsupported | QueryFailed:
+        return self._providers[attempt.provider].find(attempt.provider_request_key)
+
+    def bind_job(self, attempt_id: uuid.UUID, obs: Observation) -> str:
+        """Bind the job `obs` describes to this UNKNOWN attempt, exactly as a lookup that found it does."""
+        attempt = self._reread_id(attempt_id)
+        if attempt is None or attempt.submit_state != AttemptStatus.UNKNOWN.value:
+            return "not-unknown"
+        return self._found(attempt, obs, self._clock.now())
+
+    def declare_not_created(self, attempt_id: uuid.UUID) -> str:
+        """Close this UNKNOWN attempt as never created, exactly as a lookup that proved it does."""
+        attempt = self._reread_id(attempt_id)
+        if attempt is None or attempt.submit_state != AttemptStatus.UNKNOWN.value:
+            return "not-unknown"
+        return self._not_created(attempt, self._clock.now())
+
+    def _reread_id(self, attempt_id: uuid.UUID) -> Attempt | None:
+        with self._engine.connect() as conn:
+            return attempts.read(conn, attempt_id)
 
     def _step(self, attempt: Attempt, now: datetime) -> tuple[LookupVerdict, datetime | None]:
         return reconcile_step(

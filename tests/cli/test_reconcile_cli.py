@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import sqlalchemy as sa
 
 from aivedio_cli._mutate import write_plan
 from aivedio_engine.bootstrap import AppContext
-from aivedio_engine.db.tables import alerts, generation_tasks, task_attempts
+from aivedio_engine.db.tables import alerts, credit_ledger, generation_tasks, task_attempts
 from tests.cli.test_tasks_cli import OPERATOR, Cli, audit_rows, status_of
 from tests.support.app import tenant_with_key
 from tests.support.flow import Driver, sim_context
@@ -286,3 +288,218 @@ def tenant_of(ctx: AppContext, task_id: Any) -> Any:
         return conn.execute(
             sa.select(generation_tasks.c.tenant_id).where(generation_tasks.c.id == task_id)
         ).scalar_one()
+
+
+# --- an operator's word on a parked submit: bind the job found in the vendor's console, or "never created" -------
+
+
+def parked_world(
+    tmp_path: Path, pg_url: str, sim: SimHandle, monkeypatch: pytest.MonkeyPatch, n: int, **overrides: Any
+) -> tuple[AppContext, Driver, list[Any], Cli]:
+    """`n` generations at a sim that cannot look jobs up, driven (whole pipeline) until each one is parked."""
+    ctx = sim_context(
+        tmp_path,
+        sim,
+        pg_url,
+        provider={"supports_lookup_by_request_key": False},
+        reconcile={"lookup_after_s": [10, 60], "park_after_s": 150},
+        **overrides,
+    )
+    who = tenant_with_key(ctx, "acme", 1000)
+    ids = [
+        ctx.generations.create(
+            who.tenant_id, f"p{i}", {"prompt": f"scene {i}", "model": "sim-v1", "duration_s": 2}
+        ).task.id
+        for i in range(n)
+    ]
+    drv = Driver(ctx, sim, Pump(ctx), step_s=6)
+    parked = sa.select(sa.func.count()).where(generation_tasks.c.parked_reason.is_not(None))
+    drv.run_until(lambda: one(ctx, parked) == n, max_rounds=60)
+    assert drv.all_in("SUBMIT_UNKNOWN")
+    return ctx, drv, ids, Cli(ctx, monkeypatch, config=config_file(ctx, tmp_path / "aivedio.toml"))
+
+
+def one(ctx: AppContext, stmt: Any) -> Any:
+    with ctx.engine.connect() as conn:
+        return conn.execute(stmt).scalar_one()
+
+
+def ledger_of(ctx: AppContext, task_id: Any) -> list[tuple[str, Decimal]]:
+    with ctx.engine.connect() as conn:
+        return [
+            (r.entry_type, r.amount)
+            for r in conn.execute(
+                sa.select(credit_ledger)
+                .where(credit_ledger.c.task_id == task_id)
+                .order_by(credit_ledger.c.created_at, credit_ledger.c.id)
+            )
+        ]
+
+
+def snapshot(ctx: AppContext, task_ids: list[Any]) -> Any:
+    """Everything a settlement could change about these tasks (the audit log aside)."""
+    with ctx.engine.connect() as conn:
+        tasks_now = conn.execute(
+            sa.select(generation_tasks).where(generation_tasks.c.id.in_(task_ids)).order_by(generation_tasks.c.id)
+        ).all()
+    return tasks_now, [attempts_of(ctx, t) for t in task_ids], [ledger_of(ctx, t) for t in task_ids]
+
+
+def test_bind_a_parked_submit_to_the_job_found_in_the_vendor_console(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with running_sim(seed=45, faults="ambiguous=1", job_seconds=3, lookup=False) as sim:
+        ctx, drv, (task,), cli = parked_world(tmp_path, pg_url, sim, monkeypatch, 1)
+        (attempt,) = attempts_of(ctx, task)
+        (job,) = sim.truth()["jobs"]  # what the operator finds in the console by the request key
+        assert job["request_key"] == attempt.provider_request_key
+        before = snapshot(ctx, [task])
+        assert before[2] == [[("RESERVE", Decimal("-2"))]]
+
+        preview = cli.json("reconcile", "--task", str(task), "--job-id", job["id"], "--dry-run")
+        assert preview["dry_run"] is True and preview["count"] == 1
+        (plan,) = preview["tasks"]
+        assert (plan["settle"], plan["provider_job_id"], plan["attempt_id"]) == ("bind_job", job["id"], str(attempt.id))
+        assert plan["job_status"] in ("running", "succeeded") and plan["parked"] is True
+        assert snapshot(ctx, [task]) == before  # a preview changes nothing
+        assert audit_rows(ctx, "reconcile")[-1].dry_run
+
+        assert "--reason" in cli.fails(2, "reconcile", "--task", str(task), "--job-id", job["id"], "--yes")
+        done = cli.json(
+            "reconcile", "--task", str(task), "--job-id", job["id"], "--reason", "INC-20 found in console", "--yes"
+        )
+        (bound,) = done["tasks"]
+        assert (bound["result"], bound["action"], bound["provider_job_id"]) == ("found", "bound_job", job["id"])
+        assert bound["parked"] is False and bound["task_status"] != "SUBMIT_UNKNOWN"
+        (attempt,) = attempts_of(ctx, task)
+        assert attempt.provider_job_id == job["id"] and attempt.submit_state != "UNKNOWN"
+        audit = audit_rows(ctx, "reconcile")[-1]
+        assert (audit.reason, audit.dry_run, audit.outcome, audit.affected_ids) == (
+            "INC-20 found in console",
+            False,
+            "ok",
+            [str(task)],
+        )
+        assert audit.args["job_id"] == job["id"]
+
+        drv.run_until(lambda: drv.all_in("SUCCEEDED"))  # the task goes on from the job's state
+        assert ledger_of(ctx, task) == [("RESERVE", Decimal("-2")), ("SETTLE", Decimal("0"))]  # the bill, once
+        assert len(sim.truth()["jobs"]) == 1
+        assert "no ambiguous submit" in cli.fails(
+            4, "reconcile", "--task", str(task), "--job-id", job["id"], "--reason", "again", "--yes"
+        )
+        ctx.close()
+
+
+def test_a_job_another_attempt_holds_or_another_request_made_is_refused(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with running_sim(seed=46, faults="ambiguous=1", job_seconds=3, lookup=False) as sim:
+        ctx, drv, (a, b), cli = parked_world(tmp_path, pg_url, sim, monkeypatch, 2)
+        job_of = {j["request_key"]: j["id"] for j in sim.truth()["jobs"]}
+        job_a, job_b = (job_of[attempts_of(ctx, t)[0].provider_request_key] for t in (a, b))
+        before = snapshot(ctx, [a, b])
+
+        # the vendor says b's job was made for b's request: never a's, even while nobody holds it
+        refused = cli.fails(4, "reconcile", "--task", str(a), "--job-id", job_b, "--reason", "INC-21", "--yes")
+        assert job_b in refused and "request" in refused
+        assert "no job" in cli.fails(5, "reconcile", "--task", str(a), "--job-id", "job_nope", "--reason", "x", "--yes")
+        assert snapshot(ctx, [a, b]) == before
+
+        cli.json("reconcile", "--task", str(b), "--job-id", job_b, "--reason", "INC-21", "--yes")
+        before = snapshot(ctx, [a, b])
+        held = cli.fails(4, "reconcile", "--task", str(a), "--job-id", job_b, "--reason", "INC-21", "--yes")
+        assert job_b in held and str(b) in held and "already" in held
+        assert "already" in cli.fails(4, "reconcile", "--task", str(a), "--job-id", job_b, "--dry-run")
+        assert snapshot(ctx, [a, b]) == before  # nothing changed
+        assert status_of(ctx, a) == "SUBMIT_UNKNOWN" and attempts_of(ctx, a)[0].provider_job_id is None
+        assert job_a != job_b
+        ctx.close()
+
+
+def test_not_created_is_refused_while_the_send_may_be_in_flight_then_resubmits(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `reset` drops the connection before any job exists; the vendor cannot look jobs up, so only a person can
+    # say it never created one
+    with running_sim(seed=47, faults="reset=1", job_seconds=3, lookup=False) as sim:
+        ctx, drv, ids, cli = unknown_world(
+            tmp_path,
+            pg_url,
+            sim,
+            monkeypatch,
+            1,
+            provider={"supports_lookup_by_request_key": False},
+            reconcile={"lookup_after_s": [10, 60], "park_after_s": 900},
+        )
+        (task,) = ids
+        (attempt,) = attempts_of(ctx, task)
+        before = snapshot(ctx, [task])
+        window = ctx.sync.send_bound_s("sim") + ctx.settings.reconcile.visibility_lag_s
+        allowed = (attempt.submitted_at + timedelta(seconds=window)).astimezone(UTC)
+
+        early = cli.fails(4, "reconcile", "--task", str(task), "--not-created", "--reason", "INC-22", "--yes")
+        assert "in flight" in early and f"{allowed:%Y-%m-%d %H:%M:%S}" in early
+        assert "in flight" in cli.fails(4, "reconcile", "--task", str(task), "--not-created", "--dry-run")
+        assert snapshot(ctx, [task]) == before
+
+        ctx.clock.advance((allowed - ctx.clock.now()).total_seconds() + 1)  # type: ignore[attr-defined]
+        preview = cli.json("reconcile", "--task", str(task), "--not-created", "--dry-run")
+        assert [(t["settle"], t["attempt_id"]) for t in preview["tasks"]] == [("not_created", str(attempt.id))]
+        assert snapshot(ctx, [task]) == before
+        done = cli.json("reconcile", "--task", str(task), "--not-created", "--reason", "INC-22 not in console", "--yes")
+        assert [(t["result"], t["action"], t["task_status"]) for t in done["tasks"]] == [
+            ("not_created", "new_attempt_scheduled", "RETRY_WAIT")
+        ]
+        audit = audit_rows(ctx, "reconcile")[-1]
+        assert (audit.reason, audit.outcome, audit.args["not_created"]) == ("INC-22 not in console", "ok", True)
+
+        sim.set_faults("")
+        drv.pump = Pump(ctx)
+        drv.run_until(lambda: drv.all_in("SUCCEEDED"))
+        first, second = attempts_of(ctx, task)
+        assert first.submit_state == "FAILED_BEFORE_ACCEPT" and second.resubmitted_after_unknown
+        assert ledger_of(ctx, task) == [("RESERVE", Decimal("-2")), ("SETTLE", Decimal("0"))]
+        assert len(sim.truth()["jobs"]) == 1  # one paid job
+        ctx.close()
+
+
+def test_not_created_of_a_task_being_canceled_releases_the_credits(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with running_sim(seed=48, faults="reset=1", job_seconds=3, lookup=False) as sim:
+        ctx, drv, (task,), cli = parked_world(tmp_path, pg_url, sim, monkeypatch, 1)
+        cli.json("tasks", "cancel", str(task), "--reason", "tenant gave up", "--yes")
+        assert status_of(ctx, task) == "CANCEL_REQUESTED"
+        done = cli.json("reconcile", "--task", str(task), "--not-created", "--reason", "INC-23", "--yes")
+        assert [(t["result"], t["action"], t["task_status"]) for t in done["tasks"]] == [
+            ("not_created", "canceled", "CANCELED")
+        ]
+        (attempt,) = attempts_of(ctx, task)
+        assert attempt.submit_state == "FAILED_BEFORE_ACCEPT"
+        assert ledger_of(ctx, task) == [("RESERVE", Decimal("-2")), ("RELEASE", Decimal("2"))]
+        assert sim.truth()["jobs"] == []
+        ctx.close()
+
+
+def test_settling_by_hand_is_for_one_named_task(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with running_sim(seed=49, faults="ambiguous=1", job_seconds=3) as sim:
+        ctx, drv, (task,), cli = unknown_world(tmp_path, pg_url, sim, monkeypatch, 1)
+        before = snapshot(ctx, [task])
+        t = str(task)
+        for settle in (["--job-id", "job_1"], ["--not-created"]):
+            assert "--task" in cli.fails(2, "reconcile", *settle, "--reason", "x", "--yes")
+            for extra in (
+                ["--plan", str(tmp_path / "p.json")],
+                ["--plan-out", str(tmp_path / "p.json")],
+                ["--provider", "sim"],
+                ["--older-than", "1m"],
+            ):
+                message = cli.fails(2, "reconcile", "--task", t, *settle, *extra, "--reason", "x", "--yes")
+                assert extra[0] in message
+            assert "--reason" in cli.fails(2, "reconcile", "--task", t, *settle, "--yes")
+        both = cli.fails(2, "reconcile", "--task", t, "--job-id", "j", "--not-created", "--reason", "x", "--yes")
+        assert "--not-created" in both and "--job-id" in both
+        assert snapshot(ctx, [task]) == before and not (tmp_path / "p.json").exists()
+        assert audit_rows(ctx, "reconcile") == []
+        ctx.close()
