@@ -26,7 +26,7 @@ from bench.relay import make_system
 DESCRIPTION = "Δ RSS + Δ Redis + Δ relation size of N in-flight tasks ÷ their raw bytes; --quick, --json"
 
 #: the tables one create + dispatch writes to
-TABLES = ("generation_tasks", "task_attempts", "task_state_events", "credit_ledger", "outbox_events", "slot_grants")
+TABLES = ("generation_tasks", "task_attempts", "task_state_events", "credit_ledger", "outbox_events")
 
 
 def add_arguments(p: Any) -> None:

@@ -4,7 +4,7 @@ raising re-created leases' fences on their attempts.
 
 The sequence is a durable high-water mark, not a fence generator while the store is up (see `slots.reconcile`
 for why): advanced only upwards under an advisory lock, read back by `fence_floor`. SQLite has no sequence; there
-the floor is the largest fence recorded on an attempt or grant.
+the floor is the largest fence recorded on an attempt.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from aivedio_engine.db.tables import generation_tasks, slot_grants, task_attempts
+from aivedio_engine.db.tables import generation_tasks, task_attempts
 from aivedio_engine.domain.admission import scope_names
 from aivedio_engine.domain.status import ATTEMPT_IN_FLIGHT
 from aivedio_engine.slots.base import Lease
@@ -42,14 +42,8 @@ def in_flight_by_scope(conn: Connection) -> dict[str, list[str]]:
 
 
 def fence_floor(conn: Connection) -> int:
-    """The largest fence the database knows of: attempts, slot grants and (PostgreSQL) the high-water sequence."""
-    floor = conn.execute(
-        sa.select(
-            sa.func.coalesce(sa.select(sa.func.max(task_attempts.c.fencing_token)).scalar_subquery(), 0),
-            sa.func.coalesce(sa.select(sa.func.max(slot_grants.c.fencing_token)).scalar_subquery(), 0),
-        )
-    ).one()
-    best = max(int(floor[0]), int(floor[1]))
+    """The largest fence the database knows of: attempts and (PostgreSQL) the high-water sequence."""
+    best = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(task_attempts.c.fencing_token), 0))).scalar_one())
     if conn.dialect.name == "postgresql":
         last, called = conn.execute(sa.text(f"SELECT last_value, is_called FROM {FENCE_SEQUENCE}")).one()
         best = max(best, int(last) if called else int(last) - 1)

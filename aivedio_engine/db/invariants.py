@@ -26,7 +26,6 @@ from aivedio_engine.db.tables import (
     projects,
     provider_events,
     review_items,
-    slot_grants,
     storage_scans,
     task_attempts,
     task_state_events,
@@ -238,12 +237,22 @@ def duplicate_raw_outputs(s: Scope) -> Offenders:
 
 
 def shrinking_fencing_tokens(s: Scope) -> Offenders:
-    g = slot_grants.c
-    prev = sa.func.lag(g.fencing_token).over(partition_by=g.scope, order_by=(g.created_at, g.fencing_token))
-    h = sa.select(g.id, g.scope, g.fencing_token, g.created_at, prev.label("previous_token")).subquery()
-    return sa.select(h.c.id.label("grant_id"), h.c.scope, h.c.previous_token, h.c.fencing_token).where(
-        h.c.previous_token.is_not(None), h.c.fencing_token <= h.c.previous_token
+    """The attempt row is the grant's record (the dispatcher writes `lease.fence` into it in the transaction that
+    creates it; the slot reconciler only raises it while the attempt is in flight). Fences come from one counter
+    that only grows, and a task's next attempt is granted only after the one before it left flight, so a fence
+    held by two attempts, or one not above the task's previous attempt's, means fences were issued again."""
+    earlier = sa.func.lag(_a.fencing_token).over(partition_by=_a.task_id, order_by=_a.attempt_no)
+    holders = sa.func.count().over(partition_by=_a.fencing_token)
+    h = (
+        sa.select(
+            _a.id, _a.task_id, _a.attempt_no, _a.fencing_token, earlier.label("earlier_token"), holders.label("holders")
+        )
+        .where(_a.fencing_token.is_not(None))
+        .subquery()
     )
+    return sa.select(
+        h.c.id.label("attempt_id"), h.c.task_id, h.c.attempt_no, h.c.fencing_token, h.c.earlier_token, h.c.holders
+    ).where(sa.or_(h.c.holders > 1, sa.and_(h.c.earlier_token.is_not(None), h.c.fencing_token <= h.c.earlier_token)))
 
 
 # --- I8 storage (rows only) ------------------------------------------------------------------------------------

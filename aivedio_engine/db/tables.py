@@ -598,24 +598,7 @@ dead_letters = sa.Table(
     sa.CheckConstraint("seen_count >= 1", name="seen_count_positive"),
 )
 sa.Index("ix_dead_letters_not_replayed", dead_letters.c.last_seen_at, **partial(dead_letters.c.replayed_at.is_(None)))
-
-slot_grants = sa.Table(
-    "slot_grants",
-    metadata,
-    _id(),
-    sa.Column("scope", sa.String(128), nullable=False),
-    sa.Column("holder", sa.String(128), nullable=False),
-    sa.Column("fencing_token", sa.BigInteger, nullable=False, unique=True),
-    sa.Column("lease_expires_at", TS, nullable=False),
-    sa.Column("released_at", TS),
-    sa.Column("created_at", TS, nullable=False),
-)
-sa.Index(
-    "ix_slot_grants_active",
-    slot_grants.c.scope,
-    slot_grants.c.lease_expires_at,
-    **partial(slot_grants.c.released_at.is_(None)),
-)
+# 0028 dropped slot_grants, which nothing wrote: a grant is recorded as its attempt's fencing_token
 
 alerts = sa.Table(
     "alerts",

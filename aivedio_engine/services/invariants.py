@@ -143,7 +143,7 @@ check("I6.5", "one raw output asset per (task, attempt, output index)", q.duplic
 # --- I7 fencing ------------------------------------------------------------------------------------------------
 check(
     "I7.2",
-    "fencing tokens only grow: no slot grant carries a token below an earlier grant's",
+    "fencing tokens only grow: no fence granted to two attempts, none at or below the task's previous attempt's",
     q.shrinking_fencing_tokens,
 )
 

@@ -23,7 +23,6 @@ from aivedio_engine.db.tables import (
     outbox_events,
     provider_events,
     review_items,
-    slot_grants,
     task_attempts,
     task_state_events,
 )
@@ -295,23 +294,21 @@ def i6_5(s: Seeded, w: World) -> str:
 
 
 def i7_2(s: Seeded, w: World) -> str:
-    s.execute(
-        slot_grants.insert().values(
-            id=new_id(), scope="sim", holder="w1", fencing_token=100, lease_expires_at=w.now, created_at=w.old
-        )
+    # a fence counter re-created below what it had issued (a flushed Redis re-seeded from nothing): the retry of
+    # ok3 was granted a fence lower than its first attempt's, so a paused first holder would pass the fence guard
+    first = w.attempt("ok3")
+    retry = new_id()
+    w.copy(
+        task_attempts,
+        first,
+        id=retry,
+        attempt_no=2,
+        provider_request_key=first.provider_request_key + "-retry",
+        provider_job_id=None,
+        submit_state="FAILED",
+        fencing_token=first.fencing_token - 1,
     )
-    late = new_id()
-    s.execute(
-        slot_grants.insert().values(
-            id=late,
-            scope="sim",
-            holder="w2",
-            fencing_token=50,
-            lease_expires_at=w.now,
-            created_at=w.old + timedelta(seconds=1),
-        )
-    )
-    return str(late)
+    return str(retry)
 
 
 def i8_3(s: Seeded, w: World) -> str:
@@ -513,3 +510,32 @@ def test_unknown_check_ids_and_a_negative_grace_are_usage_errors(seeder: Callabl
     bad = s.cli("audit", "--check", "I99")
     assert bad.exit_code == 2 and "unknown check id(s): I99" in bad.stderr
     assert s.cli("audit", "--grace", "-1").exit_code == 2
+
+
+# --- checks that once could not fail ---------------------------------------------------------------------------
+# Each breaks one invariant in an otherwise clean world and runs the whole audit: it must fail naming that check
+# alone.
+
+
+def only_violation(s: Seeded) -> tuple[str, list[dict[str, Any]]]:
+    code, report = audit(s)
+    found = violated(report)
+    assert code == 1 and len(found) == 1, found
+    [(check_id, rows)] = found.items()
+    text = s.cli("audit")
+    assert text.exit_code == 1 and check_id in text.stdout and "VIOLATED" in text.stdout
+    return check_id, rows
+
+
+def test_a_fence_granted_to_two_attempts_fails_the_audit(seeder: Callable[..., Seeded]) -> None:
+    s = seeder({"a": "scene a", "b": "scene b"})
+    assert audit(s)[0] == 0
+    w = World(s)
+    first, second = w.attempt("a"), w.attempt("b")
+    assert first.fencing_token is not None and second.fencing_token != first.fencing_token
+    s.execute(upd(task_attempts, second.id, fencing_token=first.fencing_token))
+
+    check_id, rows = only_violation(s)
+
+    assert check_id == "I7.2"
+    assert {r["attempt_id"] for r in rows} == {str(first.id), str(second.id)}
