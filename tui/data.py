@@ -259,6 +259,14 @@ class EngineData:
             counts[o.result] = counts.get(o.result, 0) + 1
         return "reconciled: " + (", ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "nothing to do")
 
+    def bind_job(self, task_id: uuid.UUID, job_id: str, op: Operation) -> str:
+        o = self.ctx.reconcile_ops.bind(op, task_id, job_id)
+        return f"{o.result}: task {o.task_id} bound to job {o.provider_job_id}, now {o.task_status}"
+
+    def not_created(self, task_id: uuid.UUID, op: Operation) -> str:
+        o = self.ctx.reconcile_ops.not_created(op, task_id)
+        return f"{o.result}: task {o.task_id} {o.action.replace('_', ' ')}, now {o.task_status}"
+
     # --- dead letters, orphans, DEAD outbox rows --------------------------------------------------------------
 
     def replay_list(self, kind: str) -> Preview | ObservationReplay:

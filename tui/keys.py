@@ -39,4 +39,6 @@ MEANINGS: dict[str, Meaning] = {
     "k": _m("acknowledge", "acknowledge"),
     "space": _m("mark/unmark the row", "mark"),
     "e": _m("enter a ledger adjustment", "adjust"),
+    "b": _m("bind the highlighted ambiguous submit to a job found in the vendor's console", "bind_job"),
+    "d": _m("declare the vendor never created the highlighted submit's job", "not_created"),
 }

@@ -1,5 +1,5 @@
-"""Modals shared by every screen: the confirmation that asks for a reason, the `/` filter prompt, `?` help, and
-the ledger adjustment form."""
+"""Modals shared by every screen: the confirmation that asks for a reason, the `/` filter prompt, `?` help, the
+ledger adjustment form and the job id of an ambiguous submit."""
 
 from __future__ import annotations
 
@@ -231,5 +231,41 @@ class AdjustForm(ModalScreen[AdjustRequest | None]):
         self.dismiss(request)
 
     @on(Button.Pressed, "#adjust-cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class JobIdPrompt(ModalScreen[str | None]):
+    """`b` on the SUBMIT_UNKNOWN screen: the job id found in the vendor's console. Dismisses with it (the
+    confirmation asking the reason comes next) or None; the provider is asked for the job only once confirmed."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, task: str, provider: str) -> None:
+        super().__init__()
+        self._task = task
+        self._provider = provider
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="job-box", classes="modal-box"):
+            yield Label(f"Bind a job to task {self._task}", classes="modal-title")
+            yield Label(
+                f"The job id in {self._provider}'s console (search it by the attempt's request key)",
+                classes="modal-hint",
+            )
+            yield Input(placeholder="job id", id="job-id")
+            yield Label("", id="job-error", classes="modal-error")
+
+    def on_mount(self) -> None:
+        self.query_one("#job-id", Input).focus()
+
+    @on(Input.Submitted, "#job-id")
+    def _submit(self) -> None:
+        job_id = self.query_one("#job-id", Input).value.strip()
+        if not job_id:
+            self.query_one("#job-error", Label).update("a job id is required")
+            return
+        self.dismiss(job_id)
+
     def action_cancel(self) -> None:
         self.dismiss(None)

@@ -102,6 +102,76 @@ def test_submit_unknown_listed_then_reconciled_now_with_a_reason(tmp_path: Path,
         ctx.close()
 
 
+@pytest.mark.postgres
+def test_a_submit_settled_by_hand_bind_the_console_job_or_declare_it_never_created(tmp_path: Path, pg_url: str) -> None:
+    with running_sim(seed=52, job_seconds=3, lookup=False) as sim:
+        ctx = sim_context(tmp_path, sim, pg_url, provider={"supports_lookup_by_request_key": False})
+        who = tenant_with_key(ctx, "acme", 1000)
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True), step_s=1)
+        ids = []
+        for key, fault in (("made", "ambiguous=1"), ("lost", "reset=1")):  # the job made and its answer lost; none
+            sim.set_faults(fault)
+            ids.append(
+                ctx.generations.create(who.tenant_id, key, {"prompt": key, "model": "sim-v1", "duration_s": 2}).task.id
+            )
+            drv.round()
+        made, lost = ids
+        drv.run_until(lambda: drv.all_in("SUBMIT_UNKNOWN"), max_rounds=5)
+        (job,) = sim.truth()["jobs"]
+        app, toasts = make_app(ctx)
+
+        async def scenario(pilot: Pilot[Any]) -> None:
+            await press(pilot, "4")
+            screen = app.screen
+            assert isinstance(screen, UnknownScreen)
+            table = screen.query_one("#unknown", DataTable)
+            assert list(rows(table)) == [str(made), str(lost)]  # oldest send first
+
+            await press(pilot, "b")
+            await type_text(pilot, job["id"])
+            await press(pilot, "enter")
+            modal = app.screen
+            assert isinstance(modal, ConfirmModal) and job["id"] in str(modal.query_one("#confirm-lines").render())
+            await type_text(pilot, "INC-30 found in console")
+            await press(pilot, "enter")
+            assert _status(ctx, made) != "SUBMIT_UNKNOWN"
+            assert f"found: task {made} bound to job {job['id']}" in toasts.text()
+            (audit,) = _audits(ctx, "tui reconcile bind")
+            assert (audit.reason, audit.outcome, audit.affected_ids, audit.args["job_id"]) == (
+                "INC-30 found in console",
+                "ok",
+                [str(made)],
+                job["id"],
+            )
+            assert list(rows(table)) == [str(lost)]
+
+            await press(pilot, "d")  # the send may still be in flight: refused, and says until when
+            await type_text(pilot, "INC-31 not in console")
+            await press(pilot, "enter")
+            assert "may still be in flight" in toasts.text() and _status(ctx, lost) == "SUBMIT_UNKNOWN"
+            ctx.clock.advance(ctx.sync.send_bound_s("sim") + ctx.settings.reconcile.visibility_lag_s)  # type: ignore[attr-defined]
+            await press(pilot, "d")
+            await type_text(pilot, "INC-31 not in console")
+            await press(pilot, "enter")
+            assert _status(ctx, lost) == "RETRY_WAIT"
+            assert f"not_created: task {lost} new attempt scheduled" in toasts.text()
+            (audit,) = [a for a in _audits(ctx, "tui reconcile not-created") if a.outcome == "ok"]
+            assert audit.affected_ids == [str(lost)] and audit.args["not_created"] is True
+            assert rows(table) == {}
+
+        drive(app, scenario)
+        with ctx.engine.connect() as conn:
+            states = dict(
+                conn.execute(
+                    sa.select(task_attempts.c.task_id, task_attempts.c.submit_state).where(
+                        task_attempts.c.task_id.in_(ids)
+                    )
+                ).all()
+            )
+        assert states[lost] == "FAILED_BEFORE_ACCEPT" and len(sim.truth()["jobs"]) == 1
+        ctx.close()
+
+
 def test_an_orphan_event_is_listed_and_replayed_with_a_reason(tmp_path: Path) -> None:
     with running_sim(seed=31, job_seconds=30) as sim:
         ctx = sim_context(tmp_path, sim)
