@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
+import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from aivedio_engine.db.session import dialect_insert
@@ -41,3 +42,13 @@ def keep_digest(conn: Connection, consumer_group: str, event_id: uuid.UUID, dige
         .where(_i.consumer_group == consumer_group, _i.event_id == event_id)
         .values(result_digest=digest[:_DIGEST_MAX])
     )
+
+
+def consumed(conn: Connection, consumer_group: str, event_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """Which of `event_ids` the group has consumed (their effect committed)."""
+    if not event_ids:
+        return set()
+    rows = conn.execute(
+        sa.select(_i.event_id).where(_i.consumer_group == consumer_group, _i.event_id.in_(event_ids))
+    ).scalars()
+    return set(rows)

@@ -115,3 +115,12 @@ def oldest_due(conn: Connection, now: datetime) -> datetime | None:
 _OLDEST_DUE = sa.select(sa.func.min(outbox_events.c.available_at)).where(
     outbox_events.c.status == sa.bindparam("pending"), outbox_events.c.available_at <= sa.bindparam("now")
 )
+
+
+def has_pending(conn: Connection, aggregate_id: uuid.UUID, event_type: EventType) -> bool:
+    """Whether a PENDING row of `event_type` waits for `aggregate_id` (due or delayed)."""
+    o = outbox_events.c
+    pending = sa.select(o.id).where(
+        o.aggregate_id == aggregate_id, o.event_type == event_type.value, o.status == OutboxStatus.PENDING.value
+    )
+    return conn.execute(pending.limit(1)).first() is not None

@@ -11,8 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import Connection
 
-from aivedio_engine.db.tables import assets, generation_tasks
-from aivedio_engine.domain.status import AssetKind, AssetStatus, DerivativeProfile
+from aivedio_engine.db.tables import assets, generation_tasks, task_state_events
+from aivedio_engine.domain.status import AssetKind, AssetStatus, DerivativeProfile, TaskStatus
 
 _a = assets.c
 _t = generation_tasks.c
@@ -36,6 +36,22 @@ def raw_assets(conn: Connection, task_id: uuid.UUID, attempt_id: uuid.UUID) -> l
         )
     ).all()
     return [RawAsset(r.output_index, r.object_key, r.size_bytes, r.checksum_value) for r in rows]
+
+
+def persisted_payload(conn: Connection, task_id: uuid.UUID) -> dict[str, Any]:
+    """The payload the fetch's OUTPUT_FETCHING → POST_PROCESSING state event recorded ({} when none)."""
+    e = task_state_events.c
+    payload = conn.execute(
+        sa.select(e.payload)
+        .where(
+            e.task_id == task_id,
+            e.from_status == TaskStatus.OUTPUT_FETCHING.value,
+            e.to_status == TaskStatus.POST_PROCESSING.value,
+        )
+        .order_by(e.task_version.desc())
+        .limit(1)
+    ).scalar()
+    return dict(payload or {})
 
 
 def raw_asset_id(conn: Connection, task_id: uuid.UUID, attempt_id: uuid.UUID, index: int) -> uuid.UUID:

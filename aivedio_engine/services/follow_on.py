@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
-from aivedio_engine.clock import new_id
 from aivedio_engine.db import outbox, tasks
 from aivedio_engine.db.handles import Connection
 from aivedio_engine.db.records import Attempt, Task
@@ -198,13 +197,13 @@ def emit(
 
 
 def inline_envelope(
-    task: Owner, message: Message, *, version: int, now: datetime, causation_id: uuid.UUID | None
+    task: Owner, message: Message, *, event_id: uuid.UUID, version: int, now: datetime, causation_id: uuid.UUID | None
 ) -> Envelope:
     """The envelope `message` would carry through the broker, for a step the same worker runs at once instead
-    of writing it to the outbox. Its id is fresh (there is no row): the step's inbox row records it like any
-    delivery, and `causation_id` names the step that led to it."""
+    of writing it to the outbox. There is no row: the step's inbox row records `event_id` like any delivery's,
+    and `causation_id` names the step that led to it."""
     return Envelope(
-        event_id=new_id(),
+        event_id=event_id,
         event_type=message.event_type.value,
         schema_version=1,
         aggregate_id=message.aggregate_id,

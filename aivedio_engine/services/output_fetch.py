@@ -14,9 +14,10 @@ its cost is settled) with an alert.
 Fewer hops: when the outputs are small (`media.inline_after_fetch_max_bytes`) and this worker also runs the media
 step, the fetch's transaction writes no `media.process.requested` row and the same actor run goes straight on to
 the media step after the commit, under an envelope of its own (its own inbox row, transaction and state change):
-two recorded steps, one broker message. A process that dies between the two leaves the task POST_PROCESSING
-with no pending request, which the sweeper re-drives as it does a lost message; a media run that raises
-queues its request after all.
+two recorded steps, one broker message. A process or a database lost between the two leaves the task
+POST_PROCESSING with no pending request: the fetch message's redelivery, finding its own step done, runs the media
+steps that never committed at once (`services.inline_media`); a message lost with its broker is the sweeper's to
+re-drive. A media run that raises queues its request after all.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from aivedio_engine.clock import Clock, new_id
 from aivedio_engine.config import Settings
-from aivedio_engine.db import alerts, attempts, tasks
+from aivedio_engine.db import alerts, attempts, inbox, tasks
 from aivedio_engine.db import outputs as output_rows
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.records import Attempt, Task
@@ -45,19 +46,18 @@ from aivedio_engine.fetch.fetcher import Fetcher, FetchError
 from aivedio_engine.fetch.policy import FetchPolicy
 from aivedio_engine.providers.base import Observation
 from aivedio_engine.providers.registry import ProviderRegistry
-from aivedio_engine.services import follow_on, store_outage
+from aivedio_engine.services import follow_on, inline_media, store_outage
 from aivedio_engine.services.consume import Envelope, consume_once
 from aivedio_engine.services.follow_on import FetchRequested, MediaProcessRequested
-from aivedio_engine.services.transition import Change, decide_and_execute
+from aivedio_engine.services.transition import Change, ReviewOrder, decide_and_execute
 from aivedio_engine.storage import keys
 from aivedio_engine.storage.base import HashingCounter, ObjectStore, iter_file, sha256_of
 from aivedio_engine.testing.failpoints import failpoint
 
-if TYPE_CHECKING:
-    from aivedio_engine.services.inline_media import InlineMedia
-
 CONSUMER_GROUP = "output-fetch"
 RAW_CONTENT_TYPE = "video/mp4"
+#: the fetch's state event records, under its payload's "media", that the media step was to follow in the same run
+MEDIA_INLINE = "inline"
 #: an output URL answering these has expired or was revoked: ask the provider for a fresh one first
 _EXPIRED = {403, 404, 410}
 #: refusals no retry can fix: the URL or the body breaks our policy
@@ -91,7 +91,7 @@ class OutputFetchService:
         store: ObjectStore,
         fetcher: Fetcher,
         rng: random.Random | None = None,
-        media: InlineMedia | None = None,
+        media: inline_media.InlineMedia | None = None,
     ) -> None:
         """`media`: the media step, when this worker may run it itself after a small fetch (None: always queue)."""
         self._engine = engine
@@ -114,6 +114,8 @@ class OutputFetchService:
             done = _raw_assets(conn, task_id, attempt_id)
         if task is None or attempt is None:
             return "unknown task"
+        if task.status == TaskStatus.POST_PROCESSING.value:
+            return self._media_left_behind(envelope, task, attempt_id, done)
         if task.status != TaskStatus.OUTPUT_FETCHING.value:
             return f"skipped: task is {task.status}"
         outputs = sorted(request.outputs, key=lambda o: o.get("index", 0))
@@ -147,9 +149,28 @@ class OutputFetchService:
         if self._media is None or not follow or not follow[0][1]:
             return f"stored {len(stored)}"
         version, requests = follow[0]
-        # committed: from here to the media step's own commit, a crash is the sweeper's to re-drive
+        # committed: from here to the media step's own commit, a crash is this message's redelivery's to resume
         failpoint("output_fetch.before_inline_media")
         return f"stored {len(stored)}; " + self._media.run(task, version, requests, envelope.event_id)
+
+    def _media_left_behind(self, envelope: Envelope, task: Task, attempt_id: uuid.UUID, done: dict[int, Stored]) -> str:
+        """A redelivery of a fetch that committed and was to go straight on to the media step: whatever of that step
+        never committed runs now (here, or queued when this worker does not run media), rather than after the
+        sweeper's `media_stuck_s`. The step keeps its inbox rows, so a run still under way elsewhere commits once."""
+        skipped = f"skipped: task is {task.status}"
+        with self._engine.connect() as conn:
+            if not inbox.consumed(conn, CONSUMER_GROUP, [envelope.event_id]):
+                return skipped  # another fetch message moved the task on: its own redelivery resumes it
+            if output_rows.persisted_payload(conn, task.id).get("media") != MEDIA_INLINE:
+                return skipped  # the media step was queued in the fetch's transaction: the queue carries it
+            ids = [output_rows.raw_asset_id(conn, task.id, attempt_id, index) for index in sorted(done)]
+            requests = inline_media.left_behind(conn, task.id, envelope.event_id, ids)
+        if not requests:
+            return skipped
+        if self._media is not None and self._media.takes(sum(s.size for s in done.values())):
+            return self._media.run(task, int(task.version), requests, envelope.event_id)
+        inline_media.queue(self._engine, task.id, requests, self._clock.now())
+        return f"media: queued {len(requests)}"
 
     # --- network -----------------------------------------------------------------------------------------
 
@@ -306,7 +327,11 @@ class OutputFetchService:
         change = Change(
             EventSource.WORKER,
             columns={"output_asset_id": ids[0]},
-            payload={"outputs": len(ids), "bytes": sum(s.size for s in stored)},
+            payload={
+                "outputs": len(ids),
+                "bytes": sum(s.size for s in stored),
+                **({"media": MEDIA_INLINE} if inline else {}),
+            },
             media_assets=tuple(ids),
             media_inline=inline,
         )
@@ -339,6 +364,11 @@ class OutputFetchService:
             )
             if verdict.verdict in (Verdict.RETRY, Verdict.REFRESH_URL):
                 return f"retry: {verdict.reason}"
+            if verdict.verdict is Verdict.MANUAL:  # `[retry.output_fetch] manual_confirmation_required`
+                why = f"output fetch failed ({verdict.reason}): {str(failure)[:300]}"
+                held = Change(EventSource.WORKER, payload={"reason": why[:500]}, review=ReviewOrder(None, why))
+                decide_and_execute(conn, task, TaskEvent.REVIEW_REQUIRED, held, now)
+                return f"held for review: {verdict.reason}"
             change = Change(
                 EventSource.WORKER,
                 error=failure.error_class or ErrorClass.PROVIDER_REJECTED,

@@ -2,8 +2,9 @@
 
 Still two recorded steps (the fetch commit, then the media step's own inbox row, transaction and state change),
 but no `media.process.requested` message. A large output, or a worker that does not consume the media queue,
-still hops. A crash between the two steps leaves the task POST_PROCESSING with nothing pending, which the
-sweeper re-drives; a media run that raises queues its request instead. Real sim clip, real ffprobe/ffmpeg.
+still hops. A crash between the two steps leaves the task POST_PROCESSING with nothing pending, which the fetch
+message's redelivery resumes at once (the sweeper only when that message is lost too); a media run that raises
+queues its request instead. Real sim clip, real ffprobe/ffmpeg.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from tests.flow.test_output_fetch import (
     Staged,
     assert_settled,
     assets_of,
+    envelope,
     history,
+    mark_published,
     outbox_of,
     pending,
     stage,
     task_row,
+    use_fetcher,
 )
 from tests.support.pump import Pump
 from tests.support.sim import SimHandle, sim  # noqa: F401 - fixture
@@ -126,7 +130,7 @@ def test_a_worker_without_the_media_queue_leaves_media_to_the_media_workers(tmp_
     s.ctx.close()
 
 
-def test_a_crash_between_the_two_steps_is_redriven_by_the_sweeper(tmp_path: Path, sim: SimHandle) -> None:
+def test_a_crash_that_loses_the_fetch_message_too_is_redriven_by_the_sweeper(tmp_path: Path, sim: SimHandle) -> None:
     s = staged(tmp_path, sim, sweeper={"media_stuck_s": STUCK_S})
     (row,) = pending(s.ctx, FETCH)
     failpoints.configure("output_fetch.before_inline_media=raise@1")
@@ -137,7 +141,7 @@ def test_a_crash_between_the_two_steps_is_redriven_by_the_sweeper(tmp_path: Path
     assert s.status == "POST_PROCESSING"
     assert pending(s.ctx, MEDIA, due_only=False) == []  # nothing queued: only the task's state tells
     assert inbox(s, "media") == []
-    # the broker redelivers the fetch message (the actor raised): the fetch is done, so it does nothing
+    mark_published(s.ctx, row.id)  # and the fetch message is gone with its (in-memory) broker: no redelivery
     assert Pump(s.ctx).run() >= 0 and s.status == "POST_PROCESSING"
     s.ctx.clock.advance(STUCK_S - 10)  # type: ignore[attr-defined]
     assert s.ctx.sweeper.sweep().redriven == 0
@@ -176,4 +180,88 @@ def test_an_inline_media_run_that_raises_queues_its_request(
     assert s.status == "SUCCEEDED"
     assert_two_steps_one_attempt(s)
     assert task_row(s.ctx, s.task_id).last_error_class is None
+    s.ctx.close()
+
+
+#: long enough that only the fetch's redelivery, never the sweeper, can have run the media step
+NEVER_S = 30 * 86_400
+
+
+def test_a_redelivered_fetch_runs_the_media_step_its_first_run_never_reached(
+    tmp_path: Path, sim: SimHandle, pg_url: str
+) -> None:
+    s = staged(tmp_path, sim, database_url=pg_url, sweeper={"media_stuck_s": NEVER_S})
+    failpoints.configure("output_fetch.before_inline_media=raise@1")
+
+    with pytest.raises(FailpointError):  # the database is lost right after the fetch committed
+        s.fetch()
+    assert s.status == "POST_PROCESSING" and inbox(s, "media") == []
+
+    # the broker redelivers the fetch message: its step is done, the media step it went on to is not
+    assert s.fetch() == "media: succeeded"
+
+    assert s.status == "SUCCEEDED"
+    assert_two_steps_one_attempt(s)
+    assert outbox_of(s.ctx, MEDIA, s.task_id) == []  # run at once, no hop, no sweeper
+    assert len(inbox(s, "output-fetch")) == 1 and len(inbox(s, "media")) == 1
+    s.ctx.close()
+
+
+def test_a_redelivered_fetch_on_a_fetch_only_worker_queues_the_media_step(
+    tmp_path: Path, sim: SimHandle, pg_url: str
+) -> None:
+    s = staged(tmp_path, sim, database_url=pg_url, sweeper={"media_stuck_s": NEVER_S})
+    failpoints.configure("output_fetch.before_inline_media=raise@1")
+    with pytest.raises(FailpointError):
+        s.fetch()
+    (row,) = pending(s.ctx, FETCH)
+    use_fetcher(s.ctx)  # the redelivery lands on a worker that does not run the media step itself
+
+    assert s.ctx.output_fetch.handle(envelope(row)) == "media: queued 1"
+
+    (queued,) = pending(s.ctx, MEDIA)
+    assert queued.payload["asset_id"] == str(assets_of(s.ctx, s.task_id, "RAW_OUTPUT")[0].id)
+    assert s.media() == "succeeded"
+    assert s.status == "SUCCEEDED"
+    assert_two_steps_one_attempt(s)
+    s.ctx.close()
+
+
+def test_a_media_step_still_running_when_the_fetch_is_redelivered_commits_once(
+    tmp_path: Path, sim: SimHandle, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = staged(tmp_path, sim, database_url=pg_url, sweeper={"media_stuck_s": NEVER_S})
+    (row,) = pending(s.ctx, FETCH)
+    real = type(s.ctx.media)._process
+    runs: list[int] = []
+    redelivered: list[str] = []
+
+    def stalled(self: Any, *args: Any) -> Any:
+        # the first run's media step is under way (files, no transaction) when the broker, thinking the fetch
+        # lost, redelivers it to another worker, which runs the same media step to the end
+        runs.append(1)
+        if len(runs) == 1:
+            redelivered.append(s.ctx.output_fetch.handle(envelope(row)))
+        return real(self, *args)
+
+    monkeypatch.setattr(type(s.ctx.media), "_process", stalled)
+
+    first = s.ctx.output_fetch.handle(envelope(row))
+
+    assert len(runs) == 2 and redelivered == ["media: succeeded"]
+    assert first == "stored 1; media: duplicate"  # the same step, one inbox row: recorded once
+    assert s.status == "SUCCEEDED"
+    assert_two_steps_one_attempt(s)
+    assert len(inbox(s, "media")) == 1
+    s.ctx.close()
+
+
+def test_a_redelivered_fetch_leaves_a_queued_media_step_to_its_queue(tmp_path: Path, sim: SimHandle) -> None:
+    s = staged(tmp_path, sim, media={"inline_after_fetch_max_bytes": len(sample_mp4()) - 1})
+    (row,) = pending(s.ctx, FETCH)
+    assert s.fetch() == "stored 1"
+
+    assert s.ctx.output_fetch.handle(envelope(row)) == "skipped: task is POST_PROCESSING"
+
+    assert len(pending(s.ctx, MEDIA)) == 1 and inbox(s, "media") == []
     s.ctx.close()
