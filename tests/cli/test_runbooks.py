@@ -185,6 +185,78 @@ def test_runbook_a_stuck_submit_unknown(tmp_path: Path, pg_url: str, monkeypatch
         ctx.close()
 
 
+# --- a parked submit settled by hand ---------------------------------------------------------------------------
+
+
+def test_runbook_a_parked_submit_settled_by_hand(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # two parked submits at a vendor that cannot look jobs up: one whose job was made and its answer lost, one
+    # whose connection dropped before any job existed; the operator finds the first in the console, not the second
+    with running_sim(seed=53, job_seconds=3, lookup=False) as sim:
+        ctx = sim_context(
+            tmp_path,
+            sim,
+            pg_url,
+            provider={"supports_lookup_by_request_key": False},
+            reconcile={"lookup_after_s": [10, 60], "park_after_s": 150},
+        )
+        drv = Driver(ctx, sim, Pump(ctx, stop_at_fetch=True))
+        made, lost = [], []
+        for into, fault, prefix in ((made, "ambiguous=1", "m"), (lost, "reset=1", "l")):
+            sim.set_faults(fault)
+            into.extend(create_tasks(ctx, 1, credits=1000, prefix=prefix))
+            drv.round()
+        (made_id,), (lost_id,) = made, lost
+        parked = sa.select(generation_tasks.c.id).where(generation_tasks.c.parked_reason.is_not(None))
+        drv.run_until(lambda: len(rows(ctx.engine, parked)) == 2, max_rounds=60)
+        (job,) = sim.truth()["jobs"]
+        (attempt,) = rows(ctx.engine, sa.select(task_attempts).where(task_attempts.c.task_id == made_id))
+        assert job["request_key"] == attempt.provider_request_key
+        cli = WideCli(ctx, monkeypatch, config=config_file(ctx, tmp_path / "aivedio.toml"))
+        book = Runbook(
+            "a parked submit settled by hand",
+            lambda args: cli(*args),
+            {"ID": str(made_id), "JOB": job["id"], "...": "INC-123"},
+        )
+
+        def task_shown(r: Result) -> None:
+            assert f"key={attempt.provider_request_key}" in r.stdout  # what the console is searched by
+
+        def bind_previewed(r: Result) -> None:
+            assert f"dry run: task {made_id} (SUBMIT_UNKNOWN, parked;" in r.stdout
+            assert f"bind job {job['id']}, succeeded at sim" in r.stdout and "nothing changed" in r.stdout
+
+        def bound(r: Result) -> None:
+            assert re.search(rf"{made_id}[\s│]+sim[\s│]+found[\s│]+bound_job", r.stdout), r.stdout
+            book.fill["ID"] = str(lost_id)  # the other parked task: its job is nowhere in the console
+
+        def not_created_previewed(r: Result) -> None:
+            assert f"dry run: task {lost_id} (SUBMIT_UNKNOWN, parked;" in r.stdout
+            assert "close the attempt as never created" in r.stdout and "nothing changed" in r.stdout
+
+        def not_created(r: Result) -> None:
+            assert re.search(rf"{lost_id}[\s│]+sim[\s│]+not_created[\s│]+new_attempt_scheduled", r.stdout), r.stdout
+
+        def alerts_listed(r: Result) -> None:
+            lines = r.stdout.splitlines()
+            assert len(lines) == 2, lines
+            (line,) = [x for x in lines if f"task:{lost_id}" in x]
+            book.fill["ALERT"] = line.split()[0]
+
+        book(
+            ("aivedio tasks show ID", 0, task_shown),
+            ("aivedio reconcile --task ID --job-id JOB --dry-run", 0, bind_previewed),
+            ('aivedio reconcile --task ID --job-id JOB --reason "INC-123" --yes', 0, bound),
+            ("aivedio reconcile --task ID --not-created --dry-run", 0, not_created_previewed),
+            ('aivedio reconcile --task ID --not-created --reason "INC-123" --yes', 0, not_created),
+            ("aivedio alerts list --rule submit_unknown_parked", 0, alerts_listed),
+            ('aivedio alerts resolve ALERT --reason "INC-123" --yes', 0, shows("resolved")),
+        )
+        states = dict(rows(ctx.engine, sa.select(generation_tasks.c.id, generation_tasks.c.status)))
+        assert states[lost_id] == "RETRY_WAIT" and states[made_id] != "SUBMIT_UNKNOWN"
+        assert rows(ctx.engine, parked) == [] and len(sim.truth()["jobs"]) == 1
+        ctx.close()
+
+
 # --- a DLQ spike -----------------------------------------------------------------------------------------------
 
 
