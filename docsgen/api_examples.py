@@ -21,7 +21,8 @@ EXAMPLES: dict[str, tuple[str, str]] = {
     "POST /v1/generations": (
         "202; same `Idempotency-Key` + same request → the original task (`Idempotent-Replayed: true`); + different "
         "request → 409 `idempotency-key-reused`; still being created → 409 `idempotency-key-in-flight`; no key → "
-        "400; not enough credits → 402; bad parameter → 422 (e.g. `n` — 1–4 outputs, part of the request and its "
+        "400; a key outside the rule (*Idempotency keys* above) → 400 `idempotency-key-invalid`; not enough "
+        "credits → 402; bad parameter → 422 (e.g. `n` — 1–4 outputs, part of the request and its "
         "hash, reserved as price × seconds × n — above the model's `max_outputs`, which `GET /v1/models` lists); "
         "the input moderation refuses the prompt or a reference → 422 `moderation-rejected` (nothing reserved; "
         "`[moderation]`); over the tenant's request rate → 429 `rate-limited` with `Retry-After` (nothing "
@@ -44,7 +45,8 @@ EXAMPLES: dict[str, tuple[str, str]] = {
         f"curl -sN {AUTH} {BASE}/v1/generations/$ID/events",
     ),
     "GET /v1/generations": (
-        "Newest first, keyset pages; `?idempotency_key=K` finds the task a key made.",
+        "Newest first, keyset pages; `?idempotency_key=K` finds the task a key made (the key's rule applies: "
+        "*Idempotency keys* above).",
         f'curl -s {AUTH} "{BASE}/v1/generations?status=QUEUED&limit=20"',
     ),
     "POST /v1/generations/{task_id}/cancel": (
@@ -100,7 +102,8 @@ EXAMPLES: dict[str, tuple[str, str]] = {
         "A System B project (seed 004): `workflow`, `user_ref` (the end user it is for), `input` (`photo_asset_id` "
         "of a READY asset of yours + `script`), `formal`, `priority` 1–5 (absent: 2 formal, 3 preview; capped by the "
         "tenant's tier like generations). 201 with the project and its first steps; `Idempotency-Key` required (400 "
-        "without); same key + same request → the same project (`Idempotent-Replayed: true`), + different request → "
+        "without; 400 `idempotency-key-invalid` outside the rule, *Idempotency keys* above); same key + same "
+        "request → the same project (`Idempotent-Replayed: true`), + different request → "
         "409 `idempotency-key-reused`; a formal project for a user who has one open → 409 `user-project-open`; "
         "unknown workflow or a photo that is not your READY asset → 422.",
         f'curl -s -X POST {AUTH} -H "Idempotency-Key: p-1" {JSON} '

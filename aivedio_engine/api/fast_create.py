@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aivedio_engine.api.routes.generations import GenerationRequest, accept
 from aivedio_engine.bootstrap import AppContext
+from aivedio_engine.services.idempotency import checked_key
 
 PATH = "/v1/generations"
 
@@ -57,15 +58,11 @@ class FastCreate:
             return
         state = scope.setdefault("state", {})
         state["tenant_id"] = principal.tenant_id
-        key = headers.get(b"idempotency-key")
         try:
-            content, extra = await accept(
-                self._ctx,
-                principal.tenant_id,
-                None if key is None else key.decode("latin-1"),
-                request,
-                state.get("request_id"),
-            )
+            # judged on the bytes that came, as the service judges the route's (decoded as Latin-1: the same verdict)
+            raw_key = headers.get(b"idempotency-key")
+            key = None if raw_key is None else checked_key(raw_key)
+            content, extra = await accept(self._ctx, principal.tenant_id, key, request, state.get("request_id"))
         except Exception as exc:
             handler = self._handler(exc)
             if handler is None:

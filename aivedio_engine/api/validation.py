@@ -12,13 +12,14 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
+from aivedio_engine.domain.idempotency import KEY_MAX, KEY_PATTERN
 from aivedio_engine.domain.text import is_storable
 
 #: the largest value a BIGINT column (task versions, sizes) holds
 MAX_BIGINT = 2**63 - 1
-#: Idempotency-Key: printable ASCII, no leading or trailing space (proxies strip it), at most 255 characters
-IDEMPOTENCY_KEY_MAX = 255
-IDEMPOTENCY_KEY_PATTERN = r"^[!-~]([ -~]*[!-~])?$"
+#: what the schema says of an Idempotency-Key (header or query): the key once the whitespace around the value is
+#: removed; the service judges it (domain.idempotency), so a bad one is its 400 with the reason, not a 422
+KEY_SCHEMA = {"pattern": KEY_PATTERN, "maxLength": KEY_MAX}
 
 
 def storable(value: str) -> str:

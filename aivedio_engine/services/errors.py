@@ -32,6 +32,12 @@ class MissingIdempotencyKey(BadRequest):
     code = "idempotency-key-missing"
 
 
+class InvalidIdempotencyKey(BadRequest):
+    """Not a key by `domain.idempotency`: too long, or a character outside printable ASCII."""
+
+    code = "idempotency-key-invalid"
+
+
 class Conflict(ServiceError):
     code = "conflict"
 

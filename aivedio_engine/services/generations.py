@@ -45,24 +45,21 @@ from aivedio_engine.domain.transitions import (
     decide,
 )
 from aivedio_engine.services.errors import (
-    BadRequest,
     IdempotencyKeyInFlight,
     IdempotencyKeyReused,
     IllegalState,
     InsufficientCredits,
     InvalidInput,
-    MissingIdempotencyKey,
     ModerationRejected,
     NotFound,
     Overloaded,
 )
+from aivedio_engine.services.idempotency import checked_key
 from aivedio_engine.services.moderation import INPUT_REVIEW, InputModerator, build_moderator
 from aivedio_engine.services.shedding import BacklogGate
 from aivedio_engine.services.task_view import Created, TaskView
 from aivedio_engine.services.transition import Change, execute
 from aivedio_engine.testing.failpoints import failpoint
-
-MAX_IDEMPOTENCY_KEY = 255
 
 
 class GenerationService:
@@ -95,7 +92,7 @@ class GenerationService:
     def create(
         self, tenant_id: uuid.UUID, idempotency_key: str | None, body: dict[str, Any], trace_id: str | None = None
     ) -> Created:
-        key = _check_key(idempotency_key)
+        key = checked_key(idempotency_key)
         params, cost, digest = self._priced(body)
         try:
             self._gate.check(self._engine, tenant_id, self._clock.now())
@@ -135,7 +132,7 @@ class GenerationService:
         what `create` raises before its first read (a bad key, an invalid request)."""
         if self._tier_cached is None or not self._moderator_local or body.get("asset_ids"):
             return None
-        key = _check_key(idempotency_key)
+        key = checked_key(idempotency_key)
         params, cost, digest = self._priced(body)
         tenant_tier = self._tier_cached(tenant_id)
         if tenant_tier is None or not await self._gate.open_on_loop(pool, self._clock.now()):
@@ -280,7 +277,7 @@ class GenerationService:
     def find_by_key(self, tenant_id: uuid.UUID, idempotency_key: str) -> TaskView | None:
         """The task an Idempotency-Key created, if any: lets a client resume without re-sending anything."""
         with self._engine.connect() as conn:
-            row = self._by_key(conn, tenant_id, _check_key(idempotency_key))
+            row = self._by_key(conn, tenant_id, checked_key(idempotency_key))
         return None if row is None else TaskView.of(row)
 
     def list(
@@ -364,14 +361,6 @@ def _creation_errors(cost: Decimal) -> Iterator[None]:
             balance=str(exc.balance),
             needed=str(cost),
         ) from None
-
-
-def _check_key(key: str | None) -> str:
-    if key is None or not key.strip():
-        raise MissingIdempotencyKey("the Idempotency-Key header is required")
-    if len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable():
-        raise BadRequest(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} printable characters")
-    return key
 
 
 def _replay(row: Task, digest: bytes) -> Created:

@@ -53,6 +53,7 @@ from aivedio_engine.domain.workflow import (
     timed_out,
 )
 from aivedio_engine.services.errors import Conflict, IdempotencyKeyReused, IllegalState, NotFound
+from aivedio_engine.services.idempotency import checked_key
 from aivedio_engine.services.step_claims import Admission, redrive, wake_after
 from aivedio_engine.workflows import catalog
 
@@ -155,6 +156,8 @@ class WorkflowService:
         """Create a project and its first ready steps; returns (project, created). The same key with the same
         input returns the original; with another input it is refused (a duplicate click never makes two).
         `cost_estimate`: by default what its steps will cost (`estimate`); given, it is stored as is."""
+        if idempotency_key is not None:
+            idempotency_key = checked_key(idempotency_key)
         wf = catalog.get(workflow)
         if cost_estimate is None:
             cost_estimate = self.estimate(workflow, input).total
@@ -220,7 +223,7 @@ class WorkflowService:
     def find(self, tenant_id: uuid.UUID, idempotency_key: str) -> Project | None:
         """The tenant's project made under this idempotency key, if any (a re-run of the same command resumes it)."""
         with read_conn(self._engine) as conn:
-            return repo.project_by_key(conn, tenant_id, idempotency_key)
+            return repo.project_by_key(conn, tenant_id, checked_key(idempotency_key))
 
     def list_projects(
         self, tenant_id: uuid.UUID | None = None, limit: int = 50, cursor: uuid.UUID | None = None

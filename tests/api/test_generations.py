@@ -122,7 +122,7 @@ def test_keys_are_scoped_per_tenant(ctx: AppContext, client: TestClient, alice: 
     ("key", "body", "status", "type_end"),
     [
         (None, BODY, 400, "idempotency-key-missing"),
-        ("x" * 256, BODY, 400, "bad-request"),
+        ("x" * 256, BODY, 400, "idempotency-key-invalid"),
         ("k", {**BODY, "model": "nope"}, 422, "invalid-request"),
         ("k", {**BODY, "duration_s": 11}, 422, "invalid-request"),
         ("k", {**BODY, "duration_s": 0}, 422, "invalid-request"),

@@ -16,10 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from aivedio_engine.api.deps import Auth, Ctx
 from aivedio_engine.api.sse import MEDIA_TYPE, PING, open_event_stream
+from aivedio_engine.api.validation import KEY_SCHEMA
 from aivedio_engine.domain.admission import capped_tier
 from aivedio_engine.domain.status import AssetStatus
 from aivedio_engine.services import project_events
-from aivedio_engine.services.errors import InvalidInput, MissingIdempotencyKey, NotFound
+from aivedio_engine.services.errors import InvalidInput, NotFound
+from aivedio_engine.services.idempotency import checked_key
 from aivedio_engine.services.project_events import StreamEvent
 from aivedio_engine.services.workflows import Project, ProjectView, Step
 from aivedio_engine.workflows import catalog
@@ -169,12 +171,11 @@ def create_project(
     ctx: Ctx,
     principal: Auth,
     body: Annotated[ProjectRequest, Body()],
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255)] = None,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", json_schema_extra=KEY_SCHEMA)] = None,
 ) -> ProjectOut:
     """Create a project. The same Idempotency-Key with the same request returns the original project
     (`Idempotent-Replayed: true`); with another request it is a 409."""
-    if idempotency_key is None:
-        raise MissingIdempotencyKey("an Idempotency-Key header is required: a retried request must not make two")
+    key = checked_key(idempotency_key)  # required here: a retried request must not make two
     if body.workflow not in catalog.WORKFLOWS:
         known = ", ".join(sorted(catalog.WORKFLOWS))
         raise InvalidInput(f"workflow: unknown workflow {body.workflow!r} (known: {known})", field="workflow")
@@ -192,7 +193,7 @@ def create_project(
         body.workflow,
         user_ref=body.user_ref,
         input=body.input.model_dump(mode="json"),
-        idempotency_key=idempotency_key,
+        idempotency_key=key,
         formal=body.formal,
         priority=capped_tier(body.priority or (2 if body.formal else 3), ctx.tenant_limits.tier(principal.tenant_id)),
     )
