@@ -495,7 +495,7 @@ class AppContext:
     def invariants(self) -> InvariantService:
         from aivedio_engine.services.invariants import InvariantService
 
-        return InvariantService(self.engine, self.clock)
+        return InvariantService(self.engine, self.clock, self.settings)
 
     @shared_property
     def notifier(self) -> Notifier:

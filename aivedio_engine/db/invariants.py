@@ -59,6 +59,8 @@ class Scope:
     dialect: str
     now: datetime
     grace: timedelta
+    #: I4.9: the derivative profiles a variant needs READY to count as delivered
+    delivered_profiles: frozenset[str] = frozenset()
 
     @property
     def cutoff(self) -> datetime:

@@ -12,8 +12,8 @@ from sqlalchemy import ColumnElement
 
 from aivedio_engine.db import balances
 from aivedio_engine.db.invariants import TERMINAL, Offenders, Scope, dupes
-from aivedio_engine.db.tables import credit_ledger, generation_tasks, task_attempts, tenants
-from aivedio_engine.domain.status import LedgerEntryType
+from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks, task_attempts, tenants
+from aivedio_engine.domain.status import AssetKind, AssetStatus, LedgerEntryType, TaskStatus
 
 _t, _a, _l = generation_tasks.c, task_attempts.c, credit_ledger.c
 LE = LedgerEntryType
@@ -134,5 +134,62 @@ def closings_off_the_table(s: Scope) -> Offenders:
                 ),
                 sa.and_(rows.c.settles == 0, rows.c.refunds > 0),
             ),
+        )
+    )
+
+
+def _was_ready(asset: Any) -> ColumnElement[bool]:
+    """READY now, or READY until a retention or a tenant purge deleted it on purpose (it was delivered)."""
+    return sa.or_(
+        asset.c.status == AssetStatus.READY.value,
+        sa.and_(asset.c.status == AssetStatus.DELETED.value, asset.c.ready_at.is_not(None)),
+    )
+
+
+def charged_past_delivery(s: Scope) -> Offenders:
+    """A closed task charged more than the quoted price of the variants it delivered: estimate ÷ n × delivered.
+    A tenant's cancel is left out: it is charged what the vendor billed for the work the tenant stopped."""
+    variant, derivative = assets.alias("variant"), assets.alias("derivative")
+    has_profiles = [
+        sa.exists().where(
+            derivative.c.parent_asset_id == variant.c.id, derivative.c.profile == profile, _was_ready(derivative)
+        )
+        for profile in sorted(s.delivered_profiles)
+    ]
+    delivered = (
+        sa.select(variant.c.task_id, sa.func.count(sa.distinct(variant.c.output_index)).label("delivered"))
+        .where(variant.c.kind == AssetKind.RAW_OUTPUT.value, _was_ready(variant), *has_profiles)
+        .group_by(variant.c.task_id)
+        .subquery()
+    )
+    charges = (
+        sa.select(_l.task_id, (-sa.func.sum(_l.amount)).label("charged"))
+        .where(_l.task_id.is_not(None), _l.entry_type != LE.ADJUSTMENT.value)
+        .group_by(_l.task_id)
+        .subquery()
+    )
+    requested = sa.func.coalesce(_t.params["n"].as_float(), 1.0)
+    outputs = sa.func.coalesce(delivered.c.delivered, 0)
+    allowed = _t.estimated_cost * outputs / requested
+    return (
+        sa.select(
+            _t.id.label("task_id"),
+            _t.status,
+            _t.estimated_cost,
+            requested.label("requested"),
+            outputs.label("delivered"),
+            charges.c.charged,
+            allowed.label("allowed"),
+        )
+        .select_from(
+            generation_tasks.join(charges, charges.c.task_id == _t.id).outerjoin(
+                delivered, delivered.c.task_id == _t.id
+            )
+        )
+        .where(
+            _t.status.in_(TERMINAL),
+            _t.status != TaskStatus.CANCELED.value,
+            _t.reserved_amount == 0,
+            charges.c.charged - allowed > 0.000001,
         )
     )

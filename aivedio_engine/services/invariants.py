@@ -1,7 +1,7 @@
 """`aivedio audit`: the invariants of reliability_anchors §4.4 that our own tables can answer, as SQL.
 
 Each check is one query returning the *offending* rows (none = the invariant holds), with the id of the anchor it
-implements (I<n>.<k>: the k-th query of invariant n; I2.3, I4.6 and I8.4 are ours) and a one-line description.
+implements (I<n>.<k>: the k-th query of invariant n; I2.3, I4.6, I4.9 and I8.4 are ours) and a one-line description.
 The chaos checker runs the same ideas against the simulator's ground truth; the checks that need it are listed in
 SKIPPED with the reason, so the report says what was *not* verified. I8.2 needs a listing of the object store,
 which is not SQL: it reads the newest clean `storage_scans` row the scanner recorded (none yet = nothing known).
@@ -22,11 +22,13 @@ from functools import partial
 from typing import Any
 
 from aivedio_engine.clock import Clock
+from aivedio_engine.config import MediaSettings, Settings
 from aivedio_engine.db import invariants as q
 from aivedio_engine.db import invariants_ledger as ledger
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.invariants import Offenders, Scope
 from aivedio_engine.domain.events import ROUTES, EventType
+from aivedio_engine.domain.status import DerivativeProfile
 from aivedio_engine.services import intake, reducer
 from aivedio_engine.services.errors import InvalidInput
 
@@ -121,6 +123,11 @@ check(
     "brings it there; refunds never exceed the charge",
     ledger.closings_off_the_table,
 )
+check(
+    "I4.9",
+    "no closed task (a tenant's cancel aside) charged more than estimate ÷ n × the variants it delivered",
+    ledger.charged_past_delivery,
+)
 
 # --- I5 history ------------------------------------------------------------------------------------------------
 check("I5.1", "each task's applied history has contiguous versions", q.version_gaps)
@@ -213,9 +220,11 @@ SKIPPED: list[Skipped] = [
 
 
 class InvariantService:
-    def __init__(self, engine: Engine, clock: Clock) -> None:
+    def __init__(self, engine: Engine, clock: Clock, settings: Settings | None = None) -> None:
+        """`settings`: what the checks that depend on configuration read (None: the configuration's defaults)."""
         self._engine = engine
         self._clock = clock
+        self._media = settings.media if settings is not None else MediaSettings()
 
     def run(self, *, grace_s: float = DEFAULT_GRACE_S, limit: int = 20, only: list[str] | None = None) -> AuditReport:
         """Run every check (or the ids in `only`) in one snapshot: REPEATABLE READ on PostgreSQL (a SQLite read
@@ -229,9 +238,22 @@ class InvariantService:
         with self._engine.connect() as conn:
             conn = q.snapshot(conn)
             with conn.begin():
-                scope = Scope(conn.dialect.name, self._clock.now(), timedelta(seconds=grace_s))
+                scope = Scope(
+                    conn.dialect.name,
+                    self._clock.now(),
+                    timedelta(seconds=grace_s),
+                    delivered_profiles=delivered_profiles(self._media),
+                )
                 results = [_run(conn, c, scope, limit) for c in chosen]
         return AuditReport(results, [s for s in SKIPPED if not only or s.id in only])
+
+
+def delivered_profiles(media: MediaSettings) -> frozenset[str]:
+    """The derivatives that make a variant delivered: every required one; the proxy MP4 alone where
+    `succeed_with_proxy_only` lets a task succeed on it."""
+    if media.succeed_with_proxy_only:
+        return frozenset({DerivativeProfile.PROXY_MP4.value})
+    return frozenset(p.value for p in media.required_profiles)
 
 
 def _run(conn: Connection, c: Check, scope: Scope, limit: int) -> CheckResult:

@@ -116,11 +116,18 @@ def seed(
     duplicate_every: int = 0,
     cli_settings: Iterable[str] = (),
     run: bool = True,
+    provider: dict[str, Any] | None = None,
 ) -> Seeded:
     """A tenant with 1000 credits and one task per prompt, run through the whole pipeline (unless run=False);
-    prompts mentioning REVIEW_TERM end in MANUAL_REVIEW with a review item."""
+    prompts mentioning REVIEW_TERM end in MANUAL_REVIEW with a review item. `provider`: the sim provider's settings
+    (e.g. its models)."""
     ctx = sim_context(
-        tmp_path, sim, database_url, max_concurrency=max_concurrency, media={"review_prompt_terms": [REVIEW_TERM]}
+        tmp_path,
+        sim,
+        database_url,
+        max_concurrency=max_concurrency,
+        provider=provider,
+        media={"review_prompt_terms": [REVIEW_TERM]},
     )
     clock = ctx.clock
     monkeypatch.setattr(SystemClock, "now", lambda self: clock.now())

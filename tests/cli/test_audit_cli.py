@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from aivedio_engine.clock import new_id
+from aivedio_engine.config import ModelSettings
 from aivedio_engine.db.tables import (
     assets,
     credit_ledger,
@@ -226,6 +227,12 @@ def i4_8(s: Seeded, w: World) -> str:
     return str(w.id("ok4"))
 
 
+def i4_9(s: Seeded, w: World) -> str:
+    # ok2's only variant never got its thumbnail, a required derivative: nothing delivered, yet fully charged
+    s.execute(upd(assets, w.derivative("ok2", "THUMBNAIL").id, status="FAILED", ready_at=None))
+    return str(w.id("ok2"))
+
+
 def i5_1(s: Seeded, w: World) -> str:
     e = task_state_events.c
     s.execute(task_state_events.delete().where(e.task_id == w.id("ok2"), e.task_version == 4))
@@ -430,6 +437,7 @@ CORRUPTIONS: dict[str, tuple[Corruption, bool]] = {
     "I4.5": (i4_5, False),
     "I4.6": (i4_6, False),
     "I4.8": (i4_8, False),
+    "I4.9": (i4_9, False),
     "I5.1": (i5_1, False),
     "I5.2": (i5_2, False),
     "I5.3": (i5_3, False),
@@ -539,3 +547,31 @@ def test_a_fence_granted_to_two_attempts_fails_the_audit(seeder: Callable[..., S
 
     assert check_id == "I7.2"
     assert {r["attempt_id"] for r in rows} == {str(first.id), str(second.id)}
+
+
+def test_a_charge_for_more_outputs_than_were_delivered_fails_the_audit(seeder: Callable[..., Seeded]) -> None:
+    three_outputs = ModelSettings(max_duration_s=10, resolutions=["720p"], price_per_second={"720p": 1}, max_outputs=3)
+    s = seeder({"one": "scene one"}, run=False, provider={"models": {"sim-v1": three_outputs}})
+    s.tasks["three"] = s.ctx.generations.create(
+        s.tenant_id, "three-variants", {"prompt": "three variants", "model": "sim-v1", "duration_s": 2, "n": 3}
+    ).task.id
+    s.run()
+    assert s.task("three").status == "SUCCEEDED"
+    assert audit(s)[0] == 0  # every variant delivered, every credit earned
+    w = World(s)
+    a = assets.c
+    variants = s.all(sa.select(a.id).where(a.task_id == w.id("three"), a.kind == "RAW_OUTPUT").order_by(a.output_index))
+    assert len(variants) == 3
+    # two of the three variants never became playable: the task kept the price of three
+    s.execute(
+        assets.update()
+        .where(a.parent_asset_id.in_([v.id for v in variants[1:]]), a.profile == "hls")
+        .values(status="FAILED", ready_at=None)
+    )
+
+    check_id, rows = only_violation(s)
+
+    assert check_id == "I4.9"
+    [row] = rows
+    assert row["task_id"] == str(w.id("three")) and row["delivered"] == 1 and row["requested"] == 3
+    assert Decimal(str(row["charged"])) == Decimal(str(row["estimated_cost"])) > Decimal(str(row["allowed"]))
