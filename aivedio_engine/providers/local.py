@@ -15,8 +15,11 @@ Without a store (tests, tools) jobs live in memory, and a restart knows only wha
 in the served directory means SUCCEEDED; a tombstone means stopped, not failed (ABORTED: not billed, so the
 engine submits again). Any other unknown id is NotFound.
 Renders run on a thread pool sized by `max_concurrency`; each is an argv from `media.render` run through
-`media.sandbox` (prlimit, its own session, a wall-clock timeout), in a per-job work directory that is always
-removed. Only a finished render is renamed into the served directory, so a partial file is never downloadable.
+`media.sandbox` exactly as the derive step's children are (prlimit, its own session, a wall-clock timeout, no
+network, a uid of its own per job with the job's process, file-size and disk limits), in a job directory of
+`media.derive.job_dir` (the system temp dir, where a pool uid can reach it), always removed. The reference
+image is copied into that directory first, so the child reads only the job's own files. Only a finished render
+is copied into the served directory's `.work` and renamed into place, so a partial file is never downloadable.
 
 A request for `n` outputs renders n clips, one after the other, each a variant (`render.ClipSpec.variant`):
 output 0 is `<job>.mp4`, output i is `<job>-<i>.mp4`. Output 0 is renamed into place last, so its presence
@@ -55,7 +58,7 @@ from aivedio_engine.clock import Clock, SystemClock
 from aivedio_engine.config import ModelSettings, ProviderSettings
 from aivedio_engine.domain.references import MB, ModelLimits
 from aivedio_engine.domain.retry import ErrorClass
-from aivedio_engine.media import render, sandbox
+from aivedio_engine.media import derive, render, sandbox
 from aivedio_engine.providers import local_owners as owners
 from aivedio_engine.providers.base import (
     Accepted,
@@ -531,17 +534,14 @@ class LocalProvider:
             if job.status is not JobStatus.QUEUED:  # canceled while it waited for a slot
                 return
             job.status, job.updated_at = JobStatus.RUNNING, self._clock.now()
-        work = self._work / f"{job.job_id}.{self._token}"  # per render: a takeover never shares it
         try:
-            work.mkdir(parents=True, exist_ok=True)
-            self._render(job, work)
+            with derive.job_dir() as work:  # per render: a takeover never shares it
+                self._render(job, work)
         except Exception as exc:  # a bug or an OS error must still end the job in an explainable state
             log.exception("local render %s crashed", job.job_id)
             with self._lock:
                 if job.status is JobStatus.RUNNING:
                     self._finish(job, JobStatus.FAILED, "render_crashed", f"{type(exc).__name__}: {exc}"[:200])
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
         self._report_end(job)
 
     def _report_end(self, job: _Job) -> None:
@@ -562,28 +562,49 @@ class LocalProvider:
         if font is not None:
             caption = work / "caption.txt"
             caption.write_text(render.caption_text(job.prompt, job.spec.width, job.spec.height), encoding="utf-8")
+        image = None
+        if job.image is not None:  # the job's uid reads the job's files only, never the user's own
+            image = work / f"reference{job.image.suffix.lower()}"
+            try:
+                shutil.copyfile(job.image, image)
+            except OSError as exc:
+                with self._lock:
+                    if job.status is JobStatus.RUNNING:
+                        reason = f"the reference image cannot be read: {exc.strerror or type(exc).__name__}"
+                        self._finish(job, JobStatus.FAILED, "render_failed", reason)
+                return
         made: list[Path] = []
         for index in range(job.n):
             partial = work / ("out.mp4" if index == 0 else f"out-{index}.mp4")
             spec = job.spec if index == 0 else replace(job.spec, variant=index)
-            if not self._render_one(job, work, spec, partial, caption, font, index):
+            if not self._render_one(job, work, spec, image, partial, caption, font, index):
                 return
             made.append(partial)
-        with self._lock:
-            if job.status is not JobStatus.RUNNING:
-                return
-            # the variants first, output 0 last: its file in place means the whole job is done (`_from_disk`)
-            for index in reversed(range(job.n)):
-                os.replace(made[index], self.root / f"{_output_name(job.job_id, index)}.mp4")
-            job.sizes = [(self.root / f"{_output_name(job.job_id, i)}.mp4").stat().st_size for i in range(job.n)]
-            job.size_bytes = job.sizes[0]
-            self._finish(job, JobStatus.SUCCEEDED)
+        # onto the served directory's file system first (the job directory is in the system temp dir), so
+        # that each output appears there by one rename
+        staged = [self._work / f"{_output_name(job.job_id, i)}.{self._token}.mp4" for i in range(job.n)]
+        try:
+            for src, dst in zip(made, staged, strict=True):
+                shutil.copyfile(src, dst)
+            with self._lock:
+                if job.status is not JobStatus.RUNNING:
+                    return
+                # the variants first, output 0 last: its file in place means the whole job is done (`_from_disk`)
+                for index in reversed(range(job.n)):
+                    os.replace(staged[index], self.root / f"{_output_name(job.job_id, index)}.mp4")
+                job.sizes = [(self.root / f"{_output_name(job.job_id, i)}.mp4").stat().st_size for i in range(job.n)]
+                job.size_bytes = job.sizes[0]
+                self._finish(job, JobStatus.SUCCEEDED)
+        finally:
+            for path in staged:  # left over only when the job ended meanwhile or a copy failed
+                path.unlink(missing_ok=True)
 
     def _render_one(
         self,
         job: _Job,
         work: Path,
         spec: render.ClipSpec,
+        image: Path | None,
         partial: Path,
         caption: Path | None,
         font: Path | None,
@@ -592,13 +613,20 @@ class LocalProvider:
         """Render output `index` into `partial`; True when it was made, else the job has been ended (or, stopped,
         handed back to the store for a render under the same id)."""
         argv = sandbox.prefix(sandbox.encoder_cpu_s(self._timeout_s), 2 * 1024**3) + render.clip_argv(
-            spec, partial, image=job.image, caption_file=caption, font_file=font, ffmpeg_bin=self._ffmpeg
+            spec, partial, image=image, caption_file=caption, font_file=font, ffmpeg_bin=self._ffmpeg
         )
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
         with open(work / "stderr.log", "wb") as errors:  # a file, not a pipe: a chatty ffmpeg cannot block
             try:
+                # `workdir`: the derive step's isolation (a uid of its own, the job's limits) besides no network
                 child = sandbox.spawn(
-                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, env=env, cwd=work
+                    argv,
+                    workdir=work,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=errors,
+                    env=env,
+                    cwd=work,
                 )
             except sandbox.Interrupted:  # this process is stopping its children: not a verdict on the request
                 with self._lock:
