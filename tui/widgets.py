@@ -243,12 +243,12 @@ class JobIdPrompt(ModalScreen[str | None]):
 
     def __init__(self, task: str, provider: str) -> None:
         super().__init__()
-        self._task = task
+        self._task_id = task
         self._provider = provider
 
     def compose(self) -> ComposeResult:
         with Vertical(id="job-box", classes="modal-box"):
-            yield Label(f"Bind a job to task {self._task}", classes="modal-title")
+            yield Label(f"Bind a job to task {self._task_id}", classes="modal-title")
             yield Label(
                 f"The job id in {self._provider}'s console (search it by the attempt's request key)",
                 classes="modal-hint",
