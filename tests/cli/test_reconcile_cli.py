@@ -502,4 +502,11 @@ def test_settling_by_hand_is_for_one_named_task(tmp_path: Path, pg_url: str, mon
         assert "--not-created" in both and "--job-id" in both
         assert snapshot(ctx, [task]) == before and not (tmp_path / "p.json").exists()
         assert audit_rows(ctx, "reconcile") == []
+
+        # past the window, but this vendor looks jobs up and has one for the request: bind it, never pay twice
+        ctx.clock.advance(ctx.sync.send_bound_s("sim") + ctx.settings.reconcile.visibility_lag_s)  # type: ignore[attr-defined]
+        (job,) = sim.truth()["jobs"]
+        found = cli.fails(4, "reconcile", "--task", t, "--not-created", "--reason", "x", "--yes")
+        assert f"--job-id {job['id']}" in found
+        assert snapshot(ctx, [task]) == before
         ctx.close()
