@@ -313,6 +313,7 @@ class AppContext:
             storage_gc=lambda: self.storage_collector.collect_page_if_due(),
             quarantine=lambda: self.quarantine.sweep(),
             retention=lambda: self.retention.enforce_if_due(),
+            review_sla=lambda: self.review.enforce_sla(),
         )
 
     @shared_property
@@ -453,7 +454,7 @@ class AppContext:
     def review(self) -> ReviewService:
         from aivedio_engine.services.review import ReviewService
 
-        return ReviewService(self.engine, self.clock, self.workflows)
+        return ReviewService(self.engine, self.clock, self.settings, self.workflows)
 
     @shared_property
     def replay(self) -> ReplayService:

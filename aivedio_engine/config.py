@@ -447,6 +447,20 @@ class ModerationSettings(_Section):
     max_image_pixels: int = Field(4096 * 4096, ge=1)
 
 
+class ReviewSettings(_Section):
+    """Outputs held for a human (MANUAL_REVIEW): how long a held task may wait for a verdict. The task's deadline no
+    longer runs once the vendor produced an output; this SLA does."""
+
+    #: seconds from the hold to the SLA verdict.
+    sla_s: float = Field(86400, ge=60)
+    #: share of the SLA after which an open item raises `review_sla_near`.
+    sla_near_fraction: float = Field(0.8, gt=0, lt=1)
+    #: the verdict at the SLA on a held output that is playable: "reject" (release the credits, the vendor's bill
+    #: is platform cost) or "approve" (deliver it, charged as a success). A hold without a playable output (store,
+    #: media or fetch failing) is never approved: it is rejected.
+    on_sla: Literal["reject", "approve"] = "reject"
+
+
 class PollingSettings(_Section):
     #: shortest interval between two status queries of one job.
     min_interval_s: float = Field(5, ge=1)
@@ -678,6 +692,7 @@ class Settings(BaseSettings):
     fetch: FetchSettings = FetchSettings()
     media: MediaSettings = MediaSettings()
     moderation: ModerationSettings = ModerationSettings()
+    review: ReviewSettings = ReviewSettings()
     polling: PollingSettings = PollingSettings()
     sweeper: SweeperSettings = SweeperSettings()
     workflows: WorkflowSettings = WorkflowSettings()

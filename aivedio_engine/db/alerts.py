@@ -41,6 +41,11 @@ class Rule(StrEnum):
     STORAGE_UNAVAILABLE = "storage_unavailable"
     #: the vendor billed more than the task's reservation: recorded, never charged past it (domain/settlement.py)
     VENDOR_BILL_OVER_RESERVATION = "vendor_bill_over_reservation"
+    #: the vendor billed for something the tenant was not charged for (nothing or not every output delivered, a
+    #: duplicate job): the platform bears it (services/billing.py `book_platform_cost`)
+    PLATFORM_COST = "platform_cost"
+    #: a task held in MANUAL_REVIEW is past 80 % of its review SLA (`[review] sla_s`) without a verdict
+    REVIEW_SLA_NEAR = "review_sla_near"
     # threshold rules over live data (seed 004 §17), evaluated by observability.alert_rules
     FAILED_TASKS_HIGH = "failed_tasks_high"
     PROVIDER_CONSECUTIVE_FAILURES = "provider_consecutive_failures"

@@ -39,15 +39,31 @@ def open_item(conn: Connection, *, task_id: uuid.UUID, asset_id: uuid.UUID | Non
 
 
 def expire_open(conn: Connection, task_id: uuid.UUID, *, by: str, note: str, now: datetime) -> None:
-    """Nobody can approve or reject an item whose task has left MANUAL_REVIEW: it closes with the task."""
-    conn.execute(
+    """Nobody can approve or reject an item whose task has left MANUAL_REVIEW: it closes with the task. An item
+    already decided (the SLA's verdict is recorded before the task moves) keeps its verdict."""
+    closed = conn.execute(
         review_items.update()
         .where(_r.task_id == task_id, _r.state.in_(_OPEN))
         .values(state=ReviewState.EXPIRED.value, decided_by=by, decided_at=now, note=note)
-    )
-    conn.execute(
-        generation_tasks.update().where(generation_tasks.c.id == task_id).values(review_state=ReviewState.EXPIRED.value)
-    )
+        .returning(_r.id)
+    ).all()
+    if closed:
+        conn.execute(
+            generation_tasks.update()
+            .where(generation_tasks.c.id == task_id)
+            .values(review_state=ReviewState.EXPIRED.value)
+        )
+
+
+def open_task_items(conn: Connection, opened_before: datetime, *, limit: int) -> list[ReviewItem]:
+    """Open items about generation tasks held since before `opened_before`, oldest first (the SLA's scan)."""
+    rows = conn.execute(
+        sa.select(review_items)
+        .where(_r.task_id.is_not(None), _r.state.in_(_OPEN), _r.created_at <= opened_before)
+        .order_by(_r.created_at, _r.id)
+        .limit(limit)
+    ).all()
+    return [ReviewItem(*row) for row in rows]
 
 
 # ------------------------------------------------------------------------------------ the review service's
@@ -159,6 +175,8 @@ def _in_state(stmt: Any, state: str | None, now: datetime) -> Any:
         return stmt.where(live)
     if state == "decided":
         return stmt.where(_r.state.in_(_DECIDED))
+    if state == "expired":
+        return stmt.where(_r.state == ReviewState.EXPIRED.value)
     return stmt
 
 

@@ -16,7 +16,8 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from aivedio_engine.db.tables import generation_tasks, outbox_events, provider_events, task_attempts
-from aivedio_engine.domain.status import TASK_TERMINAL, AttemptStatus, OutboxStatus, TaskStatus
+from aivedio_engine.domain.status import AttemptStatus, OutboxStatus, TaskStatus
+from aivedio_engine.domain.transitions import DEADLINE_GOVERNS
 
 _t, _a, _o, _pe = generation_tasks.c, task_attempts.c, outbox_events.c, provider_events.c
 
@@ -52,9 +53,9 @@ def retry_due(conn: Connection, now: datetime, limit: int) -> list[uuid.UUID]:
 
 
 def past_deadline(conn: Connection, now: datetime, limit: int) -> list[uuid.UUID]:
-    """Non-terminal tasks whose deadline_at has passed."""
-    terminal = [s.value for s in TASK_TERMINAL]
-    return _ids(conn, sa.select(_t.id).where(_t.status.not_in(terminal), _t.deadline_at <= now), limit)
+    """Tasks the deadline still governs (no output produced yet) whose deadline_at has passed."""
+    governed = [s.value for s in DEADLINE_GOVERNS]
+    return _ids(conn, sa.select(_t.id).where(_t.status.in_(governed), _t.deadline_at <= now), limit)
 
 
 def lost_submits(conn: Connection, now: datetime, limit: int) -> list[LostSubmit]:

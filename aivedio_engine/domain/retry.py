@@ -43,6 +43,7 @@ class ErrorOutcome(StrEnum):
     PROVIDER_FAILED = "provider_failed"  # the provider reported the accepted job failed / aborted
     MEDIA_REJECTED = "media_rejected"  # the output failed the media gate (or media gave up)
     REVIEW_REJECTED = "review_rejected"  # a reviewer rejected the output
+    REVIEW_SLA_PASSED = "review_sla_passed"  # no verdict within the review SLA: rejected by the engine
     CONFIRMED_NOT_CREATED = "confirmed_not_created"  # reconciliation proved an ambiguous submit created nothing
     SENDER_LOST = "sender_lost"  # a SENDING attempt whose sender vanished: treated as ambiguous
     NOT_SENT_TASK_MOVED = "not_sent_task_moved"  # the task moved (canceled, expired) before the send

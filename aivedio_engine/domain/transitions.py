@@ -66,6 +66,10 @@ NON_TERMINAL: tuple[TaskStatus, ...] = tuple(s for s in TaskStatus if s not in T
 BEFORE_DISPATCH = (T.CREATED, T.VALIDATING, T.QUOTA_RESERVED, T.QUEUED, T.RETRY_WAIT)
 WITH_PROVIDER_JOB = (T.DISPATCHING, T.SUBMITTED, T.RUNNING, T.SUBMIT_UNKNOWN)
 RETRYABLE_FROM = (T.QUOTA_RESERVED, T.QUEUED, T.DISPATCHING, T.SUBMITTED, T.RUNNING)
+#: the vendor has produced the output: from here fetch, media and review run on their own budgets and the review
+#: SLA, never on the task's deadline, so a held output is not expired (and charged) for waiting on our side
+HOLDING_OUTPUT = (T.OUTPUT_FETCHING, T.POST_PROCESSING, T.MANUAL_REVIEW)
+DEADLINE_GOVERNS = tuple(s for s in NON_TERMINAL if s not in HOLDING_OUTPUT)
 
 TASK_MACHINE: Machine[TaskStatus, TaskEvent] = Machine(
     "task",
@@ -93,10 +97,10 @@ TASK_MACHINE: Machine[TaskStatus, TaskEvent] = Machine(
         Rule((T.CANCEL_REQUESTED,), E.CANCEL_CONFIRMED, T.CANCELED, "settle or refund per the provider's billing"),
         Rule((T.CANCEL_REQUESTED,), E.COMPLETION_WON, T.OUTPUT_FETCHING, "cancel_outcome=TOO_LATE; completion wins"),
         Rule(NON_TERMINAL, E.FINAL_FAILURE, T.FAILED_FINAL, "settle or release, notify"),
-        Rule((T.POST_PROCESSING,), E.REVIEW_REQUIRED, T.MANUAL_REVIEW, "output held for a human"),
+        Rule((T.OUTPUT_FETCHING, T.POST_PROCESSING), E.REVIEW_REQUIRED, T.MANUAL_REVIEW, "output held for a human"),
         Rule((T.MANUAL_REVIEW,), E.REVIEW_APPROVED, T.SUCCEEDED, "settle credits, notify"),
         Rule((T.MANUAL_REVIEW,), E.REVIEW_REJECTED, T.FAILED_FINAL, "settle the provider cost, notify"),
-        Rule(NON_TERMINAL, E.DEADLINE_PASSED, T.EXPIRED, "deadline passed: settle or release, notify"),
+        Rule(DEADLINE_GOVERNS, E.DEADLINE_PASSED, T.EXPIRED, "deadline passed: settle or release, notify"),
     ],
 )
 
@@ -135,6 +139,9 @@ class Effect(StrEnum):
     SETTLE_CREDITS = "settle_credits"  # actual cost; the remainder of the reservation returns
     RELEASE_CREDITS = "release_credits"  # no provider cost: the whole reservation returns
     SETTLE_PER_BILLING_RULE = "settle_per_billing_rule"  # a provider job may have been billed
+    #: nothing delivered, and not by the tenant's doing: the whole reservation returns and whatever the vendor
+    #: billed for the task is platform cost
+    ABSORB_PROVIDER_COST = "absorb_provider_cost"
     NOTIFY = "notify"  # task.status.changed, on every applied transition
 
 
@@ -155,14 +162,22 @@ _EVENT_EFFECTS: dict[TaskEvent, tuple[Effect, ...]] = {
 }
 
 
-def _closing_credit_effect(source: TaskStatus) -> tuple[Effect, ...]:
-    """How the reservation is closed when a task ends other than by success, by what it may have cost."""
+def _closing_credit_effect(source: TaskStatus, event: TaskEvent) -> tuple[Effect, ...]:
+    """How the reservation is closed when a task ends other than by success: by what it may have cost, and by
+    whose doing it ends without delivering.
+
+    The tenant's own decisions pay per the vendor's billing: a cancel (CANCEL_REQUESTED, however it then ends),
+    the deadline it asked for (or accepted) running out before the vendor produced anything, and a reviewer's
+    reject of a held output. Every other failure — the vendor's, our fetch, store, media or QC, a review SLA
+    verdict — delivers nothing through no fault of the tenant: it pays nothing, the platform bears the bill."""
     if source in (T.CREATED, T.VALIDATING):
         return ()  # nothing reserved yet
     if source in (T.QUOTA_RESERVED, T.QUEUED):
         return (Effect.RELEASE_CREDITS,)
-    if source in (T.OUTPUT_FETCHING, T.POST_PROCESSING, T.MANUAL_REVIEW):
-        return (Effect.SETTLE_CREDITS,)  # the provider delivered: its cost is real
+    if event is E.FINAL_FAILURE and source is not T.CANCEL_REQUESTED:
+        return (Effect.ABSORB_PROVIDER_COST,)
+    if event is E.REVIEW_REJECTED:
+        return (Effect.SETTLE_CREDITS,)  # the vendor delivered and a person refused it: its cost is the tenant's
     return (Effect.SETTLE_PER_BILLING_RULE,)
 
 
@@ -173,7 +188,7 @@ def task_effects(edge: Edge[TaskStatus, TaskEvent]) -> tuple[Effect, ...]:
     if edge.event is E.DEADLINE_PASSED and edge.source in (*WITH_PROVIDER_JOB, T.CANCEL_REQUESTED):
         effects.append(Effect.REQUEST_PROVIDER_CANCEL)
     if edge.target in TASK_TERMINAL and edge.target is not T.SUCCEEDED:
-        effects.extend(_closing_credit_effect(edge.source))
+        effects.extend(_closing_credit_effect(edge.source, edge.event))
     effects.append(Effect.NOTIFY)
     return tuple(effects)
 

@@ -19,7 +19,7 @@ from decimal import Decimal
 from aivedio_engine.db import alerts, attempts, ledger
 from aivedio_engine.db.handles import Connection
 from aivedio_engine.db.records import Task
-from aivedio_engine.domain.settlement import Bill, Quote, Settlement, refund_after_close, settle
+from aivedio_engine.domain.settlement import Bill, Quote, Rule, Settlement, refund_after_close, settle
 from aivedio_engine.domain.status import AlertSeverity, LedgerEntryType
 from aivedio_engine.domain.transitions import Decision, Effect
 
@@ -64,14 +64,16 @@ def close_reservation(
     reason: str,
     billed: bool | None = None,
     created_by: str = "engine",
+    delivered: int | None = None,
 ) -> Decimal | None:
-    """Book the closing rows for a closing transition; returns the actual cost booked (None if nothing)."""
+    """Book the closing rows for a closing transition; returns the actual cost booked (None if nothing).
+    `delivered`: the outputs a success delivered (its charge is capped at their quoted price)."""
     quote = quote_of(task)
     if quote.reserved <= 0:
         return None
     recorded = attempts.bill_of(conn, task.id)
     accepted = attempts.any_accepted(conn, task.id)
-    result = settle(tuple(decision.effects), quote, bill_from(recorded, billed), accepted=accepted)
+    result = settle(tuple(decision.effects), quote, bill_from(recorded, billed), accepted=accepted, delivered=delivered)
     if result.entry is None:
         return None
     attempt_id = recorded.attempt_id if recorded is not None else None
@@ -139,7 +141,75 @@ def book(
                 "over_reservation": str(result.over_reservation),
             },
         )
+    if result.platform_cost > 0:
+        book_platform_cost(
+            conn,
+            task,
+            result.platform_cost,
+            now,
+            kind=result.rule.value,
+            why=_PLATFORM_COST_WHY.get(result.rule, result.rule.value) + f" ({reason})",
+            attempt_id=attempt_id,
+            created_by=created_by,
+        )
     ledger.close_task_charge(conn, task.id, result.actual)
+
+
+_PLATFORM_COST_WHY = {
+    Rule.PLATFORM_COST: "the task ended without delivering, not by the tenant's doing; its reservation was released",
+    Rule.UNDELIVERED_OUTPUTS: "outputs the vendor billed were not delivered; the tenant paid for the delivered ones",
+}
+
+
+def platform_cost_key(task_id: uuid.UUID, attempt_id: uuid.UUID | None, kind: str) -> str:
+    return f"platform_cost:{task_id}:{attempt_id}:{kind}"
+
+
+def book_platform_cost(
+    conn: Connection,
+    task: Task,
+    amount: Decimal,
+    now: datetime,
+    *,
+    kind: str,
+    why: str,
+    attempt_id: uuid.UUID | None,
+    created_by: str = "engine",
+) -> bool:
+    """What the vendor billed that the tenant does not pay: one 0-credit ADJUSTMENT carrying the amount (credits'
+    worth at the model's price list) so `ledger` and the invoice reconcile show it, and one `platform_cost` alert.
+    Once per (task, attempt, kind), however often the caller is redelivered; False for a repeat."""
+    booked = ledger.post(
+        conn,
+        tenant_id=task.tenant_id,
+        task_id=task.id,
+        attempt_id=attempt_id,
+        entry_type=LedgerEntryType.ADJUSTMENT,
+        amount=Decimal(0),
+        business_key=platform_cost_key(task.id, attempt_id, kind),
+        now=now,
+        created_by=created_by,
+        reason=f"platform cost: {why}; 0 credits charged to the tenant",
+        vendor_amount=amount,
+        vendor_currency=PLATFORM_COST_UNIT,
+    )
+    if booked:
+        alerts.raise_alert(
+            conn,
+            alerts.Rule.PLATFORM_COST,
+            AlertSeverity.WARNING,
+            dedup_key=f"{task.id}:{kind}",
+            now=now,
+            subject_type="task",
+            subject_id=str(task.id),
+            message=f"{amount} credits' worth of vendor cost not charged to the tenant: {why}",
+            details={"amount": str(amount), "kind": kind, "attempt_id": str(attempt_id) if attempt_id else None},
+        )
+    return booked
+
+
+#: the unit of a platform-cost row's `vendor_amount`: the model's price list, as the tenant would have paid
+PLATFORM_COST_UNIT = "credits"
 
 
 def refund(

@@ -54,6 +54,7 @@ from aivedio_engine.media.probe import (
 )
 from aivedio_engine.services import follow_on, media_partial, store_outage
 from aivedio_engine.services.consume import Envelope, consume_once
+from aivedio_engine.services.delivery import delivered_outputs
 from aivedio_engine.services.follow_on import MediaProcessRequested
 from aivedio_engine.services.moderation import INPUT_REVIEW
 from aivedio_engine.services.transition import Change, ReviewOrder, decide_and_execute
@@ -283,6 +284,7 @@ class MediaService:
             EventSource.WORKER,
             payload={"profiles": sorted(p.value for p in outcome.derived)},
             ledger_reason="succeeded",
+            delivered=delivered_outputs(conn, task, self._settings.media),
         )
         decide_and_execute(conn, task, TaskEvent.PLAYABLE_ASSET_READY, change, now)
         if partial:  # written after the transition, so the late run is announced at the SUCCEEDED version

@@ -25,21 +25,23 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from aivedio_engine.clock import Clock
-from aivedio_engine.db import reviews, tasks
+from aivedio_engine.config import Settings
+from aivedio_engine.db import alerts, reviews, tasks
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.records import ReviewItem, ReviewRow, Task
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.domain.retry import ErrorOutcome
-from aivedio_engine.domain.status import EventSource, ReviewState, TaskStatus
+from aivedio_engine.domain.status import AlertSeverity, EventSource, ReviewState, TaskStatus
 from aivedio_engine.domain.transitions import TaskEvent
 from aivedio_engine.domain.workflow import StepEvent, StepStatus
 from aivedio_engine.services import operations
+from aivedio_engine.services.delivery import delivered_outputs
 from aivedio_engine.services.errors import Conflict, IllegalState, InvalidInput, NotFound
 from aivedio_engine.services.operations import Operation
 from aivedio_engine.services.transition import Change, VersionConflict, decide_and_execute
@@ -48,7 +50,10 @@ from aivedio_engine.services.workflows import WorkflowService
 DEFAULT_TTL_S = 900
 MAX_TTL_S = 86_400
 #: `review list --state` values; "pending" includes items whose claim has expired (anyone may take them)
-LIST_STATES = ("pending", "claimed", "decided")
+LIST_STATES = ("pending", "claimed", "decided", "expired")
+#: who the review SLA's verdicts are recorded as (the item's decided_by, the audit's actor)
+SLA_REVIEWER = "review-sla"
+_SLA_PAGE = 200
 _OPEN = (ReviewState.PENDING.value, ReviewState.CLAIMED.value)
 _DECIDED = (ReviewState.APPROVED.value, ReviewState.REJECTED.value)
 
@@ -138,9 +143,11 @@ def _check_state(state: str | None) -> None:
 
 
 class ReviewService:
-    def __init__(self, engine: Engine, clock: Clock, workflows: WorkflowService) -> None:
+    def __init__(self, engine: Engine, clock: Clock, settings: Settings, workflows: WorkflowService) -> None:
         self._engine = engine
         self._clock = clock
+        self._media = settings.media
+        self._review = settings.review
         # the context's: a verdict on a workflow step must reach the notifier the project streams listen on
         self._workflows = workflows
 
@@ -216,6 +223,54 @@ class ReviewService:
         settled = self._move_task(conn, task, item, reviewer, reason, approve, now)
         return ReviewView.of(_read(conn, item.id), now), settled
 
+    def enforce_sla(self) -> SlaReport:
+        """The sweeper's scan of held tasks: `review_sla_near` for items past `review.sla_near_fraction` of the
+        SLA, and the SLA's verdict for items past it — `review.on_sla` for a playable output, a reject for a hold
+        without one. A live claim defers the verdict until it lapses: a reviewer is deciding."""
+        now = self._clock.now()
+        sla = timedelta(seconds=self._review.sla_s)
+        report = SlaReport()
+        with write_tx(self._engine) as conn:
+            for item in reviews.open_task_items(conn, now - sla * self._review.sla_near_fraction, limit=_SLA_PAGE):
+                if item.created_at > now - sla:
+                    report.near += _raise_sla_near(conn, item, item.created_at + sla, now)
+        with self._engine.connect() as conn:
+            due = reviews.open_task_items(conn, now - sla, limit=_SLA_PAGE)
+        for item in due:
+            with write_tx(self._engine) as conn:
+                verdict = self._sla_verdict(conn, item, now)
+            if verdict is not None:
+                report.decided.append((item.id, verdict))
+        return report
+
+    def _sla_verdict(self, conn: Connection, item: ReviewItem, now: datetime) -> ReviewState | None:
+        assert item.task_id is not None, "the SLA scan reads items about tasks only"
+        task = tasks.get(conn, item.task_id, lock=True)
+        if task.status != TaskStatus.MANUAL_REVIEW.value:
+            return None
+        if not reviews.take(conn, item.id, SLA_REVIEWER, now, now):
+            return None  # decided meanwhile, or a reviewer's claim is live
+        delivered = delivered_outputs(conn, task, self._media)
+        approve = self._review.on_sla == "approve" and delivered > 0 and _playable(conn, task)
+        verdict = ReviewState.APPROVED if approve else ReviewState.REJECTED
+        why = f"no verdict within the review SLA of {self._review.sla_s:g}s: " + (
+            f"review.on_sla = {self._review.on_sla}" if delivered else "no playable output, never approved"
+        )
+        reviews.record_decision(conn, item.id, SLA_REVIEWER, verdict, why, now)
+        change = Change(
+            EventSource.SWEEPER,
+            columns={"review_state": verdict.value},
+            payload={"review_item_id": str(item.id), "reviewer": SLA_REVIEWER, "reason": why},
+            error=None if approve else ErrorOutcome.REVIEW_SLA_PASSED,
+            error_code=None if approve else "review_sla_passed",
+            ledger_reason="review_sla_approved" if approve else "review_sla_passed",
+            delivered=delivered if approve else None,
+            created_by=SLA_REVIEWER,
+        )
+        # a reject by the SLA is not a person's verdict on the output: the tenant is not charged (FINAL_FAILURE)
+        decide_and_execute(conn, task, TaskEvent.REVIEW_APPROVED if approve else TaskEvent.FINAL_FAILURE, change, now)
+        return verdict
+
     def _decide_step(
         self, conn: Connection, item: ReviewItem, reviewer: str, reason: str, approve: bool, now: datetime
     ) -> ReviewView:
@@ -241,12 +296,36 @@ class ReviewService:
             # a stable code; the reviewer's words are in the review note and the state event payload
             error=None if approve else ErrorOutcome.REVIEW_REJECTED,
             error_code=None if approve else "rejected_in_review",
+            delivered=delivered_outputs(conn, task, self._media) if approve else None,
             created_by=reviewer,
         )
         try:
             return decide_and_execute(conn, task, event, change, now).booked
         except VersionConflict as exc:
             raise Conflict(f"task {task.id} changed while deciding; try again ({exc})") from None
+
+
+@dataclass
+class SlaReport:
+    #: items that raised (or bumped) `review_sla_near`
+    near: int = 0
+    #: items the SLA decided, with the verdict
+    decided: list[tuple[uuid.UUID, ReviewState]] = field(default_factory=list)
+
+
+def _raise_sla_near(conn: Connection, item: ReviewItem, due: datetime, now: datetime) -> int:
+    alerts.raise_alert(
+        conn,
+        alerts.Rule.REVIEW_SLA_NEAR,
+        AlertSeverity.WARNING,
+        dedup_key=str(item.id),
+        now=now,
+        subject_type="task",
+        subject_id=str(item.task_id),
+        message=f"review item {item.id} has no verdict; the review SLA decides it at {_iso(due)}",
+        details={"review_item_id": str(item.id), "sla_due_at": _iso(due)},
+    )
+    return 1
 
 
 def _read(conn: Connection, item_id: uuid.UUID) -> ReviewRow:

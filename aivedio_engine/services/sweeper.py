@@ -4,7 +4,9 @@ here and driven on (DESIGN §3). Every scan is idempotent; running two sweepers 
 - RETRY_WAIT whose next_retry_at passed → `retry_due` → QUEUED (the dispatcher picks it up).
 - DISPATCHING whose NEW attempt was never sent (submit message lost) → the submit event is published again.
 - SENDING attempts older than the grace (crash between tx A and tx B) → treated as ambiguous: UNKNOWN.
-- Non-terminal tasks past `deadline_at` → EXPIRED, the reservation closed by the billing rule.
+- Tasks past `deadline_at` whose vendor has not produced an output yet → EXPIRED, the reservation closed by the
+  billing rule. A held output (OUTPUT_FETCHING, POST_PROCESSING, MANUAL_REVIEW) is never expired: its steps run on
+  their own budgets, and a MANUAL_REVIEW hold on the review SLA (`services.review.enforce_sla`).
 - SUBMIT_UNKNOWN → reconciliation; CANCEL_REQUESTED → provider cancel; due polls.
 - OUTPUT_FETCHING / POST_PROCESSING untouched for its step's budget (`fetch_stuck_s`, `media_stuck_s`) with no
   request pending (its message went to the dead letters, or the worker died holding it) → the fetch or media
@@ -79,6 +81,8 @@ class SweepReport:
     storage_gc: dict[str, Any] = field(default_factory=dict)
     #: quarantined uploads deleted (promoted, rejected past their grace, abandoned)
     quarantine_cleared: int = 0
+    #: held tasks the review SLA decided (approved or rejected by `review.on_sla`)
+    review_sla_decided: int = 0
     #: what retention deleted this sweep (empty when it was not due)
     retention: dict[str, Any] = field(default_factory=dict)
 
@@ -98,6 +102,7 @@ class Sweeper:
         storage_gc: Callable[[], Any] | None = None,
         quarantine: Callable[[], int] | None = None,
         retention: Callable[[], Any] | None = None,
+        review_sla: Callable[[], Any] | None = None,
     ) -> None:
         self._engine = engine
         self._clock = clock
@@ -111,6 +116,7 @@ class Sweeper:
         self._keep_moving = keep_moving
         self._quarantine = quarantine
         self._retention = retention
+        self._review_sla = review_sla
         #: a SENDING attempt or an unconsumed submit message idle this long is presumed lost
         self._idle_grace = timedelta(seconds=settings.sweeper.idle_grace_s)
 
@@ -128,6 +134,8 @@ class Sweeper:
         r.rereduced, r.rematched, r.attempts_closed = kept.rereduced, kept.rematched, kept.attempts_closed
         r.orphans_expired = self._orphans()
         r.redriven = self._redrive_data_plane()
+        if self._review_sla is not None:
+            r.review_sla_decided = len(self._review_sla().decided)
         if self._upload_expirer is not None:
             r.uploads_expired = self._upload_expirer()
         if self._quarantine is not None:

@@ -164,6 +164,9 @@ class Change:
     #: the provider's billing verdict, for SETTLE_PER_BILLING_RULE
     billed: bool | None = None
     ledger_reason: str | None = None
+    #: a success: how many of the task's outputs were delivered (required derivatives READY); its charge is capped
+    #: at their quoted price. Required for every transition into SUCCEEDED.
+    delivered: int | None = None
     created_by: str = "engine"
     #: stops a live provider job after the commit, when the task ends while one runs (REQUEST_PROVIDER_CANCEL)
     cancel_job: Callable[[Any], object] | None = None
@@ -219,6 +222,8 @@ def execute(
         attempt_values=dict(change.attempt.values) if change.attempt else {},
         attempt_error=change.attempt.error if change.attempt else None,
     )
+    if decision.to_status is TaskStatus.SUCCEEDED and change.delivered is None:
+        raise ValueError("a success says how many outputs it delivered (Change.delivered): its charge depends on it")
     if change.error is not None:
         plan.columns["last_error_class"] = last_error_value(change.error)
         if change.error_code is not None:
@@ -287,6 +292,7 @@ def execute(
             reason=change.ledger_reason or decision.event.value,
             billed=change.billed,
             created_by=change.created_by,
+            delivered=change.delivered,
         )
     if plan.cancel_live_job and change.cancel_job is not None and after is not None:
         live = attempts.current(conn, task.id)
@@ -444,5 +450,6 @@ _HANDLERS: dict[Effect, Callable[[_Plan], None]] = {
     Effect.SETTLE_CREDITS: _close_credits,
     Effect.RELEASE_CREDITS: _close_credits,
     Effect.SETTLE_PER_BILLING_RULE: _close_credits,
+    Effect.ABSORB_PROVIDER_COST: _close_credits,
     Effect.NOTIFY: _notify,
 }

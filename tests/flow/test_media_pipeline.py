@@ -11,19 +11,21 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from aivedio_engine.db.tables import review_items
+from aivedio_engine.db.tables import credit_ledger, review_items
 from aivedio_engine.domain.retry import Step
 from aivedio_engine.domain.status import DerivativeProfile
 from aivedio_engine.media import derive
 from aivedio_engine.media.probe import ProbeUnavailable
 from aivedio_engine.providers.sim import app as sim_app
 from aivedio_engine.services import media as media_module
+from aivedio_engine.services.media import Outcome
 from aivedio_engine.storage import keys
 from aivedio_engine.storage.base import ObjectNotFound
 from tests.flow.test_output_fetch import (
@@ -32,10 +34,12 @@ from tests.flow.test_output_fetch import (
     Staged,
     alerts_of,
     assert_only_reserved,
+    assert_absorbed,
     assert_settled,
     assets_of,
     envelope,
     history,
+    ledger,
     outbox_of,
     pending,
     read_object,
@@ -73,7 +77,8 @@ def reviews(s: Staged) -> list[Any]:
 
 
 def assert_rejected(s: Staged, result: str, reason: str) -> None:
-    """Gate or checksum rejection: final, the raw asset REJECTED with the reason, alert, settled, no retry."""
+    """Gate or checksum rejection: final, the raw asset REJECTED with the reason, alert, no retry; the tenant is
+    not charged for an output it never received (the vendor's bill is platform cost)."""
     assert result.startswith("failed: "), result
     task = task_row(s.ctx, s.task_id)
     assert task.status == "FAILED_FINAL" and task.last_error_class == "media_rejected"
@@ -81,12 +86,13 @@ def assert_rejected(s: Staged, result: str, reason: str) -> None:
     raw = raw_of(s)
     assert raw.status == "REJECTED" and reason in raw.error
     assert derivatives(s) == []
-    (alert,) = alerts_of(s.ctx)
-    assert alert.rule == "media_failed" and alert.subject_id == str(s.task_id) and reason in alert.message
+    assert sorted(a.rule for a in alerts_of(s.ctx)) == ["media_failed", "platform_cost"]
+    (alert,) = alerts_of(s.ctx, "media_failed")
+    assert alert.subject_id == str(s.task_id) and reason in alert.message
     assert pending(s.ctx, MEDIA, due_only=False) == []
     assert outbox_of(s.ctx, STATUS_CHANGED, s.task_id)[-1].payload["status"] == "FAILED_FINAL"
     assert reviews(s) == []
-    assert_settled(s.ctx, s.task_id)
+    assert_absorbed(s.ctx, s.task_id)
 
 
 def replace_result(
@@ -233,7 +239,7 @@ def test_retryable_derivative_failure_retries_then_escalates_past_the_budget(
         assert reviews(s) == []
         (alert,) = alerts_of(s.ctx, "media_failed")
         assert "proxy_mp4: encoder crashed" in alert.message
-        assert_settled(s.ctx, s.task_id)
+        assert_absorbed(s.ctx, s.task_id)
     s.ctx.close()
 
 
@@ -274,7 +280,7 @@ def test_non_retryable_derivative_failure_fails_the_task_at_once(
     (alert,) = alerts_of(s.ctx, "media_failed")
     assert "no decodable frame" in alert.message
     assert reviews(s) == []
-    assert_settled(s.ctx, s.task_id)
+    assert_absorbed(s.ctx, s.task_id)
     s.ctx.close()
 
 
@@ -472,17 +478,90 @@ def test_late_media_request_after_the_review_hold_changes_nothing(tmp_path: Path
     s.ctx.close()
 
 
-def test_a_held_task_that_passes_its_deadline_closes_its_review_item(tmp_path: Path, sim: SimHandle) -> None:
-    s = staged(tmp_path, sim, prompt="a fox", media={"review_prompt_terms": ["fox"]})
+def _platform_cost_rows(s: Staged) -> list[tuple[Decimal, Decimal]]:
+    c = credit_ledger.c
+    with s.ctx.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(c.amount, c.vendor_amount).where(c.task_id == s.task_id, c.entry_type == "ADJUSTMENT")
+        ).all()
+    return [(Decimal(r.amount), Decimal(r.vendor_amount)) for r in rows]
+
+
+def _advance(s: Staged, seconds: float) -> None:
+    s.ctx.clock.advance(seconds)  # type: ignore[attr-defined]
+
+
+def test_a_held_output_is_not_expired_by_the_deadline_and_the_review_sla_rejects_it_uncharged(
+    tmp_path: Path, sim: SimHandle
+) -> None:
+    """The vendor produced the output and it is held for a person: the task's deadline no longer applies (it was
+    expired and charged for nothing). `review_sla_near` at 80 % of the SLA; at the SLA the default verdict
+    rejects it, the tenant pays nothing, and the vendor's bill is booked as platform cost with an alert."""
+    s = staged(tmp_path, sim, prompt="a fox", media={"review_prompt_terms": ["fox"]}, review={"sla_s": 7200})
     assert s.media() == "held for review"
     task = task_row(s.ctx, s.task_id)
-    s.ctx.clock.advance((task.deadline_at - s.ctx.clock.now()).total_seconds() + 1)  # type: ignore[attr-defined]
+    _advance(s, (task.deadline_at - s.ctx.clock.now()).total_seconds() + 1)  # past the 1 h deadline
 
-    assert s.ctx.sweeper.sweep().expired == 1
+    assert s.ctx.sweeper.sweep().expired == 0
+    assert task_row(s.ctx, s.task_id).status == "MANUAL_REVIEW"
+    assert_only_reserved(s.ctx, s.task_id)
+    assert not alerts_of(s.ctx, "review_sla_near")
 
+    (held,) = reviews(s)
+    _advance(s, (held.created_at + timedelta(seconds=7200 * 0.8) - s.ctx.clock.now()).total_seconds())
+    assert s.ctx.sweeper.sweep().review_sla_decided == 0
+    (near,) = alerts_of(s.ctx, "review_sla_near")
+    assert near.subject_id == str(s.task_id)
+    assert_only_reserved(s.ctx, s.task_id)
+
+    _advance(s, 7200 * 0.2 + 1)  # past the SLA
+    assert s.ctx.sweeper.sweep().review_sla_decided == 1
     task = task_row(s.ctx, s.task_id)
     (item,) = reviews(s)
-    assert task.status == "EXPIRED" and task.review_state == "EXPIRED"
-    assert item.state == "EXPIRED" and item.decided_by == "sweeper"
-    assert_settled(s.ctx, s.task_id)  # the provider delivered: its cost is settled, not released
+    assert (task.status, task.review_state, task.last_error_class) == ("FAILED_FINAL", "REJECTED", "review_sla_passed")
+    assert (item.state, item.decided_by) == ("REJECTED", "review-sla")
+    estimate = Decimal(task.estimated_cost)
+    assert ledger(s.ctx, s.task_id) == [("RESERVE", -estimate), ("RELEASE", estimate), ("ADJUSTMENT", Decimal(0))]
+    assert Decimal(task.actual_cost) == 0
+    assert _platform_cost_rows(s) == [(Decimal(0), estimate)]  # the sim billed the whole clip
+    (cost,) = alerts_of(s.ctx, "platform_cost")
+    assert cost.subject_id == str(s.task_id)
+    s.ctx.close()
+
+
+def test_the_review_sla_can_approve_a_playable_held_output_which_is_then_charged_once(
+    tmp_path: Path, sim: SimHandle
+) -> None:
+    s = staged(
+        tmp_path,
+        sim,
+        prompt="a fox",
+        media={"review_prompt_terms": ["fox"]},
+        review={"sla_s": 600, "on_sla": "approve"},
+    )
+    assert s.media() == "held for review"
+    _advance(s, 601)
+    assert s.ctx.sweeper.sweep().review_sla_decided == 1
+    task = task_row(s.ctx, s.task_id)
+    (item,) = reviews(s)
+    assert (task.status, task.review_state, item.state) == ("SUCCEEDED", "APPROVED", "APPROVED")
+    assert_settled(s.ctx, s.task_id)
+    assert s.ctx.sweeper.sweep().review_sla_decided == 0  # decided once
+    assert_settled(s.ctx, s.task_id)
+    s.ctx.close()
+
+
+def test_the_review_sla_never_approves_a_hold_without_a_playable_output(tmp_path: Path, sim: SimHandle) -> None:
+    """Media kept failing past its budget (manual_confirmation_required): nothing a client can play, so even
+    `on_sla = "approve"` rejects it, uncharged."""
+    s = staged(tmp_path, sim, review={"sla_s": 600, "on_sla": "approve"}, retry={"media": {"max_attempts": 1}})
+    broken = Outcome(unavailable="ffprobe is not installed")
+    s.ctx.media._process = lambda *a: broken  # type: ignore[method-assign]
+    assert s.media().startswith("held for review")
+    _advance(s, 601)
+    assert s.ctx.sweeper.sweep().review_sla_decided == 1
+    task = task_row(s.ctx, s.task_id)
+    assert (task.status, task.review_state) == ("FAILED_FINAL", "REJECTED")
+    estimate = Decimal(task.estimated_cost)
+    assert ledger(s.ctx, s.task_id) == [("RESERVE", -estimate), ("RELEASE", estimate), ("ADJUSTMENT", Decimal(0))]
     s.ctx.close()

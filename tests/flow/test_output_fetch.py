@@ -180,6 +180,22 @@ def assert_settled(ctx: AppContext, task_id: uuid.UUID) -> None:
     assert Decimal(task.reserved_amount) == 0
 
 
+def assert_absorbed(ctx: AppContext, task_id: uuid.UUID) -> None:
+    """Nothing delivered, not by the tenant's doing: the whole reservation released, nothing charged, and the
+    vendor's bill (the sim bills the clip) booked once as platform cost (a 0-credit ADJUSTMENT) with an alert."""
+    task = task_row(ctx, task_id)
+    estimate = Decimal(task.estimated_cost)
+    assert ledger(ctx, task_id) == [("RESERVE", -estimate), ("RELEASE", estimate), ("ADJUSTMENT", Decimal(0))]
+    assert Decimal(task.actual_cost) == 0 and Decimal(task.reserved_amount) == 0
+    c = credit_ledger.c
+    with ctx.engine.connect() as conn:
+        (vendor_amount,) = conn.execute(
+            sa.select(c.vendor_amount).where(c.task_id == task_id, c.entry_type == "ADJUSTMENT")
+        ).scalars()
+    assert Decimal(vendor_amount) == estimate > 0
+    assert [a.subject_id for a in alerts_of(ctx, "platform_cost")] == [str(task_id)]
+
+
 def assert_only_reserved(ctx: AppContext, task_id: uuid.UUID) -> None:
     task = task_row(ctx, task_id)
     assert [t for t, _ in ledger(ctx, task_id)] == ["RESERVE"]
@@ -398,7 +414,7 @@ def test_url_still_refused_after_refresh_retries_later_with_one_query_per_try(
     assert pending(s.ctx, FETCH, due_only=False) == []
     (alert,) = alerts_of(s.ctx, "output_fetch_failed")
     assert "retry budget spent" in alert.message
-    assert_settled(s.ctx, s.task_id)
+    assert_absorbed(s.ctx, s.task_id)
     s.ctx.close()
 
 
@@ -432,7 +448,7 @@ def test_redirects_beyond_the_limit_are_a_policy_refusal(tmp_path: Path, sim_fac
     assert pending(s.ctx, FETCH, due_only=False) == []
     (alert,) = alerts_of(s.ctx, "output_fetch_failed")
     assert "too_many_redirects" in alert.message
-    assert_settled(s.ctx, s.task_id)
+    assert_absorbed(s.ctx, s.task_id)
     s.ctx.close()
 
 
@@ -478,11 +494,12 @@ def test_output_url_refused_by_the_fetch_policy_fails_without_any_network_call(
     assert pending(s.ctx, FETCH, due_only=False) == []  # a policy refusal is never retried
     assert outbox_of(s.ctx, MEDIA, s.task_id) == []
     assert outbox_of(s.ctx, STATUS_CHANGED, s.task_id)[-1].payload["status"] == "FAILED_FINAL"
-    (alert,) = alerts_of(s.ctx)
-    assert alert.rule == "output_fetch_failed" and alert.subject_id == str(s.task_id)
+    assert sorted(a.rule for a in alerts_of(s.ctx)) == ["output_fetch_failed", "platform_cost"]
+    (alert,) = alerts_of(s.ctx, "output_fetch_failed")
+    assert alert.subject_id == str(s.task_id)
     assert "refused by fetch policy" in alert.message
     assert "s3cr3t" not in alert.message  # signed query strings never reach alerts
-    assert_settled(s.ctx, s.task_id)
+    assert_absorbed(s.ctx, s.task_id)
     s.ctx.close()
 
 
@@ -555,7 +572,7 @@ def test_a_store_outage_holds_the_fetch_without_spending_a_try_and_raises_one_al
     s.ctx.close()
 
 
-def test_transient_failure_past_the_budget_fails_the_task_and_settles(
+def test_transient_failure_past_the_budget_fails_the_task_and_releases_the_credits(
     tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s = stage(tmp_path, sim, retry={"output_fetch": {"max_attempts": 3, "base_delay_s": 2, "max_delay_s": 2}})
@@ -582,7 +599,7 @@ def test_transient_failure_past_the_budget_fails_the_task_and_settles(
     (alert,) = alerts_of(s.ctx, "output_fetch_failed")
     assert "3/3" in alert.message and alert.subject_id == str(s.task_id)
     assert assets_of(s.ctx, s.task_id) == []
-    assert_settled(s.ctx, s.task_id)
+    assert_absorbed(s.ctx, s.task_id)
     assert outbox_of(s.ctx, STATUS_CHANGED, s.task_id)[-1].payload["status"] == "FAILED_FINAL"
     s.ctx.close()
 

@@ -36,6 +36,7 @@ from aivedio_engine.services.transition import (
     FetchOrder,
     ReviewOrder,
     UnhandledEffect,
+    VersionConflict,
     decide_and_execute,
 )
 from tests.chaos.support import insert_tasks, insert_tenant
@@ -138,6 +139,13 @@ def test_a_decision_effect_without_a_handler_is_an_error(ctx: AppContext, monkey
     task_id = seed(ctx, TaskStatus.POST_PROCESSING)
     monkeypatch.delitem(transition._HANDLERS, Effect.SETTLE_CREDITS)
     with pytest.raises(UnhandledEffect, match="no handler for settle_credits"):
+        run(ctx, task_id, TaskEvent.PLAYABLE_ASSET_READY, Change(EventSource.WORKER, delivered=1))
+    assert rows(ctx, credit_ledger) == [] and rows(ctx, task_state_events) == []
+
+
+def test_a_success_that_does_not_say_what_it_delivered_is_refused_before_any_write(ctx: AppContext) -> None:
+    task_id = seed(ctx, TaskStatus.POST_PROCESSING)
+    with pytest.raises(ValueError, match="how many outputs it delivered"):
         run(ctx, task_id, TaskEvent.PLAYABLE_ASSET_READY, Change(EventSource.WORKER))
     assert rows(ctx, credit_ledger) == [] and rows(ctx, task_state_events) == []
 
@@ -170,7 +178,7 @@ def test_last_error_class_takes_no_free_strings(ctx: AppContext) -> None:
     assert rows(ctx, task_state_events) == []
 
 
-def test_review_item_opens_with_manual_review_and_expires_with_the_deadline(ctx: AppContext) -> None:
+def test_review_item_opens_with_manual_review_and_closes_when_the_task_leaves_it_otherwise(ctx: AppContext) -> None:
     task_id = seed(ctx, TaskStatus.POST_PROCESSING)
     run(ctx, task_id, TaskEvent.REVIEW_REQUIRED, Change(EventSource.WORKER, review=ReviewOrder(None, "held")))
     [item] = rows(ctx, review_items, review_items.c.task_id == task_id)
@@ -178,11 +186,14 @@ def test_review_item_opens_with_manual_review_and_expires_with_the_deadline(ctx:
     assert rows(ctx, generation_tasks)[0].review_state == "PENDING"
     with ctx.engine.begin() as conn:
         conn.execute(generation_tasks.update().values(deadline_at=ctx.clock.now()))
-    run(ctx, task_id, TaskEvent.DEADLINE_PASSED, Change(EventSource.SWEEPER, created_by="sweeper"))
+    # the deadline does not govern a held output
+    with pytest.raises(VersionConflict, match="no transition from MANUAL_REVIEW on deadline_passed"):
+        run(ctx, task_id, TaskEvent.DEADLINE_PASSED, Change(EventSource.SWEEPER, created_by="sweeper"))
+    run(ctx, task_id, TaskEvent.FINAL_FAILURE, Change(EventSource.SWEEPER, created_by="sweeper"))
     [item] = rows(ctx, review_items, review_items.c.task_id == task_id)
     assert (item.state, item.decided_by) == ("EXPIRED", "sweeper")
     task = rows(ctx, generation_tasks)[0]
-    assert (task.status, task.review_state, task.reserved_amount) == ("EXPIRED", "EXPIRED", 0)
+    assert (task.status, task.review_state, task.reserved_amount) == ("FAILED_FINAL", "EXPIRED", 0)
 
 
 def test_a_finished_attempt_frees_its_slot_only_after_the_commit(ctx: AppContext) -> None:

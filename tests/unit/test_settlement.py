@@ -91,9 +91,70 @@ def test_each_row_of_the_table(
     assert got.charged <= quote.reserved  # never charged past the reservation
 
 
+ABSORB = (Effect.ABSORB_PROVIDER_COST,)
+#: 30 credits for three outputs of 5 s: 10 credits an output
+THREE = Quote(estimate=D("30"), reserved=D("30"), requested_seconds=5, requested_outputs=3)
+
+# rule, effects, quote, bill, accepted, delivered → entry, closing amount, charged, platform cost
+WHO_PAYS = [
+    # nothing delivered, not the tenant's doing: everything released, the vendor's bill is ours
+    (Rule.PLATFORM_COST, ABSORB, QUOTE, Bill(billed=True, seconds=D(5)), True, None, LE.RELEASE, "10", "0", "10"),
+    (Rule.PLATFORM_COST, ABSORB, QUOTE, Bill(billed=True, seconds=D(2)), True, None, LE.RELEASE, "10", "0", "4"),
+    (Rule.PLATFORM_COST, ABSORB, QUOTE, Bill(), True, None, LE.RELEASE, "10", "0", "10"),  # no units: price list
+    # ... and nothing to bear when the vendor did not bill, or no job was ever accepted
+    (Rule.VENDOR_DID_NOT_BILL, ABSORB, QUOTE, Bill(billed=False), True, None, LE.RELEASE, "10", "0", "0"),
+    (Rule.NO_ACCEPTED_JOB, ABSORB, QUOTE, Bill(), False, None, LE.RELEASE, "10", "0", "0"),
+    # a success charges only the outputs it delivered: 3 made and billed, 1 delivered → 10 charged, 20 ours
+    (
+        Rule.UNDELIVERED_OUTPUTS,
+        SETTLE,
+        THREE,
+        Bill(billed=True, outputs=3),
+        True,
+        1,
+        LE.SETTLE,
+        "20",
+        "10",
+        "20",
+    ),
+    # the vendor billed one output of three and one was delivered: the bill decides, nothing is ours
+    (Rule.BILLED_UNITS, SETTLE, THREE, Bill(billed=True, outputs=1), True, 1, LE.SETTLE, "20", "10", "0"),
+    # every output delivered: the delivery cap changes nothing
+    (Rule.BILLED_UNITS, SETTLE, THREE, Bill(billed=True, outputs=3), True, 3, LE.SETTLE, "0", "30", "0"),
+    (Rule.PRICE_LIST, SETTLE, THREE, Bill(billed=True), True, 3, LE.SETTLE, "0", "30", "0"),
+    # a reviewer's reject (delivered None): per the vendor's bill, as before
+    (Rule.BILLED_UNITS, SETTLE, THREE, Bill(billed=True, outputs=3), True, None, LE.SETTLE, "0", "30", "0"),
+]
+
+
+@pytest.mark.parametrize(
+    ("rule", "effects", "quote", "bill", "accepted", "delivered", "entry", "amount", "charged", "platform"),
+    WHO_PAYS,
+    ids=[f"{r[0].value}-{i}" for i, r in enumerate(WHO_PAYS)],
+)
+def test_who_pays_when_not_everything_was_delivered(
+    rule: Rule,
+    effects: tuple[Effect, ...],
+    quote: Quote,
+    bill: Bill,
+    accepted: bool,
+    delivered: int | None,
+    entry: LE,
+    amount: str,
+    charged: str,
+    platform: str,
+) -> None:
+    got = settle(effects, quote, bill, accepted=accepted, delivered=delivered)
+    assert (got.rule, got.entry) == (rule, entry)
+    assert (got.amount, got.charged, got.platform_cost) == (D(amount), D(charged), D(platform))
+    assert -quote.reserved + got.amount + got.refund == -got.actual
+    if delivered is not None:  # money follows delivery
+        assert got.charged <= quote.estimate * delivered / quote.requested_outputs
+
+
 def test_every_rule_is_a_row_of_the_documented_table_and_is_tested() -> None:
     assert set(TABLE) == set(Rule)
-    assert {row[0] for row in ROWS} == set(Rule)
+    assert {row[0] for row in ROWS} | {row[0] for row in WHO_PAYS} == set(Rule)
 
 
 def test_price_per_unit_is_the_quoted_price_list() -> None:

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from aivedio_engine.domain.settlement import CLOSING_EFFECTS
 from aivedio_engine.domain.status import TASK_TERMINAL, AttemptStatus, CancelOutcome, TaskStatus
 from aivedio_engine.domain.transitions import (
     ATTEMPT_MACHINE,
@@ -47,6 +48,8 @@ def _expected_task_edges() -> dict[tuple[str, str], str]:
         ("CANCEL_REQUESTED", "cancel_confirmed"): "CANCELED",
         ("CANCEL_REQUESTED", "completion_won"): "OUTPUT_FETCHING",
         ("POST_PROCESSING", "review_required"): "MANUAL_REVIEW",
+        # a fetch past its budget with `manual_confirmation_required` holds the vendor's output for a person
+        ("OUTPUT_FETCHING", "review_required"): "MANUAL_REVIEW",
         ("MANUAL_REVIEW", "review_approved"): "SUCCEEDED",
         ("MANUAL_REVIEW", "review_rejected"): "FAILED_FINAL",
         ("SUBMIT_UNKNOWN", "cancel_requested"): "CANCEL_REQUESTED",
@@ -59,7 +62,9 @@ def _expected_task_edges() -> dict[tuple[str, str], str]:
         edges[(s, "cancel_requested")] = "CANCEL_REQUESTED"
     for s in NON_TERMINAL:
         edges[(s.value, "final_failure")] = "FAILED_FINAL"
-        edges[(s.value, "deadline_passed")] = "EXPIRED"
+        # the deadline governs until the vendor produced the output; a held output waits on its own budgets
+        if s.value not in ("OUTPUT_FETCHING", "POST_PROCESSING", "MANUAL_REVIEW"):
+            edges[(s.value, "deadline_passed")] = "EXPIRED"
     return edges
 
 
@@ -147,8 +152,15 @@ def test_deadline_passed_needs_the_deadline_to_have_passed() -> None:
         (TaskStatus.QUEUED, TaskEvent.CANCEL_REQUESTED, Effect.RELEASE_CREDITS),
         (TaskStatus.CREATED, TaskEvent.CANCEL_REQUESTED, None),
         (TaskStatus.RETRY_WAIT, TaskEvent.CANCEL_REQUESTED, Effect.SETTLE_PER_BILLING_RULE),
-        (TaskStatus.RUNNING, TaskEvent.FINAL_FAILURE, Effect.SETTLE_PER_BILLING_RULE),
-        (TaskStatus.POST_PROCESSING, TaskEvent.FINAL_FAILURE, Effect.SETTLE_CREDITS),
+        # nothing delivered, not the tenant's doing: released, the vendor's bill is platform cost
+        (TaskStatus.RUNNING, TaskEvent.FINAL_FAILURE, Effect.ABSORB_PROVIDER_COST),
+        (TaskStatus.POST_PROCESSING, TaskEvent.FINAL_FAILURE, Effect.ABSORB_PROVIDER_COST),
+        (TaskStatus.OUTPUT_FETCHING, TaskEvent.FINAL_FAILURE, Effect.ABSORB_PROVIDER_COST),
+        (TaskStatus.MANUAL_REVIEW, TaskEvent.FINAL_FAILURE, Effect.ABSORB_PROVIDER_COST),
+        # the tenant's or a person's decision: per the vendor's bill
+        (TaskStatus.MANUAL_REVIEW, TaskEvent.REVIEW_REJECTED, Effect.SETTLE_CREDITS),
+        (TaskStatus.CANCEL_REQUESTED, TaskEvent.FINAL_FAILURE, Effect.SETTLE_PER_BILLING_RULE),
+        (TaskStatus.RUNNING, TaskEvent.DEADLINE_PASSED, Effect.SETTLE_PER_BILLING_RULE),
         (TaskStatus.POST_PROCESSING, TaskEvent.PLAYABLE_ASSET_READY, Effect.SETTLE_CREDITS),
         (TaskStatus.CANCEL_REQUESTED, TaskEvent.CANCEL_CONFIRMED, Effect.SETTLE_PER_BILLING_RULE),
     ],
@@ -156,9 +168,9 @@ def test_deadline_passed_needs_the_deadline_to_have_passed() -> None:
 def test_closing_transitions_close_the_reservation(
     state: TaskStatus, event: TaskEvent, credit_effect: Effect | None
 ) -> None:
-    result = decide(TaskSnapshot(state, 1), event, NOW)
+    result = decide(TaskSnapshot(state, 1, deadline_at=NOW), event, NOW)
     assert isinstance(result, Decision)
-    money = {Effect.RELEASE_CREDITS, Effect.SETTLE_CREDITS, Effect.SETTLE_PER_BILLING_RULE} & set(result.effects)
+    money = set(CLOSING_EFFECTS) & set(result.effects)
     assert money == ({credit_effect} if credit_effect else set())
 
 
