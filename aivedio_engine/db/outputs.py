@@ -4,6 +4,7 @@ handed (the READY derivatives of those outputs, the raw output itself, an HLS pl
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -132,30 +133,6 @@ class RawOutputAsset(OutputAsset):
 _FILE = (_a.object_key, _a.size_bytes, _a.width, _a.height, _a.checksum_algorithm, _a.checksum_value)
 
 
-def _derived(r: Any) -> DerivedAsset:
-    return DerivedAsset(
-        r.id, r.object_key, r.size_bytes, r.width, r.height, r.checksum_algorithm, r.checksum_value, r.profile
-    )
-
-
-def ready_derivatives(
-    conn: Connection, tenant_id: uuid.UUID, task_id: uuid.UUID, pipeline_version: int
-) -> list[DerivedAsset]:
-    """The READY derivatives of the task's output built by `pipeline_version`."""
-    stmt = (
-        sa.select(_a.id, _a.profile, *_FILE)
-        .join(generation_tasks, _t.output_asset_id == _a.parent_asset_id)
-        .where(
-            _t.id == task_id,
-            _t.tenant_id == tenant_id,
-            _a.tenant_id == tenant_id,
-            _a.status == AssetStatus.READY.value,
-            _a.pipeline_version == pipeline_version,
-        )
-    )
-    return [_derived(r) for r in conn.execute(stmt)]
-
-
 def original(conn: Connection, tenant_id: uuid.UUID, task_id: uuid.UUID) -> OutputAsset | None:
     """The task's output asset (the raw output its derivatives were made from)."""
     stmt = (
@@ -171,51 +148,86 @@ def original(conn: Connection, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Outp
     )
 
 
-def job_raw_outputs(conn: Connection, tenant_id: uuid.UUID, task_id: uuid.UUID) -> list[RawOutputAsset]:
-    """Every raw output of the job the task's output came from, by index."""
-    raw, first = assets.alias("raw"), assets.alias("first")
+@dataclass(frozen=True, slots=True)
+class TaskOutputRow:
+    """One raw output of the job a task's output came from, with one of its READY derivatives (None: it has
+    none), as `task_outputs` returns them."""
+
+    task_id: uuid.UUID
+    #: the raw output the task points at (`output_asset_id`): the first of its job
+    is_task_output: bool
+    raw: RawOutputAsset
+    derived: DerivedAsset | None
+
+
+def task_outputs(
+    conn: Connection, tenant_id: uuid.UUID, task_ids: Sequence[uuid.UUID], pipeline_version: int
+) -> list[TaskOutputRow]:
+    """For each of `task_ids` (the tenant's), every raw output of the job its output came from, joined to their
+    READY derivatives built by `pipeline_version`; by task, then output index. One statement for any number of
+    tasks, so a page of a listing costs what one task does; tasks without an output have no rows."""
+    if not task_ids:
+        return []
+    first, raw, der = assets.alias("first"), assets.alias("raw"), assets.alias("der")
     stmt = (
         sa.select(
+            _t.id.label("task_id"),
+            _t.output_asset_id,
             raw.c.id,
             raw.c.output_index,
-            raw.c.object_key,
-            raw.c.size_bytes,
-            raw.c.width,
-            raw.c.height,
-            raw.c.checksum_algorithm,
-            raw.c.checksum_value,
+            *(raw.c[c.name] for c in _FILE),
+            der.c.id.label("d_id"),
+            der.c.profile.label("d_profile"),
+            *(der.c[c.name].label(f"d_{c.name}") for c in _FILE),
         )
-        .join(first, (first.c.task_id == raw.c.task_id) & (first.c.attempt_id == raw.c.attempt_id))
-        .join(generation_tasks, _t.output_asset_id == first.c.id)
-        .where(
-            _t.id == task_id,
-            _t.tenant_id == tenant_id,
-            raw.c.tenant_id == tenant_id,
-            raw.c.kind == AssetKind.RAW_OUTPUT.value,
+        .select_from(generation_tasks)
+        .join(first, first.c.id == _t.output_asset_id)
+        .join(
+            raw,
+            (raw.c.task_id == first.c.task_id)
+            & (raw.c.attempt_id == first.c.attempt_id)
+            & (raw.c.kind == AssetKind.RAW_OUTPUT.value)
+            & (raw.c.tenant_id == tenant_id),
         )
-        .order_by(raw.c.output_index)
+        .outerjoin(
+            der,
+            (der.c.parent_asset_id == raw.c.id)
+            & (der.c.tenant_id == tenant_id)
+            & (der.c.status == AssetStatus.READY.value)
+            & (der.c.pipeline_version == pipeline_version),
+        )
+        .where(_t.id.in_(list(task_ids)), _t.tenant_id == tenant_id)
+        .order_by(_t.id, raw.c.output_index, raw.c.id)
     )
     return [
-        RawOutputAsset(
-            r.id, r.object_key, r.size_bytes, r.width, r.height, r.checksum_algorithm, r.checksum_value, r.output_index
+        TaskOutputRow(
+            r.task_id,
+            r.id == r.output_asset_id,
+            RawOutputAsset(
+                r.id,
+                r.object_key,
+                r.size_bytes,
+                r.width,
+                r.height,
+                r.checksum_algorithm,
+                r.checksum_value,
+                r.output_index,
+            ),
+            None
+            if r.d_id is None
+            else DerivedAsset(
+                r.d_id,
+                r.d_object_key,
+                r.d_size_bytes,
+                r.d_width,
+                r.d_height,
+                r.d_checksum_algorithm,
+                r.d_checksum_value,
+                r.d_profile,
+            ),
         )
         for r in conn.execute(stmt)
     ]
-
-
-def ready_derivatives_of(
-    conn: Connection, tenant_id: uuid.UUID, parents: list[uuid.UUID], pipeline_version: int
-) -> list[tuple[uuid.UUID, DerivedAsset]]:
-    """The READY derivatives of `parents` built by `pipeline_version`, each with its parent."""
-    rows = conn.execute(
-        sa.select(_a.id, _a.parent_asset_id, _a.profile, *_FILE).where(
-            _a.parent_asset_id.in_(parents),
-            _a.tenant_id == tenant_id,
-            _a.status == AssetStatus.READY.value,
-            _a.pipeline_version == pipeline_version,
-        )
-    )
-    return [(r.parent_asset_id, _derived(r)) for r in rows]
 
 
 def hls_playlist_key(conn: Connection, asset_id: uuid.UUID) -> str | None:

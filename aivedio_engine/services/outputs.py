@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
@@ -55,6 +55,15 @@ class Variant:
     files: dict[str, OutputFile]
 
 
+@dataclass(frozen=True, slots=True)
+class TaskOutputs:
+    """What one task produced: `files` are its output's READY derivatives (the first variant's), `variants`
+    every output of its job with theirs."""
+
+    files: dict[str, OutputFile]
+    variants: list[Variant]
+
+
 class OutputService:
     def __init__(self, engine: Engine, settings: Settings, store: ObjectStore, signer: UrlSigner) -> None:
         self._engine = engine
@@ -62,44 +71,47 @@ class OutputService:
         self._store = store
         self._signer = signer
 
+    def of_tasks(self, tenant_id: uuid.UUID, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, TaskOutputs]:
+        """What each of the tenant's `task_ids` produced, read in one statement however many there are (a page
+        of a listing); a task without an output is absent."""
+        if not task_ids:
+            return {}
+        with self._engine.connect() as conn:
+            rows = output_rows.task_outputs(conn, tenant_id, task_ids, self._settings.media.pipeline_version)
+        # rows come by task, then output index: each raw output once per READY derivative (or once, without)
+        variants: dict[uuid.UUID, list[Variant]] = {}
+        first: dict[uuid.UUID, Variant] = {}
+        by_raw: dict[uuid.UUID, Variant] = {}
+        for row in rows:
+            variant = by_raw.get(row.raw.id)
+            if variant is None:
+                variant = by_raw[row.raw.id] = Variant(row.raw.output_index or 0, _file(row.raw, ORIGINAL), {})
+                variants.setdefault(row.task_id, []).append(variant)
+                if row.is_task_output:
+                    first[row.task_id] = variant
+            if row.derived is not None:
+                variant.files[row.derived.profile] = _file(row.derived, row.derived.profile)
+        return {
+            task: TaskOutputs(first[task].files if task in first else {}, found) for task, found in variants.items()
+        }
+
     def files(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> dict[str, OutputFile]:
         """READY derivatives of the task's output under the current pipeline version, by profile."""
-        with self._engine.connect() as conn:
-            rows = output_rows.ready_derivatives(conn, tenant_id, task_id, self._settings.media.pipeline_version)
-        return {
-            r.profile: OutputFile(r.id, r.profile, r.object_key, r.size_bytes, r.width, r.height, _sha256(r))
-            for r in rows
-        }
+        found = self.of_tasks(tenant_id, [task_id]).get(task_id)
+        return {} if found is None else found.files
 
     def original(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> OutputFile | None:
         """The raw provider output the derivatives were made from, for this machine's own user (embedded mode:
         `aivedio generations download`). Never handed out over the API: clients get transcoded derivatives only."""
         with self._engine.connect() as conn:
             r = output_rows.original(conn, tenant_id, task_id)
-        return (
-            None if r is None else OutputFile(r.id, ORIGINAL, r.object_key, r.size_bytes, r.width, r.height, _sha256(r))
-        )
+        return None if r is None else _file(r, ORIGINAL)
 
     def variants(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> list[Variant]:
         """Every output of the job the task's output came from, by index, each with its READY derivatives under
         the current pipeline version (a job of one output: one variant, the same files as `files()`)."""
-        pv = self._settings.media.pipeline_version
-        with self._engine.connect() as conn:
-            rows = output_rows.job_raw_outputs(conn, tenant_id, task_id)
-            derived = output_rows.ready_derivatives_of(conn, tenant_id, [r.id for r in rows], pv) if rows else []
-        by_parent: dict[uuid.UUID, dict[str, OutputFile]] = {r.id: {} for r in rows}
-        for parent, d in derived:
-            by_parent[parent][d.profile] = OutputFile(
-                d.id, d.profile, d.object_key, d.size_bytes, d.width, d.height, _sha256(d)
-            )
-        return [
-            Variant(
-                r.output_index or 0,
-                OutputFile(r.id, ORIGINAL, r.object_key, r.size_bytes, r.width, r.height, _sha256(r)),
-                by_parent[r.id],
-            )
-            for r in rows
-        ]
+        found = self.of_tasks(tenant_id, [task_id]).get(task_id)
+        return [] if found is None else found.variants
 
     def urls(
         self, tenant_id: uuid.UUID, task_id: uuid.UUID, files: dict[str, OutputFile] | None = None
@@ -147,10 +159,14 @@ class OutputService:
 
     def local_paths(self, tenant_id: uuid.UUID, task_id: uuid.UUID) -> dict[str, Path]:
         """Files on this machine (fs store only: embedded mode)."""
+        return {p: self.local_path(f) for p, f in self.files(tenant_id, task_id).items()}
+
+    def local_path(self, file: OutputFile) -> Path:
+        """Where `file` is on this machine (fs store only: embedded mode)."""
         root = getattr(self._store, "root", None)
         if self._store.kind != "fs" or root is None:
             raise ValueError("local paths exist only with the fs object store")
-        return {p: Path(root) / f.key for p, f in self.files(tenant_id, task_id).items()}
+        return Path(root) / file.key
 
 
 def rewrite_playlist(text: str, uri: Callable[[str], str]) -> str:
@@ -172,5 +188,6 @@ def safe_segment_name(name: str) -> bool:
     return bool(_SAFE_NAME.fullmatch(name))
 
 
-def _sha256(row: output_rows.OutputAsset) -> str | None:
-    return str(row.checksum_value) if row.checksum_algorithm == "sha256" and row.checksum_value else None
+def _file(row: output_rows.OutputAsset, profile: str) -> OutputFile:
+    sha256 = str(row.checksum_value) if row.checksum_algorithm == "sha256" and row.checksum_value else None
+    return OutputFile(row.id, profile, row.object_key, row.size_bytes, row.width, row.height, sha256)
