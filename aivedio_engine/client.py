@@ -26,6 +26,7 @@ from aivedio_engine.storage.base import CHUNK, iter_file
 
 if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext
+    from aivedio_engine.services.outputs import OutputFile
     from aivedio_engine.services.task_view import TaskView
     from aivedio_engine.services.tenants import Principal
 
@@ -200,7 +201,7 @@ class EmbeddedClient:
                 page, cursor = self._ctx.generations.list(
                     self._principal.tenant_id, status=status, limit=min(PAGE, limit - len(found)), cursor=cursor
                 )
-                found += [self._snapshot(t, with_outputs=False) for t in page]
+                found += self._snapshots(page)
                 if cursor is None:
                     break
         return found
@@ -218,14 +219,14 @@ class EmbeddedClient:
 
     def output_objects(self, task_id: str) -> list[OutputObject]:
         tid, tenant = _task_uuid(task_id), self._principal.tenant_id
-        variants = self._ctx.outputs.variants(tenant, tid)
-        if len(variants) > 1:
+        produced = self._ctx.outputs.of_tasks(tenant, [tid]).get(tid)
+        if produced is not None and len(produced.variants) > 1:
             return [
                 OutputObject(f.profile, f.key.rsplit("/", 1)[-1], f.key, f.sha256, f.size_bytes, v.index)
-                for v in variants
+                for v in produced.variants
                 for f in (*v.files.values(), v.original)
             ]
-        files = list(self._ctx.outputs.files(tenant, tid).values())
+        files = list(produced.files.values()) if produced is not None else []
         original = self._ctx.outputs.original(tenant, tid)
         return [
             OutputObject(f.profile, f.key.rsplit("/", 1)[-1], f.key, f.sha256, f.size_bytes)
@@ -265,33 +266,41 @@ class EmbeddedClient:
         events = notifications.history(self._ctx.engine, self._principal.tenant_id, uuid.UUID(task_id), after_version)
         return [Snapshot(task_id, e["status"], int(e["version"]), int(e["progress"] or 0)) for e in events]
 
-    def _snapshot(self, task: TaskView, *, with_outputs: bool = True) -> Snapshot:
-        outputs: dict[str, str] = {}
-        variants: list[dict[str, Any]] = []
-        if with_outputs and task.status == TaskStatus.SUCCEEDED.value:
-            outputs = {
-                p: str(path) for p, path in self._ctx.outputs.local_paths(self._principal.tenant_id, task.id).items()
-            }
-            root = Path(getattr(self._ctx.storage, "root", ""))
-            variants = [
-                {"index": v.index, "outputs": {p: str(root / f.key) for p, f in v.files.items()}}
-                for v in self._ctx.outputs.variants(self._principal.tenant_id, task.id)
-            ]
-        return Snapshot(
-            str(task.id),
-            task.status,
-            task.version,
-            task.progress,
-            task.last_error_class and f"{task.last_error_class}",
-            outputs,
-            model=task.model,
-            provider=task.provider,
-            cancel_outcome=task.cancel_outcome,
-            created_at=_iso(task.created_at),
-            updated_at=_iso(task.updated_at),
-            finished_at=_iso(task.finished_at),
-            variants=variants,
-        )
+    def _snapshot(self, task: TaskView) -> Snapshot:
+        (snap,) = self._snapshots([task])
+        return snap
+
+    def _snapshots(self, tasks: list[TaskView]) -> list[Snapshot]:
+        """What the CLI shows of `tasks`, with each SUCCEEDED one's outputs as files on this machine (the API's
+        `views` with local paths for signed URLs); every task's outputs read in one statement."""
+        outputs = self._ctx.outputs
+        done = [t.id for t in tasks if t.status == TaskStatus.SUCCEEDED.value]
+        produced = outputs.of_tasks(self._principal.tenant_id, done) if done else {}
+
+        def local(files: dict[str, OutputFile]) -> dict[str, str]:
+            return {p: str(outputs.local_path(f)) for p, f in files.items()}
+
+        found = []
+        for task in tasks:
+            out = produced.get(task.id)
+            found.append(
+                Snapshot(
+                    str(task.id),
+                    task.status,
+                    task.version,
+                    task.progress,
+                    task.last_error_class and f"{task.last_error_class}",
+                    local(out.files) if out else {},
+                    model=task.model,
+                    provider=task.provider,
+                    cancel_outcome=task.cancel_outcome,
+                    created_at=_iso(task.created_at),
+                    updated_at=_iso(task.updated_at),
+                    finished_at=_iso(task.finished_at),
+                    variants=[{"index": v.index, "outputs": local(v.files)} for v in out.variants] if out else [],
+                )
+            )
+        return found
 
     def close(self) -> None:
         pass

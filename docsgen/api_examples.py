@@ -19,8 +19,10 @@ EXAMPLES: dict[str, tuple[str, str]] = {
         f"curl -s {AUTH} {BASE}/v1/models",
     ),
     "POST /v1/generations": (
-        "202; same `Idempotency-Key` + same request → the original task (`Idempotent-Replayed: true`); + different "
-        "request → 409 `idempotency-key-reused`; still being created → 409 `idempotency-key-in-flight`; no key → "
+        "202; same `Idempotency-Key` + same request → the original task as `GET /v1/generations/{id}` shows it now "
+        "(`Idempotent-Replayed: true`; a finished one with its `outputs`, `output_assets` and `variants`, freshly "
+        "signed); + different request → 409 `idempotency-key-reused`; still being created → 409 "
+        "`idempotency-key-in-flight`; no key → "
         "400; a key outside the rule (*Idempotency keys* above) → 400 `idempotency-key-invalid`; not enough "
         "credits → 402; bad parameter → 422 (e.g. `n` — 1–4 outputs, part of the request and its "
         "hash, reserved as price × seconds × n — above the model's `max_outputs`, which `GET /v1/models` lists); "
@@ -46,7 +48,8 @@ EXAMPLES: dict[str, tuple[str, str]] = {
     ),
     "GET /v1/generations": (
         "Newest first, keyset pages; `?idempotency_key=K` finds the task a key made (the key's rule applies: "
-        "*Idempotency keys* above).",
+        "*Idempotency keys* above). Each task as `GET /v1/generations/{id}` shows it, a SUCCEEDED one with its "
+        "signed `outputs` and `variants`.",
         f'curl -s {AUTH} "{BASE}/v1/generations?status=QUEUED&limit=20"',
     ),
     "POST /v1/generations/{task_id}/cancel": (

@@ -62,7 +62,9 @@ class FastCreate:
             # judged on the bytes that came, as the service judges the route's (decoded as Latin-1: the same verdict)
             raw_key = headers.get(b"idempotency-key")
             key = None if raw_key is None else checked_key(raw_key)
-            content, extra = await accept(self._ctx, principal.tenant_id, key, request, state.get("request_id"))
+            content, extra = await accept(
+                self._ctx, Request(scope), principal.tenant_id, key, request, state.get("request_id")
+            )
         except Exception as exc:
             handler = self._handler(exc)
             if handler is None:

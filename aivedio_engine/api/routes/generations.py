@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from starlette.concurrency import run_in_threadpool
 
 from aivedio_engine.api.deps import Auth, Ctx
 from aivedio_engine.api.validation import KEY_SCHEMA, Text
@@ -101,11 +103,42 @@ class GenerationPage(BaseModel):
     next_cursor: str | None
 
 
-def render(
+def views(ctx: AppContext, request: Request, tenant_id: uuid.UUID, tasks: Sequence[TaskView]) -> list[Generation]:
+    """What the API answers about `tasks` (the create and its replay, GET, the list, the lookup by key, cancel):
+    each task, and once SUCCEEDED its outputs — signed URLs, their asset rows, every variant — all tasks' read in
+    one statement. Reads the database only when one of them is SUCCEEDED."""
+    playable = [t.id for t in tasks if t.status in _PLAYABLE]
+    produced = ctx.outputs.of_tasks(tenant_id, playable) if playable else {}
+    base = (ctx.settings.api.public_base_url or str(request.base_url)).rstrip("/") if produced else ""
+
+    def signed(task_id: uuid.UUID, files: dict[str, OutputFile]) -> tuple[dict[str, str], dict[str, OutputAsset]]:
+        # links served by this API (fs objects, HLS playlists) come as paths: made absolute for players
+        urls = {p: base + u if u.startswith("/") else u for p, u in ctx.outputs.urls(tenant_id, task_id, files).items()}
+        described = {
+            p: OutputAsset(id=f.asset_id, size_bytes=f.size_bytes, sha256=f.sha256)
+            for p, f in files.items()
+            if p in urls
+        }
+        return urls, described
+
+    found = []
+    for task in tasks:
+        out = produced.get(task.id)
+        urls, described = signed(task.id, out.files) if out else ({}, {})
+        variants = [
+            GenerationVariant(index=v.index, outputs=v_urls, output_assets=v_described)
+            for v in (out.variants if out else [])
+            for v_urls, v_described in [signed(task.id, v.files)]
+        ]
+        found.append(_render(task, urls, described, variants))
+    return found
+
+
+def _render(
     task: TaskView,
-    outputs: dict[str, str] | None = None,
-    output_assets: dict[str, OutputAsset] | None = None,
-    variants: list[GenerationVariant] | None = None,
+    outputs: dict[str, str],
+    output_assets: dict[str, OutputAsset],
+    variants: list[GenerationVariant],
 ) -> Generation:
     base = f"/v1/generations/{task.id}"
     return Generation(
@@ -128,9 +161,9 @@ def render(
         updated_at=_iso(task.updated_at) or "",
         finished_at=_iso(task.finished_at),
         links={"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel"},
-        outputs=outputs or {},
-        output_assets=output_assets or {},
-        variants=variants or [],
+        outputs=outputs,
+        output_assets=output_assets,
+        variants=variants,
     )
 
 
@@ -148,12 +181,17 @@ async def create_generation(
 ) -> Response:
     """Create a generation. The same Idempotency-Key with the same request returns the original task."""
     trace_id = getattr(request.state, "request_id", None)
-    content, headers = await accept(ctx, principal.tenant_id, idempotency_key, body, trace_id)
+    content, headers = await accept(ctx, request, principal.tenant_id, idempotency_key, body, trace_id)
     return Response(content, 202, headers, media_type="application/json")
 
 
 async def accept(
-    ctx: AppContext, tenant_id: uuid.UUID, idempotency_key: str | None, body: GenerationRequest, trace_id: str | None
+    ctx: AppContext,
+    request: Request,
+    tenant_id: uuid.UUID,
+    idempotency_key: str | None,
+    body: GenerationRequest,
+    trace_id: str | None,
 ) -> tuple[bytes, dict[str, str]]:
     """The create's 202, body and headers: the route above and its fast path (api/fast_create.py) answer with it."""
     raw = body.model_dump(exclude_none=True, mode="json")
@@ -161,42 +199,24 @@ async def accept(
     headers = {"Location": f"/v1/generations/{created.task.id}"}
     if created.replayed:
         headers["Idempotent-Replayed"] = "true"
+    if created.task.status in _PLAYABLE:  # only a replay can be finished: its outputs are a blocking read
+        (view,) = await run_in_threadpool(views, ctx, request, tenant_id, [created.task])
+    else:  # nothing to read: stays on the loop
+        (view,) = views(ctx, request, tenant_id, [created.task])
     # rendered here, not by FastAPI's response_model (kept for the schema): the model is built from our own view,
     # so validating it a second time on the way out only cost CPU on the hottest route
-    return render(created.task).model_dump_json().encode(), headers
+    return view.model_dump_json().encode(), headers
 
 
 @router.get("/{task_id}", response_model=Generation)
 def get_generation(task_id: uuid.UUID, request: Request, ctx: Ctx, principal: Auth) -> Generation:
-    task = ctx.generations.get(principal.tenant_id, task_id)
-    if task.status not in _PLAYABLE:
-        return render(task)
-    base = (ctx.settings.api.public_base_url or str(request.base_url)).rstrip("/")
-    # links served by this API (fs objects, HLS playlists) come as paths: make them absolute for players
-
-    def signed(files: dict[str, OutputFile]) -> tuple[dict[str, str], dict[str, OutputAsset]]:
-        urls = {
-            p: base + u if u.startswith("/") else u
-            for p, u in ctx.outputs.urls(principal.tenant_id, task_id, files).items()
-        }
-        described = {
-            p: OutputAsset(id=f.asset_id, size_bytes=f.size_bytes, sha256=f.sha256)
-            for p, f in files.items()
-            if p in urls
-        }
-        return urls, described
-
-    urls, described = signed(ctx.outputs.files(principal.tenant_id, task_id))
-    variants = [
-        GenerationVariant(index=v.index, outputs=v_urls, output_assets=v_described)
-        for v in ctx.outputs.variants(principal.tenant_id, task_id)
-        for v_urls, v_described in [signed(v.files)]
-    ]
-    return render(task, urls, described, variants)
+    (view,) = views(ctx, request, principal.tenant_id, [ctx.generations.get(principal.tenant_id, task_id)])
+    return view
 
 
 @router.get("", response_model=GenerationPage)
 def list_generations(
+    request: Request,
     ctx: Ctx,
     principal: Auth,
     status: Annotated[Text | None, Query(max_length=32, json_schema_extra=_STATUS_SCHEMA)] = None,
@@ -204,13 +224,15 @@ def list_generations(
     cursor: uuid.UUID | None = None,
     idempotency_key: Annotated[str | None, Query(json_schema_extra=KEY_SCHEMA)] = None,
 ) -> GenerationPage:
+    tenant_id = principal.tenant_id
     if idempotency_key is not None:  # at most one task per key: lets a client resume a batch without re-sending
-        found = ctx.generations.find_by_key(principal.tenant_id, idempotency_key)
-        return GenerationPage(data=[render(found)] if found else [], next_cursor=None)
-    page, nxt = ctx.generations.list(principal.tenant_id, status=status, limit=limit, cursor=cursor)
-    return GenerationPage(data=[render(t) for t in page], next_cursor=None if nxt is None else str(nxt))
+        found = ctx.generations.find_by_key(tenant_id, idempotency_key)
+        return GenerationPage(data=views(ctx, request, tenant_id, [found] if found else []), next_cursor=None)
+    page, nxt = ctx.generations.list(tenant_id, status=status, limit=limit, cursor=cursor)
+    return GenerationPage(data=views(ctx, request, tenant_id, page), next_cursor=None if nxt is None else str(nxt))
 
 
 @router.post("/{task_id}/cancel", status_code=202, response_model=Generation)
-def cancel_generation(task_id: uuid.UUID, ctx: Ctx, principal: Auth) -> Generation:
-    return render(ctx.generations.cancel(principal.tenant_id, task_id))
+def cancel_generation(task_id: uuid.UUID, request: Request, ctx: Ctx, principal: Auth) -> Generation:
+    (view,) = views(ctx, request, principal.tenant_id, [ctx.generations.cancel(principal.tenant_id, task_id)])
+    return view
