@@ -100,6 +100,19 @@ def raise_alert(
     conn.execute(stmt)
 
 
+def resolve_open(conn: Connection, rule: Rule, dedup_keys: Sequence[str], *, now: datetime) -> int:
+    """Resolve the unresolved (OPEN or ACKNOWLEDGED) alerts of `rule` with these dedup keys: for a condition the
+    engine itself sees end. Returns how many it closed."""
+    if not dedup_keys:
+        return 0
+    result = conn.execute(
+        alerts.update()
+        .where(_al.rule == rule.value, _al.dedup_key.in_(list(dedup_keys)), _al.status != AlertStatus.RESOLVED.value)
+        .values(status=AlertStatus.RESOLVED.value, resolved_at=now)
+    )
+    return result.rowcount
+
+
 def open_alerts(conn: Connection, rule: Rule | None = None) -> list[AlertView]:
     """The OPEN alerts (of one rule), oldest first."""
     stmt = sa.select(alerts).where(alerts.c.status == AlertStatus.OPEN.value)

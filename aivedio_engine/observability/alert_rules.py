@@ -4,7 +4,8 @@
 findings) and `AlertEvaluator` — called by the sweeper, at most every `alerts.interval_s` — writes each finding
 with `alerts.raise_alert`, whose dedup key keeps one open alert per rule and subject: a condition that holds
 on the next evaluation only moves its `last_seen_at`. Alerts are closed by people (acknowledged, resolved),
-not by the rule going quiet, so a flapping condition cannot hide.
+not by the rule going quiet, so a flapping condition cannot hide — except role_missing, which closes itself when a
+process of the role is alive again (each new absence is a new alert, so a flapping role still shows).
 
 The rules:
 - failed tasks: tasks reaching FAILED_FINAL or EXPIRED within `window_s` reach `failed_tasks`;
@@ -23,8 +24,9 @@ The rules:
   tasks, so their attempts are among the provider's;
 - storage capacity: a local data path (data dir; the object store root for `fs`) has less than `min_free_bytes`
   or `min_free_ratio` free. An S3 bucket has no capacity to read through its API, so it is not checked;
-- role missing: a required role (relay, worker, scheduler, sweeper) has no process seen alive within
-  `role_missing_s` while work waits for it (heartbeats, `services.liveness`). Every role process checks this
+- role missing: a required role (relay, worker, scheduler, sweeper) has no live process, and its newest heartbeat
+  (a process that stopped cleanly included) is `role_missing_s` old, while work waits for it (heartbeats,
+  `services.liveness`); it closes itself once a process of the role is alive. Every role process checks this
   rule from its heartbeat thread (not the sweeper's pass), so a missing sweeper is reported by whoever still runs;
 - motion (issue 14): one alert per subject of the audit's I2.4, I2.5, I7.4 and I10.3 once the sweeper's own
   repair had its budget (`services.invariants_motion.findings`).
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from aivedio_engine.db import alert_facts
 from aivedio_engine.db import workflows as wf_repo
 from aivedio_engine.db.alert_facts import Spend
-from aivedio_engine.db.alerts import Rule, raise_alert
+from aivedio_engine.db.alerts import Rule, raise_alert, resolve_open
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.snapshot import since_floor
 from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, TaskStatus
@@ -177,24 +179,23 @@ def evaluate(f: Facts, cfg: AlertSettings) -> list[Finding]:
 
 
 def role_findings(roles: list[RoleView], cfg: AlertSettings) -> list[Finding]:
-    """role_missing: only while work waits; a quiet system without a worker is not an incident."""
+    """role_missing (`RoleView.missing`): only while work waits, a quiet system without a worker is not an
+    incident; the age given is that of the role's newest heartbeat, whichever process wrote it."""
     out = []
     for r in roles:
-        if not r.required or not r.waiting:
+        if not r.missing(cfg.role_missing_s):
             continue
-        if r.last_seen_age_s is not None and r.last_seen_age_s < cfg.role_missing_s:
-            continue
-        seen = r.seen if r.last_seen_age_s is None else f"not seen for {_span(round(r.last_seen_age_s))}"
+        age = None if r.newest_age_s is None else round(r.newest_age_s, 1)
         out.append(
             Finding(
                 Rule.ROLE_MISSING,
                 AlertSeverity.CRITICAL,
                 r.role,
-                f"no {r.role} alive ({seen}) while {r.waiting} item(s) wait for it: start `aivedio serve --role "
+                f"no {r.role} alive ({r.seen}) while {r.waiting} item(s) wait for it: start `aivedio serve --role "
                 f"{r.role}`",
                 subject_type="role",
                 subject_id=r.role,
-                details={"waiting": r.waiting, "last_seen_age_s": r.last_seen_age_s},
+                details={"waiting": r.waiting, "last_seen_age_s": age},
             )
         )
     return out
@@ -384,7 +385,13 @@ class AlertEvaluator:
         ):
             return 0
         self._last_roles = now
-        return len(self._record(role_findings(self._liveness().report().roles, cfg), now))
+        roles = self._liveness().report().roles
+        # a role with a live process again closes its alert: the condition is presence, and an alert left open
+        # after the role came back would be read as the next outage (a new absence raises a new one)
+        back = [r.role for r in roles if r.alive]
+        with write_tx(self._engine) as conn:
+            resolve_open(conn, Rule.ROLE_MISSING, back, now=now)
+        return len(self._record(role_findings(roles, cfg), now))
 
     def _record(self, findings: list[Finding], now: datetime) -> list[Finding]:
         if findings:

@@ -420,8 +420,10 @@ class Doctor:
                 continue
             seen = r.seen
             advice = f"start `aivedio serve --role {r.role}` (or `aivedio serve` for all roles)"
-            if r.required and r.waiting and (r.last_seen_age_s is None or r.last_seen_age_s >= missing_s):
+            if r.missing(missing_s):
                 out.append(Check(f"role {r.role}", Level.FAIL, f"none alive ({seen}) while {r.waiting} wait", advice))
+            elif r.required and r.waiting:  # gone for less than role_missing_s: a restart, or the start of an outage
+                out.append(Check(f"role {r.role}", Level.WARN, f"none alive ({seen}) while {r.waiting} wait", advice))
             else:
                 out.append(Check(f"role {r.role}", Level.WARN, f"none alive ({seen}); nothing waits for it", advice))
         return out

@@ -102,9 +102,26 @@ class RoleView:
         }
 
     @property
+    def newest_age_s(self) -> float | None:
+        """Seconds since the newest heartbeat of any process with this role, stopped ones included (a clean stop
+        is its last sign of life); None: none in the window. A process that died long ago never shadows a newer
+        one that stopped."""
+        ages = [a for a in (self.last_seen_age_s, self.stopped_age_s) if a is not None]
+        return min(ages) if ages else None
+
+    def missing(self, after_s: float) -> bool:
+        """A required role no live process runs while work waits for it, and whose newest heartbeat is `after_s`
+        old (or that was never seen): a restart within `after_s` is not an outage."""
+        if not self.required or not self.waiting or self.alive:
+            return False
+        return self.newest_age_s is None or self.newest_age_s >= after_s
+
+    @property
     def seen(self) -> str:
-        """When a role with no live process was last seen, in words."""
-        if self.last_seen_age_s is not None:
+        """When a role with no live process was last seen (its newest heartbeat), in words."""
+        if self.last_seen_age_s is not None and (
+            self.stopped_age_s is None or self.last_seen_age_s <= self.stopped_age_s
+        ):
             return f"last seen {self.last_seen_age_s:.0f} s ago"
         if self.stopped_age_s is not None:
             return f"the last one stopped {self.stopped_age_s:.0f} s ago"
@@ -128,12 +145,8 @@ class LivenessReport:
         return [stall_message(r) for r in self.roles if r.required and r.waiting and not r.alive]
 
     def missing(self, after_s: float) -> list[RoleView]:
-        """Required roles with work waiting and no live process seen within `after_s`."""
-        return [
-            r
-            for r in self.roles
-            if r.required and r.waiting and (r.last_seen_age_s is None or r.last_seen_age_s >= after_s)
-        ]
+        """Required roles with work waiting, no live process, and no heartbeat within `after_s`."""
+        return [r for r in self.roles if r.missing(after_s)]
 
     def to_dict(self) -> dict[str, Any]:
         return {
