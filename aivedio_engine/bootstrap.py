@@ -387,7 +387,7 @@ class AppContext:
     def callbacks(self) -> CallbackService:
         from aivedio_engine.services.callbacks import CallbackService
 
-        return CallbackService(self.engine, self.clock, self.providers)
+        return CallbackService(self.engine, self.clock, self.providers, self.settings.alerts)
 
     @shared_property
     def output_fetch(self) -> OutputFetchService:

@@ -626,6 +626,11 @@ class AlertSettings(_Section):
     #: role_missing: a required role (relay, worker, scheduler, sweeper) not seen alive this long (s) while work
     #: waits for it.
     role_missing_s: float = Field(120, gt=0)
+    #: callback_verify_failures: a provider's callbacks failing verification (bad signature or token, stale
+    #: timestamp, no secret configured, unreadable body) at least this many times in one window, alerted.
+    callback_verify_failures: int = Field(20, ge=1)
+    #: the fixed windows (s) failed callback verifications are counted in (`callback_rejections`).
+    callback_verify_window_s: float = Field(300, ge=1)
 
 
 class LivenessSettings(_Section):

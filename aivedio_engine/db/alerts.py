@@ -58,6 +58,8 @@ class Rule(StrEnum):
     COMPOSITION_FAILURE_RATE = "composition_failure_rate"
     #: a required role (relay, worker, scheduler, sweeper) has not been seen alive while work waits for it
     ROLE_MISSING = "role_missing"
+    #: a provider's callbacks failed verification past `[alerts] callback_verify_failures` in one window
+    CALLBACK_VERIFY_FAILURES = "callback_verify_failures"
     # motion invariants (issue 14, services.invariants_motion): what the sweeper's repair did not fix in time
     ATTEMPT_OPEN_AFTER_TASK_ENDED = "attempt_open_after_task_ended"
     TASK_NOT_MOVING = "task_not_moving"

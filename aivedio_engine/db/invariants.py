@@ -20,6 +20,7 @@ from aivedio_engine.db.alerts import Rule
 from aivedio_engine.db.tables import (
     alerts,
     assets,
+    callback_rejections,
     generation_tasks,
     inbox_dedup,
     outbox_events,
@@ -61,6 +62,8 @@ class Scope:
     grace: timedelta
     #: I4.9: the derivative profiles a variant needs READY to count as delivered
     delivered_profiles: frozenset[str] = frozenset()
+    #: I10.4: failed callback verifications in one window that must have raised an alert
+    callback_verify_failures: int = 1
 
     @property
     def cutoff(self) -> datetime:
@@ -341,4 +344,29 @@ def expired_orphans_without_alert(s: Scope) -> Offenders:
     )
     return sa.select(_pe.id.label("provider_event_id"), _pe.provider, _pe.provider_job_id, _pe.expires_at).where(
         _pe.orphan, _pe.expires_at < s.cutoff, sa.not_(alerted)
+    )
+
+
+def unalerted_callback_failures(s: Scope) -> Offenders:
+    """A window with enough failed callback verifications that the alert evaluator, which reads the current and
+    the previous window every `alerts.interval_s`, would have raised `callback_verify_failures` for its provider
+    by now (its last failure is older than the grace), yet no such alert was seen since the window began."""
+    r = callback_rejections.c
+    windows = (
+        sa.select(
+            r.provider,
+            r.window_start,
+            sa.func.sum(r.failures).label("failures"),
+            sa.func.max(r.last_at).label("last_at"),
+        )
+        .group_by(r.provider, r.window_start)
+        .subquery()
+    )
+    alerted = sa.exists().where(
+        _al.rule == Rule.CALLBACK_VERIFY_FAILURES.value,
+        _al.dedup_key == windows.c.provider,
+        _al.last_seen_at >= windows.c.window_start,
+    )
+    return sa.select(windows.c.provider, windows.c.window_start, windows.c.failures, windows.c.last_at).where(
+        windows.c.failures >= s.callback_verify_failures, windows.c.last_at < s.cutoff, sa.not_(alerted)
     )

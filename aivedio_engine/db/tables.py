@@ -28,6 +28,7 @@ from aivedio_engine.domain.status import (
     AssetKind,
     AssetStatus,
     AttemptStatus,
+    CallbackRejectReason,
     CancelOutcome,
     DerivativeProfile,
     EventSource,
@@ -876,6 +877,25 @@ process_heartbeats = sa.Table(
     sa.CheckConstraint("pid > 0", name="pid_positive"),
 )
 sa.Index("ix_process_heartbeats_last_seen", process_heartbeats.c.last_seen)
+
+# --- 0029_callback_rejections --------------------------------------------------------------------------------
+
+callback_rejections = sa.Table(
+    "callback_rejections",
+    metadata,
+    _id(),
+    sa.Column("provider", sa.String(64), nullable=False),
+    sa.Column("reason", sa.String(32), nullable=False),
+    sa.Column("window_start", TS, nullable=False),
+    sa.Column("failures", sa.Integer, nullable=False),
+    sa.Column("first_at", TS, nullable=False),
+    sa.Column("last_at", TS, nullable=False),
+    sa.Column("detail", sa.Text, nullable=False),
+    sa.UniqueConstraint("provider", "reason", "window_start"),
+    enum_check("reason", CallbackRejectReason),
+    sa.CheckConstraint("failures >= 1", name="failures_positive"),
+)
+sa.Index("ix_callback_rejections_window_start", callback_rejections.c.window_start)
 
 # --- created by the migration runner itself, before any migration --------------------------------------------
 

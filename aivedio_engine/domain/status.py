@@ -216,6 +216,19 @@ class DerivativeProfile(StrEnum):
     WAVEFORM = "waveform"
 
 
+class CallbackRejectReason(StrEnum):
+    """Why a provider callback failed verification (`callback_rejections.reason`, the metric's `reason` label)."""
+
+    #: unsigned, or signed by no key or token we hold (a forgery, or a secret rotated on one side only)
+    SIGNATURE = "signature"
+    #: signed too long ago or in the future: a replay, or a skewed clock
+    TIMESTAMP = "timestamp"
+    #: we hold no secret or key to verify it with (the provider's webhook settings are missing)
+    NOT_CONFIGURED = "not_configured"
+    #: the body is not what the provider sends (not JSON, not a job, too large)
+    MALFORMED = "malformed"
+
+
 class WebhookDeliveryState(StrEnum):
     """One client webhook delivery (endpoint × event): FAILED is "last attempt failed, another is scheduled";
     DEAD is "the retry budget is spent" (or the endpoint is gone), until an operator replays it."""
@@ -245,4 +258,5 @@ CHECKED_COLUMNS: dict[str, type[StrEnum]] = {
     "alerts.severity": AlertSeverity,
     "alerts.status": AlertStatus,
     "webhook_deliveries.state": WebhookDeliveryState,
+    "callback_rejections.reason": CallbackRejectReason,
 }

@@ -29,17 +29,22 @@ The rules:
   `services.liveness`); it closes itself once a process of the role is alive. Every role process checks this
   rule from its heartbeat thread (not the sweeper's pass), so a missing sweeper is reported by whoever still runs;
 - motion (issue 14): one alert per subject of the audit's I2.4, I2.5, I7.4 and I10.3 once the sweeper's own
-  repair had its budget (`services.invariants_motion.findings`).
+  repair had its budget (`services.invariants_motion.findings`);
+- callback verification: a provider's callbacks failed verification (`callback_rejections`, written by
+  `services.callbacks`) at least `callback_verify_failures` times in one fixed window of
+  `callback_verify_window_s`. The current and the previous window are read, so a window that fills up between two
+  evaluations is still seen; the audit's I10.4 checks that each such window got its alert.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from aivedio_engine.db import alert_facts
+from aivedio_engine.db import callback_rejections as rejections
 from aivedio_engine.db import workflows as wf_repo
 from aivedio_engine.db.alert_facts import Spend
 from aivedio_engine.db.alerts import Rule, raise_alert, resolve_open
@@ -79,6 +84,8 @@ class Facts:
     composition_failed: int = 0
     project_costs: list[wf_repo.ProjectCost] = field(default_factory=list)
     roles: list[RoleView] = field(default_factory=list)  # liveness of each role and the work waiting for it
+    #: provider → (failed verifications, their reasons) in its fuller window of the current and the previous one
+    callback_failures: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,21 @@ def evaluate(f: Facts, cfg: AlertSettings) -> list[Finding]:
                 )
             )
     out += _workflow_findings(f, cfg)
+    for provider, (failures, reasons) in sorted(f.callback_failures.items()):
+        if failures >= cfg.callback_verify_failures:
+            out.append(
+                Finding(
+                    Rule.CALLBACK_VERIFY_FAILURES,
+                    AlertSeverity.WARNING,
+                    provider,
+                    f"provider {provider}: {failures} callbacks failed verification within "
+                    f"{_span(cfg.callback_verify_window_s)} ({reasons}): its webhook secret may differ from ours, "
+                    f"or someone else calls /v1/callbacks/{provider}; its jobs are followed by polling meanwhile",
+                    subject_type="provider",
+                    subject_id=provider,
+                    details={"failures": failures, "reasons": reasons.split(",")},
+                )
+            )
     for path, (free, total) in sorted(f.disks.items()):
         if free < cfg.min_free_bytes or (total and free / total < cfg.min_free_ratio):
             out.append(
@@ -305,9 +327,21 @@ def gather(conn: Connection, settings: Settings, now: datetime) -> Facts:
         media_finished=media_finished,
         media_failed=media_failed,
         spend=alert_facts.spend(conn, now),
+        callback_failures=_callback_failures(conn, cfg, now),
         disks={p: (u.free, u.total) for p, u in storage_usage(settings).items()},
         **_workflow_facts(conn, now, since, floor),
     )
+
+
+def _callback_failures(conn: Connection, cfg: AlertSettings, now: datetime) -> dict[str, tuple[int, str]]:
+    """Per provider, the fuller of its current and previous windows of failed callback verifications."""
+    window = cfg.callback_verify_window_s
+    since = rejections.window_start(now, window) - timedelta(seconds=window)
+    fullest: dict[str, tuple[int, str]] = {}
+    for row in rejections.recent_windows(conn, since):
+        if row.failures > fullest.get(row.provider, (0, ""))[0]:
+            fullest[row.provider] = (int(row.failures), ",".join(sorted(set(row.reasons.split(",")))))
+    return fullest
 
 
 def _workflow_facts(conn: Connection, now: datetime, since: datetime, floor: Any) -> dict[str, Any]:

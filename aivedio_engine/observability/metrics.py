@@ -104,6 +104,13 @@ REDUCER_BATCH_FALLBACKS = Counter(
     "Reducer batches rolled back and reduced one event at a time, by the error class that stopped them.",
     ["error"],
 )
+#: provider callbacks answered 401 by this API process (`callback_rejections` holds them across processes)
+CALLBACK_VERIFY_FAILURES = Counter(
+    "aivedio_callback_verify_failures",
+    "Provider callbacks that failed verification in this process, by provider and reason "
+    "(signature, timestamp, not_configured, malformed).",
+    ["provider", "reason"],
+)
 ACTOR_IN_PROGRESS = Gauge("aivedio_actor_in_progress", "Actor calls running now in this process.", ["actor"])
 MEDIA_ACTORS = ("process_media",)
 

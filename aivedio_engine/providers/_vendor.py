@@ -22,6 +22,7 @@ from pydantic import SecretStr
 from aivedio_engine.config import ProviderSettings
 from aivedio_engine.domain.references import LimitExceeded, ModelLimits, check_counts, check_shape
 from aivedio_engine.domain.retry import ErrorClass
+from aivedio_engine.domain.status import CallbackRejectReason as Reason
 from aivedio_engine.httpclient import HttpClient, NotSent, Response, SentUnknown
 from aivedio_engine.providers.base import (
     Ambiguous,
@@ -210,16 +211,16 @@ def check_token(headers: Mapping[str, str], secrets: Iterable[SecretStr], bindin
     """Accept only a configured shared secret (binding None) or a token bound to `binding`; else reject."""
     keys = secret_values(secrets)
     if not keys:
-        raise CallbackRejected("no callback secret configured")
+        raise CallbackRejected("no callback secret configured", Reason.NOT_CONFIGURED)
     presented = header(headers, CALLBACK_TOKEN_HEADER)
     if not presented or len(presented) > 256:
-        raise CallbackRejected("missing callback token")
+        raise CallbackRejected("missing callback token", Reason.SIGNATURE)
     matched = False
     for key in keys:
         expected = key if binding is None else binding_token(key, binding)
         matched |= hmac.compare_digest(expected.encode(), presented.strip().encode())
     if not matched:
-        raise CallbackRejected("callback token does not match")
+        raise CallbackRejected("callback token does not match", Reason.SIGNATURE)
 
 
 # --- capabilities ------------------------------------------------------------------------------------------------

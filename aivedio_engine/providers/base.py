@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from aivedio_engine.domain.references import ModelLimits
 from aivedio_engine.domain.retry import ErrorClass
+from aivedio_engine.domain.status import CallbackRejectReason
 
 
 class JobStatus(StrEnum):
@@ -194,7 +195,12 @@ class Capabilities:
 
 
 class CallbackRejected(Exception):
-    """Signature, timestamp or body is not acceptable: the caller answers 4xx and stores nothing."""
+    """Signature, timestamp or body is not acceptable: the caller answers 4xx and stores nothing of the request but
+    `reason` (`callback_rejections`); a body that is not what the vendor sends is the default."""
+
+    def __init__(self, message: str, reason: CallbackRejectReason = CallbackRejectReason.MALFORMED) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @runtime_checkable

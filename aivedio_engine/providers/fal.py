@@ -62,6 +62,7 @@ from typing import Any
 from aivedio_engine.config import ProviderSettings
 from aivedio_engine.domain.references import MB, ModelLimits
 from aivedio_engine.domain.retry import ErrorClass
+from aivedio_engine.domain.status import CallbackRejectReason as Reason
 from aivedio_engine.httpclient import HttpClient, Response
 from aivedio_engine.providers import _vendor as v
 from aivedio_engine.providers.base import (
@@ -275,7 +276,7 @@ class FalProvider:
         request_id = self._verify(headers, raw_body, now)
         data = v.callback_json(raw_body)
         if data.get("request_id") != request_id:
-            raise CallbackRejected("body request_id differs from the signed header")
+            raise CallbackRejected("body request_id differs from the signed header", Reason.SIGNATURE)
         outcome = data.get("status")
         event_id = f"{request_id}:{outcome}"
         if outcome == "OK":
@@ -307,24 +308,26 @@ class FalProvider:
         )
         request_id, user_id, ts, sig_hex = (v.header(headers, n) for n in names)
         if not (request_id and user_id and ts and sig_hex):
-            raise CallbackRejected("missing X-Fal-Webhook-* headers")
+            raise CallbackRejected("missing X-Fal-Webhook-* headers", Reason.SIGNATURE)
         if not _TIMESTAMP.fullmatch(ts) or not _HEX.fullmatch(sig_hex):
-            raise CallbackRejected("malformed X-Fal-Webhook-* headers")
+            raise CallbackRejected("malformed X-Fal-Webhook-* headers", Reason.SIGNATURE)
         now_s = (now if now.tzinfo else now.replace(tzinfo=UTC)).timestamp()
         if abs(int(ts) - now_s) > self._tolerance_s:
-            raise CallbackRejected("webhook timestamp outside the tolerance")
+            raise CallbackRejected("webhook timestamp outside the tolerance", Reason.TIMESTAMP)
         if not isinstance(raw_body, bytes | bytearray):
             raise CallbackRejected("body must be raw bytes")
         digest = hashlib.sha256(bytes(raw_body)).hexdigest()
         message = f"{request_id}\n{user_id}\n{ts}\n{digest}".encode()
         keys = _public_keys(v.secret_values(self._settings.webhook_secrets))
         if not keys:
-            raise CallbackRejected("no usable fal public key configured")
+            raise CallbackRejected("no usable fal public key configured", Reason.NOT_CONFIGURED)
         try:
             from cryptography.exceptions import InvalidSignature
             from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
         except ImportError:  # no honest way to check the signature: refuse rather than accept unverified
-            raise CallbackRejected("ed25519 verification unavailable (cryptography not installed)") from None
+            raise CallbackRejected(
+                "ed25519 verification unavailable (cryptography not installed)", Reason.NOT_CONFIGURED
+            ) from None
         signature = bytes.fromhex(sig_hex)
         for raw_key in keys:
             try:
@@ -332,7 +335,7 @@ class FalProvider:
                 return request_id
             except (InvalidSignature, ValueError):
                 continue
-        raise CallbackRejected("no fal public key verifies the signature")
+        raise CallbackRejected("no fal public key verifies the signature", Reason.SIGNATURE)
 
 
 def _public_keys(secrets: list[str]) -> list[bytes]:

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import SecretStr
 from standardwebhooks.webhooks import Webhook
 
+from aivedio_engine.domain.status import CallbackRejectReason as Reason
 from aivedio_engine.providers.base import CallbackRejected
 
 DEFAULT_TOLERANCE_S = 300
@@ -87,17 +88,17 @@ def _verify(
     values = _required_headers(headers)
     msg_id, ts_raw, sig_header = values["webhook-id"], values["webhook-timestamp"], values["webhook-signature"]
     if not _MSG_ID.fullmatch(msg_id):
-        raise CallbackRejected("invalid webhook-id")
+        raise CallbackRejected("invalid webhook-id", Reason.SIGNATURE)
     if not _TIMESTAMP.fullmatch(ts_raw):
-        raise CallbackRejected("invalid webhook-timestamp")
+        raise CallbackRejected("invalid webhook-timestamp", Reason.TIMESTAMP)
     ts = int(ts_raw)
     now_s = (now if now.tzinfo else now.replace(tzinfo=UTC)).timestamp()
     if ts < now_s - tolerance_s:
-        raise CallbackRejected("webhook-timestamp too old")
+        raise CallbackRejected("webhook-timestamp too old", Reason.TIMESTAMP)
     if ts > now_s + tolerance_s:
-        raise CallbackRejected("webhook-timestamp too new")
+        raise CallbackRejected("webhook-timestamp too new", Reason.TIMESTAMP)
     if len(sig_header) > MAX_SIGNATURE_HEADER_CHARS:
-        raise CallbackRejected("webhook-signature too long")
+        raise CallbackRejected("webhook-signature too long", Reason.SIGNATURE)
     candidates = _v1_signatures(sig_header)
     try:
         text = bytes(raw_body).decode("utf-8")
@@ -112,7 +113,7 @@ def _verify(
         for candidate in candidates:
             matched |= hmac.compare_digest(expected, candidate)
     if not matched:
-        raise CallbackRejected("no matching signature")
+        raise CallbackRejected("no matching signature", Reason.SIGNATURE)
     return VerifiedWebhook(msg_id=msg_id, timestamp=timestamp, body=bytes(raw_body))
 
 
@@ -124,20 +125,20 @@ def _required_headers(headers: Mapping[str, str]) -> dict[str, str]:
             continue
         if key in found:
             # two ids or timestamps: which one was signed and which one is deduped would be up to the parser
-            raise CallbackRejected(f"duplicate {key} header")
+            raise CallbackRejected(f"duplicate {key} header", Reason.SIGNATURE)
         if not isinstance(value, str):
-            raise CallbackRejected(f"invalid {key} header")
+            raise CallbackRejected(f"invalid {key} header", Reason.SIGNATURE)
         found[key] = value.strip()
     for key in _HEADERS:
         if not found.get(key):
-            raise CallbackRejected(f"missing {key} header")
+            raise CallbackRejected(f"missing {key} header", Reason.SIGNATURE)
     return found
 
 
 def _v1_signatures(header: str) -> list[bytes]:
     entries = header.split()
     if len(entries) > MAX_SIGNATURES:
-        raise CallbackRejected("too many signatures")
+        raise CallbackRejected("too many signatures", Reason.SIGNATURE)
     out: list[bytes] = []
     for entry in entries:
         version, comma, encoded = entry.partition(",")
@@ -150,7 +151,7 @@ def _v1_signatures(header: str) -> list[bytes]:
         if len(sig) == 32:
             out.append(sig)
     if not out:
-        raise CallbackRejected("no v1 signature")
+        raise CallbackRejected("no v1 signature", Reason.SIGNATURE)
     return out
 
 
@@ -165,7 +166,7 @@ def _keys(secrets: list[Secret]) -> list[Webhook]:
         except Exception:  # noqa: BLE001 - a bad secret in config must not turn a callback into a 500
             continue
     if not keys:
-        raise CallbackRejected("no usable webhook secret configured")
+        raise CallbackRejected("no usable webhook secret configured", Reason.NOT_CONFIGURED)
     return keys
 
 

@@ -1,10 +1,12 @@
 """`aivedio audit`: the invariants of reliability_anchors §4.4 that our own tables can answer, as SQL.
 
 Each check is one query returning the *offending* rows (none = the invariant holds), with the id of the anchor it
-implements (I<n>.<k>: the k-th query of invariant n; I2.3, I4.6, I4.9 and I8.4 are ours) and a one-line description.
-The chaos checker runs the same ideas against the simulator's ground truth; the checks that need it are listed in
-SKIPPED with the reason, so the report says what was *not* verified. I8.2 needs a listing of the object store,
-which is not SQL: it reads the newest clean `storage_scans` row the scanner recorded (none yet = nothing known).
+implements (I<n>.<k>: the k-th query of invariant n; I2.3, I4.6, I4.9, I8.4 and I10.4 are ours) and a one-line
+description. Checks that depend on configuration (I4.9's delivered derivatives, I10.4's alert threshold) read the
+settings the service was built with. The chaos checker runs the same ideas against the simulator's ground truth;
+the checks that need it are listed in SKIPPED with the reason, so the report says what was *not* verified. I8.2
+needs a listing of the object store, which is not SQL: it reads the newest clean `storage_scans` row the scanner
+recorded (none yet = nothing known).
 
 A live database is never quiescent: work in flight is normal. Checks about time ("nothing stuck", "outbox
 drained", "no task past its deadline") therefore only count rows older than a grace period (`grace_s`, default
@@ -22,14 +24,14 @@ from functools import partial
 from typing import Any
 
 from aivedio_engine.clock import Clock
-from aivedio_engine.config import MediaSettings, Settings
+from aivedio_engine.config import AlertSettings, MediaSettings, Settings
 from aivedio_engine.db import invariants as q
 from aivedio_engine.db import invariants_ledger as ledger
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.invariants import Offenders, Scope
 from aivedio_engine.domain.events import ROUTES, EventType
-from aivedio_engine.domain.status import DerivativeProfile
 from aivedio_engine.services import intake, reducer
+from aivedio_engine.services.delivery import delivery_profiles
 from aivedio_engine.services.errors import InvalidInput
 
 DEFAULT_GRACE_S = 900.0
@@ -187,6 +189,11 @@ check(
     q.unclassified_provider_events,
 )
 check("I10.2", "no orphan provider event outlived its TTL without an alert", q.expired_orphans_without_alert)
+check(
+    "I10.4",
+    "every window of failed callback verifications past `alerts.callback_verify_failures` raised an alert",
+    q.unalerted_callback_failures,
+)
 
 
 SIM = "needs the provider's ground truth (the simulator's sim.* tables or a vendor's records), not our tables"
@@ -225,6 +232,7 @@ class InvariantService:
         self._engine = engine
         self._clock = clock
         self._media = settings.media if settings is not None else MediaSettings()
+        self._alerts = settings.alerts if settings is not None else AlertSettings()
 
     def run(self, *, grace_s: float = DEFAULT_GRACE_S, limit: int = 20, only: list[str] | None = None) -> AuditReport:
         """Run every check (or the ids in `only`) in one snapshot: REPEATABLE READ on PostgreSQL (a SQLite read
@@ -242,18 +250,11 @@ class InvariantService:
                     conn.dialect.name,
                     self._clock.now(),
                     timedelta(seconds=grace_s),
-                    delivered_profiles=delivered_profiles(self._media),
+                    delivered_profiles=delivery_profiles(self._media),
+                    callback_verify_failures=self._alerts.callback_verify_failures,
                 )
                 results = [_run(conn, c, scope, limit) for c in chosen]
         return AuditReport(results, [s for s in SKIPPED if not only or s.id in only])
-
-
-def delivered_profiles(media: MediaSettings) -> frozenset[str]:
-    """The derivatives that make a variant delivered: every required one; the proxy MP4 alone where
-    `succeed_with_proxy_only` lets a task succeed on it."""
-    if media.succeed_with_proxy_only:
-        return frozenset({DerivativeProfile.PROXY_MP4.value})
-    return frozenset(p.value for p in media.required_profiles)
 
 
 def _run(conn: Connection, c: Check, scope: Scope, limit: int) -> CheckResult:

@@ -12,12 +12,14 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from aivedio_engine.clock import new_id
-from aivedio_engine.config import ModelSettings
+from aivedio_engine.config import AlertSettings, ModelSettings
 from aivedio_engine.db.tables import (
     assets,
+    callback_rejections,
     credit_ledger,
     generation_tasks,
     inbox_dedup,
@@ -27,6 +29,7 @@ from aivedio_engine.db.tables import (
     task_attempts,
     task_state_events,
 )
+from aivedio_engine.services.callbacks import CallbackUnauthorized
 from aivedio_engine.services.invariants import CHECKS, SKIPPED
 from aivedio_engine.storage.keys import TENANTS_PREFIX
 from tests.cli.seeding import Seeded, database_url, seeder  # noqa: F401 - fixtures
@@ -376,6 +379,23 @@ def i10_2(s: Seeded, w: World) -> str:
     return str(row.id)
 
 
+def i10_4(s: Seeded, w: World) -> str:
+    # twenty forged callbacks an hour ago, and no alert: the rule never ran, or missed them
+    s.execute(
+        callback_rejections.insert().values(
+            id=new_id(),
+            provider="forged-provider",
+            reason="signature",
+            window_start=w.old,
+            failures=20,
+            first_at=w.old,
+            last_at=w.old,
+            detail="no matching signature",
+        )
+    )
+    return "forged-provider"
+
+
 def i2_4(s: Seeded, w: World) -> str:
     # issue 14's leak: the task took its job's success, the attempt stayed RUNNING (and kept its slot)
     attempt = w.attempt("ok2")
@@ -459,6 +479,7 @@ CORRUPTIONS: dict[str, tuple[Corruption, bool]] = {
     "I10.1": (i10_1, False),
     "I10.2": (i10_2, False),
     "I10.3": (i10_3, False),
+    "I10.4": (i10_4, False),
 }
 
 
@@ -575,3 +596,32 @@ def test_a_charge_for_more_outputs_than_were_delivered_fails_the_audit(seeder: C
     [row] = rows
     assert row["task_id"] == str(w.id("three")) and row["delivered"] == 1 and row["requested"] == 3
     assert Decimal(str(row["charged"])) == Decimal(str(row["estimated_cost"])) > Decimal(str(row["allowed"]))
+
+
+def forge_callbacks(s: Seeded, count: int) -> None:
+    for _ in range(count):
+        with pytest.raises(CallbackUnauthorized):
+            s.ctx.callbacks.receive("sim", {"webhook-id": "msg_1"}, b"{}")
+
+
+def test_failed_callback_verifications_past_the_rate_without_an_alert_fail_the_audit(
+    seeder: Callable[..., Seeded],
+) -> None:
+    limit = AlertSettings().callback_verify_failures
+    s = seeder({"one": "scene one"})
+    forge_callbacks(s, limit)
+    s.ctx.alert_evaluator.evaluate_now()  # the sweeper's alert pass saw them: an alert for the provider
+    s.advance(1200)
+    assert audit(s)[0] == 0
+    forge_callbacks(s, limit - 1)  # below the rate: counted, nothing owed
+    s.advance(1200)
+    assert audit(s)[0] == 0
+
+    forge_callbacks(s, limit)  # no alert pass runs before the grace is over
+    s.advance(1200)
+
+    check_id, rows = only_violation(s)
+
+    assert check_id == "I10.4"
+    [row] = rows
+    assert row["provider"] == "sim" and row["failures"] == limit
