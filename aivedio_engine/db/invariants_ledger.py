@@ -13,6 +13,7 @@ from sqlalchemy import ColumnElement
 from aivedio_engine.db import balances
 from aivedio_engine.db.invariants import TERMINAL, Offenders, Scope, dupes
 from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks, task_attempts, tenants
+from aivedio_engine.domain.retry import ErrorOutcome
 from aivedio_engine.domain.status import AssetKind, AssetStatus, LedgerEntryType, TaskStatus
 
 _t, _a, _l = generation_tasks.c, task_attempts.c, credit_ledger.c
@@ -102,7 +103,16 @@ def closings_off_the_table(s: Scope) -> Offenders:
         * sa.func.coalesce(last.c.billed_outputs * 1.0 / outputs, 1.0),
     )
     bill = _t.estimated_cost * ratio
-    expected = sa.case((last.c.vendor_billed.is_(False), 0), (bill < rows.c.reserved, bill), else_=rows.c.reserved)
+    capped = sa.case((bill < rows.c.reserved, bill), else_=rows.c.reserved)
+    # a success charges at most the quoted price of the outputs it delivered (UNDELIVERED_OUTPUTS)
+    delivered = _delivered_variants(s)
+    cap = _t.estimated_cost * sa.func.coalesce(delivered.c.delivered, 0) / outputs
+    succeeded = _t.status == TaskStatus.SUCCEEDED.value
+    expected = sa.case(
+        (last.c.vendor_billed.is_(False), 0),
+        (sa.and_(succeeded, cap < capped), cap),
+        else_=capped,
+    )
     charged = rows.c.reserved - rows.c.settle_amount
     tolerance = 0.000001
     # the SETTLE matches the bill, or its charge less the refunds does (a bill reported after the close)
@@ -120,9 +130,9 @@ def closings_off_the_table(s: Scope) -> Offenders:
             last.c.billed_seconds,
         )
         .select_from(
-            generation_tasks.join(rows, rows.c.task_id == _t.id).outerjoin(
-                last, sa.and_(last.c.task_id == _t.id, last.c.attempt_no == newest)
-            )
+            generation_tasks.join(rows, rows.c.task_id == _t.id)
+            .outerjoin(last, sa.and_(last.c.task_id == _t.id, last.c.attempt_no == newest))
+            .outerjoin(delivered, delivered.c.task_id == _t.id)
         )
         .where(
             _t.status.in_(TERMINAL),
@@ -146,9 +156,8 @@ def _was_ready(asset: Any) -> ColumnElement[bool]:
     )
 
 
-def charged_past_delivery(s: Scope) -> Offenders:
-    """A closed task charged more than the quoted price of the variants it delivered: estimate ÷ n × delivered.
-    A tenant's cancel is left out: it is charged what the vendor billed for the work the tenant stopped."""
+def _delivered_variants(s: Scope) -> Any:
+    """(task_id, delivered): the variants of each task whose delivery derivatives are (or were) READY."""
     variant, derivative = assets.alias("variant"), assets.alias("derivative")
     has_profiles = [
         sa.exists().where(
@@ -156,12 +165,20 @@ def charged_past_delivery(s: Scope) -> Offenders:
         )
         for profile in sorted(s.delivered_profiles)
     ]
-    delivered = (
+    return (
         sa.select(variant.c.task_id, sa.func.count(sa.distinct(variant.c.output_index)).label("delivered"))
         .where(variant.c.kind == AssetKind.RAW_OUTPUT.value, _was_ready(variant), *has_profiles)
         .group_by(variant.c.task_id)
         .subquery()
     )
+
+
+def charged_past_delivery(s: Scope) -> Offenders:
+    """A closed task charged more than the quoted price of the variants it delivered: estimate ÷ n × delivered.
+    The tenant's own decisions are left out, as the settlement table leaves them to the vendor's bill: a cancel
+    (asked for: `cancel_requested_at`), the deadline it set running out before any output (EXPIRED), and a
+    reviewer's reject of a delivered output."""
+    delivered = _delivered_variants(s)
     charges = (
         sa.select(_l.task_id, (-sa.func.sum(_l.amount)).label("charged"))
         .where(_l.task_id.is_not(None), _l.entry_type != LE.ADJUSTMENT.value)
@@ -188,7 +205,9 @@ def charged_past_delivery(s: Scope) -> Offenders:
         )
         .where(
             _t.status.in_(TERMINAL),
-            _t.status != TaskStatus.CANCELED.value,
+            _t.status.not_in([TaskStatus.CANCELED.value, TaskStatus.EXPIRED.value]),
+            _t.cancel_requested_at.is_(None),
+            sa.func.coalesce(_t.last_error_class, "") != ErrorOutcome.REVIEW_REJECTED.value,
             _t.reserved_amount == 0,
             charges.c.charged - allowed > 0.000001,
         )

@@ -239,10 +239,10 @@ def retry_step(
     first = tries.first_failure_at or now
     if failure is None:
         return RetryDecision(Verdict.GIVE_UP, None, f"{code}: output refused by fetch policy")
+    # the task's deadline governs only until the vendor produced the output: these steps hold that output and
+    # run on their own budget (its deadline_s, manual_confirmation_required), never expiring a paid result
     decision = decide_retry(
-        FailureContext(
-            failure, tries.tried, first, tries.step_started_at or first, task.deadline_at, url_refreshed=url_refreshed
-        ),
+        FailureContext(failure, tries.tried, first, tries.step_started_at or first, url_refreshed=url_refreshed),
         budget,
         now,
         rng,

@@ -590,10 +590,13 @@ def test_a_charge_for_more_outputs_than_were_delivered_fails_the_audit(seeder: C
         .values(status="FAILED", ready_at=None)
     )
 
-    check_id, rows = only_violation(s)
-
-    assert check_id == "I4.9"
-    [row] = rows
+    code, report = audit(s)
+    found = violated(report)
+    # off the settlement table too (a success is charged at most its delivered outputs), but I4.9 names the cause
+    assert code == 1 and set(found) == {"I4.8", "I4.9"}, found
+    text = s.cli("audit")
+    assert text.exit_code == 1 and "I4.9" in text.stdout and "VIOLATED" in text.stdout
+    [row] = found["I4.9"]
     assert row["task_id"] == str(w.id("three")) and row["delivered"] == 1 and row["requested"] == 3
     assert Decimal(str(row["charged"])) == Decimal(str(row["estimated_cost"])) > Decimal(str(row["allowed"]))
 

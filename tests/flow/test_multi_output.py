@@ -15,10 +15,11 @@ import sqlalchemy as sa
 
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.config import ModelSettings
-from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks, outbox_events, task_attempts
+from aivedio_engine.db.tables import alerts, assets, credit_ledger, generation_tasks, outbox_events, task_attempts
 from aivedio_engine.services import media as media_module
 from aivedio_engine.services.follow_on import MediaProcessRequested
 from aivedio_engine.services.invariants import InvariantService
+from aivedio_engine.services.operations import Operation
 from tests.support.app import tenant_with_key
 from tests.support.balance import balance_of
 from tests.support.flow import Driver, sim_context
@@ -82,7 +83,7 @@ def _balance(ctx: AppContext, tenant_id: Any) -> Decimal:
 
 
 def _audit_clean(ctx: AppContext) -> None:
-    report = InvariantService(ctx.engine, ctx.clock).run(only=["I4.1", "I4.2", "I4.3", "I4.4", "I4.6", "I4.8"])
+    report = InvariantService(ctx.engine, ctx.clock).run(only=["I4.1", "I4.2", "I4.3", "I4.4", "I4.6", "I4.8", "I4.9"])
     assert [(r.id, r.rows) for r in report.results if not r.ok] == []
 
 
@@ -201,4 +202,43 @@ def test_the_sweeper_redrives_only_the_output_whose_message_was_lost(
         assert sorted(seen) == [(False, False), (False, True), (True, False)]  # output 0 was never re-run
         ready = _ready_by_output(ctx, tid)
         assert all(REQUIRED <= p for p in ready.values()), ready
+        ctx.close()
+
+
+def test_a_variant_made_and_billed_but_never_playable_is_not_charged_to_the_tenant(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two outputs made and billed; output 1 never becomes playable (media past its budget holds the task for a
+    person), and the reviewer approves what there is. The tenant pays for the one delivered output; the other is
+    platform cost (a 0-credit ADJUSTMENT carrying its price) with an alert, and the audit agrees."""
+    real = media_module.MediaService._process
+
+    def output_one_broken(self: Any, task: Any, raw: Any, limits: Any) -> media_module.Outcome:
+        if raw.output_index == 1:
+            return media_module.Outcome(unavailable="ffprobe not found")
+        return real(self, task, raw, limits)
+
+    monkeypatch.setattr(media_module.MediaService, "_process", output_one_broken)
+    with running_sim(seed=64, job_seconds=4) as sim:
+        ctx = _context(tmp_path, sim, pg_url)
+        who = tenant_with_key(ctx, "acme", credits=100)
+        tid = _create(ctx, who.tenant_id, "one-of-two")
+        drv = Driver(ctx, sim, Pump(ctx), step_s=3)
+        drv.run_until(lambda: _task(ctx, tid).status == "MANUAL_REVIEW", 80)
+        assert _ledger(ctx, tid) == {"RESERVE": D(-4)}
+
+        decided = ctx.review.approve(tid, "rita", Operation("review approve", "output 0 is fine"))
+        assert decided.task_status == "SUCCEEDED"
+        assert _ledger(ctx, tid) == {"RESERVE": D(-4), "SETTLE": D(2), "ADJUSTMENT": D(0)}
+        assert D(_task(ctx, tid).actual_cost) == D(2)  # estimate ÷ n × 1 delivered
+        assert _balance(ctx, who.tenant_id) == D(98)
+        with ctx.engine.connect() as conn:
+            (platform,) = conn.execute(
+                sa.select(credit_ledger.c.vendor_amount).where(
+                    credit_ledger.c.task_id == tid, credit_ledger.c.entry_type == "ADJUSTMENT"
+                )
+            ).scalars()
+            rules = conn.execute(sa.select(alerts.c.rule).where(alerts.c.subject_id == str(tid))).scalars().all()
+        assert D(platform) == D(2) and "platform_cost" in rules
+        _audit_clean(ctx)
         ctx.close()
