@@ -41,6 +41,8 @@ class Stage:
     child: Callable[[str], bool] | None = None
     duration: str = "2"
     resolution: str = "360p"
+    #: outputs asked for (`--n`): every variant must arrive after the interrupt, and be the only ones charged
+    n: int = 1
 
 
 def _render(argv: str) -> bool:
@@ -55,6 +57,7 @@ STAGES = {
     "QUEUED": Stage(("QUEUED",), failpoint="dispatch.after_acquire=sleep:3"),
     "DISPATCHING": Stage(("DISPATCHING",), failpoint="submit.before_call=sleep:3"),
     "RUNNING": Stage(("SUBMITTED", "RUNNING"), child=_render, duration="10"),  # a render of ~10 s realtime
+    "RUNNING_N3": Stage(("SUBMITTED", "RUNNING"), child=_render, duration="4", n=3),
     "OUTPUT_FETCHING": Stage(("OUTPUT_FETCHING",), failpoint="local.serve_output=sleep:3"),
     "POST_PROCESSING": Stage(("POST_PROCESSING",), child=_media, duration="10", resolution="720p"),
 }
@@ -82,6 +85,7 @@ def _argv(data: Path, stage: Stage, key: str) -> list[str]:
         stage.resolution,
         "--idempotency-key",
         key,
+        *(("--n", str(stage.n)) if stage.n > 1 else ()),
         "--wait",
         "--json",
         "--timeout",
@@ -191,7 +195,7 @@ def test_ctrl_c_in_each_stage_leaves_the_task_to_succeed_later(tmp_path: Path, n
     assert not [p for p in seen if _alive(p)], "an ffmpeg child outlived the command"
     if name == "POST_PROCESSING":  # the encode was stopped mid-way and its step scheduled again, not failed
         assert after == ("POST_PROCESSING", "media_interrupted"), after
-    if name == "RUNNING":  # the render was stopped and its job released, for the next engine to render again
+    if name.startswith("RUNNING"):  # the render was stopped and its job released, for the next engine to render again
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
             assert conn.execute("SELECT state, owner FROM local_jobs").fetchall() == [("queued", None)]
 
@@ -204,9 +208,20 @@ def test_ctrl_c_in_each_stage_leaves_the_task_to_succeed_later(tmp_path: Path, n
     assert {"proxy_mp4", "hls", "thumbnail"} <= final["outputs"].keys()
     for where in final["outputs"].values():
         assert Path(where).is_file() and Path(where).stat().st_size > 0
-    if name == "RUNNING":  # rendered again under the same job: no second attempt
+    if name.startswith("RUNNING"):  # rendered again under the same job: no second attempt
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
             assert conn.execute("SELECT count(*) FROM task_attempts").fetchone() == (1,)
+    # money follows delivery: every variant asked for arrived, and the charge is for what arrived
+    assert len(final.get("variants") or [None]) == stage.n, final.get("variants")
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as conn:
+        raws = conn.execute("SELECT count(DISTINCT output_index) FROM assets WHERE kind = 'RAW_OUTPUT'").fetchone()
+        entries = conn.execute(
+            "SELECT entry_type, amount FROM credit_ledger WHERE task_id IS NOT NULL ORDER BY created_at, id"
+        ).fetchall()
+        cost = conn.execute("SELECT estimated_cost, actual_cost FROM generation_tasks").fetchone()
+    assert raws == (stage.n,)
+    assert [t for t, _ in entries] == ["RESERVE", "SETTLE"], entries
+    assert float(entries[1][1]) == 0 and float(cost[1]) == float(cost[0]) == -float(entries[0][1]), (entries, cost)
 
 
 def _task_count(db: Path) -> int:
