@@ -47,7 +47,12 @@ class GenerationRequest(BaseModel):
     resolution: Text | None = Field(default=None, max_length=32)
     seed: StrictInt | None = Field(default=None, ge=0, le=SEED_MAX)
     priority: StrictInt | None = Field(default=None, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
-    deadline_s: StrictInt | None = Field(default=None, ge=MIN_DEADLINE_S)
+    deadline_s: StrictInt | None = Field(
+        default=None,
+        ge=MIN_DEADLINE_S,
+        description="Seconds until the provider must have produced the video, else EXPIRED (charged as the "
+        "provider billed, like a cancel); once it exists, fetch, media and review run on their own budgets.",
+    )
     #: outputs (variants) to make, 1-4 up to the model's `max_outputs`; part of the request and its hash
     # the range is the domain's to check (its 422 names the model's own limit); the schema only states it
     n: StrictInt | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": MAX_OUTPUTS})
