@@ -520,7 +520,8 @@ class RetentionSettings(_Section):
     outbox_days: int = Field(7, ge=1)
     #: state events of tasks that ended this many days ago are deleted (an unfinished task keeps its history).
     state_events_days: int = Field(90, ge=1)
-    #: provider events received this many days ago are deleted (an unmatched one only once its alert expired).
+    #: provider events received this many days ago are deleted (an unmatched one only once its alert expired), and
+    #: the counts of callbacks that failed verification (`callback_rejections`) as old.
     provider_events_days: int = Field(30, ge=1)
     #: finished webhook deliveries (delivered, failed, dead) this many days old are deleted.
     webhook_deliveries_days: int = Field(30, ge=1)

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy import Connection
 
 from aivedio_engine.db.tables import (
+    callback_rejections,
     generation_tasks,
     inbox_dedup,
     outbox_events,
@@ -83,3 +84,10 @@ def delete_webhook_deliveries(conn: Connection, before: datetime, batch: int) ->
     done = [WebhookDeliveryState.DELIVERED.value, WebhookDeliveryState.DEAD.value]
     stmt = sa.select(w.id).where(w.state.in_(done), w.updated_at < before).limit(batch)
     return _delete_ids(conn, webhook_deliveries, stmt)
+
+
+def delete_callback_rejections(conn: Connection, before: datetime, batch: int) -> int:
+    """Windows of failed callback verifications that began before the cut-off: their alert, if they earned one,
+    was raised long ago."""
+    r = callback_rejections.c
+    return _delete_ids(conn, callback_rejections, sa.select(r.id).where(r.window_start < before).limit(batch))

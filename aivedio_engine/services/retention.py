@@ -173,6 +173,9 @@ class RetentionService:
             "webhook_deliveries": lambda c: bookkeeping.delete_webhook_deliveries(
                 c, now - r.webhook_deliveries_days * DAY, batch
             ),
+            "callback_rejections": lambda c: bookkeeping.delete_callback_rejections(
+                c, now - r.provider_events_days * DAY, batch
+            ),
         }
         for table, job in jobs.items():
             total = 0

@@ -21,6 +21,7 @@ from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.clock import new_id
 from aivedio_engine.db import webhooks as webhook_rows
 from aivedio_engine.db.tables import (
+    callback_rejections,
     dead_letters,
     inbox_dedup,
     outbox_events,
@@ -144,6 +145,23 @@ def test_bookkeeping_is_deleted_by_age_and_what_recovery_needs_stays(ctx: AppCon
     kept_wd = [delivery("FAILED", now - age), delivery("PENDING", now - age), delivery("DELIVERED", now)]
     insert(ctx, webhook_deliveries, old_wd + kept_wd)
 
+    def rejections(age: timedelta, reason: str) -> dict[str, Any]:
+        at = now - age
+        return dict(
+            id=new_id(),
+            provider="sim",
+            reason=reason,
+            window_start=at,
+            failures=2,
+            first_at=at,
+            last_at=at,
+            detail="no matching signature",
+        )
+
+    old_cr = [rejections((r.provider_events_days + 1) * DAY, why) for why in ("signature", "timestamp")]
+    kept_cr = [rejections((r.provider_events_days - 1) * DAY, "signature")]
+    insert(ctx, callback_rejections, old_cr + kept_cr)
+
     report = ctx.retention.enforce()
     assert report.rows == {
         "outbox_events": 3,
@@ -151,12 +169,14 @@ def test_bookkeeping_is_deleted_by_age_and_what_recovery_needs_stays(ctx: AppCon
         "task_state_events": 4,
         "provider_events": 3,
         "webhook_deliveries": 3,
+        "callback_rejections": 2,
     }
     mine = {row["id"] for row in old_out + kept_out}  # the tasks above wrote PENDING rows of their own
     assert ids(ctx, outbox_events) & mine == {row["id"] for row in kept_out}
     assert ids(ctx, inbox_dedup, "event_id") == {inbox[-1]["event_id"]}
     assert ids(ctx, provider_events) == {row["id"] for row in kept_pe}
     assert ids(ctx, webhook_deliveries) == {row["id"] for row in kept_wd}
+    assert ids(ctx, callback_rejections) == {row["id"] for row in kept_cr}
     with ctx.engine.connect() as conn:
         left = conn.execute(
             sa.select(task_state_events.c.task_id, task_state_events.c.to_status, task_state_events.c.task_version)
