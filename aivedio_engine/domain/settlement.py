@@ -202,7 +202,7 @@ TABLE: dict[Rule, tuple[str, str]] = {
     Rule.PLATFORM_COST: (
         "ABSORB_PROVIDER_COST: ended without delivering, not by the tenant (vendor failure, our fetch, store, "
         "media or QC, a review SLA verdict)",
-        "RELEASE +reserved; the vendor's bill as a 0-credit ADJUSTMENT, alert",
+        "RELEASE +reserved; the vendor's bill (nothing if it refunded) as a 0-credit ADJUSTMENT, alert",
     ),
     Rule.VENDOR_DID_NOT_BILL: ("the vendor's verdict is 'not billed'", "RELEASE +reserved"),
     Rule.NO_ACCEPTED_JOB: ("per billing rule, no verdict, no attempt accepted", "RELEASE +reserved"),

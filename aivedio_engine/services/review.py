@@ -289,6 +289,10 @@ class ReviewService:
         self, conn: Connection, task: Task, item: ReviewItem, reviewer: str, reason: str, approve: bool, now: datetime
     ) -> Decimal | None:
         event = TaskEvent.REVIEW_APPROVED if approve else TaskEvent.REVIEW_REJECTED
+        if not approve and not _playable(conn, task):
+            # held because our fetch or media gave up: nothing was delivered, and the reject only says so, so the
+            # tenant is not charged (FINAL_FAILURE: released, the vendor's bill is platform cost)
+            event = TaskEvent.FINAL_FAILURE
         change = Change(
             EventSource.ADMIN,
             columns={"review_state": (ReviewState.APPROVED if approve else ReviewState.REJECTED).value},

@@ -213,14 +213,19 @@ def test_an_output_that_is_not_playable_can_only_be_rejected(held: Seeded) -> No
     assert held.task("fox1").status == "MANUAL_REVIEW"
     ok(held.cli("review", "reject", item, "--reason", "broken", "--yes"))
     assert held.task("fox1").status == "FAILED_FINAL"
+    # nothing was delivered and the reject only says so: the tenant pays nothing, the vendor's bill is ours
+    assert [t for t, _ in held.ledger("fox1")] == ["RESERVE", "RELEASE", "ADJUSTMENT"]
 
 
-def test_a_held_task_that_expired_meanwhile_cannot_be_claimed_or_decided(held: Seeded) -> None:
+def test_a_held_task_the_review_sla_decided_cannot_be_claimed_or_decided_again(held: Seeded) -> None:
     deadline = held.task("fox1").deadline_at
     held.advance((deadline - held.ctx.clock.now()).total_seconds() + 1)
     held.ctx.sweeper.sweep()
-    assert held.task("fox1").status == "EXPIRED"
+    assert held.task("fox1").status == "MANUAL_REVIEW"  # the deadline does not expire a held output
+    held.advance(held.ctx.settings.review.sla_s)
+    held.ctx.sweeper.sweep()
+    assert held.task("fox1").status == "FAILED_FINAL"
     item = str(held.review_item("fox1").id)
 
-    refused(held.cli("review", "claim", item), 4, "EXPIRED, not MANUAL_REVIEW")
-    refused(held.cli("review", "reject", item, "--reason", "x", "--yes"), 4, "EXPIRED, not MANUAL_REVIEW")
+    refused(held.cli("review", "claim", item), 4, "already rejected by review-sla")
+    refused(held.cli("review", "reject", item, "--reason", "x", "--yes"), 4, "already rejected by review-sla")

@@ -455,7 +455,7 @@ def test_runbook_a_reviewer_backlog(seeder: Callable[..., Seeded]) -> None:
         book.fill["ITEM"] = second  # step 3 is about the item with nothing playable
 
     def rejected(r: Result) -> None:
-        assert f"rejected review item {second}" in r.stdout and "→ FAILED_FINAL, settled at 2" in r.stdout
+        assert f"rejected review item {second}" in r.stdout and "→ FAILED_FINAL, settled at 0" in r.stdout
         assert s.task("fox2").status == "FAILED_FINAL"
 
     book(
@@ -535,3 +535,37 @@ def test_runbook_an_object_store_outage(tmp_path: Path, pg_url: str, monkeypatch
             ('aivedio alerts resolve ALERT --reason "INC-127" --yes', 0, resolved),
         )
         ctx.close()
+
+
+# --- a platform cost alert -------------------------------------------------------------------------------------
+
+
+def test_runbook_a_platform_cost_alert(seeder: Callable[..., Seeded]) -> None:
+    # an output held for a person that nobody decides: the review SLA rejects it, the tenant is not charged and
+    # the vendor's bill for the clip is booked as platform cost
+    s = seeder({"fox1": "a red fox at dawn", "boat": "a paper boat"})
+    assert s.task("fox1").status == "MANUAL_REVIEW"
+    s.advance(s.ctx.settings.review.sla_s + 1)
+    assert s.ctx.sweeper.sweep().review_sla_decided == 1
+    task_id = str(s.tasks["fox1"])
+    book = Runbook("a platform cost alert", lambda args: s.cli(*args), {"ID": task_id, "...": "INC-128 understood"})
+
+    def listed(r: Result) -> None:
+        (line,) = r.stdout.splitlines()
+        assert f"platform_cost  task:{task_id}" in line and "not charged to the tenant" in line, line
+        assert "review_sla_passed" in line
+        book.fill["ALERT"] = line.split()[0]
+
+    def entries(r: Result) -> None:
+        by_type = {c[1]: c for c in table_rows(r.stdout) if len(c) > 3 and c[1] in ("RESERVE", "RELEASE", "ADJUSTMENT")}
+        assert sorted(by_type) == ["ADJUSTMENT", "RELEASE", "RESERVE"], r.stdout
+        adjustment = by_type["ADJUSTMENT"]
+        assert (adjustment[2], adjustment[3]) == ("0.00", "2.00"), adjustment  # 0 credits; the vendor cost 2
+
+    book(
+        ("aivedio alerts list --rule platform_cost", 0, listed),
+        ("aivedio ledger entries --task ID", 0, entries),
+        ("aivedio tasks show ID", 0, shows("review_sla_passed", "FAILED_FINAL")),
+        ("aivedio alerts resolve ALERT --reason ... --yes", 0, shows("resolved")),
+    )
+    assert s.task("fox1").status == "FAILED_FINAL" and s.task("boat").status == "SUCCEEDED"

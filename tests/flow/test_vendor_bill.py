@@ -132,7 +132,7 @@ def test_an_over_report_is_capped_at_the_reservation_with_an_alert(tmp_path: Pat
         ctx.close()
 
 
-def test_a_vendor_side_moderation_failure_is_settled_and_refunded(tmp_path: Path, pg_url: str) -> None:
+def test_a_vendor_side_moderation_failure_is_released_and_costs_the_platform_nothing_refunded(tmp_path: Path, pg_url: str) -> None:
     with running_sim(seed=43, job_seconds=4) as sim:
         ctx = sim_context(tmp_path, sim, pg_url)
         who = tenant_with_key(ctx, "acme", credits=100)
@@ -148,8 +148,9 @@ def test_a_vendor_side_moderation_failure_is_settled_and_refunded(tmp_path: Path
             True,
             "moderation",
         )
-        # the vendor charged 2 s and gave them back: SETTLE of the charge, REFUND of it, nothing paid
-        assert _ledger(ctx, tid) == {"RESERVE": D(-2), "SETTLE": D(0), "REFUND": D(2)}
+        # a vendor failure delivers nothing: the whole reservation returns; the vendor gave its charge back, so
+        # no platform cost is booked either
+        assert _ledger(ctx, tid) == {"RESERVE": D(-2), "RELEASE": D(2)}
         assert D(_task(ctx, tid).actual_cost) == 0
         assert _ledger(ctx, ok) == {"RESERVE": D(-2), "SETTLE": D(0)}  # billed in full: the estimate
         assert _balance(ctx, who.tenant_id) == D(98)
