@@ -132,7 +132,9 @@ def test_an_over_report_is_capped_at_the_reservation_with_an_alert(tmp_path: Pat
         ctx.close()
 
 
-def test_a_vendor_side_moderation_failure_is_released_and_costs_the_platform_nothing_refunded(tmp_path: Path, pg_url: str) -> None:
+def test_a_vendor_side_moderation_failure_is_released_and_costs_the_platform_nothing_refunded(
+    tmp_path: Path, pg_url: str
+) -> None:
     with running_sim(seed=43, job_seconds=4) as sim:
         ctx = sim_context(tmp_path, sim, pg_url)
         who = tenant_with_key(ctx, "acme", credits=100)
