@@ -5,8 +5,10 @@ and the tenant check all come from the database; a lost signal costs latency, no
 also re-read on every heartbeat. That is why both notifiers may drop signals rather than block or fail a caller
 that is only trying to wake someone up.
 
-Publishers are worker threads (the `notify_status_changed` actor); waiters are asyncio tasks in the API's event
-loop. The bridge between the two is `loop.call_soon_threadsafe`, the one thread-safe way into a running loop.
+Publishers are worker threads (the `signal_status_changed` actor, the workflow service); waiters are asyncio tasks
+in the API's event loop. The bridge between the two is `loop.call_soon_threadsafe`, the one thread-safe way into a
+running loop. Publishing never raises and never waits long: nothing durable (client webhooks, workflow steps)
+hangs on it, and a signal Redis did not take is logged and counted (`aivedio_sse_signals_dropped_total`).
 
 - `InProcessNotifier` (embedded mode): worker and API share the process, so publish is a direct fan-out.
 - `RedisNotifier` (distributed mode): publish is a Redis PUBLISH on one channel; each API process keeps ONE
@@ -21,6 +23,8 @@ import logging
 import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol
+
+from aivedio_engine.observability.metrics import SSE_SIGNALS_DROPPED
 
 if TYPE_CHECKING:
     import redis
@@ -143,7 +147,8 @@ class _Fanout:
 
 class Notifier(Protocol):
     def publish(self, task_id: uuid.UUID, version: int) -> None:
-        """Signal that `task_id` reached `version`; callable from any thread."""
+        """Signal that `task_id` reached `version`; callable from any thread. Never raises: a signal that cannot be
+        sent is dropped, since the streams also re-read on every heartbeat."""
 
     def subscribe(self, task_id: uuid.UUID) -> Subscription:
         """A latch woken by every later `publish` for `task_id` (from any process sharing the backend).
@@ -184,10 +189,16 @@ class RedisNotifier:
 
     #: how long the listener blocks per read; bounds how quickly close() is noticed
     POLL_S = 1.0
+    #: a PUBLISH gives up after this long (connect, then answer): a signal is worth no more than that
+    PUBLISH_TIMEOUT_S = 2.0
 
-    def __init__(self, client: redis.Redis, key_prefix: str, *, retry_s: float = 1.0) -> None:
+    def __init__(
+        self, client: redis.Redis, key_prefix: str, *, retry_s: float = 1.0, publisher: redis.Redis | None = None
+    ) -> None:
         self.channel = f"{key_prefix}task-status"
         self._client = client
+        #: a client of its own, with a read timeout the subscriber's idle connection must not have
+        self._publisher = publisher or client
         self._retry_s = retry_s
         self._fanout = _Fanout()
         self._stop = threading.Event()
@@ -202,11 +213,21 @@ class RedisNotifier:
 
         # health checks keep an idle subscriber connection from being silently dropped by a middlebox
         client = redis.Redis.from_url(url, socket_connect_timeout=2, health_check_interval=30)
-        return cls(client, key_prefix, **kwargs)
+        publisher = redis.Redis.from_url(
+            url, socket_connect_timeout=cls.PUBLISH_TIMEOUT_S, socket_timeout=cls.PUBLISH_TIMEOUT_S
+        )
+        return cls(client, key_prefix, publisher=publisher, **kwargs)
 
     def publish(self, task_id: uuid.UUID, version: int) -> None:
-        # errors propagate: the actor's retries are the right place to ride out a Redis blip
-        self._client.publish(self.channel, f"{task_id} {version}")
+        import redis
+
+        try:
+            self._publisher.publish(self.channel, f"{task_id} {version}")
+        except (redis.RedisError, OSError) as exc:
+            # dropped, not retried: the streams re-read on their heartbeat, and every stream of a listener that
+            # lost Redis too re-reads once it has subscribed again
+            SSE_SIGNALS_DROPPED.inc()
+            log.warning("notifier: signal for %s v%d dropped, Redis unavailable: %r", task_id, version, exc)
 
     def subscribe(self, task_id: uuid.UUID) -> Subscription:
         self.start()
@@ -227,6 +248,8 @@ class RedisNotifier:
         if self._thread is not None:
             self._thread.join(self.POLL_S * 3)
         self._client.close()
+        if self._publisher is not self._client:
+            self._publisher.close()
 
     def _listen(self) -> None:
         import redis

@@ -44,6 +44,9 @@ class Rule(StrEnum):
     #: the vendor billed for something the tenant was not charged for (nothing or not every output delivered, a
     #: duplicate job): the platform bears it (services/billing.py `book_platform_cost`)
     PLATFORM_COST = "platform_cost"
+    #: the workers gave up on a message that tells a client about its task (`domain.events.NOTIFICATION_ACTORS`):
+    #: a webhook or a workflow step waits on `aivedio replay dlq`
+    NOTIFICATION_DEAD_LETTERED = "notification_dead_lettered"
     #: a task held in MANUAL_REVIEW is past 80 % of its review SLA (`[review] sla_s`) without a verdict
     REVIEW_SLA_NEAR = "review_sla_near"
     # threshold rules over live data (seed 004 §17), evaluated by observability.alert_rules

@@ -87,6 +87,22 @@ URGENT_FETCH = Route("fetch_output_urgent", Queue.FETCH_URGENT, priority=0)
 REDUCE_BATCH = Route("reduce_provider_statuses", Queue.STATE)
 
 
+#: the SSE wake-up of a status change (`notify.py`): a copy of each `task.status.changed` the relay publishes
+#: besides the row's own message. Best effort, so never an outbox target: a lost signal costs latency, since
+#: the streams re-read the state events on their heartbeat and after a resubscribe
+STATUS_SIGNAL = Route("signal_status_changed", Queue.NOTIFY)
+#: outbox target → the other consumers the relay publishes each of its rows to, each as a message of its own
+#: (its own retries, dead letter and inbox group): one row, and the writer's transaction, serve them all
+ALSO_PUBLISHED_TO: dict[str, tuple[Route, ...]] = {ROUTES[EventType.TASK_STATUS_CHANGED].actor: (STATUS_SIGNAL,)}
+#: the actors that tell clients about their tasks: a dead letter of one of them raises an alert
+NOTIFICATION_ACTORS = frozenset(
+    {
+        ROUTES[EventType.TASK_STATUS_CHANGED].actor,
+        STATUS_SIGNAL.actor,
+        ROUTES[EventType.WEBHOOK_DELIVERY_REQUESTED].actor,
+    }
+)
+
 #: routes besides the default one that an event type may be written to
 ALTERNATE_ROUTES: dict[EventType, tuple[Route, ...]] = {
     EventType.FETCH_REQUESTED: (URGENT_FETCH,),

@@ -111,6 +111,11 @@ CALLBACK_VERIFY_FAILURES = Counter(
     "(signature, timestamp, not_configured, malformed).",
     ["provider", "reason"],
 )
+#: SSE wake-ups this process could not hand to Redis (`notify.py`): dropped, the streams catch up on a heartbeat
+SSE_SIGNALS_DROPPED = Counter(
+    "aivedio_sse_signals_dropped",
+    "Task and project status signals for SSE streams dropped by this process because Redis was unavailable.",
+)
 ACTOR_IN_PROGRESS = Gauge("aivedio_actor_in_progress", "Actor calls running now in this process.", ["actor"])
 MEDIA_ACTORS = ("process_media",)
 

@@ -1,4 +1,5 @@
-"""Status change notifications (DESIGN §12): the `task.status.changed` consumer and the SSE event source.
+"""Status change notifications (DESIGN §12): the SSE wake-up of a `task.status.changed`, the task summary line
+of a terminal one, and the SSE event source.
 
 The stored state event history is the stream: an event is one applied transition, its id the task version it
 produced. Signals from the notifier only say "read again", so a resumed, duplicated or reordered signal can
@@ -26,12 +27,10 @@ from aivedio_engine.services.errors import NotFound
 log = structlog.get_logger("aivedio.tasks")
 
 
-def on_status_changed(notifier: Notifier, engine: Engine, envelope: Envelope) -> None:
-    """Consume `task.status.changed`: wake the task's streams (no inbox dedup: streams dedupe by version), and
-    for a terminal status write the task's summary line."""
+def signal(notifier: Notifier, envelope: Envelope) -> None:
+    """Wake the streams of a `task.status.changed` task (no inbox dedup: streams dedupe by version). Best effort:
+    the notifier drops a signal it cannot send, and the streams find the change on their next read."""
     notifier.publish(envelope.aggregate_id, envelope.aggregate_version)
-    if is_terminal(envelope):
-        log_summary(engine, envelope.aggregate_id)
 
 
 def is_terminal(envelope: Envelope) -> bool:

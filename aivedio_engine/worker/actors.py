@@ -1,4 +1,5 @@
-"""Thin actors: parse the envelope, call one service function. One entry per event type in `domain.events.ROUTES`.
+"""Thin actors: parse the envelope, call one service function. One entry per event type in `domain.events.ROUTES`,
+plus one per route the relay also publishes an event type to (`domain.events.ALSO_PUBLISHED_TO`).
 
 Actors are *declared* by `declare_actors(broker, ctx)` rather than decorated at import time: importing this module
 never touches `dramatiq.get_broker()` (which would invent a localhost broker), each test can declare them on its
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import dramatiq
 
-from aivedio_engine.domain.events import ALTERNATE_ROUTES, REDUCE_BATCH, ROUTES, EventType
+from aivedio_engine.domain.events import ALTERNATE_ROUTES, REDUCE_BATCH, ROUTES, STATUS_SIGNAL, EventType, Route
 from aivedio_engine.domain.workflow import STEP_SPECS, QueueName
 from aivedio_engine.observability.logging import task_context
 from aivedio_engine.observability.metrics import measure_actor
@@ -50,26 +51,45 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (InvalidEnvelope,)
 class ActorSpec:
     event_type: EventType
     handler: Handler
+    #: the actor's own route; the default route of an event type also serves its alternates (`ALTERNATE_ROUTES`)
+    route: Route
     options: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def routes(self) -> tuple[Route, ...]:
+        if self.route != ROUTES[self.event_type]:
+            return (self.route,)
+        return (self.route, *ALTERNATE_ROUTES.get(self.event_type, ()))
 
-#: event type → how it is consumed; filled by @consumes below
-REGISTRY: dict[EventType, ActorSpec] = {}
+
+#: actor name → how it consumes; filled by @consumes below. An event type may have several consumers: the one its
+#: outbox rows name, and those the relay also publishes them to (`ALSO_PUBLISHED_TO`)
+REGISTRY: dict[str, ActorSpec] = {}
 
 
-def consumes(event_type: EventType, **options: Any) -> Callable[[Handler], Handler]:
-    """Register `handler(ctx, envelope)` as the consumer of `event_type` with explicit Dramatiq options."""
+def consumes(event_type: EventType, route: Route | None = None, **options: Any) -> Callable[[Handler], Handler]:
+    """Register `handler(ctx, envelope)` as a consumer of `event_type` on `route` (by default the event type's
+    own, `ROUTES`) with explicit Dramatiq options."""
     missing = REQUIRED_OPTIONS - options.keys()
     if missing:
         raise TypeError(f"actor for {event_type}: declare {', '.join(sorted(missing))} explicitly")
+    own = route or ROUTES[event_type]
 
     def register(handler: Handler) -> Handler:
-        if event_type in REGISTRY:
-            raise ValueError(f"{event_type} already has a consumer: {REGISTRY[event_type].handler.__name__}")
-        REGISTRY[event_type] = ActorSpec(event_type, handler, {"throws": PERMANENT_ERRORS, **options})
+        if own.actor in REGISTRY:
+            raise ValueError(f"{own.actor} is already declared: {REGISTRY[own.actor].handler.__name__}")
+        REGISTRY[own.actor] = ActorSpec(event_type, handler, own, {"throws": PERMANENT_ERRORS, **options})
         return handler
 
     return register
+
+
+def spec_for(actor: str) -> ActorSpec:
+    """The consumer behind an actor name, alternate routes included; KeyError for a name this build lacks."""
+    for spec in REGISTRY.values():
+        if any(r.actor == actor for r in spec.routes):
+            return spec
+    raise KeyError(actor)
 
 
 @consumes(EventType.GENERATION_QUEUED, max_retries=5, min_backoff=500, max_backoff=30_000, time_limit=30_000)
@@ -106,14 +126,24 @@ def process_media(ctx: AppContext, envelope: Envelope) -> None:
     ctx.media.handle(envelope)
 
 
-@consumes(EventType.TASK_STATUS_CHANGED, max_retries=3, min_backoff=200, max_backoff=5_000, time_limit=10_000)
+@consumes(EventType.TASK_STATUS_CHANGED, max_retries=5, min_backoff=500, max_backoff=30_000, time_limit=30_000)
 def notify_status_changed(ctx: AppContext, envelope: Envelope) -> None:
-    notifications.on_status_changed(ctx.notifier, ctx.engine, envelope)
+    # the durable side of a status change, PostgreSQL only: nothing here waits on Redis, so its retries only
+    # ride out a database error. The client webhooks: deliveries written once per event (their own inbox group),
+    # sent by deliver_webhook on their own queue
+    ctx.webhooks.fan_out(envelope)
     if notifications.is_terminal(envelope):  # a System B vendor step waiting on this task finishes with it
         ctx.workflow_runner.finish_waiting(envelope.aggregate_id)
-    # the client webhooks of the same change: deliveries written once per event (inbox dedup), sent by
-    # deliver_webhook on their own queue
-    ctx.webhooks.fan_out(envelope)
+        notifications.log_summary(ctx.engine, envelope.aggregate_id)
+
+
+@consumes(
+    EventType.TASK_STATUS_CHANGED, STATUS_SIGNAL, max_retries=0, min_backoff=1_000, max_backoff=1_000, time_limit=10_000
+)
+def signal_status_changed(ctx: AppContext, envelope: Envelope) -> None:
+    # max_retries=0: the SSE wake-up is best effort (a Redis failure is logged and counted by the notifier); a
+    # stream that missed it catches up from the state events on its next heartbeat, so no retry is worth a worker
+    notifications.signal(ctx.notifier, envelope)
 
 
 #: a step actor outlives the longest local step of any queue (composition: 30 min, seed 004 §16); the sweeper's
@@ -152,7 +182,7 @@ def declare_actors(broker: dramatiq.Broker, ctx: AppContext) -> dict[str, dramat
     """Declare every registered consumer on `broker`, bound to `ctx`; returns them by actor name."""
     declared: dict[str, dramatiq.Actor[Any, Any]] = {}
     for spec in REGISTRY.values():
-        for route in (ROUTES[spec.event_type], *ALTERNATE_ROUTES.get(spec.event_type, ())):
+        for route in spec.routes:
             # dramatiq.actor(fn, **options) is dramatiq.actor(**options)(fn); only the latter is in its type hints
             declared[route.actor] = dramatiq.actor(
                 broker=broker,
@@ -169,8 +199,8 @@ def _declare_reduce_batch(broker: dramatiq.Broker, ctx: AppContext) -> dramatiq.
     """The batched reducer (`services.reducer_batch`): many observations, one transaction. An event that fails on
     its own goes again as a one-event message, with that actor's retries and dead letter; so a broker retry of the
     batch only follows an error around it (the database down), and a re-run finds its done events in the inbox."""
-    single = REGISTRY[EventType.PROVIDER_STATUS_OBSERVED]
     route = ROUTES[EventType.PROVIDER_STATUS_OBSERVED]
+    single = REGISTRY[route.actor]
 
     def reduce_provider_statuses(bodies: list[Any]) -> None:
         parsed: list[Envelope] = []

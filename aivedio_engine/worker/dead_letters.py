@@ -5,6 +5,10 @@ the record operators replay from. The row is written in `before_nack`, i.e. befo
 to its own DLQ: if this process dies in between, the message is redelivered and recorded again (seen_count
 grows) rather than existing only in Redis. A failure to write is logged by Dramatiq and the nack still happens,
 so a database outage cannot wedge a worker.
+
+A dead letter of a notification actor (a client's webhook, the status change behind it) also raises
+`notification_dead_lettered` in the same transaction, one open alert per actor: nobody is told about the task until
+an operator replays it.
 """
 
 from __future__ import annotations
@@ -20,8 +24,11 @@ from dramatiq.broker import MessageProxy
 
 from aivedio_engine.clock import new_id
 from aivedio_engine.config import mask_secrets
+from aivedio_engine.db import alerts
 from aivedio_engine.db import dead_letters as repo
 from aivedio_engine.db.handles import Engine
+from aivedio_engine.domain.events import NOTIFICATION_ACTORS, STATUS_SIGNAL
+from aivedio_engine.domain.status import AlertSeverity
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +80,26 @@ def record(engine: Engine, message: MessageProxy | dramatiq.Message, now: dateti
     }
     with engine.begin() as conn:
         repo.upsert(conn, row)
+        if row["actor"] in NOTIFICATION_ACTORS:
+            actor = row["actor"]
+            alerts.raise_alert(
+                conn,
+                alerts.Rule.NOTIFICATION_DEAD_LETTERED,
+                AlertSeverity.CRITICAL,
+                dedup_key=actor,
+                subject_type="actor",
+                subject_id=actor,
+                message=f"{actor}: a notification message was given up on ({row['error']}); {_next_step(actor)}",
+                details={"message_id": row["message_id"], "queue": row["queue"]},
+                now=now,
+            )
     log.warning("dead letter recorded: actor=%s message_id=%s error=%s", row["actor"], row["message_id"], row["error"])
+
+
+def _next_step(actor: str) -> str:
+    if actor == STATUS_SIGNAL.actor:  # not an outbox consumer: nothing to replay, and nothing is lost
+        return "the SSE streams catch up from the state events by themselves"
+    return f"fix the cause, then `aivedio replay dlq --actor {actor}`"
 
 
 def one_line_error(exc: BaseException) -> str:

@@ -2,6 +2,8 @@
 
 Provider status observations of one claim go up to `reducer_batch` to a message (`messages`), reduced in one
 transaction by `reduce_provider_statuses`; such a message has an id of its own and carries its events' envelopes.
+A row whose target has other consumers too (`ALSO_PUBLISHED_TO`: the SSE wake-up of a status change) goes to each
+as a message of its own, under an id derived from the row's; the row is PUBLISHED once all of them are enqueued.
 
 At least once, never lost: rows are claimed, enqueued and marked in one short transaction, so a crash after an
 enqueue but before the commit leaves the row PENDING and it is published again (consumers dedup by event id).
@@ -36,7 +38,7 @@ from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.outbox import NOTIFY_CHANNEL
 from aivedio_engine.db.records import OutboxRow
 from aivedio_engine.db.wakeup import Waiter
-from aivedio_engine.domain.events import BY_ACTOR, REDUCE_BATCH, ROUTES, EventType, Route
+from aivedio_engine.domain.events import ALSO_PUBLISHED_TO, BY_ACTOR, REDUCE_BATCH, ROUTES, EventType, Route
 from aivedio_engine.services.consume import Envelope
 from aivedio_engine.testing.failpoints import failpoint
 from aivedio_engine.worker.dead_letters import one_line_error
@@ -162,7 +164,10 @@ class Relay:
                 continue
             failpoint("relay.after_enqueue")
             published.extend(row.id for row in group)
-        return published, failures
+        # a row with several messages is published once all of them are; else it goes again whole (its consumers
+        # dedupe), so one failure of it wins over its enqueued messages and is recorded once
+        failed = {row.id: (row, exc) for row, exc in failures}
+        return [i for i in dict.fromkeys(published) if i not in failed], list(failed.values())
 
     def _record_failure(self, conn: Connection, row: OutboxRow, exc: BaseException, now: datetime) -> None:
         attempts = row.publish_attempts + 1
@@ -248,7 +253,11 @@ def messages(
             if len(batch) >= reducer_batch:
                 flush()
         else:
-            out.append(([row], message_of(envelope.to_dict(), BY_ACTOR[row.target], str(row.id))))
+            body = envelope.to_dict()
+            out.append(([row], message_of(body, BY_ACTOR[row.target], str(row.id))))
+            for route in ALSO_PUBLISHED_TO.get(row.target, ()):
+                # not the row's id: in a Redis queue a second message under it would overwrite the first
+                out.append(([row], message_of(body, route, str(uuid.uuid5(row.id, route.actor)))))
     flush()
     return out
 

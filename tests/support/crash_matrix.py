@@ -35,14 +35,13 @@ import sqlalchemy as sa
 
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.tables import credit_ledger, generation_tasks
-from aivedio_engine.domain.events import EventType
 from aivedio_engine.domain.status import TASK_TERMINAL, LedgerEntryType
 from aivedio_engine.services.consume import Envelope
 from aivedio_engine.services.errors import IllegalState
 from aivedio_engine.services.invariants import InvariantService
 from aivedio_engine.testing import failpoints
 from aivedio_engine.testing.failpoints import FailpointCrash
-from aivedio_engine.worker.actors import REGISTRY
+from aivedio_engine.worker.actors import spec_for
 from aivedio_engine.worker.relay import Relay
 from tests.support.app import FakeClock, free_port, make_context, running_api, tenant_with_key
 from tests.support.redis import REDIS_URL, private_prefix
@@ -128,7 +127,7 @@ class Queue:
         for _ in range(len(self.messages)):
             message = self.messages[0]
             envelope = Envelope.parse(message.args[0])
-            spec = REGISTRY[EventType(envelope.event_type)]
+            spec = spec_for(message.actor_name)
             try:
                 spec.handler(ctx, envelope)
             except FailpointCrash:

@@ -27,12 +27,21 @@ class Pump:
         self.held = {EventType.FETCH_REQUESTED.value} if stop_at_fetch else set()
 
     def _handlers(self) -> dict[str, Callable[[Envelope], None]]:
-        """The registered consumers, exactly as the Dramatiq actors call them."""
-        return {
-            spec.event_type.value: (lambda env, handler=spec.handler: handler(self.ctx, env))
-            for spec in REGISTRY.values()
-            if spec.event_type.value not in self.held
-        }
+        """The registered consumers, exactly as the Dramatiq actors call them: every consumer of an event type
+        in turn (the one its rows name, then those the relay also publishes them to)."""
+        by_type: dict[str, list[Callable[[AppContext, Envelope], None]]] = {}
+        for spec in REGISTRY.values():
+            if spec.event_type.value not in self.held:
+                by_type.setdefault(spec.event_type.value, []).append(spec.handler)
+
+        def each(handlers: list[Callable[[AppContext, Envelope], None]]) -> Callable[[Envelope], None]:
+            def run(env: Envelope) -> None:
+                for handler in handlers:
+                    handler(self.ctx, env)
+
+            return run
+
+        return {event_type: each(handlers) for event_type, handlers in by_type.items()}
 
     def run(self, max_events: int = 10_000) -> int:
         """Deliver every pending outbox row once (some twice); returns how many were delivered."""
