@@ -272,8 +272,22 @@ def _default_budget(step: Step) -> RetryBudgetSettings:
     return RetryBudgetSettings(**DEFAULT_BUDGETS[step].as_dict())
 
 
+class SubmitBudgetSettings(RetryBudgetSettings):
+    """The submit step's budget, and the bound on how late its one vendor call may leave."""
+
+    #: a send not started this many seconds after its attempt was claimed (SENDING) is refused: the sweeper may
+    #: already have made the attempt ambiguous and a lookup found nothing, so a late request could make a
+    #: second paid job. Plus the provider's HTTP timeouts it must stay below `sweeper.idle_grace_s`.
+    send_deadline_s: float = Field(20, gt=0)
+
+    def to_domain(self) -> RetryBudget:
+        return RetryBudget(**self.model_dump(exclude={"send_deadline_s"}))
+
+
 class RetrySettings(_Section):
-    submit: RetryBudgetSettings = Field(default_factory=lambda: _default_budget(Step.SUBMIT))
+    submit: SubmitBudgetSettings = Field(
+        default_factory=lambda: SubmitBudgetSettings(**DEFAULT_BUDGETS[Step.SUBMIT].as_dict())
+    )
     query: RetryBudgetSettings = Field(default_factory=lambda: _default_budget(Step.QUERY))
     output_fetch: RetryBudgetSettings = Field(default_factory=lambda: _default_budget(Step.OUTPUT_FETCH))
     media: RetryBudgetSettings = Field(default_factory=lambda: _default_budget(Step.MEDIA))
@@ -476,9 +490,10 @@ class SweeperSettings(_Section):
     #: seconds between two sweeper rounds.
     interval_s: float = Field(10, gt=0)
     #: an attempt left SENDING this long (its worker died between the send and recording the answer) is treated
-    #: as an ambiguous submit, and a submit message not consumed this long is published again. Keep it above the
-    #: longest provider submit call, or a slow answer is reconciled instead of recorded.
-    idle_grace_s: float = Field(60, gt=0)
+    #: as an ambiguous submit, and a submit message not consumed this long is published again. It must stay above
+    #: `[retry.submit] send_deadline_s` plus each provider's HTTP timeouts (checked at load), or a send still on
+    #: its way is reconciled instead of recorded.
+    idle_grace_s: float = Field(120, gt=0)
     #: each step's own budget: idle this long with nothing pending, it is driven on from the stored facts.
     #: a provider observation stored but never applied (its message lost) is reduced again from its row, and an
     #: ACKED/RUNNING attempt of a task that ended is closed (its slot freed, its job stopped).
@@ -715,7 +730,23 @@ class Settings(BaseSettings):
             raise ValueError(f"default_provider: {self.default_provider!r} is not a configured provider")
         if self.mode == "distributed" and not self.is_postgres:
             raise ValueError("database.url: distributed mode needs a PostgreSQL URL")
+        self._send_bound_below_grace()
         return self
+
+    def _send_bound_below_grace(self) -> None:
+        """A request may leave up to `send_deadline_s` after its claim and take the provider's HTTP timeouts to
+        land; the sweeper must not call the attempt ambiguous before that, or a lookup can miss a job still on
+        its way."""
+        from aivedio_engine.providers.registry import send_timeout_s  # adapters import this module
+
+        deadline, grace = self.retry.submit.send_deadline_s, self.sweeper.idle_grace_s
+        for name, provider in self.providers.items():
+            timeout = send_timeout_s(provider.adapter)
+            if provider.enabled and deadline + timeout >= grace:
+                raise ValueError(
+                    f"retry.submit.send_deadline_s ({deadline:g}) + providers.{name}'s HTTP timeouts ({timeout:g}) "
+                    f"must stay below sweeper.idle_grace_s ({grace:g})"
+                )
 
     @property
     def database_url(self) -> str:

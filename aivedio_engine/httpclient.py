@@ -55,6 +55,11 @@ class Timeouts:
     write: float = 30.0
     pool: float = 5.0
 
+    @property
+    def total(self) -> float:
+        """A request's longest life: waiting for a pooled connection, connecting, writing, reading the answer."""
+        return self.pool + self.connect + self.write + self.read
+
 
 class HttpClient:
     """A small synchronous client: one connection pool, explicit timeouts, classified transport errors."""

@@ -95,6 +95,12 @@ class ReconcilePolicy:
     visibility_lag_s: float = 60.0
 
 
+def not_created_from(policy: ReconcilePolicy, sent_at: datetime, send_bound_s: float) -> datetime:
+    """The earliest moment "the vendor has no such job" can be believed of a send claimed at `sent_at`: before, the
+    request may still be on its way, or its job not yet visible to the vendor's own lookups."""
+    return sent_at + timedelta(seconds=send_bound_s + policy.visibility_lag_s)
+
+
 def reconcile_step(
     policy: ReconcilePolicy,
     *,
@@ -103,14 +109,16 @@ def reconcile_step(
     lookups_done: int,
     last_lookup_at: datetime | None,
     last_not_found_at: datetime | None,
+    send_bound_s: float = 0.0,
 ) -> tuple[LookupVerdict, datetime | None]:
     """What to do with an ambiguous submit now, and (for WAIT) when to come back.
 
-    "Not created" is only believed from a lookup made at least `visibility_lag_s` after the send; earlier
-    misses only lead to the next scheduled lookup. Lookups that fail to answer are repeated at the last
-    spacing until the park deadline.
+    `sent_at` is when the send was claimed; the request may leave up to `send_bound_s` later and still reach the
+    vendor. "Not created" is only believed from a lookup made at least `send_bound_s + visibility_lag_s` after
+    the claim (`not_created_from`); earlier misses only lead to the next scheduled lookup. Lookups that fail to
+    answer are repeated at the last spacing until the park deadline.
     """
-    if last_not_found_at is not None and (last_not_found_at - sent_at).total_seconds() >= policy.visibility_lag_s:
+    if last_not_found_at is not None and last_not_found_at >= not_created_from(policy, sent_at, send_bound_s):
         return LookupVerdict.CONFIRMED_NOT_CREATED, None
     park_at = sent_at + timedelta(seconds=policy.park_after_s)
     if now >= park_at:

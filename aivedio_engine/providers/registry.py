@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from aivedio_engine.config import ProviderSettings, Settings
 from aivedio_engine.domain.references import ModelLimits
+from aivedio_engine.httpclient import Timeouts
 from aivedio_engine.providers.base import Observation, Provider
 
 #: adapters whose callbacks carry a signed timestamp: they take `webhooks.tolerance_s` as their replay window
@@ -87,6 +88,18 @@ def model_limits(cfg: ProviderSettings, model: str) -> ModelLimits:
     module = importlib.import_module(target.split(":")[0])
     limits: ModelLimits = module.model_limits(model)
     return limits
+
+
+def send_timeout_s(adapter: str) -> float:
+    """The longest one call through this adapter's HTTP client can take end to end (a pooled connection, connect,
+    write the body, read the answer). 0 for an adapter that calls no vendor (local renders in-process) or one
+    this build does not know (building it says so)."""
+    target = ADAPTERS.get(adapter)
+    if target is None or adapter == "local":
+        return 0.0
+    module = importlib.import_module(target.split(":")[0])
+    timeouts: Timeouts = getattr(module, "HTTP_TIMEOUTS", Timeouts())  # vendor adapters: the client's defaults
+    return timeouts.total
 
 
 def build_adapter(

@@ -11,6 +11,7 @@ A crash between tx A and tx B leaves a SENDING attempt; the sweeper treats it as
 
 from __future__ import annotations
 
+import logging
 import random
 import uuid
 from datetime import datetime, timedelta
@@ -43,6 +44,8 @@ from aivedio_engine.services.transition import (
 from aivedio_engine.slots.base import SlotStore
 from aivedio_engine.testing.failpoints import failpoint
 
+_log = logging.getLogger("aivedio.submit")
+
 
 class SubmitService:
     def __init__(
@@ -69,7 +72,8 @@ class SubmitService:
         )
 
     def submit(self, attempt_id: uuid.UUID) -> str:
-        """Returns what happened, for the inbox digest: 'skipped:<state>' | 'accepted' | 'rejected' | 'ambiguous'."""
+        """Returns what happened, for the inbox digest: 'skipped:<state>' | 'accepted' | 'rejected' | 'ambiguous' |
+        'refused:late' (past `send_deadline_s`: not sent)."""
         claimed = self._claim(attempt_id)
         if isinstance(claimed, str):
             return claimed
@@ -81,10 +85,23 @@ class SubmitService:
             self._record(attempt_id, Rejected(ErrorClass.LOCAL_INVALID, "reference_unavailable", str(exc)))
             return "rejected"
         failpoint("submit.before_call")
+        if self._past_send_deadline(attempt):
+            return "refused:late"
+        failpoint("submit.after_deadline_check")
         result = provider.submit(request, attempt.provider_request_key)
         failpoint("submit.after_call")
         self._record(attempt_id, result)
         return type(result).__name__.lower()
+
+    def _past_send_deadline(self, attempt: Attempt) -> bool:
+        """Read immediately before the call: a send this late may follow the sweeper calling the attempt ambiguous
+        and a lookup finding nothing, so it could make a second paid job. Nothing is sent and nothing recorded;
+        the SENDING attempt goes to the sweeper and the reconciler like a worker that died before the call."""
+        claimed_at = attempt.submitted_at or attempt.updated_at
+        late = (self._clock.now() - claimed_at).total_seconds() > self._settings.retry.submit.send_deadline_s
+        if late:
+            _log.warning("attempt %s: send refused, claimed more than send_deadline_s ago", attempt.id)
+        return late
 
     # tx A
     def _claim(self, attempt_id: uuid.UUID) -> tuple[Attempt, Task, list[asset_rows.InputAsset | None]] | str:

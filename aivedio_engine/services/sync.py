@@ -19,11 +19,17 @@ from aivedio_engine.db import alerts, attempts, provider_sync, tasks
 from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.records import Attempt
 from aivedio_engine.db.session import write_tx
-from aivedio_engine.domain.polling import LookupVerdict, PollPolicy, ReconcilePolicy, next_poll_at, reconcile_step
+from aivedio_engine.domain.polling import (
+    LookupVerdict,
+    PollPolicy,
+    ReconcilePolicy,
+    next_poll_at,
+    not_created_from,
+    reconcile_step,
+)
 from aivedio_engine.domain.retry import ErrorOutcome, Step
 from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, TaskEvent
-from aivedio_engine.httpclient import Timeouts
 from aivedio_engine.observability.metrics import PROVIDER_POLLS
 from aivedio_engine.providers.base import (
     Canceled,
@@ -35,6 +41,7 @@ from aivedio_engine.providers.base import (
     TooLate,
     Unsupported,
 )
+from aivedio_engine.providers.registry import send_timeout_s
 from aivedio_engine.services import observations, query_budget
 from aivedio_engine.services.transition import (
     AfterCommit,
@@ -186,17 +193,16 @@ class ProviderSync:
 
     # ------------------------------------------------------------------- an operator's word on one ambiguous submit
     def send_bound_s(self, provider: str) -> float:
-        """How long after its SENDING claim a request to `provider` may still reach the vendor. Nothing bounds the
-        claim-to-call gap yet, so this is the HTTP client's own timeouts end to end (a pooled connection, connect,
-        write the body, read the answer) as vendor adapters use them; the sim's are shorter."""
-        t = Timeouts()
-        return t.pool + t.connect + t.write + t.read
+        """How long after its SENDING claim a request to `provider` may still reach the vendor: a send is refused
+        once `[retry.submit] send_deadline_s` has passed since the claim, and one started just before may take
+        the adapter's HTTP timeouts end to end (a pooled connection, connect, write the body, read the answer)."""
+        cfg = self._settings.providers.get(provider)
+        timeout = send_timeout_s(cfg.adapter) if cfg is not None else 0.0
+        return self._settings.retry.submit.send_deadline_s + timeout
 
     def not_created_from(self, provider: str, sent_at: datetime) -> datetime:
-        """The earliest moment "the vendor has no such job" can be believed of a request sent at `sent_at`: before,
-        the request may still be on its way, or its job not yet visible to the vendor's own lookups."""
-        lag = self._reconcile.visibility_lag_s
-        return sent_at + timedelta(seconds=self.send_bound_s(provider) + lag)
+        """The earliest moment "the vendor has no such job" can be believed of a send claimed at `sent_at`."""
+        return not_created_from(self._reconcile, sent_at, self.send_bound_s(provider))
 
     def ask_job(self, provider: str, job_id: str) -> Observation | NotFound | QueryFailed:
         return self._providers[provider].query(job_id)
@@ -230,6 +236,7 @@ class ProviderSync:
             lookups_done=int(attempt.lookup_count),
             last_lookup_at=attempt.last_lookup_at,
             last_not_found_at=attempt.last_not_found_at,
+            send_bound_s=self.send_bound_s(attempt.provider),
         )
 
     def _found(self, attempt: Attempt, obs: Observation, now: datetime) -> str:
@@ -325,7 +332,7 @@ class ProviderSync:
             return self._next_listing(attempt, now, "unsure-listing")  # an unreadable job may be ours
         with write_tx(self._engine) as conn:
             attempts.update(conn, attempt.id, last_not_found_at=now)
-        if (now - sent_at).total_seconds() >= self._reconcile.visibility_lag_s:
+        if now >= self.not_created_from(attempt.provider, sent_at):
             return self._not_created(attempt, now)
         return self._next_listing(attempt, now, "not-found-yet")
 

@@ -246,15 +246,16 @@ min_interval_s = 1
 max_interval_s = 3
 [sweeper]
 interval_s = 1
-idle_grace_s = 5
+idle_grace_s = 40
 observation_stuck_s = 5
 fetch_stuck_s = 15
 media_stuck_s = 15
 [reconcile]
 lookup_after_s = [1, 3, 8]
-park_after_s = 40
+park_after_s = 90
 visibility_lag_s = 5
 [retry.submit]
+send_deadline_s = 2
 max_attempts = 4
 max_total_wait_s = 60
 deadline_s = 120

@@ -171,7 +171,7 @@ def test_found_binds_the_lost_job_after_a_preview_and_a_confirmation(
         ctx.close()
 
 
-def test_not_created_is_only_believed_60_s_after_the_send(
+def test_not_created_is_only_believed_after_the_send_bound_and_the_visibility_lag(
     tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # `reset` drops the connection before any job exists: client-side it looks exactly like `ambiguous`
@@ -185,7 +185,12 @@ def test_not_created_is_only_believed_60_s_after_the_send(
         assert all(t["next_action_at"] and t["task_status"] == "SUBMIT_UNKNOWN" for t in early["tasks"])
         assert drv.all_in("SUBMIT_UNKNOWN") and sim.truth()["jobs"] == []
 
-        ctx.clock.advance(61)  # type: ignore[attr-defined]
+        lag = ctx.settings.reconcile.visibility_lag_s
+        ctx.clock.advance(lag + 1)  # type: ignore[attr-defined]
+        # past the lag alone: a send refused only at its deadline could still be on its way
+        inside = cli.json("reconcile", "--yes", "--reason", "INC-10")
+        assert {(t["result"], t["task_status"]) for t in inside["tasks"]} == {("still_unknown", "SUBMIT_UNKNOWN")}
+        ctx.clock.advance(ctx.sync.send_bound_s("sim"))  # type: ignore[attr-defined]
         late = cli.json("reconcile", "--yes", "--reason", "INC-10")
         assert {(t["result"], t["action"], t["task_status"]) for t in late["tasks"]} == {
             ("not_created", "new_attempt_scheduled", "RETRY_WAIT")

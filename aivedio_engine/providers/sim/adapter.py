@@ -38,7 +38,7 @@ from aivedio_engine.providers.base import (
 from aivedio_engine.providers.fingerprint import echoed_fingerprint
 from aivedio_engine.providers.webhooks import DEFAULT_TOLERANCE_S, verify_webhook
 
-DEFAULT_TIMEOUTS = Timeouts(connect=2.0, read=15.0, write=15.0, pool=2.0)
+HTTP_TIMEOUTS = Timeouts(connect=2.0, read=15.0, write=15.0, pool=2.0)
 MAX_CALLBACK_BYTES = 256 * 1024
 #: a window of reconciliation holds a few minutes of jobs; more pages than this and the listing is not trusted
 MAX_LIST_PAGES = 50
@@ -65,7 +65,7 @@ class SimProvider:
         self._settings = settings
         key = settings.api_key.get_secret_value()
         self._http = http or HttpClient(
-            settings.base_url, DEFAULT_TIMEOUTS, headers={"Authorization": f"Bearer {key}"} if key else None
+            settings.base_url, HTTP_TIMEOUTS, headers={"Authorization": f"Bearer {key}"} if key else None
         )
         self._tolerance_s = webhook_tolerance_s
         models = settings.models
