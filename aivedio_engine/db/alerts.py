@@ -30,6 +30,8 @@ class Rule(StrEnum):
     #: cost risk: listing the vendor's jobs found several that match the request; which one is ours is unknown
     AMBIGUOUS_LIST_MATCH = "ambiguous_list_match"
     DUPLICATE_PROVIDER_JOB = "duplicate_provider_job"
+    #: cost risk: a vendor job turned up for an attempt closed as never created (a send that left late)
+    DUPLICATE_PAID_JOB = "duplicate_paid_job"
     ORPHAN_CALLBACK_EXPIRED = "orphan_callback_expired"
     #: a job's queries kept failing past `[retry.query]`; it is still polled, slowly
     QUERY_BUDGET_SPENT = "query_budget_spent"

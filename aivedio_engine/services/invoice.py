@@ -16,7 +16,9 @@ Classification, per line:
 - `duplicate_job` — a second paid job for one task: a job we never recorded, or one recorded by an attempt that
   never reached an outcome of its own, beside the job that produced the task's outcome (the recorded job of its
   highest attempt). Typical: an ambiguous submit resubmitted without lookup, both jobs billed. A billed job of an
-  attempt that FAILED or was CANCELED before a retry is the vendor's ordinary rule, not a finding;
+  attempt that FAILED or was CANCELED before a retry is the vendor's ordinary rule, not a finding. A job the
+  engine recorded itself as a duplicate (on an attempt closed as never created, `services/late_jobs.py`) is
+  keyed by the platform-cost row it booked then, so applying finds it already booked;
 - `orphan` — a job id we never recorded: attributed to a task when its request key is one of ours (the task then
   has no other paid job), otherwise nobody's — such a line cannot be booked to any tenant and needs a human.
 - `vendor_credit` — the job a closed task was charged for, billed for less than we charged (a lower amount, or a
@@ -39,7 +41,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from aivedio_engine.domain.status import AttemptStatus
+from aivedio_engine.services.billing import platform_cost_key
 from aivedio_engine.services.errors import InvalidInput
+from aivedio_engine.services.late_jobs import KIND as DUPLICATE_KIND
 
 REQUIRED_COLUMNS = ("provider", "job_id", "amount", "billed_at")
 OPTIONAL_COLUMNS = ("currency", "request_key")
@@ -277,6 +281,18 @@ def classify(
                             key,
                         )
                     )
+            elif b.recorded and b.attempt.submit_state == AttemptStatus.FAILED_BEFORE_ACCEPT.value:
+                # the engine recorded it when the late send's job turned up, with its platform-cost row
+                findings.append(
+                    Finding(
+                        "duplicate_job",
+                        b.line,
+                        b.attempt,
+                        f"second paid job for the task, recorded as a duplicate of attempt #{b.attempt.attempt_no} "
+                        "(closed as never created) and booked as platform cost when it turned up",
+                        platform_cost_key(b.attempt.task_id, b.attempt.id, DUPLICATE_KIND),
+                    )
+                )
             elif not (b.recorded and b.attempt.submit_state in _OWN_OUTCOME):
                 how = "never recorded" if not b.recorded else f"recorded by a {b.attempt.submit_state} attempt"
                 findings.append(

@@ -40,7 +40,7 @@ from aivedio_engine.domain.transitions import (
     decide_attempt,
 )
 from aivedio_engine.providers.base import JobStatus
-from aivedio_engine.services import billing, observations
+from aivedio_engine.services import billing, late_jobs, observations
 from aivedio_engine.services import reducer_cases as cases
 from aivedio_engine.services.after_commit import AfterCommit, finished_lease, release_if_finished
 from aivedio_engine.services.consume import DUPLICATE, PROCESSED, Envelope, Outcome, consume_once
@@ -105,6 +105,8 @@ def reduce(conn: Connection, obs: dict[str, Any], now: datetime, urgent_fetch_s:
         task, attempt = lock_existing_attempt(conn, found.id)
     else:
         task, attempt = cases.bind_ambiguous(conn, obs, now, after)
+        if attempt is None:
+            task, attempt = cases.bind_closed(conn, obs, now)
     if attempt is None:
         observations.keep_as_orphan(conn, obs)
         return "unmatched"
@@ -146,6 +148,12 @@ def _reduce_locked(
     if seen:
         return "duplicate"
     status = JobStatus(obs["status"])
+    if late_jobs.is_closed(attempt):  # a duplicate job (services/late_jobs.py): the task went on without it
+        base = dict(task_id=task.id, source=EventSource(obs["source"]), source_event_id=obs["dedup_key"], now=now)
+        base.update(attempt_id=attempt.id, provider_updated_at=_ts(obs.get("provider_updated_at")))
+        why = f"job {obs['job_id']} is a recorded duplicate of an attempt closed as never created"
+        cases.record(conn, task, status, StateEventOutcome.DUPLICATE, {**base, "payload": _summary(obs)}, why)
+        return "duplicate-job"
     observed_at = _ts(obs.get("provider_updated_at"))
     base = dict(
         task_id=task.id,

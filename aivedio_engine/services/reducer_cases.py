@@ -14,7 +14,7 @@ from aivedio_engine.db.records import Attempt, Task
 from aivedio_engine.domain.status import TASK_TERMINAL, AttemptStatus, EventSource, StateEventOutcome, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, TaskEvent
 from aivedio_engine.providers.base import JobStatus
-from aivedio_engine.services import billing, observations
+from aivedio_engine.services import billing, late_jobs, observations
 from aivedio_engine.services.after_commit import AfterCommit
 from aivedio_engine.services.transition import (
     AttemptMove,
@@ -54,6 +54,22 @@ def bind_ambiguous(conn: Connection, obs: dict[str, Any], now: datetime, after: 
     # other observations of this job that arrived before it was bound: to the reducer, after this one
     observations.rematch(conn, obs["provider"], obs["job_id"], attempt.id, now)
     return tasks.read(conn, task.id), attempts.read(conn, attempt.id)
+
+
+def bind_closed(conn: Connection, obs: dict[str, Any], now: datetime) -> tuple[Any, Any]:
+    """A status for an unknown job id that carries the request key of an attempt closed as never created: the
+    vendor made a job for it after all (a send that left late). Recorded as a duplicate on that attempt
+    (`late_jobs.record`), whose further statuses are then only recorded. The job is stopped by whoever holds the
+    adapter: the late send's answer, when it arrives, or an operator the alert tells."""
+    key = obs.get("request_key")
+    found = attempts.by_request_key(conn, obs["provider"], key) if key else None
+    if found is None or found.submit_state != AttemptStatus.FAILED_BEFORE_ACCEPT.value:
+        return None, None
+    task, attempt = lock_existing_attempt(conn, found.id)
+    if not late_jobs.is_closed(attempt):
+        return None, None
+    late_jobs.record(conn, task, attempt, obs["job_id"], now, how=f"a {obs['source']} status naming its request key")
+    return task, attempts.read(conn, attempt.id)
 
 
 def stale_bill(conn: Connection, task: Task, attempt: Attempt, obs: dict[str, Any], now: datetime) -> str:

@@ -29,7 +29,7 @@ from aivedio_engine.domain.retry import ErrorClass, ErrorOutcome, FailureContext
 from aivedio_engine.domain.status import AttemptStatus, EventSource, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, TaskEvent
 from aivedio_engine.providers.base import Accepted, Ambiguous, GenerationRequest, Provider, Rejected, SubmitResult
-from aivedio_engine.services import observations, provider_switch
+from aivedio_engine.services import late_jobs, observations, provider_switch
 from aivedio_engine.services.provider_health import error_code_with_retry_after
 from aivedio_engine.services.references import ReferenceResolver, ReferenceUnavailable
 from aivedio_engine.services.transition import (
@@ -73,7 +73,7 @@ class SubmitService:
 
     def submit(self, attempt_id: uuid.UUID) -> str:
         """Returns what happened, for the inbox digest: 'skipped:<state>' | 'accepted' | 'rejected' | 'ambiguous' |
-        'refused:late' (past `send_deadline_s`: not sent)."""
+        'refused:late' (past `send_deadline_s`: not sent) | 'duplicate' (a late job of an attempt already closed)."""
         claimed = self._claim(attempt_id)
         if isinstance(claimed, str):
             return claimed
@@ -90,8 +90,7 @@ class SubmitService:
         failpoint("submit.after_deadline_check")
         result = provider.submit(request, attempt.provider_request_key)
         failpoint("submit.after_call")
-        self._record(attempt_id, result)
-        return type(result).__name__.lower()
+        return self._record(attempt_id, result) or type(result).__name__.lower()
 
     def _past_send_deadline(self, attempt: Attempt) -> bool:
         """Read immediately before the call: a send this late may follow the sweeper calling the attempt ambiguous
@@ -162,12 +161,18 @@ class SubmitService:
         )
 
     # tx B
-    def _record(self, attempt_id: uuid.UUID, result: SubmitResult) -> None:
+    def _record(self, attempt_id: uuid.UUID, result: SubmitResult) -> str | None:
+        """None, or what replaced the usual recording: 'duplicate' / 'late-answer' (see `_late`)."""
         after = AfterCommit(self._engine, self._slots)
+        outcome = None
         with write_tx(self._engine) as conn:
             task, attempt = lock_existing_attempt(conn, attempt_id)
             now = self._clock.now()
-            if isinstance(result, Accepted):
+            if late_jobs.is_closed(attempt) or (
+                isinstance(result, Accepted) and attempt.provider_job_id == result.job_id
+            ):
+                outcome = self._late(conn, attempt, task, result, now, after)
+            elif isinstance(result, Accepted):
                 self._accepted(conn, attempt, task, result, now, after)
             elif isinstance(result, Rejected):
                 self._rejected(conn, attempt, task, result, now, after)
@@ -176,6 +181,26 @@ class SubmitService:
             failpoint("submit.record.before_commit")
         failpoint("submit.record.after_commit")
         after.run()  # a rejected attempt's slot is free once this has committed
+        return outcome
+
+    def _late(
+        self, conn: Connection, attempt: Attempt, task: Task, result: SubmitResult, now: datetime, after: AfterCommit
+    ) -> str:
+        """The answer to a send whose attempt was settled meanwhile. The job a lookup already bound to it: nothing
+        to add. A job made for an attempt closed as never created (a send that left past every bound): recorded
+        as a duplicate, booked as platform cost, alerted, and cancelled at the vendor after the commit."""
+        if isinstance(result, Accepted) and attempt.provider_job_id == result.job_id:
+            return "late-answer"
+        if isinstance(result, Accepted):
+            if late_jobs.record(conn, task, attempt, result.job_id, now, how="the late send's own answer"):
+                provider: Provider = self._providers[attempt.provider]
+                job_id = result.job_id
+                if provider.capabilities.supports_cancel:
+                    after.call(lambda: provider.cancel(job_id))
+            return "duplicate"
+        if isinstance(result, Ambiguous):  # a job may exist that nobody will ever ask about
+            late_jobs.alert_unknown(conn, task, attempt, now, reason=result.reason)
+        return "late-answer"
 
     def _accepted(
         self, conn: Connection, attempt: Attempt, task: Task, result: Accepted, now: datetime, after: AfterCommit
