@@ -8,16 +8,18 @@ simulator's ground truth or the object store are listed as skipped, with why, so
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.table import Table
 
 from aivedio_cli._params import duration_option
-from aivedio_cli._render import ExitCode, emit_json, out
+from aivedio_cli._render import ExitCode, emit_json, fail, out
 from aivedio_cli._services import service_context
 from aivedio_engine.domain.durations import format_seconds
-from aivedio_engine.services.invariants import DEFAULT_GRACE_S, AuditReport
+from aivedio_engine.services.errors import InvalidInput
+from aivedio_engine.services.invariants import DEFAULT_GRACE_S, AuditReport, parse_vendor_jobs
 
 
 def audit(
@@ -31,12 +33,26 @@ def audit(
     limit: int = typer.Option(20, "--limit", min=1, help="Offending rows shown per check (all are counted)."),
     checks: list[str] = typer.Option([], "--check", help="Run only this check id (repeatable), e.g. --check I4.2."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    vendor_jobs: Path | None = typer.Option(
+        None,
+        "--vendor-jobs",
+        help="The vendor's own list of jobs as CSV (provider,job_id,request_key): I3.5 then also finds jobs of "
+        "our tasks that no attempt holds.",
+    ),
 ) -> None:
     """Check the invariants I1-I10 that our own tables can answer; exit 1 with the offending rows on a violation.
 
     When work waits and no engine process runs the role it needs, the summary says so instead of a clean bill."""
+    listed: list[tuple[str, str, str | None]] = []
+    if vendor_jobs is not None:
+        try:
+            listed = parse_vendor_jobs(vendor_jobs.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            fail(f"cannot read {vendor_jobs}: {getattr(exc, 'strerror', None) or exc}", ExitCode.USAGE)
+        except InvalidInput as exc:
+            fail(str(exc), ExitCode.USAGE)
     with service_context(ctx) as app_ctx:
-        report = app_ctx.invariants.run(grace_s=grace, limit=limit, only=checks or None)
+        report = app_ctx.invariants.run(grace_s=grace, limit=limit, only=checks or None, vendor_jobs=listed)
         # the invariants can all hold on a system where nothing moves: say so instead of a clean bill
         stalled = app_ctx.liveness.report().stalled()
     if as_json:

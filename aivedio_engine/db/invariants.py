@@ -64,6 +64,8 @@ class Scope:
     delivered_profiles: frozenset[str] = frozenset()
     #: I10.4: failed callback verifications in one window that must have raised an alert
     callback_verify_failures: int = 1
+    #: I3.5: the vendor's jobs as (provider, job id, request key), when its list was given
+    vendor_jobs: tuple[tuple[str, str, str | None], ...] = ()
 
     @property
     def cutoff(self) -> datetime:

@@ -17,7 +17,9 @@ the motion ones in `db.stalled`); this module names them, runs them in one snaps
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import csv
+import io
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -26,6 +28,7 @@ from typing import Any
 from aivedio_engine.clock import Clock
 from aivedio_engine.config import AlertSettings, MediaSettings, Settings
 from aivedio_engine.db import invariants as q
+from aivedio_engine.db import invariants_jobs as jobs
 from aivedio_engine.db import invariants_ledger as ledger
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.invariants import Offenders, Scope
@@ -102,6 +105,12 @@ check("I2.3", "every MANUAL_REVIEW task has an open review item (else nobody can
 
 # --- I3 provider jobs ------------------------------------------------------------------------------------------
 check("I3.4", "at most one in-flight attempt per task", q.concurrent_attempts)
+check(
+    "I3.5",
+    "every vendor job known for a task is the job of one attempt or a recorded duplicate with a platform-cost row"
+    " (the vendor's list, when given, names the jobs we never heard of)",
+    jobs.unaccounted_vendor_jobs,
+)
 
 # --- I4 ledger -------------------------------------------------------------------------------------------------
 check("I4.1", "each ledger business key is booked once", ledger.duplicate_business_keys)
@@ -235,9 +244,17 @@ class InvariantService:
         self._media = settings.media if settings is not None else MediaSettings()
         self._alerts = settings.alerts if settings is not None else AlertSettings()
 
-    def run(self, *, grace_s: float = DEFAULT_GRACE_S, limit: int = 20, only: list[str] | None = None) -> AuditReport:
+    def run(
+        self,
+        *,
+        grace_s: float = DEFAULT_GRACE_S,
+        limit: int = 20,
+        only: list[str] | None = None,
+        vendor_jobs: Sequence[tuple[str, str, str | None]] = (),
+    ) -> AuditReport:
         """Run every check (or the ids in `only`) in one snapshot: REPEATABLE READ on PostgreSQL (a SQLite read
-        transaction is one already), so checks that compare tables never see a change land between them."""
+        transaction is one already), so checks that compare tables never see a change land between them.
+        `vendor_jobs`: the vendor's own jobs (provider, job id, request key) for I3.5."""
         if grace_s < 0:
             raise InvalidInput(f"grace must be >= 0 seconds, got {grace_s:g}", field="grace")
         unknown = sorted(set(only or ()) - set(CHECKS) - {s.id for s in SKIPPED})
@@ -253,9 +270,30 @@ class InvariantService:
                     timedelta(seconds=grace_s),
                     delivered_profiles=delivery_profiles(self._media),
                     callback_verify_failures=self._alerts.callback_verify_failures,
+                    vendor_jobs=tuple(vendor_jobs),
                 )
                 results = [_run(conn, c, scope, limit) for c in chosen]
         return AuditReport(results, [s for s in SKIPPED if not only or s.id in only])
+
+
+def parse_vendor_jobs(text: str) -> list[tuple[str, str, str | None]]:
+    """A vendor's job list as CSV — a header naming `provider`, `job_id` and optionally `request_key` (any order,
+    other columns ignored, e.g. an invoice export) — as (provider, job id, request key) rows; InvalidInput
+    names the first bad line."""
+    rows = csv.reader(io.StringIO(text.lstrip("\ufeff")))
+    names = [h.strip().lower() for h in next(rows, [])]
+    if "provider" not in names or "job_id" not in names:
+        raise InvalidInput("vendor jobs: the header must name provider and job_id (and optionally request_key)")
+    at = {n: names.index(n) for n in ("provider", "job_id", "request_key") if n in names}
+    jobs: list[tuple[str, str, str | None]] = []
+    for line_no, row in enumerate(rows, start=2):
+        cell = {n: (row[i].strip() if i < len(row) else "") for n, i in at.items()}
+        if not any(cell.values()):
+            continue
+        if not cell["provider"] or not cell["job_id"]:
+            raise InvalidInput(f"vendor jobs line {line_no}: provider and job_id must not be empty")
+        jobs.append((cell["provider"], cell["job_id"], cell.get("request_key") or None))
+    return jobs
 
 
 def _run(conn: Connection, c: Check, scope: Scope, limit: int) -> CheckResult:
