@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import common
+
 DESCRIPTION = "CLI start-up: `aivedio --help` and shell completion, median/p90 of N fresh processes"
 TARGET_S = 0.5
 
@@ -119,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     if not Path(aivedio).exists():
         aivedio = shutil.which("aivedio") or aivedio
     result = measure(args.runs, args.warmup, aivedio, getattr(args, "pg_url", None))
+    if getattr(args, "json_out", None):
+        common.write_json(Path(args.json_out), result)
     if getattr(args, "json", False):
         print(table(result), file=sys.stderr)
         print(json.dumps(result, indent=2, sort_keys=True))

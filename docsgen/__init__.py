@@ -1,4 +1,5 @@
-"""The generated parts of docs/: the HTTP API, CLI and configuration references, made from the code itself.
+"""The generated parts of docs/: the HTTP API, CLI and configuration references, made from the code itself, and
+the benchmarks page, made from bench/results/latest.json.
 
 Each reference file keeps its hand-written prose; only the part between the BEGIN and END markers below is
 generated, so prose can be edited in place and the reference can never drift from the code: `python -m docsgen`
@@ -23,9 +24,14 @@ class DocsError(Exception):
 
 def _renderers() -> dict[str, Callable[[], str]]:
     # imported here: each renderer pulls in its part of the application (FastAPI, Typer, the settings model)
-    from docsgen import api, cli, configuration
+    from docsgen import api, benchmarks, cli, configuration
 
-    return {"docs/api.md": api.render, "docs/cli.md": cli.render, "docs/configuration.md": configuration.render}
+    return {
+        "docs/api.md": api.render,
+        "docs/benchmarks.md": benchmarks.render,
+        "docs/cli.md": cli.render,
+        "docs/configuration.md": configuration.render,
+    }
 
 
 def splice(document: str, generated: str, name: str) -> str:

@@ -22,6 +22,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from bench import common
 from bench.chaos import history as hist
 from bench.chaos import replay_export, verdict
 from bench.chaos.cluster import SIM_FAULTS, Cluster
@@ -206,6 +207,8 @@ def run(args: Any) -> int:
         replay_dir=Path(args.save_replay) if args.save_replay else None,
     )
     doc = report.to_json()
+    if getattr(args, "json_out", None):
+        common.write_json(Path(args.json_out), doc)
     if args.json:
         print(json.dumps(doc, indent=1, default=str))
     else:

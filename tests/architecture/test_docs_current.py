@@ -1,5 +1,5 @@
-"""The generated references in docs/ (HTTP API, CLI, configuration) say what the code says now: each is rendered
-again in memory and compared with the file (docsgen/)."""
+"""The generated references in docs/ (HTTP API, CLI, configuration, benchmarks) say what the code and
+bench/results/latest.json say now: each is rendered again in memory and compared with the file (docsgen/)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from docsgen import BEGIN, END, REFRESH, DocsError, refreshed, splice
 
 def test_generated_references_are_current() -> None:
     files = refreshed()
-    assert {path.name for path in files} == {"api.md", "cli.md", "configuration.md"}
+    assert {path.name for path in files} == {"api.md", "benchmarks.md", "cli.md", "configuration.md"}
     stale = [str(path.relative_to(docsgen.REPO)) for path, (old, new) in files.items() if old != new]
     assert not stale, f"stale generated docs: {', '.join(stale)}; refresh them with `{REFRESH}` and commit"
 

@@ -1,7 +1,7 @@
 """The degradation harness in CI: `bench/run degrade --quick` on a few rows, each a fresh distributed system (every
 role its own process, every dependency behind its own proxy), the dependency away for 8 s under load.
 
-The full matrix (six rows, 30 s each) is a command; its figures are in bench/README.md."""
+The full matrix (six rows, 30 s each) is a command; its options are in bench/README.md."""
 
 from __future__ import annotations
 
