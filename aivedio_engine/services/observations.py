@@ -103,9 +103,10 @@ def record(
     attempt: attempts.AttemptRef | Attempt | None = attempts.by_job(conn, provider, obs.job_id)
     if attempt is None and obs.request_key:
         by_key = attempts.by_request_key(conn, provider, obs.request_key)
-        # only an ambiguous submit is bound by its request key (the reducer does it); an attempt whose job id
-        # is simply not recorded yet gets this event when it is (`rematch`), so it waits as an orphan
-        if by_key is not None and by_key.submit_state == AttemptStatus.UNKNOWN.value:
+        # only an ambiguous submit is bound by its request key, and a closed one's job recorded as a duplicate
+        # (the reducer does both); an attempt whose job id is simply not recorded yet gets this event when it is
+        # (`rematch`), so it waits as an orphan
+        if by_key is not None and by_key.submit_state in _BOUND_BY_KEY:
             attempt = by_key
     event_id = new_id()
     payload = to_payload(provider, obs, source, dedup_key, event_id)
@@ -132,6 +133,10 @@ def record(
         _emit(conn, provider, obs_payload=payload, task_id=attempt.task_id, now=now)
     return True
 
+
+#: attempts a status naming their request key goes to: an ambiguous submit (its job found), one closed as never
+#: created (a late job: `late_jobs`)
+_BOUND_BY_KEY = frozenset({AttemptStatus.UNKNOWN.value, AttemptStatus.FAILED_BEFORE_ACCEPT.value})
 
 #: the provider_events columns an observation's identifiers go into (tables.py); `wh:` prefixes the event id
 _ID_LIMITS = {"job_id": 256, "request_key": 128, "event_id": 250}
