@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -22,8 +23,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from aivedio_engine.config import ModelSettings, ProviderSettings
+from aivedio_engine.db.tables import task_attempts
 from aivedio_engine.httpclient import HttpClient
 from aivedio_engine.providers.sim.adapter import SimProvider
 from aivedio_engine.providers.sim.app import ThreadedSim
@@ -65,6 +68,17 @@ class SimHandle:
         r = self.http.request("GET", "/_sim/truth")
         assert r.status == 200, r.status
         return r.json()  # type: ignore[no-any-return]
+
+    def jobs_per_task(self, engine: Any) -> Counter[Any]:
+        """The vendor's jobs per task of ours: each job's request key → the attempt that sent it → its task (None:
+        a job no request of ours made). The sim's `duplicate_paid_jobs` counts per request key, so it cannot see
+        a task's second job made by another attempt's request."""
+        jobs = self.truth()["jobs"]
+        keys = {j["request_key"] for j in jobs if j["request_key"]}
+        with engine.connect() as conn:
+            q = sa.select(task_attempts.c.provider_request_key, task_attempts.c.task_id)
+            owner = dict(conn.execute(q.where(task_attempts.c.provider_request_key.in_(keys))).all())
+        return Counter(owner.get(j["request_key"]) for j in jobs)
 
     def set_faults(self, spec: str, seed: int | None = None) -> None:
         body: dict[str, Any] = {"spec": spec}
