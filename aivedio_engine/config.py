@@ -273,7 +273,7 @@ def _default_budget(step: Step) -> RetryBudgetSettings:
 
 
 class SubmitBudgetSettings(RetryBudgetSettings):
-    """The submit step's budget, and the bound on how late its one vendor call may leave."""
+    """The submit step's retry budget (the shape every step shares), and how late its one vendor call may leave."""
 
     #: a send not started this many seconds after its attempt was claimed (SENDING) is refused: the sweeper may
     #: already have made the attempt ambiguous and a lookup found nothing, so a late request could make a

@@ -65,7 +65,10 @@ def _walk(
     mine: list[str] = []
     own_doc = cls.__dict__.get("__doc__") or ""  # not an inherited docstring (pydantic's BaseModel has one)
     rows.append((".".join(path), " ".join(own_doc.split()) if cls is not Settings else "", mine))
-    comments = _source_comments(cls)
+    comments: dict[str, str] = {}
+    for base in reversed(cls.__mro__):  # a section that extends another keeps the comments of the fields it inherits
+        if base.__module__ == cls.__module__:
+            comments.update(_source_comments(base))
     for name, field in cls.model_fields.items():
         value = getattr(instance, name) if instance is not None else _field_default(field)
         annotation = field.annotation
