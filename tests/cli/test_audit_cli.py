@@ -179,6 +179,19 @@ def i3_4(s: Seeded, w: World) -> str:
     return str(w.id("ok1"))
 
 
+def i3_5(s: Seeded, w: World) -> str:
+    # a job recorded as a closed attempt's duplicate whose platform cost was never booked
+    w.copy(
+        task_attempts,
+        w.attempt("ok4"),
+        task_id=w.id("q1"),
+        provider_request_key=w.attempt("ok4").provider_request_key + "-late",
+        provider_job_id="job_late_unbooked",
+        submit_state="FAILED_BEFORE_ACCEPT",
+    )
+    return "job_late_unbooked"
+
+
 def i4_1(s: Seeded, w: World) -> str:
     s.execute("ALTER TABLE credit_ledger DROP CONSTRAINT uq_credit_ledger_business_key")
     key = f"reserve:{w.id('ok1')}"
@@ -450,6 +463,7 @@ CORRUPTIONS: dict[str, tuple[Corruption, bool]] = {
     "I2.4": (i2_4, False),
     "I2.5": (i2_5, False),
     "I3.4": (i3_4, False),
+    "I3.5": (i3_5, False),
     "I4.1": (i4_1, True),
     "I4.2": (i4_2, False),
     "I4.3": (i4_3, False),
