@@ -24,12 +24,38 @@ import sqlalchemy as sa
 from psycopg import sql
 
 from aivedio_engine.db import migrate
+from tests.support.workers import worker_id
+
+#: fixture modules every test can use without importing them (sim, sim_factory, callback_sink; moto_s3;
+#: database_url, seeder)
+pytest_plugins = ["tests.support.sim", "tests.support.moto", "tests.support.seeding"]
+
+#: tests marked slow (left out of `bash scripts/test --fast`): whole directories, the crash matrix, and any test
+#: that allows itself more than SLOW_TIMEOUT_S
+SLOW_DIRS = ("e2e", "chaos")
+SLOW_MODULES = ("tests/flow/test_crash_matrix.py",)
+SLOW_TIMEOUT_S = 100
+#: the fast tier (`-m fast`): these directories without their slow tests; the rest of the suite is `-m "not fast"`
+FAST_DIRS = ("unit", "contract", "architecture", "api")
 
 PG_ADMIN_DSN = os.environ.get("AIVEDIO_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 TEMPLATE_PREFIX = "aivedio_tmpl_"
 #: pg_advisory_lock key serializing template creation across concurrent pytest sessions ("aivtmpl" in ASCII);
 #: distinct from migrate.ADVISORY_LOCK_KEY
 TEMPLATE_LOCK_KEY = 0x61697674_6D706C00
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    root = Path(__file__).resolve().parent
+    for item in items:
+        rel = item.path.resolve().relative_to(root.parent).as_posix()
+        timeout = item.get_closest_marker("timeout")
+        long_timeout = bool(timeout and timeout.args and float(timeout.args[0]) > SLOW_TIMEOUT_S)
+        top = rel.split("/")[1]
+        if top in SLOW_DIRS or rel in SLOW_MODULES or long_timeout:
+            item.add_marker(pytest.mark.slow)
+        elif top in FAST_DIRS and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture(autouse=True)
@@ -135,7 +161,7 @@ def pg_template() -> str:
 
 
 def _throwaway_database(template: str | None) -> Iterator[str]:
-    name = f"aivedio_t_{uuid.uuid4().hex[:12]}"
+    name = f"aivedio_t_{worker_id()}_{uuid.uuid4().hex[:12]}"
     create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
     with _admin_connect() as admin:
         if template is None:

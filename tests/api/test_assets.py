@@ -25,7 +25,6 @@ from aivedio_engine.services.assets import display_name
 from aivedio_engine.storage import keys
 from tests.media import FFCONCAT, TEXT, hls_playlist, shared_media
 from tests.support.app import TenantKey, make_context, tenant_with_key
-from tests.support.moto import moto_s3  # noqa: F401 - fixture
 
 
 @pytest.fixture(scope="module")

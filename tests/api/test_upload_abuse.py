@@ -35,7 +35,6 @@ from tests.api.test_assets import NO_GRACE, QUARANTINED_THEN_DELETED, Api, _cont
 from tests.media import FFMPEG, hls_playlist, shared_media
 from tests.media.test_probe import _connections, listener  # noqa: F401 - fixture
 from tests.support.app import FakeClock, TenantKey, make_context, tenant_with_key
-from tests.support.moto import moto_s3  # noqa: F401 - fixture
 from tests.unit.test_upload_abuse_pure import avi_with_gab2, png, with_huge_duration
 
 MIB = 1024 * 1024

@@ -32,10 +32,9 @@ from aivedio_engine.db.tables import (
 from aivedio_engine.services.callbacks import CallbackUnauthorized
 from aivedio_engine.services.invariants import CHECKS, SKIPPED
 from aivedio_engine.storage.keys import TENANTS_PREFIX
-from tests.cli.seeding import Seeded, database_url, seeder  # noqa: F401 - fixtures
 from tests.support.app import tenant_with_key
 from tests.support.balance import nudge_balance
-from tests.support.sim import sim  # noqa: F401 - fixture
+from tests.support.seeding import Seeded
 
 SKIPPED_IDS = {"I1.1", "I3.1", "I3.2", "I3.3", "I4.7", "I7.1", "I7.3", "I8.1"}
 

@@ -15,8 +15,7 @@ import sqlalchemy as sa
 from aivedio_engine.db.tables import assets, task_attempts, task_state_events
 from aivedio_engine.domain.capacity import CapacityInputs, estimate
 from aivedio_engine.providers.sim import app as sim_app
-from tests.cli.seeding import Seeded, database_url, seeder  # noqa: F401 - fixtures
-from tests.support.sim import sim  # noqa: F401 - fixture
+from tests.support.seeding import Seeded
 
 SIM_ONLY = ("default_provider=sim", "providers.sim.adapter=sim")
 

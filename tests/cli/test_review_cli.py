@@ -17,8 +17,7 @@ from aivedio_engine.db.tables import assets, task_state_events
 from aivedio_engine.services.errors import Conflict
 from aivedio_engine.services.operations import Operation
 from aivedio_engine.services.review import ReviewService
-from tests.cli.seeding import Seeded, database_url, seeder  # noqa: F401 - fixtures
-from tests.support.sim import sim  # noqa: F401 - fixture
+from tests.support.seeding import Seeded
 
 PROMPTS = {"fox1": "a red fox at dawn", "fox2": "a fox in the snow", "boat": "a paper boat"}
 COST = Decimal(2)  # sim-v1, 2 s at 720p, 1 credit per second

@@ -27,7 +27,6 @@ from aivedio_cli.main import app
 from aivedio_engine.db.tables import alerts, assets, dead_letters, generation_tasks, task_attempts
 from aivedio_engine.services.liveness import NO_ENGINE
 from aivedio_engine.testing import failpoints
-from tests.cli.seeding import Seeded, database_url, seeder  # noqa: F401 - fixtures
 from tests.cli.test_ledger_cli import _write_invoice
 from tests.cli.test_reconcile_cli import config_file
 from tests.cli.test_replay_cli import Dramatiq, poison, queue_tasks
@@ -36,7 +35,8 @@ from tests.flow.test_output_fetch import FETCH, MEDIA, HoldingPump, envelope, pe
 from tests.support.app import make_context
 from tests.support.flow import Driver, create_tasks, sim_context
 from tests.support.pump import Pump
-from tests.support.sim import running_sim, sim  # noqa: F401 - fixture
+from tests.support.seeding import Seeded
+from tests.support.sim import running_sim
 
 pytestmark = pytest.mark.postgres
 RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks.md"

@@ -1,6 +1,6 @@
 """`aivedio storage scan` over a store filled by real generations (sim provider, output fetch, media: raw output,
 proxy, HLS playlist + init + segments, thumbnail, waveform), on SQLite and PostgreSQL; the CLI's clock is the
-seeded FakeClock (see tests/cli/seeding.py), so "older than the grace" is a matter of advancing it."""
+seeded FakeClock (see tests/support/seeding.py), so "older than the grace" is a matter of advancing it."""
 
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ from typer.testing import CliRunner
 from aivedio_cli.main import app
 from aivedio_engine.db.tables import assets, storage_scans, task_attempts
 from aivedio_engine.storage import keys
-from tests.cli.seeding import Seeded, database_url, seeder  # noqa: F401 - fixtures
 from tests.support.app import make_context
-from tests.support.moto import MotoS3, moto_s3  # noqa: F401 - fixture
-from tests.support.sim import sim  # noqa: F401 - fixture
+from tests.support.moto import MotoS3
+from tests.support.seeding import Seeded
 
 
 def scan(s: Seeded, *args: str) -> tuple[int, dict[str, Any]]:

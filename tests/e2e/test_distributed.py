@@ -25,7 +25,7 @@ from aivedio_engine.db import migrate
 from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks
 from tests.e2e.support import ffprobe_duration, sample_png
 from tests.support.app import free_port
-from tests.support.moto import MotoS3, moto_s3  # noqa: F401 - fixture
+from tests.support.moto import MotoS3
 from tests.support.rabbitmq import private_amqp_url
 from tests.support.sim import SECRET, running_sim, wait_until
 

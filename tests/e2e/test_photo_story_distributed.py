@@ -26,7 +26,7 @@ from aivedio_engine.config import load_settings
 from aivedio_engine.db import migrate
 from tests.e2e.test_distributed import _drop_redis_keys, _ready, _serve, _tail, amqp_url  # noqa: F401 - fixture
 from tests.support.app import free_port
-from tests.support.moto import MotoS3, moto_s3  # noqa: F401 - fixture
+from tests.support.moto import MotoS3
 from tests.support.sim import wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "photo_story"

@@ -37,7 +37,7 @@ from tests.flow.test_output_fetch import (
     use_fetcher,
 )
 from tests.support.pump import Pump
-from tests.support.sim import SimHandle, sim  # noqa: F401 - fixture
+from tests.support.sim import SimHandle
 
 INLINE = {"inline_after_fetch_max_bytes": 16 * 1024 * 1024}
 STUCK_S = 120

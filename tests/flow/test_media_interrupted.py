@@ -24,7 +24,7 @@ from aivedio_engine.media.probe import ProbeInterrupted
 from aivedio_engine.services import media as media_module
 from tests.flow.test_media_pipeline import derivatives, raw_of, reviews, staged
 from tests.flow.test_output_fetch import MEDIA, alerts_of, assert_only_reserved, assert_settled, pending, task_row
-from tests.support.sim import SimHandle, sim  # noqa: F401 - fixture
+from tests.support.sim import SimHandle
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ from tests.flow.test_output_fetch import (
     stage,
     task_row,
 )
-from tests.support.sim import SimHandle, sim  # noqa: F401 - fixture
+from tests.support.sim import SimHandle
 
 REQUIRED = {"PROXY", "HLS", "THUMBNAIL"}  # kinds of the default required profiles (proxy_mp4, hls, thumbnail)
 

@@ -44,7 +44,7 @@ from aivedio_engine.storage import keys
 from tests.support.app import tenant_with_key
 from tests.support.flow import Driver, sim_context
 from tests.support.pump import Pump
-from tests.support.sim import SimHandle, sim, sim_factory  # noqa: F401 - fixtures
+from tests.support.sim import SimHandle
 
 FETCH = "fetch.requested"
 MEDIA = "media.process.requested"

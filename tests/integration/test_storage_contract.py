@@ -29,7 +29,7 @@ from aivedio_engine.config import Settings, load_settings
 from aivedio_engine.storage import build_store
 from aivedio_engine.storage.base import CompletedPart, ObjectNotFound, ObjectStore, ObjectTooLarge
 from aivedio_engine.storage.keys import InvalidKey
-from tests.support.moto import MotoS3, moto_s3  # noqa: F401 - fixture
+from tests.support.moto import MotoS3
 
 DATA = [os.urandom(70_000), os.urandom(1), os.urandom(130_001)]
 BLOB = b"".join(DATA)

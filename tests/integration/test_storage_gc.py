@@ -18,7 +18,6 @@ from aivedio_engine.services.operations import Operation
 from aivedio_engine.storage import keys
 from tests.integration.test_storage_scan import context, execute
 from tests.support.app import tenant_with_key
-from tests.support.moto import moto_s3  # noqa: F401 - fixture
 
 DAY = 86_400
 

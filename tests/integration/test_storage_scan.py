@@ -27,7 +27,7 @@ from aivedio_engine.storage import keys
 from tests.integration.test_observability import parse
 from tests.media import shared_media
 from tests.support.app import FakeClock, make_context, tenant_with_key
-from tests.support.moto import MotoS3, moto_s3  # noqa: F401 - fixture
+from tests.support.moto import MotoS3
 
 GRACE = 3600
 #: past the grace, with room for the test's own run time (objects carry wall-clock times)

@@ -37,9 +37,8 @@ from tests.integration.test_storage_scan import clip, fresh_bucket  # noqa: F401
 from tests.support.app import tenant_with_key
 from tests.support.balance import balance_of
 from tests.support.flow import Driver, sim_context
-from tests.support.moto import moto_s3  # noqa: F401 - fixture
 from tests.support.pump import Pump
-from tests.support.sim import SimHandle, sim  # noqa: F401 - fixture
+from tests.support.sim import SimHandle
 
 runner = CliRunner()
 #: words only the purged tenant's prompts contain, and only the other tenant's

@@ -19,7 +19,6 @@ from aivedio_engine.services.errors import Forbidden
 from aivedio_engine.services.tenants import Principal
 from aivedio_engine.storage import keys
 from tests.integration.test_storage_scan import PAST_GRACE, clip, context, principal, staging_key  # noqa: F401
-from tests.support.moto import moto_s3  # noqa: F401 - fixture
 
 GRACE = 3 * 3600  # sweeper.rejected_upload_grace_s in these tests
 

@@ -24,7 +24,7 @@ from aivedio_engine.services.tenants import Principal
 from aivedio_engine.storage.s3 import S3Store
 from aivedio_engine.worker.runtime import Runtime
 from aivedio_engine.workflows import catalog
-from tests.support.moto import MotoS3, moto_s3  # noqa: F401 - fixture
+from tests.support.moto import MotoS3
 
 PHOTO = Path(__file__).resolve().parents[2] / "examples" / "photo_story" / "photo.png"
 

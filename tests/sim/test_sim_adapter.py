@@ -32,9 +32,6 @@ from tests.support.sim import (
     OLD_SECRET,
     SECRET,
     SimHandle,
-    callback_sink,  # noqa: F401 - fixture
-    sim,  # noqa: F401 - fixture
-    sim_factory,  # noqa: F401 - fixture
     wait_until,
 )
 

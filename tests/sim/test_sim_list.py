@@ -15,7 +15,7 @@ from aivedio_engine.providers.base import (
     Unsupported,
 )
 from aivedio_engine.providers.sim.server import _iso
-from tests.support.sim import SimHandle, sim, sim_factory  # noqa: F401 - fixtures
+from tests.support.sim import SimHandle
 
 REQUEST = GenerationRequest(
     prompt="a lighthouse at dusk",

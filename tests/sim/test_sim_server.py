@@ -16,11 +16,8 @@ from tests.support.sim import (
     OLD_SECRET,
     SECRET,
     SimHandle,
-    callback_sink,  # noqa: F401 - fixture
     running_sim,
     running_sink,
-    sim,  # noqa: F401 - fixture
-    sim_factory,  # noqa: F401 - fixture
     wait_until,
 )
 

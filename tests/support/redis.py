@@ -9,11 +9,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from tests.support.workers import worker_id
+
 REDIS_URL = os.environ.get("AIVEDIO_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def private_prefix(label: str) -> Iterator[str]:
-    """Yield `aivedio-<label>-<random>:`; skip when Redis is down (fail under CI=true); clean up afterwards."""
+    """Yield `aivedio-<worker>-<label>-<random>:`; skip when Redis is down (fail under CI=true); clean up after."""
     client = redis.Redis.from_url(REDIS_URL)
     try:
         client.ping()
@@ -21,7 +23,7 @@ def private_prefix(label: str) -> Iterator[str]:
         if os.environ.get("CI") == "true":
             raise
         pytest.skip(f"Redis unreachable at {REDIS_URL}: {exc}")
-    prefix = f"aivedio-{label}-{uuid.uuid4().hex[:10]}:"
+    prefix = f"aivedio-{worker_id()}-{label}-{uuid.uuid4().hex[:10]}:"
     yield prefix
     for key in client.scan_iter(match=f"{prefix}*", count=1000):
         client.delete(key)

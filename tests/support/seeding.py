@@ -26,7 +26,7 @@ from aivedio_engine.db.tables import audit_log, credit_ledger, generation_tasks,
 from tests.support.app import tenant_with_key
 from tests.support.flow import Driver, sim_context
 from tests.support.pump import Pump
-from tests.support.sim import SimHandle, sim  # noqa: F401 - fixture
+from tests.support.sim import SimHandle
 
 REVIEW_TERM = "fox"
 SETTLED = ("SUCCEEDED", "FAILED_FINAL", "CANCELED", "EXPIRED", "MANUAL_REVIEW")

@@ -1,4 +1,4 @@
-"""Driving the dashboard in tests: a seeded database (real generations, tests/cli/seeding.py), the app run
+"""Driving the dashboard in tests: a seeded database (real generations, tests/support/seeding.py), the app run
 headless with `App.run_test()`, and waiting on workers instead of sleeping."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 
-from tests.cli.seeding import Seeded, seed
-from tests.support.sim import SimHandle, sim  # noqa: F401 - fixture
+from tests.support.seeding import Seeded, seed
+from tests.support.sim import SimHandle
 from tui.app import AivedioApp
 from tui.data import EngineData
 

@@ -14,7 +14,7 @@ from textual.widgets import DataTable
 from aivedio_engine.db.alerts import Rule, raise_alert
 from aivedio_engine.db.tables import alerts
 from aivedio_engine.domain.status import AlertSeverity
-from tests.cli.seeding import Seeded
+from tests.support.seeding import Seeded
 from tests.tui.conftest import OPERATOR, drive, make_app, press, rows, status_line, type_text
 from tui.screens.alerts import MARK, AlertsScreen
 from tui.screens.overview import OverviewScreen

@@ -11,8 +11,8 @@ from textual.widgets import DataTable
 
 from aivedio_engine.db.tables import generation_tasks
 from aivedio_engine.services.invariants import CHECKS, SKIPPED
-from tests.cli.seeding import Seeded
 from tests.support.balance import nudge_balance
+from tests.support.seeding import Seeded
 from tests.tui.conftest import drive, make_app, press, rows, status_line, type_text
 from tui.screens.audit import AuditScreen
 

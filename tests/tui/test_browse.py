@@ -12,7 +12,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable
 
 from aivedio_engine.db.tables import generation_tasks
-from tests.cli.seeding import Seeded
+from tests.support.seeding import Seeded
 from tests.tui.conftest import (
     OPERATOR,
     drive,

@@ -10,7 +10,7 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Label
 
-from tests.cli.seeding import Seeded
+from tests.support.seeding import Seeded
 from tests.tui.conftest import OPERATOR, drive, make_app, press, rows, type_text
 from tui.screens.ledger import LedgerScreen
 from tui.widgets import AdjustForm, ConfirmModal

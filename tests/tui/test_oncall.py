@@ -13,7 +13,7 @@ from textual.command import CommandPalette
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 
-from tests.cli.seeding import Seeded
+from tests.support.seeding import Seeded
 from tests.tui.conftest import PROMPTS, drive, make_app, press, rows, type_text
 from tests.tui.fixture_data import FixtureData
 from tui.app import AivedioApp

@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Label
 
 from aivedio_engine.db.tables import assets
 from aivedio_engine.services.operations import Operation
-from tests.cli.seeding import Seeded
+from tests.support.seeding import Seeded
 from tests.tui.conftest import OPERATOR, drive, make_app, press, rows, type_text
 from tui.screens.review import ReviewScreen
 from tui.screens.tasks import TasksScreen

@@ -12,7 +12,7 @@ from textual.containers import Vertical
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 
-from tests.cli.seeding import Seeded
+from tests.support.seeding import Seeded
 from tests.tui.conftest import drive, make_app, press, rows
 from tui.screens.review import ReviewScreen
 
