@@ -248,6 +248,7 @@ def world(database: Callable[[], Any]) -> Iterator[World]:
     server = _Shared.get()
     clock = SimClock()
     server.state.reinit(sim_config(job_seconds=20), clock)
+    Encoder.mode, Encoder.runs = "ok", 0
     # in memory where there is one: a sequence's SQLite commits are many, and their fsyncs are not what is tested
     shm = Path("/dev/shm")
     root = Path(tempfile.mkdtemp(prefix="aivedio-model-", dir=shm if shm.is_dir() else None))
@@ -308,6 +309,14 @@ def new_key() -> str:
     return uuid.uuid4().hex
 
 
+class Encoder:
+    """How the stubbed encode behaves: "ok", "fails" (every profile FAILED, not retryable: a QC finding on the
+    output), or "every_other" (every second run fails so)."""
+
+    mode = "ok"
+    runs = 0
+
+
 # --- the media step's derive, stubbed behind its interface ----------------------------------------------------
 def stub_build_derivatives(
     src: Path, probe: Any, workdir: Path, profiles: Any, limits: Any
@@ -316,6 +325,14 @@ def stub_build_derivatives(
     copy of the source, a one-segment HLS, a thumbnail's bytes), collected by the real `_collect`. The money does
     not depend on the encode; the probe before it and every store and database step after it stay real."""
     out: dict[DerivativeProfile, derive.DerivativeResult] = {}
+    Encoder.runs += 1
+    if Encoder.mode == "fails" or (Encoder.mode == "every_other" and Encoder.runs % 2 == 0):
+        return {
+            DerivativeProfile(p): derive.DerivativeResult(
+                DerivativeProfile(p), "FAILED", error="the encoder refused it"
+            )
+            for p in profiles
+        }
     for profile in dict.fromkeys(DerivativeProfile(p) for p in profiles):
         if profile is DerivativeProfile.WAVEFORM:
             out[profile] = derive.DerivativeResult(profile, "SKIPPED", error="no audio stream")

@@ -84,6 +84,8 @@ def _delivered(conn: Any, world: World) -> dict[uuid.UUID, int]:
 def violations(world: World, model: Model, *, check_store: bool = True) -> list[str]:
     ctx = world.ctx
     bad: list[str] = []
+    with world.sim._lock:
+        vendor_jobs = dict(world.sim.jobs)
     with ctx.engine.connect() as conn:
         tasks = {r.id: r for r in conn.execute(sa.select(generation_tasks))}
         attempts: dict[uuid.UUID, list[Any]] = defaultdict(list)
@@ -140,9 +142,13 @@ def violations(world: World, model: Model, *, check_store: bool = True) -> list[
             # a REFUND gives back what the vendor gave back or never billed (a bill reported after the close)
             last = max(attempts[tid], key=lambda a: a.attempt_no, default=None)
             refunds = sum((D(r.amount) for r in rows if r.entry_type == "REFUND"), D(0))
-            if refunds and last is not None and not (last.vendor_refunded or last.vendor_billed is False):
-                if last.billed_seconds is None and last.billed_outputs is None:
-                    bad.append(f"{name}: a REFUND of {refunds} with no refund, void or lower bill from the vendor")
+            gave_back = any(
+                (job := vendor_jobs.get(a.provider_job_id)) is not None and (job.refunded or not job.billed)
+                for a in attempts[tid]
+            )
+            lower_bill = last is not None and (last.billed_seconds is not None or last.billed_outputs is not None)
+            if refunds and not (gave_back or lower_bill or (last is not None and last.vendor_billed is False)):
+                bad.append(f"{name}: a REFUND of {refunds} with no refund, void or lower bill from the vendor")
             if last is not None and last.vendor_billed is False and charged > EPS:
                 bad.append(f"{name}: charged {charged} although the vendor billed nothing")
             # the tenant's own decisions are charged per the vendor's bill: its cancel, its deadline running out

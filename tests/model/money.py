@@ -11,6 +11,7 @@ step budgets and the review SLA together. Hypothesis' `RuleBasedStateMachine` pi
   review        approve or reject a held task (or leave it: the SLA passes)
   store         break the data dir's object store (every call raises) and heal it
   vendor        bills under / over / no outputs / all outputs, voids a finished job, fails jobs, ambiguous submits
+  encoder       the media step's encode refuses every output, or every other one (a QC finding)
   callbacks     deliver the held vendor callbacks in order, reversed, duplicated, or drop them
   restart       stop the engine and start a new one on the same database and data dir
 
@@ -189,6 +190,11 @@ class MoneyMachine(RuleBasedStateMachine):
         self.world.deliver(chosen)
         self.world.work()
 
+    @rule(mode=st.sampled_from(["ok", "fails", "every_other"]))
+    def encoder(self, mode: str) -> None:
+        engine.Encoder.mode = mode
+        self.world.work()
+
     @rule()
     def restart(self) -> None:
         self.world.restart()
@@ -220,6 +226,7 @@ class MoneyMachine(RuleBasedStateMachine):
         w.heal_store()
         w.sim.set_faults(parse_faults(""))
         w.sim.configure(bill_factor=1.0, billed_outputs=None)
+        engine.Encoder.mode = "ok"
         for _ in range(SETTLE_ROUNDS):
             w.deliver(w.hold.take())
             w.work()
@@ -278,6 +285,19 @@ def _assert_agree(model: list[str], audit: list[str]) -> None:
     side = "both" if model and audit else ("the model only" if model else "aivedio audit only")
     lines = "\n  ".join([*(f"model: {m}" for m in model), *(f"audit: {a}" for a in audit)])
     raise AssertionError(f"money invariant broken ({side} says so):\n  {lines}")
+
+
+def replay(database: Callable[[], Any], steps: list[tuple[str, dict[str, Any]]]) -> None:
+    """A sequence the checker once shrank, replayed step by step without Hypothesis: the regression tests'
+    runner. Each step is a rule's name and its arguments; the invariants run after each, then the settling end."""
+    with engine.cheap_media():
+        machine = machine_for(database)()
+        try:
+            for name, args in steps:
+                getattr(machine, name)(**args)
+                machine.money_holds()
+        finally:
+            machine.teardown()
 
 
 def machine_for(database: Callable[[], Any], *, audit_every_step: bool = False) -> type[MoneyMachine]:
