@@ -1,4 +1,4 @@
-"""Conventions of every mutating command (DESIGN §13, ecosystem_anchors §1.8): `--dry-run`, `--yes`, `--reason`,
+"""Conventions of every mutating command: `--dry-run`, `--yes`, `--reason`,
 never a prompt without a TTY, and for bulk commands the exact previewed set saved with `--plan-out F` and
 applied with `--plan F`.
 

@@ -1,4 +1,4 @@
-"""`aivedio alerts list|ack|resolve`: the engine's own alerts for on-call (DESIGN §13, seed 004 §17)."""
+"""`aivedio alerts list|ack|resolve`: the engine's own alerts for on-call."""
 
 from __future__ import annotations
 

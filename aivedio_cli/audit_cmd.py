@@ -1,4 +1,4 @@
-"""`aivedio audit`: run the invariant checks (reliability_anchors §4.4) against the live database.
+"""`aivedio audit`: run the invariant checks against the live database.
 
 Exit 0 when every check holds, 1 with the offending rows when any is violated. The checks that need the
 simulator's ground truth or the object store are listed as skipped, with why, so nobody reads "0 violations" as

@@ -1,4 +1,4 @@
-"""`aivedio capacity estimate|live`: the capacity model of seed 000 §4.10, from assumptions or measured rates."""
+"""`aivedio capacity estimate|live`: the capacity model, from assumptions or measured rates."""
 
 from __future__ import annotations
 

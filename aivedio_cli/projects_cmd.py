@@ -1,4 +1,4 @@
-"""`aivedio projects run|list|show|cancel|retry-step`: System B projects (multi-step workflows, seed 004).
+"""`aivedio projects run|list|show|cancel|retry-step`: System B projects (multi-step workflows).
 
 `run` hosts the engine in this command (embedded, like `aivedio generate`): it uploads the photo through the
 normal asset upload path, creates the project (idempotently with `--key`: a re-run follows the same project), and

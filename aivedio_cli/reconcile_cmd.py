@@ -1,4 +1,4 @@
-"""`aivedio reconcile`: resolve SUBMIT_UNKNOWN tasks now (DESIGN §8, §13).
+"""`aivedio reconcile`: resolve SUBMIT_UNKNOWN tasks now.
 
 Preview, confirm, act on exactly the previewed set: `--dry-run` lists the candidates without calling any
 provider, `--plan-out F` saves that exact set, `--plan F` applies it later, whatever the filters would match then.

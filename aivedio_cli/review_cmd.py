@@ -1,4 +1,4 @@
-"""`aivedio review list|claim|approve|reject`: the manual review queue from the command line (DESIGN §13)."""
+"""`aivedio review list|claim|approve|reject`: the manual review queue from the command line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`aivedio sim-provider`: run the simulated video vendor (DESIGN §8) in the foreground until Ctrl-C.
+"""`aivedio sim-provider`: run the simulated video vendor in the foreground until Ctrl-C.
 
 The simulator is standalone: it reads no aivedio config, so it can be started next to any engine (or none).
 The HTTP stack loads only when the command runs.

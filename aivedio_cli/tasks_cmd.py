@@ -1,4 +1,4 @@
-"""`aivedio tasks list|show|tail|cancel`: what on-call looks at first (DESIGN §13).
+"""`aivedio tasks list|show|tail|cancel`: what on-call looks at first.
 
 JSON (`--json`; JSON lines for `tail`) is the stable contract; tables and lines for people may change.
 """

@@ -1,7 +1,7 @@
-"""`aivedio tui`: open the Textual dashboard (DESIGN §13).
+"""`aivedio tui`: open the Textual dashboard.
 
 Textual and the `tui` package are loaded only when this command runs — `aivedio --help` and every other
-command start without them (tests/architecture). Front ends do not import each other (DESIGN §15); this launcher
+command start without them (tests/architecture). Front ends do not import each other; this launcher
 is the one sanctioned crossing: it hands the TUI an `AppContext` built from the CLI's global options.
 """
 

@@ -151,7 +151,7 @@ class ApiSettings(_Section):
     auth_cache_ttl_s: float = Field(5, ge=0, le=5)
     #: seconds between `: ping` comments on an idle event stream (keeps proxies from closing it).
     sse_heartbeat_s: float = Field(15, gt=0)
-    #: open event streams one API process serves at once; more get 429 with Retry-After (seed 000 §4.10.6).
+    #: open event streams one API process serves at once; more get 429 with Retry-After.
     sse_max_streams: int = Field(5000, ge=1)
     #: open event streams of one tenant in one API process; more get 429 with Retry-After.
     sse_max_streams_per_tenant: int = Field(200, ge=1)
@@ -230,7 +230,7 @@ class LimitsSettings(_Section):
     shed_outbox_age_s: float = Field(300, ge=0)
     #: tenants whose priority tier is at most this (1 custom project, 2 paid, ...) are admitted even then
     shed_exempt_tier: int | None = Field(None, ge=1)
-    #: Redis (the slot store) unreachable (seed 000 §4.11.2): "pg_count" dispatches from the in-flight attempts
+    #: Redis (the slot store) unreachable: "pg_count" dispatches from the in-flight attempts
     #: in PostgreSQL under limits scaled by redis_down_fraction, one scheduler at a time; "pause" stops new
     #: dispatch until Redis answers again. Either way nothing is failed, re-reserved or resubmitted.
     redis_down_dispatch: Literal["pg_count", "pause"] = "pg_count"
@@ -239,7 +239,7 @@ class LimitsSettings(_Section):
 
 
 class RetryBudgetSettings(_Section):
-    """One step's retry budget (seed 000 §4.9.4)."""
+    """One step's retry budget."""
 
     #: attempts of the step, the first one included.
     max_attempts: int = Field(ge=1, le=100)
@@ -304,7 +304,7 @@ class RetrySettings(_Section):
     @field_validator("query", "output_fetch", "media", "notification")
     @classmethod
     def _switch_only_on_submit(cls, value: RetryBudgetSettings) -> RetryBudgetSettings:
-        # the key exists on every step (one budget shape, seed 000 §4.9.4), but only a submit can change provider
+        # the key exists on every step (one budget shape), but only a submit can change provider
         if value.provider_switch_allowed:
             raise ValueError("provider_switch_allowed: only [retry.submit] can move a task to another provider")
         return value
@@ -378,7 +378,7 @@ class FetchSettings(_Section):
     max_bytes: int = Field(2 * 1024 * 1024 * 1024, ge=1)
     #: a fetch whose output URL expires within this many seconds goes to the urgent fetch queue.
     urgent_within_s: float = Field(900, ge=0)
-    #: fetch pressure (seed 000 §4.11.2): while at least this many fetching outputs expire within
+    #: fetch pressure: while at least this many fetching outputs expire within
     #: urgent_within_s, new dispatch runs under pressure_dispatch_fraction of the platform limit, leaving
     #: bandwidth to the outputs about to expire (0 = never).
     pressure_urgent_outputs: int = Field(1, ge=0)
@@ -386,7 +386,7 @@ class FetchSettings(_Section):
 
 
 class SandboxSettings(_Section):
-    """How every ffprobe/ffmpeg child is isolated (seed 000 §4.12.5); `aivedio doctor` shows what applies here."""
+    """How every ffprobe/ffmpeg child is isolated; `aivedio doctor` shows what applies here."""
 
     #: a network namespace of its own (nothing reachable); needs unshare and a kernel that allows it.
     network_isolation: bool = True
@@ -433,7 +433,7 @@ class MediaSettings(_Section):
     #: a fetch whose outputs total at most this many bytes goes straight on to the media step in the same worker
     #: run (still two recorded steps); larger outputs, and workers not consuming the media queue, queue it. 0: never.
     inline_after_fetch_max_bytes: int = Field(16 * 1024 * 1024, ge=0)
-    #: seed 000 §4.8.11: when the proxy MP4 is READY but another required derivative (HLS, thumbnail) failed,
+    #: when the proxy MP4 is READY but another required derivative (HLS, thumbnail) failed,
     #: True lets the task succeed with the failed ones kept as retryable derivatives; False keeps it in
     #: POST_PROCESSING (retried within the media budget).
     succeed_with_proxy_only: bool = False
@@ -441,7 +441,7 @@ class MediaSettings(_Section):
 
 
 class ModerationSettings(_Section):
-    """Input moderation (seed 000 §4.4 step 13, §4.9.5): the prompt and the references of every generation request,
+    """Input moderation: the prompt and the references of every generation request,
     after validation and before any credit is reserved."""
 
     #: "rules" (the built-in term lists and image rules below) or "package.module:factory", a callable taking the
@@ -521,7 +521,7 @@ class SweeperSettings(_Section):
 
 
 class RetentionSettings(_Section):
-    """How long data is kept (seed 000 §4.12.6). Tenant data: days after a task ended (outputs, prompts) or an
+    """How long data is kept. Tenant data: days after a task ended (outputs, prompts) or an
     input was uploaded; 0 keeps it forever; `aivedio tenants update --retention-*` overrides it per tenant. The
     engine's bookkeeping: days after a row stopped being needed; the inbox follows `webhooks.dedup_retention_days`."""
 
@@ -546,14 +546,14 @@ class RetentionSettings(_Section):
 
 
 class WorkflowSettings(_Section):
-    """System B (seed 004): queue limits checked when a step is claimed, and the lost-wake-up recovery."""
+    """System B: queue limits checked when a step is claimed, and the lost-wake-up recovery."""
 
-    #: §10: image steps of one project running at once (the seed's "N"); composition is always one per project.
+    #: image steps of one project running at once; composition is always one per project.
     project_max_image_steps: int = Field(2, ge=1)
-    #: §19: running steps per step queue across the deployment; real_video_clip and lipsync are capped on their
+    #: running steps per step queue across the deployment; real_video_clip and lipsync are capped on their
     #: own so costly video work never holds the workers that images and composition need. Other queues: no cap.
     queue_max_running: dict[str, int] = {"real_video_clip": 2, "lipsync": 2}
-    #: §10 provider QPS: vendor steps (those that create a generation task) started per second, per provider
+    #: provider QPS: vendor steps (those that create a generation task) started per second, per provider
     #: (a bucket of that many tokens, at least one). Their generation tasks' concurrency is the provider's
     #: `max_concurrency` slots. A provider not listed has no step rate of its own.
     provider_steps_per_s: dict[str, float] = {}
@@ -598,7 +598,7 @@ class LoggingSettings(_Section):
 
 
 class MetricsSettings(_Section):
-    """`GET /metrics` (seed 000 §4.10.7): database-derived gauges are read at scrape time."""
+    """`GET /metrics`: database-derived gauges are read at scrape time."""
 
     #: serve `GET /metrics`.
     enabled: bool = True
@@ -611,7 +611,7 @@ class MetricsSettings(_Section):
 
 
 class AlertSettings(_Section):
-    """Alert rules of seed 004 §17, evaluated by the sweeper over live data."""
+    """Alert rules, evaluated by the sweeper over live data."""
 
     #: evaluate the alert rules.
     enabled: bool = True

@@ -1,4 +1,4 @@
-"""Task status signals for the SSE streams (DESIGN §12): "task X may have changed", and nothing more.
+"""Task status signals for the SSE streams: "task X may have changed", and nothing more.
 
 A signal never carries state. A stream that wakes re-reads the task's state event history, so ordering, dedup
 and the tenant check all come from the database; a lost signal costs latency, not correctness, because streams

@@ -1,7 +1,7 @@
 """`api_create`: POST /v1/generations 202/s against two pgbench baselines (A-B-A), with 1 and with N tenants.
 
-Baselines (BENCHMARKS.md "Two baselines"):
-  minimal  bench/sql/create_task.sql, the 4-insert transaction of performance_anchors B.3, on the B.2 schema
+Baselines ("Two baselines"):
+  minimal bench/sql/create_task.sql, the 4-insert transaction B.3, on the B.2 schema
   own      the product's own create transaction, captured at run time (bench.own_sql): a real POST through the
            app on a scratch aivedio database, every statement and parameter recorded, the committed transaction
            rendered as one prepared pgbench script with per-transaction keys/ids; keys over 1 or over N tenants
@@ -62,7 +62,7 @@ DESCRIPTION = (
 TARGET_RATIO, FLOOR_RATIO, TARGET_OVERHEAD_MS = 0.50, 0.35, 1.0
 CLIENTS = 16
 INITIAL_CREDITS = Decimal(10) ** 9
-# ~200 B of JSON, as in performance_anchors C.1
+# ~200 B of JSON, C.1
 BODY = json.dumps(
     {
         "prompt": "a red fox running through fresh snow at dusk, cinematic, 35mm film, shallow depth of field, "

@@ -1,7 +1,7 @@
 """What every benchmark shares: the A-B-A bookkeeping and its statistics, PostgreSQL/pgbench helpers, the
 machine and commit description, and the table/JSON output.
 
-The rules (BENCHMARKS.md): each repetition measures the baseline right before (A) and right after (B) the
+The rules: each repetition measures the baseline right before (A) and right after (B) the
 system; the figure is system ÷ mean(A, B); a repetition whose two baselines differ by more than 10 % is
 discarded; the median and the spread (min–max) of the kept repetitions are reported.
 
@@ -217,7 +217,7 @@ def run_pgbench(
     defines: dict[str, Any] | None = None,
 ) -> PgbenchResult:
     """`pgbench -n -M prepared -T D -c C -j (1 or 2) [-D k=v ...] -f script db`, after a CHECKPOINT
-    (performance_anchors B.4). With sample_cpu, `cpu` holds the cores used by pgbench, its backends,
+    (B.4). With sample_cpu, `cpu` holds the cores used by pgbench, its backends,
     PostgreSQL's shared processes and everything else, over the middle of the run."""
     pg.checkpoint()
     jobs = 1 if clients == 1 else 2

@@ -19,7 +19,7 @@ SUCCEEDED → seen); the **hop latency** of every message the worker started (en
 created_at → actor start, recorded by `bench/e2e/probe.py`, a Dramatiq middleware on the worker's broker; split
 into outbox+relay (→ published_at) and broker (published_at → start)).
 
-Baselines (`bench/e2e/baseline.py`, A-B-A, BENCHMARKS.md): the single-client latency of each physical step the
+Baselines (`bench/e2e/baseline.py`, A-B-A): the single-client latency of each physical step the
 pipeline needs (commit, Redis hop, loopback HTTP, S3 PUT) × its count per task (`bench/e2e/model.py`), and the
 C.4 anchor formula; the idle and load overheads are also shown as ratios to them, a repetition kept when its A
 and B agree within 10 %.

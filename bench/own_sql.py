@@ -1,6 +1,6 @@
 """Our own transaction, as pgbench replays it: the SQL the product sends, captured at run time.
 
-The second baseline of `api_create` and `reducer` (BENCHMARKS.md, "Two baselines") is pgbench running the
+The second baseline of `api_create` and `reducer` ("Two baselines") is pgbench running the
 product's own transaction as one prepared script. Nothing here is a hand-copied version of today's SQL: the
 benchmark drives the real code path (a POST through the app, the Dramatiq actor function) against a scratch
 database, records every statement and its parameters at the driver (psycopg's `Cursor.execute` / `executemany`,

@@ -2,15 +2,15 @@
 baselines at the same client count (A-B-A), in-process and through Dramatiq on Redis, with the tasks of each
 point over 1 and over 16 tenants.
 
-Baselines (BENCHMARKS.md "Two baselines"):
-  minimal  bench/sql/transition.sql (performance_anchors B.3) on the B.2 schema; rate = TPS (one transition each)
+Baselines ("Two baselines"):
+  minimal bench/sql/transition.sql (B.3) on the B.2 schema; rate = TPS (one transition each)
   own      the actor's own transactions, captured at run time (bench.own_sql): `reduce_provider_status` called
            on fresh tasks of a scratch aivedio database with a RUNNING callback, the SUCCEEDED one and the
            RUNNING re-delivered, every statement and parameter recorded, the committed transactions rendered as
            one prepared pgbench script (the re-delivery with probability 2 × dup-fraction); each execution takes
            a fresh seeded task; rate = 2 events per execution
 
-Per repetition (performance_anchors.md C.2):
+Per repetition (C.2):
   setup  a fresh database migrated with `aivedio_engine.db.migrate.upgrade`; per measured point a slice of
          tasks bulk-inserted with SQL in SUBMITTED, each with one ACKED attempt holding a provider job id, over
          the point's tenants; and the slice's stream of `provider.status.observed` envelopes (the payload

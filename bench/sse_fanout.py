@@ -1,4 +1,4 @@
-"""SSE fan-out: memory per idle event stream (against seed 000 §4.10.6's 20 KB) and the time one status change
+"""SSE fan-out: memory per idle event stream (against.6's 20 KB) and the time one status change
 takes to reach every open stream, at 1k and 10k streams on this machine.
 
 For each point the benchmark starts a fresh API process (distributed mode: PostgreSQL, the Redis notifier) and

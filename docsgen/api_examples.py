@@ -102,7 +102,7 @@ EXAMPLES: dict[str, tuple[str, str]] = {
         f"curl -s -X POST {AUTH} {BASE}/v1/webhook-endpoints/$EP/rotate",
     ),
     "POST /v1/projects": (
-        "A System B project (seed 004): `workflow`, `user_ref` (the end user it is for), `input` (`photo_asset_id` "
+        "A System B project: `workflow`, `user_ref` (the end user it is for), `input` (`photo_asset_id` "
         "of a READY asset of yours + `script`), `formal`, `priority` 1–5 (absent: 2 formal, 3 preview; capped by the "
         "tenant's tier like generations). 201 with the project and its first steps; `Idempotency-Key` required (400 "
         "without; 400 `idempotency-key-invalid` outside the rule, *Idempotency keys* above); same key + same "

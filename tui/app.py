@@ -1,4 +1,4 @@
-"""`aivedio tui`: the operator's dashboard (DESIGN §13), with k9s keys (ecosystem_anchors §1.5).
+"""`aivedio tui`: the operator's dashboard, with k9s keys.
 
 Each top-level screen is a Textual mode, so switching with a digit (or `:` name) keeps every screen's cursor,
 filter and pushed detail screens; Esc pops a detail screen, else returns to the previously visited screen.

@@ -22,7 +22,7 @@ _t = generation_tasks.c
 
 
 class Rule(StrEnum):
-    """Alert rules the engine raises from its own decisions (seed 000 §4.8, DESIGN §5, §8, §11)."""
+    """Alert rules the engine raises from its own decisions."""
 
     LATE_EVENT_AFTER_TERMINAL = "late_event_after_terminal"  # e.g. success after CANCELED: orphan product
     SUBMIT_UNKNOWN_PARKED = "submit_unknown_parked"  # reconciliation window passed without an answer
@@ -51,14 +51,14 @@ class Rule(StrEnum):
     NOTIFICATION_DEAD_LETTERED = "notification_dead_lettered"
     #: a task held in MANUAL_REVIEW is past 80 % of its review SLA (`[review] sla_s`) without a verdict
     REVIEW_SLA_NEAR = "review_sla_near"
-    # threshold rules over live data (seed 004 §17), evaluated by observability.alert_rules
+    # threshold rules over live data, evaluated by observability.alert_rules
     FAILED_TASKS_HIGH = "failed_tasks_high"
     PROVIDER_CONSECUTIVE_FAILURES = "provider_consecutive_failures"
     QUEUE_BACKLOG = "queue_backlog"
     MEDIA_FAILURE_RATE = "media_failure_rate"
     COST_ANOMALY = "cost_anomaly"
     STORAGE_CAPACITY_LOW = "storage_capacity_low"
-    # System B (seed 004 §17): workflow steps; queue backlog and cost anomaly reuse the rules above
+    # System B: workflow steps; queue backlog and cost anomaly reuse the rules above
     FAILED_STEPS_HIGH = "failed_steps_high"
     COMPOSITION_FAILURE_RATE = "composition_failure_rate"
     #: a required role (relay, worker, scheduler, sweeper) has not been seen alive while work waits for it

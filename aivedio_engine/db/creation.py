@@ -2,12 +2,12 @@
 
 The task, its four creation state events, the RESERVE ledger row, the `task.status.changed` outbox row (the
 NOTIFY effect of the QUEUED decision, one for the three creation steps) and the balance decrement commit
-together or not at all (seed 000 §4.9.2 "事务 1"). There is no queued-intake message: the dispatcher scans
+together or not at all. There is no queued-intake message: the dispatcher scans
 QUEUED tasks itself, and the commit wakes it (`wakeup.DISPATCH`). The notice also keeps the load-shedding
 signal (the age of the oldest due outbox row) honest when nothing relays the outbox. On PostgreSQL they are one
 data-modifying CTE, prepared once per connection and sent in one pipeline with BEGIN, the lock timeout and
 COMMIT: one round trip per create instead of seventeen, and no SQLAlchemy statement built per call
-(research/performance_profile.md: 29 % of the API's CPU was statement construction).
+(29 % of the API's CPU was statement construction).
 
 Idempotency is the unique (tenant, key) index: `ON CONFLICT DO NOTHING` waits for a concurrent twin's
 transaction and then yields no row, so the caller replays the committed task; a twin that is still running

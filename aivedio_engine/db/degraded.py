@@ -1,4 +1,4 @@
-"""The reads and the fence source the dispatcher degrades to (seed 000 §4.11.2): Redis down, fetch pressure.
+"""The reads and the fence source the dispatcher degrades to: Redis down, fetch pressure.
 
 With the slot store unreachable, the in-flight attempts in PostgreSQL are the counts (they are the truth the
 store is rebuilt from anyway), fences come from the `fencing_token_seq` high-water sequence, and one advisory

@@ -1,4 +1,4 @@
-"""Persistence of the data lifecycle (seed 000 §4.12.1, §4.12.6): what quarantine, retention and a tenant purge
+"""Persistence of the data lifecycle: what quarantine, retention and a tenant purge
 select and change. Every function takes the caller's connection and does one bounded statement (or a bounded
 batch of them), so the services keep each transaction short and never hold one across a storage call.
 """

@@ -1,5 +1,5 @@
 """System B step queues in the database: the wake-up messages of due steps, and the counts the claim-time limits
-need (seed 004 §3, §10, §19).
+need.
 
 A due step is announced by a `workflow.step.due` outbox row routed to its queue's actor, written in the
 transaction that made it due; the relay publishes it after the commit. The step row stays the truth: the message

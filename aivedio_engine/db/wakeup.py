@@ -6,7 +6,7 @@ go to the engine's waker:
 - PostgreSQL: a per-engine background thread sends `NOTIFY` on its own autocommit connection, coalescing a
   burst of commits into one notification per channel, at most one send per few milliseconds. `pg_notify` inside
   the writing transaction took a cluster-wide lock held through the commit flush, which halved creation
-  throughput with 16 tenants (research/performance_profile.md); after the commit it costs the writer nothing.
+  throughput with 16 tenants; after the commit it costs the writer nothing.
 - Embedded mode (SQLite, one process): the channel's `threading.Event` is set.
 
 Channels: OUTBOX wakes the relays (new outbox rows); DISPATCH wakes the dispatcher (a task became ready, or a

@@ -468,7 +468,7 @@ def events_after(
     return [dict(r._mapping) for r in conn.execute(stmt)]
 
 
-# --- review items of steps (seed 004 §9: manual_required steps wait in the one review queue) -------------------
+# --- review items of steps (manual_required steps wait in the one review queue) -------------------
 
 _OPEN_REVIEW = (ReviewState.PENDING.value, ReviewState.CLAIMED.value)
 
@@ -509,7 +509,7 @@ def close_review(
     )
 
 
-# --- observability: /metrics gauges and the seed 004 §17 alert facts ------------------------------------------
+# --- observability: /metrics gauges and the alert facts ------------------------------------------
 
 #: step statuses the gauges count (finished steps accumulate forever; their totals are in the history instead)
 OPEN_STEP = (

@@ -1,11 +1,11 @@
-"""Admission, pure: which queued tasks to dispatch next under four nested concurrency limits (DESIGN §7).
+"""Admission, pure: which queued tasks to dispatch next under four nested concurrency limits.
 
-The limits nest platform → tenant → provider → model (seed 000 §4.7.3): a task may start only when every one
+The limits nest platform → tenant → provider → model: a task may start only when every one
 of its four scopes has a free slot. Scope names are spelled here and nowhere else, because the slot store, the
 slot reconciler and the dispatcher must all count the same thing under the same key.
 
 Order of service:
-- priority tiers are strict (seed 004 §11; a lower number is served first): a lower tier only gets what the
+- priority tiers are strict (a lower number is served first): a lower tier only gets what the
   higher tiers could not use — work-conserving, so a tier whose provider is full does not idle the platform;
 - within a tier, tenants take turns (round-robin, one task per turn), so a tenant with 1,000 queued tasks does
   not make a tenant with 2 wait behind all of them. The turn order continues across calls through `cursor`,
@@ -49,7 +49,7 @@ def scope_names(tenant_id: str, provider: str, model: str) -> tuple[str, str, st
 
 
 class PriorityTier(IntEnum):
-    """Seed 004 §11, in the order the seed lists them; a lower value is served first."""
+    """The priority tiers of projects; a lower value is served first."""
 
     CUSTOM_PROJECT = 1
     PAID = 2
@@ -199,7 +199,7 @@ def _rotation(queues: Mapping[str, list[Candidate]], last: str | None) -> list[s
     return tenants[start:] + tenants[:start]
 
 
-# --- load shedding (seed 000 §4.11.2) -------------------------------------------------------------------------
+# --- load shedding -------------------------------------------------------------------------
 
 
 def backlogged(oldest_due_age_s: float | None, limit_s: float) -> bool:

@@ -1,12 +1,12 @@
 """Circuit breaker per provider, pure: stop sending new submits to a provider that keeps failing.
 
-Numbers (reliability_anchors §5): open after 5 consecutive failures, or when ≥ 50 % of the last 20 calls failed
+Numbers: open after 5 consecutive failures, or when ≥ 50 % of the last 20 calls failed
 — judged only once `min_calls` results are in the window, so one failure out of one call does not open it.
 After 30 s one probe is let through (half-open); its success closes the breaker, its failure re-opens it for
 another 30 s. A probe that never reports (its process died) is replaced by a new one after another 30 s.
 
 Only submits are gated. Queries and cancels continue while the breaker is open: they bring home jobs already
-running at the provider and let users stop paying for them (seed 000 §4.11.2). The breaker also never moves a
+running at the provider and let users stop paying for them. The breaker also never moves a
 task to another provider; whether that is allowed (pinned provider, SUBMIT_UNKNOWN) is `domain.provider_switch`.
 
 Results that arrive while the breaker is open and cooling down are stragglers of calls sent before it opened:

@@ -1,4 +1,4 @@
-"""Capacity planning, pure (seed 000 §4.10): Little's law, polling, bandwidth, media, database writes, SSE.
+"""Capacity planning, pure: Little's law, polling, bandwidth, media, database writes, SSE.
 
 Rounding rule: every reported figure is rounded to 2 decimals, and every figure derived from another
 reported figure is computed from the *reported* (rounded) value, as the seed does. That is what makes

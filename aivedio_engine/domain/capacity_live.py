@@ -1,4 +1,4 @@
-"""`capacity live`, pure: the seed 000 §4.10 model (domain/capacity.py) fed with rates measured over a window.
+"""`capacity live`, pure: the model (domain/capacity.py) fed with rates measured over a window.
 
 The service measures (services/capacity_live.py); this module turns the measurements into model inputs, runs
 `capacity.estimate`, and adds what an operator on call asks first: how much room is left on the provider slots

@@ -1,4 +1,4 @@
-"""Admission limits while a dependency is degraded (seed 000 §4.11.2): the same limits, scaled down.
+"""Admission limits while a dependency is degraded: the same limits, scaled down.
 
 "Conservative" means every scope keeps `fraction` of its limit, rounded down but never below one slot, so a
 degraded scheduler (counting from PostgreSQL, or leaving bandwidth to outputs about to expire) still moves

@@ -5,9 +5,9 @@ table keeps names from drifting between the writer (services) and the consumers 
 
 Output fetches have a second, urgent route: a fetch whose URL expires soon goes to its own queue, drained by
 its own consumer and ahead of the ordinary fetches a worker holds (lower Dramatiq priority number), so a backlog
-of fresh URLs never makes an expiring one wait (seed 000 §4.4: fetch before the provider's URL expires).
+of fresh URLs never makes an expiring one wait (fetch before the provider's URL expires).
 
-System B steps (seed 004 §3, §19) have one broker queue per step queue, named as the seed names them: a step that
+System B steps have one broker queue per step queue, named as the seed names them: a step that
 becomes due is announced by a `workflow.step.due` row routed to its queue's actor (`run_step_<queue>`), so a
 worker given only some queues consumes only those, and an idle queue is a consumer blocked on its broker. The
 message is only a wake-up: the consumer claims the best due step of its queue from the database.
@@ -57,7 +57,7 @@ class Route:
 
 
 #: Dramatiq priority of each step queue's actor among the messages one worker holds (lower runs first): the face
-#: check decides whether generation may go on (§19), the costly real-video and lip-sync work and cleanup yield
+#: check decides whether generation may go on, the costly real-video and lip-sync work and cleanup yield
 _STEP_ACTOR_PRIORITY = {
     StepQueue.FACE_CONSISTENCY: 0,
     StepQueue.REAL_VIDEO_CLIP: 20,

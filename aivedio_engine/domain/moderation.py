@@ -1,4 +1,4 @@
-"""Input moderation rules (seed 000 §4.4 step 13, §4.9.5): the built-in, local moderator. Pure: no I/O.
+"""Input moderation rules: the built-in, local moderator. Pure: no I/O.
 
 A request's prompt and its reference images are checked after validation and before any credit is reserved, so
 a refusal leaves nothing to release. The verdict is the worst of the rules that fired: a reject term or an

@@ -1,4 +1,4 @@
-"""Polling and reconciliation timing, pure (seed 000 §4.10.2, §4.8.4; DESIGN §9).
+"""Polling and reconciliation timing, pure.
 
 Callbacks come first; polling is the recovery path. A job is polled no sooner than `min_interval` after
 submission, the interval grows with the job's age (old jobs rarely change), ±jitter spreads the load so
@@ -66,7 +66,7 @@ def after_query_failure(
     rng: random.Random,
     task_deadline_at: datetime | None = None,
 ) -> QueryRetry:
-    """When to query a job again after `failures` consecutive failed queries (`[retry.query]`, seed 000 §4.9.3:
+    """When to query a job again after `failures` consecutive failed queries (`[retry.query]`:
     retry with backoff, no state change).
 
     Within the budget the delay is the budget's backoff, never under the poll floor the vendors ask for. A spent

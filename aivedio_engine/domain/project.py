@@ -1,7 +1,7 @@
 """System B projects: workflow definitions as a DAG of typed steps, and the project state machine.
 
 A project's status is never set by a worker: the workflow service derives it from its steps' statuses after each
-step report (seed 004 §14) and applies it through `PROJECT_MACHINE`, so an edge that does not exist is refused.
+step report and applies it through `PROJECT_MACHINE`, so an edge that does not exist is refused.
 Steps marked `per_shot` are expanded at run time into one step per shot of the plan (`image[0]`, `image[1]`…);
 their dependants wait for all of them. Pure: no I/O.
 """
@@ -76,7 +76,7 @@ class StepDef:
     needs: tuple[str, ...] = ()
     #: one instance per shot of the plan (the plan step's output says how many)
     per_shot: bool = False
-    #: its failure does not hold up the project (seed 004 §19: lip sync)
+    #: its failure does not hold up the project (lip sync)
     optional: bool = False
     description: str = ""
 

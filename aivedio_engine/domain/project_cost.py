@@ -1,4 +1,4 @@
-"""A System B project's cost, estimated up front from its workflow and its input (seed 004: "a project shows its
+"""A System B project's cost, estimated up front from its workflow and its input ("a project shows its
 estimated cost up front and its actual cost as the sum of its steps").
 
 Two kinds of step cost:

@@ -1,4 +1,4 @@
-"""May a task move to another provider offering the same model? Pure (seed 000 §4.9.4 `provider_switch_allowed`).
+"""May a task move to another provider offering the same model? Pure (`provider_switch_allowed`).
 
 Two things make a move worth it: the task's provider has an open circuit breaker (the dispatcher would leave the
 task waiting), or its submit was rejected for a reason on the provider's side (5xx, connection failure, 429).

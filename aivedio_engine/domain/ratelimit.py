@@ -1,4 +1,4 @@
-"""Token bucket, pure: the per-tenant request rate limit in front of POST /v1/generations (DESIGN §3).
+"""Token bucket, pure: the per-tenant request rate limit in front of POST /v1/generations.
 
 A bucket holds at most `burst` tokens and gains `per_s` tokens a second; a request takes one token or is
 refused, and a refusal says how long until a token will be there (the client's Retry-After). Over any window of

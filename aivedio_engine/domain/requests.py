@@ -2,7 +2,7 @@
 
 The request hash is taken over the *normalized* parameters — defaults filled in, keys sorted, the prompt in
 Unicode NFC — so the same request sent with keys in another order, or with defaults spelled out, is the same
-request for idempotency (seed 000 §4.6.1: request_hash excludes trace ids and field order).
+request for idempotency (request_hash excludes trace ids and field order).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from aivedio_engine.domain.references import ASPECT_RATIOS, LimitExceeded, Model
 
 MAX_PROMPT_CHARS = 4000
 MAX_ASSETS = 8
-#: a request's `priority` is the tier it asks to be served in (seed 004 §11: 1 first ... 5 cleanup; 0 or absent =
+#: a request's `priority` is the tier it asks to be served in (1 first... 5 cleanup; 0 or absent =
 #: its tenant's tier); it can never be better than its tenant's tier (`admission.capped_tier`)
 PRIORITY_RANGE = (0, 5)
 SEED_MAX = 2**31 - 1

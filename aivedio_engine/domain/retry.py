@@ -1,4 +1,4 @@
-"""Failure policy, pure: error classes, the retry matrix (seed 000 §4.9.3) and per-step budgets (§4.9.4).
+"""Failure policy, pure: error classes, the retry matrix and per-step budgets.
 
 One retry counter is not enough: twenty failed queries say nothing about whether a submit may be repeated,
 so every step owns its budget. Time and randomness come in as arguments, so schedules are testable.
@@ -22,7 +22,7 @@ class Step(StrEnum):
 
 
 class ErrorClass(StrEnum):
-    """The rows of seed 000 §4.9.3, one member per row."""
+    """The classes of failure the retry matrix has a row for, one member per row."""
 
     LOCAL_INVALID = "local_invalid"  # serialization failed, required field missing
     PROVIDER_REJECTED = "provider_rejected"  # explicit 4xx: unsupported resolution, moderation refusal
@@ -156,7 +156,7 @@ class RetryBudget:
         return min(self.max_delay_s, self.base_delay_s * self.multiplier**exponent)
 
 
-# reliability_anchors §5: business retries 30 s, 2 min, 5 min, max_retry 3 per step; polling ≥ 5 s (Runway).
+# business retries 30 s, 2 min, 5 min, max_retry 3 per step; polling ≥ 5 s (Runway).
 DEFAULT_BUDGETS: dict[Step, RetryBudget] = {
     Step.SUBMIT: RetryBudget(
         max_attempts=3,

@@ -1,5 +1,5 @@
-"""Settlement: what a closing task is charged, from the vendor's bill (seed 000 §4.9.5: settle by the vendor's
-actual charging stage and release the difference; DESIGN §11).
+"""Settlement: what a closing task is charged, from the vendor's bill (settle by the vendor's
+actual charging stage and release the difference).
 
 One table decides every closing. Its inputs are the closing effect `decide()` put on the transition
 (SETTLE_CREDITS, RELEASE_CREDITS, SETTLE_PER_BILLING_RULE, ABSORB_PROVIDER_COST), what the client was quoted at
@@ -11,7 +11,7 @@ an argument, amounts are `Decimal` quantized to the ledger's 8 decimals.
 A success charges at most estimate ÷ n × delivered outputs: an output is delivered once its required
 derivatives are READY, so a variant the vendor made and billed that never became playable is not the tenant's.
 
-Sign convention (DESIGN §4, `services/billing.py`): RESERVE −estimate; SETTLE +(reserved − actual), i.e. the
+Sign convention (`services/billing.py`): RESERVE −estimate; SETTLE +(reserved − actual), i.e. the
 released difference; RELEASE +reserved; REFUND +what the vendor gave back (never more than was charged);
 ADJUSTMENT ±.
 

@@ -10,7 +10,7 @@ from enum import StrEnum
 
 
 class TaskStatus(StrEnum):
-    """Lifecycle of a generation task (seed 000 §4.5.1 plus MANUAL_REVIEW, DESIGN §5)."""
+    """Lifecycle of a generation task."""
 
     CREATED = "CREATED"
     VALIDATING = "VALIDATING"
@@ -41,7 +41,7 @@ TASK_TERMINAL: frozenset[TaskStatus] = frozenset(
     {TaskStatus.SUCCEEDED, TaskStatus.CANCELED, TaskStatus.FAILED_FINAL, TaskStatus.EXPIRED}
 )
 
-#: what a user is told (seed 000 §4.11.2: once the provider has produced the video, "generated, processing",
+#: what a user is told (once the provider has produced the video, "generated, processing",
 #: however long fetching and post-processing take, e.g. while the media cluster or the store is down)
 GENERATED_PROCESSING = "generated, processing"
 USER_STAGE: dict[TaskStatus, str] = {
@@ -68,7 +68,7 @@ USER_STAGE: dict[TaskStatus, str] = {
 
 
 class AttemptStatus(StrEnum):
-    """One call to a provider (seed 000 §4.5.2)."""
+    """One call to a provider."""
 
     NEW = "NEW"
     SENDING = "SENDING"
@@ -142,7 +142,7 @@ class OutboxStatus(StrEnum):
 
 
 class LedgerEntryType(StrEnum):
-    """Sign convention (DESIGN §4): RESERVE −estimate, SETTLE +estimate−actual, RELEASE +estimate, ADJUSTMENT ±."""
+    """Sign convention: RESERVE −estimate, SETTLE +estimate−actual, RELEASE +estimate, ADJUSTMENT ±."""
 
     RESERVE = "RESERVE"
     SETTLE = "SETTLE"
@@ -180,7 +180,7 @@ class ReviewState(StrEnum):
 
 
 class ModerationVerdict(StrEnum):
-    """The input moderator's answer (seed 000 §4.4 step 13): pass, pass but a human looks at the output, refuse."""
+    """The input moderator's answer: pass, pass but a human looks at the output, refuse."""
 
     ALLOW = "allow"
     WARN = "warn"

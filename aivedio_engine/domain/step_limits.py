@@ -1,12 +1,12 @@
-"""System B concurrency limits (seed 004 §10, §19), decided when a worker claims a due step. Pure.
+"""System B concurrency limits, decided when a worker claims a due step. Pure.
 
-- per project: at most N image steps running at once, and one composition (§10 项目级);
-- per queue: `real_video_clip` and `lipsync` each have their own cap on running steps across the deployment (§19
+- per project: at most N image steps running at once, and one composition;
+- per queue: `real_video_clip` and `lipsync` each have their own cap on running steps across the deployment (
   隔离原则: costly video work must not crowd out images and ordinary composition), and any other queue may be
   given one;
-- per user: one formal project at a time (§10 用户级) is a uniqueness rule on open projects, refused when a second
+- per user: one formal project at a time is a uniqueness rule on open projects, refused when a second
   is created (`uq_projects_open_formal_user`), so a claim never has to wait for it;
-- per provider (§10 Provider 级): a vendor step (one that creates a generation task) starts at most at its
+- per provider: a vendor step (one that creates a generation task) starts at most at its
   provider's rate (a token bucket, `vendor_rate`); a step refused a token is woken again when one will be there.
   The concurrency of the generation tasks those steps create is the engine's own slot admission
   (`providers.*.max_concurrency`, tenant and platform caps), as for any other generation.
@@ -75,5 +75,5 @@ def vendor_rate(task_type: StepType, limits: StepLimits) -> tuple[str, Rate] | N
 
 
 def step_priority(task_type: StepType, project_priority: int) -> int:
-    """A step's claim priority (§11, 1 first): its project's tier, except that cleanup work always comes last."""
+    """A step's claim priority (1 first): its project's tier, except that cleanup work always comes last."""
     return int(Priority.CLEANUP) if task_type is StepType.CLEANUP else project_priority

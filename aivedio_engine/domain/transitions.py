@@ -1,4 +1,4 @@
-"""The task and attempt transition tables (seed 000 §4.5.3 + DESIGN §5) and `decide()`.
+"""The task and attempt transition tables and `decide()`.
 
 `decide(task, trigger, now)` is the only way a task changes state: it returns a `Decision` (new status, new
 version, display progress, the effects the caller must record in the same transaction) or a `Rejection`
@@ -7,10 +7,10 @@ event contradicts a terminal state). It does no I/O.
 
 Where the seed says "any non-terminal state" for `retryable_failure`, this table narrows it; each exclusion
 protects money or a human decision:
-- SUBMIT_UNKNOWN: only `confirmed_not_created` may lead to a retry (seed §4.5.3, §4.8.4).
+- SUBMIT_UNKNOWN: only `confirmed_not_created` may lead to a retry.
 - CANCEL_REQUESTED: a retry would drop the user's cancel intent.
 - OUTPUT_FETCHING, POST_PROCESSING, MANUAL_REVIEW: the provider already produced the video; those steps retry
-  themselves within their own budgets (seed §4.9.5 "媒体处理失败 通常不重新生成") — `retry_due → QUEUED` would pay
+  themselves within their own budgets — `retry_due → QUEUED` would pay
   for a second generation.
 - CREATED, VALIDATING: nothing is reserved yet, and `retry_due → QUEUED` would skip the reservation.
 - RETRY_WAIT: already waiting; a second failure report is a duplicate.

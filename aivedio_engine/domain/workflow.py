@@ -1,14 +1,14 @@
-"""System B (seed 004): the step state machine, the error codes, the per-step-type specs and the failure policy.
+"""System B: the step state machine, the error codes, the per-step-type specs and the failure policy.
 
 A project runs a workflow of typed steps; each step is one `workflow_task` row with exactly the seed's seven
-statuses (§4). Workers only report (success / failure + error code / progress); `decide_failure` and the step
-machine say what the report means, and only the workflow service applies it (§14). Pure: time comes in as `now`.
+statuses. Workers only report (success / failure + error code / progress); `decide_failure` and the step
+machine say what the report means, and only the workflow service applies it. Pure: time comes in as `now`.
 
 Statuses and their exits:
 - pending → running (picked up) or cancelled.
-- running → success; → retrying (a retryable error with tries left: 30 s, 2 min, 5 min, §8); → failed (a
-  non-retryable error, §8's list); → manual_required (tries exhausted, a manual-review error such as a low
-  face-consistency score or a moderation warning, a composition failure, or any failure of a premium project, §9).
+- running → success; → retrying (a retryable error with tries left: 30 s, 2 min, 5 min); → failed (a
+  non-retryable error, the final error codes); → manual_required (tries exhausted, a manual-review error such as a low
+  face-consistency score or a moderation warning, a composition failure, or any failure of a premium project).
 - retrying → running when due, or cancelled.
 - failed / manual_required → pending on an explicit retry (the user's "retry entry", an operator's
   `projects retry-step`); manual_required → success when a reviewer approves it, → failed when one rejects it.
@@ -26,7 +26,7 @@ from aivedio_engine.domain.retry import ErrorClass
 
 
 class StepStatus(StrEnum):
-    """Seed 004 §4, spelled as the seed spells them."""
+    """The statuses of a workflow step."""
 
     PENDING = "pending"
     RUNNING = "running"
@@ -65,8 +65,8 @@ STEP_MACHINE: Machine[StepStatus, StepEvent] = Machine(
         Rule((S.PENDING, S.RETRYING), E.STARTED, S.RUNNING, "a worker took it (retrying: its delay has passed)"),
         Rule((S.RUNNING,), E.SUCCEEDED, S.SUCCESS, "output asset recorded"),
         Rule((S.RUNNING,), E.RETRY_SCHEDULED, S.RETRYING, "retryable error, tries left: 30 s / 2 min / 5 min"),
-        Rule((S.RUNNING,), E.FAILED_FINAL, S.FAILED, "non-retryable error (seed 004 §8)"),
-        Rule((S.RUNNING,), E.ESCALATED, S.MANUAL_REQUIRED, "tries exhausted or a §9 condition: review item opened"),
+        Rule((S.RUNNING,), E.FAILED_FINAL, S.FAILED, "non-retryable error"),
+        Rule((S.RUNNING,), E.ESCALATED, S.MANUAL_REQUIRED, "tries exhausted or a condition: review item opened"),
         Rule((S.FAILED, S.MANUAL_REQUIRED), E.RETRY_REQUESTED, S.PENDING, "user or operator retry, same row"),
         Rule((S.MANUAL_REQUIRED,), E.APPROVED, S.SUCCESS, "a reviewer accepts the output"),
         Rule((S.MANUAL_REQUIRED,), E.REJECTED, S.FAILED, "a reviewer rejects it"),
@@ -81,7 +81,7 @@ STEP_MACHINE: Machine[StepStatus, StepEvent] = Machine(
 
 
 class ErrorCode(StrEnum):
-    """Seed 004 §12 and the V3 codes of §19, plus PLAN_LIMIT_CONFLICT: §8 names "套餐限制冲突" (a plan's limits
+    """The error codes of a step, plus PLAN_LIMIT_CONFLICT: "套餐限制冲突" (a plan's limits
     conflict) as a non-retryable error but gives it no code."""
 
     TASK_TIMEOUT = "TASK_TIMEOUT"
@@ -97,7 +97,7 @@ class ErrorCode(StrEnum):
     STORAGE_FAILED = "STORAGE_FAILED"
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
     PLAN_LIMIT_CONFLICT = "PLAN_LIMIT_CONFLICT"
-    # V3 (§19)
+    # V3
     IDENTITY_ANCHOR_NOT_CONFIRMED = "IDENTITY_ANCHOR_NOT_CONFIRMED"
     FACE_CONSISTENCY_LOW = "FACE_CONSISTENCY_LOW"
     REAL_VIDEO_PROVIDER_DISABLED = "REAL_VIDEO_PROVIDER_DISABLED"
@@ -107,14 +107,14 @@ class ErrorCode(StrEnum):
     VIDEO_CLIP_QC_FAILED = "VIDEO_CLIP_QC_FAILED"
     LIPSYNC_FAILED = "LIPSYNC_FAILED"
     MINOR_MANUAL_REVIEW_REQUIRED = "MINOR_MANUAL_REVIEW_REQUIRED"
-    # a moderation "warning" verdict: not a refusal, but a person must look (§9 "审核 warning")
+    # a moderation "warning" verdict: not a refusal, but a person must look
     MODERATION_WARNING = "MODERATION_WARNING"
 
 
 class ErrorKind(StrEnum):
-    RETRYABLE = "retryable"  # §8: provider timeout, network, rate limit, temporary service error, ffmpeg hiccup
-    FINAL = "final"  # §8: bad photo, no balance, authorization not confirmed, moderation refused, plan limits
-    MANUAL = "manual"  # §9 / §19: a person decides (low similarity, moderation warning, a minor in the photo)
+    RETRYABLE = "retryable"  # provider timeout, network, rate limit, temporary service error, ffmpeg hiccup
+    FINAL = "final"  # bad photo, no balance, authorization not confirmed, moderation refused, plan limits
+    MANUAL = "manual"  # /: a person decides (low similarity, moderation warning, a minor in the photo)
 
 
 ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
@@ -143,7 +143,7 @@ ERROR_KINDS: dict[ErrorCode, ErrorKind] = {
     ErrorCode.MODERATION_WARNING: ErrorKind.MANUAL,
 }
 
-#: the generation engine's error classes (seed 000 §4.9.3) as System B codes, for steps run as generation tasks
+#: the generation engine's error classes as System B codes, for steps run as generation tasks
 FROM_ERROR_CLASS: dict[ErrorClass, ErrorCode] = {
     ErrorClass.LOCAL_INVALID: ErrorCode.INPUT_INVALID,
     ErrorClass.PROVIDER_REJECTED: ErrorCode.PROVIDER_ERROR,
@@ -159,7 +159,7 @@ FROM_ERROR_CLASS: dict[ErrorClass, ErrorCode] = {
 }
 
 
-#: `last_error_class` values that are no row of §4.9.3: the provider ran the job and reported it failed
+#: `last_error_class` values that are no row: the provider ran the job and reported it failed
 _FROM_REDUCER: dict[str, ErrorCode] = {"provider_failed": ErrorCode.PROVIDER_ERROR}
 
 
@@ -174,7 +174,7 @@ def error_code_for(error_class: str | None) -> ErrorCode:
 
 
 class QueueName(StrEnum):
-    """One queue per kind of work (§3) plus the V3 queues (§19), each isolated with its own limits."""
+    """One queue per kind of work plus the V3 queues, each isolated with its own limits."""
 
     PHOTO_CHECK = "photo_check"
     TEXT = "text"
@@ -195,7 +195,7 @@ class QueueName(StrEnum):
 
 
 class Priority(IntEnum):
-    """§11, 1 is served first: premium custom, paid formal, preview, free preview, cleanup."""
+    """, 1 is served first: premium custom, paid formal, preview, free preview, cleanup."""
 
     PREMIUM = 1
     PAID_FORMAL = 2
@@ -205,7 +205,7 @@ class Priority(IntEnum):
 
 
 class Scope(StrEnum):
-    """Who a step's concurrency limit counts against (§10)."""
+    """Who a step's concurrency limit counts against."""
 
     NONE = "none"
     PROJECT = "project"  # e.g. at most N image steps of one project at once
@@ -237,7 +237,7 @@ class StepType(StrEnum):
     LIPSYNC = "lipsync"
 
 
-#: §8: the 1st, 2nd and 3rd retry wait 30 s, 2 min, 5 min
+#: the 1st, 2nd and 3rd retry wait 30 s, 2 min, 5 min
 RETRY_SCHEDULE_S: tuple[int, ...] = (30, 120, 300)
 MAX_RETRY = 3
 
@@ -247,14 +247,14 @@ class StepSpec:
     type: StepType
     queue: QueueName
     timeout_s: int
-    #: must run under the project lock `lock:project:{id}:workflow` (§7: plan, composition, delivery)
+    #: must run under the project lock `lock:project:{id}:workflow` (plan, composition, delivery)
     needs_lock: bool = False
     scope: Scope = Scope.NONE
     #: calls an AI vendor: runs as a generation task (reservation, reconciliation, settlement)
     vendor: bool = False
-    #: a failure after the retries goes to a person rather than to `failed` (§9: composition, image QC, ...)
+    #: a failure after the retries goes to a person rather than to `failed` (composition, image QC,...)
     escalate_on_failure: bool = False
-    #: a failure does not block delivery of the rest (§19: lip sync is optional)
+    #: a failure does not block delivery of the rest (lip sync is optional)
     optional: bool = False
     max_retry: int = MAX_RETRY
     retry_schedule_s: tuple[int, ...] = RETRY_SCHEDULE_S
@@ -263,7 +263,7 @@ class StepSpec:
 _M = 60
 Q = QueueName
 T = StepType
-#: §16 and §19 timeouts; queues per §3 / §19
+#: timeouts; queues /
 STEP_SPECS: dict[StepType, StepSpec] = {
     T.PHOTO_CHECK: StepSpec(T.PHOTO_CHECK, Q.PHOTO_CHECK, 2 * _M),
     T.PERSON_PROFILE: StepSpec(T.PERSON_PROFILE, Q.TEXT, 3 * _M),
@@ -304,11 +304,11 @@ class FailureDecision:
 def decide_failure(
     spec: StepSpec, retry_count: int, code: ErrorCode, now: datetime, *, premium: bool = False
 ) -> FailureDecision:
-    """What a failed run of a step becomes (§8, §9). `retry_count` is the number of retries already made.
+    """What a failed run of a step becomes. `retry_count` is the number of retries already made.
 
     Retryable errors wait 30 s, 2 min, 5 min (the spec's schedule) for up to `max_retry` retries; past them the
-    step goes to a person (`manual_required`, §9 "同一任务连续失败超过 max_retry"). Non-retryable errors end in
-    `failed`, except where a person must decide: manual-kind codes, steps whose failure §9 sends to review
+    step goes to a person (`manual_required`). Non-retryable errors end in
+    `failed`, except where a person must decide: manual-kind codes, steps whose failure sends to review
     (composition, QC), and every step of a premium project."""
     kind = ERROR_KINDS[code]
     if kind is ErrorKind.MANUAL:
@@ -334,5 +334,5 @@ def decide_failure(
 
 
 def timed_out(spec: StepSpec, started_at: datetime | None, now: datetime) -> bool:
-    """A running step past its type's timeout (§16): the sweeper asks the provider first, then fails it."""
+    """A running step past its type's timeout: the sweeper asks the provider first, then fails it."""
     return started_at is not None and now - started_at > timedelta(seconds=spec.timeout_s)

@@ -1,4 +1,4 @@
-"""SSRF-safe output fetcher (DESIGN §10). Its pinned-IP requests go through `aivedio_engine.httpclient`, the one
+"""SSRF-safe output fetcher. Its pinned-IP requests go through `aivedio_engine.httpclient`, the one
 module that imports httpx (so the HTTP library can be swapped in one place)."""
 
 from aivedio_engine.fetch.fetcher import CHUNK_SIZE, Download, Fetcher, FetchError

@@ -1,4 +1,4 @@
-"""The SSRF-safe output fetcher (DESIGN §10): `Fetcher(settings, resolver, clock).open(url, policy)`.
+"""The SSRF-safe output fetcher: `Fetcher(settings, resolver, clock).open(url, policy)`.
 
 Every hop: parse + validate the URL (`policy.check_url`), resolve the name once with the injected resolver,
 refuse the host if ANY answer is blocked, connect to the validated address (`_transport.open_pinned`, no second

@@ -1,4 +1,4 @@
-"""Pure URL and address policy of the SSRF-safe output fetcher (DESIGN §10, reliability_anchors §1.7, §4.9).
+"""Pure URL and address policy of the SSRF-safe output fetcher.
 
 No I/O here: parsing, host allow-list matching and the address check. The fetcher resolves names itself and
 feeds every resolved address to `check_address`; IP literals are parsed here (decimal, octal, hex and short

@@ -1,4 +1,4 @@
-"""Derivatives of a validated upload or render (DESIGN §10): proxy MP4, fMP4 HLS, thumbnail and waveform.
+"""Derivatives of a validated upload or render: proxy MP4, fMP4 HLS, thumbnail and waveform.
 
 The argv builders are pure: this module decides what to read and make, and `ffgraph` (the only module that
 may use ffmpeg-python) spells it as a graph and compiles the argv; `run_ffmpeg` is the one place a process starts.

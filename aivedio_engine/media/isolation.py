@@ -1,4 +1,4 @@
-"""Who a media child runs as and what it can reach (seed 000 §4.12.5: "isolated, non-root; limit CPU, memory, temp
+"""Who a media child runs as and what it can reach ("isolated, non-root; limit CPU, memory, temp
 disk, process count and execution time; no network access it does not need").
 
 `sandbox` applies these around every ffprobe/ffmpeg child; this module decides how, from the policy (settings

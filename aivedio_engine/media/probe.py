@@ -1,6 +1,6 @@
 """ffprobe: the sandboxed runner, pure parsing of its JSON, and the media policy gate.
 
-Hardening (reliability_anchors §1.8, verified on Debian ffmpeg 5.1): local files only, passed as `file:<path>`
+Hardening (verified on Debian ffmpeg 5.1): local files only, passed as `file:<path>`
 with `-protocol_whitelist file` (an HLS playlist cannot pull http or nested protocols); a per-family
 `-format_whitelist` (refuses hls, concat, image2pipe tricks in a "video"); a decoder whitelist (exotic,
 bug-prone decoders are never opened); `-max_pixels` (a 16000² PNG is refused before its 1 GB decode: ffprobe

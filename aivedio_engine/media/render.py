@@ -1,4 +1,4 @@
-"""Pure argv builders for the `local` provider's renders (DESIGN §8): a short H.264/AAC clip made from a
+"""Pure argv builders for the `local` provider's renders: a short H.264/AAC clip made from a
 reference image (slow pan/zoom) or a generated background, with the prompt as a caption and a sine tone.
 
 Nothing here runs a process. The caller writes the caption to a file and passes its path: the prompt is user

@@ -83,7 +83,7 @@ def _run(argv: Sequence[str], workdir: Path, limits: MediaLimits, timeout_s: flo
     if proc.ending is sandbox.Ending.TIMEOUT:
         raise MediaError(f"{Path(argv[0]).name} timed out after {timeout:g}s", retryable=True)
     last = [line for line in text.splitlines() if line.strip()][-3:]
-    # our own generated inputs: a failure here is an engine fault, worth a retry (seed 004 §8 "FFmpeg 临时失败")
+    # our own generated inputs: a failure here is an engine fault, worth a retry
     raise MediaError(f"{Path(argv[0]).name} failed ({proc.reason}): {' | '.join(last)[:400]}", retryable=True)
 
 

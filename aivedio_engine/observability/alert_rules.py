@@ -1,4 +1,4 @@
-"""Alert rules of seed 004 §17 over live data: facts from SQL, thresholds from `[alerts]`, rows in `alerts`.
+"""Alert rules over live data: facts from SQL, thresholds from `[alerts]`, rows in `alerts`.
 
 `gather` reads the facts (index-backed aggregates, see `snapshot`), `evaluate` is pure (facts + thresholds →
 findings) and `AlertEvaluator` — called by the sweeper, at most every `alerts.interval_s` — writes each finding
@@ -16,7 +16,7 @@ The rules:
 - cost anomaly, per project (per tenant for tasks without one): the credits committed in the last hour (ledger:
   reservations net of releases and refunds) exceed `cost_budget_per_hour`, or exceed `cost_factor` × the hourly
   mean of the 24 hours before while being at least `cost_min_per_hour`;
-- System B workflows (seed 004 is about them): steps that failed for good or went to a person within `window_s`
+- System B workflows (is about them): steps that failed for good or went to a person within `window_s`
   reach `failed_tasks`; each workflow queue's due steps reach `queue_depth` or the longest-waiting has been due
   `queue_age_s`; of the composition runs ended within `window_s` (at least `media_min_samples`), the share that
   did not succeed reaches `media_failure_rate`; a project's actual cost (the sum of its steps') exceeds

@@ -1,4 +1,4 @@
-"""Structured logs: structlog over the standard library, one line per event, secrets masked (DESIGN §13).
+"""Structured logs: structlog over the standard library, one line per event, secrets masked.
 
 Every `logging.getLogger(...)` record (ours, Dramatiq's, uvicorn's, httpx's) and every `structlog.get_logger()`
 event ends in one root handler whose ProcessorFormatter adds the ids bound for the current request or actor

@@ -1,4 +1,4 @@
-"""Prometheus metrics: the capacity signals of seed 000 §4.10.7 (DESIGN §13).
+"""Prometheus metrics: the capacity signals.
 
 Two kinds:
 - Process metrics (module-level prometheus-client objects in the default registry): what this process's actors
@@ -74,8 +74,7 @@ PROVIDER_POLLS = Counter(
 )
 CREATES_SHED = Counter(
     "aivedio_creates_shed",
-    "New generations refused with 503 because the outbox backlog is "
-    "older than limits.shed_outbox_age_s (seed 000 §4.11.2).",
+    "New generations refused with 503 because the outbox backlog is older than limits.shed_outbox_age_s.",
 )
 REQUESTS_RATE_LIMITED = Counter(
     "aivedio_requests_rate_limited",
@@ -285,8 +284,8 @@ def snapshot_families(s: Snapshot, settings: Settings, now: datetime) -> list[Ga
 
 
 def workflow_families(conn: Any, now: datetime) -> list[GaugeMetricFamily]:
-    """System B (seed 004): projects by status, open steps by queue and status, and each workflow queue's due
-    depth and age (the §17 backlog signals)."""
+    """System B: projects by status, open steps by queue and status, and each workflow queue's due
+    depth and age (the backlog signals)."""
     from aivedio_engine.db import workflows as wf_repo
 
     backlog = wf_repo.backlog(conn, now)

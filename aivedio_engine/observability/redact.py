@@ -1,4 +1,4 @@
-"""Masking secrets, signed URLs and prompts out of log output (DESIGN §13, seed 004 §18).
+"""Masking secrets, signed URLs and prompts out of log output.
 
 Two kinds of input reach a log line: structured values (a structlog event dict, where the key says what a value
 is) and free text (a message a library formatted itself, such as Dramatiq's "Received message ..." with the

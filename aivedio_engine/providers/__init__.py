@@ -1,1 +1,1 @@
-"""Provider adapters: one module per vendor behind the Protocol in `base.py` (DESIGN §8)."""
+"""Provider adapters: one module per vendor behind the Protocol in `base.py`."""

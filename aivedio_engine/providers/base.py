@@ -1,4 +1,4 @@
-"""The provider Protocol (DESIGN §8) and the values adapters exchange with the engine.
+"""The provider Protocol and the values adapters exchange with the engine.
 
 Adapters translate one vendor's API into these types and nothing more: no retries, no database, no sleeps.
 Whether a failure may be retried is decided by the engine's failure policy from the `ErrorClass` an adapter
@@ -110,7 +110,7 @@ def units_to_seconds(units: float | None, seconds_per_unit: float | None) -> flo
 
 @dataclass(frozen=True, slots=True)
 class JobSummary:
-    """One job in a vendor's listing of recent jobs, for matching an ambiguous submit (seed 000 §4.8.4)."""
+    """One job in a vendor's listing of recent jobs, for matching an ambiguous submit."""
 
     job_id: str
     created_at: datetime

@@ -1,4 +1,4 @@
-"""The request fingerprint: what a generation request looks like from the vendor's side, hashed (seed 000 §4.8.4).
+"""The request fingerprint: what a generation request looks like from the vendor's side, hashed.
 
 The attempt row stores it when the attempt is created (`db.attempts.fingerprint`), and an adapter that can list
 a vendor's recent jobs computes it from what the vendor echoes of each job's request; reconciliation of an

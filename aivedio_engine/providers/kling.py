@@ -18,7 +18,7 @@ What Kling's documentation says, and where:
 - Callback protocol: POSTed to `callback_url` on every status change: `{task_id, task_status, task_status_msg,
   created_at, updated_at (ms), final_unit_deduction, task_info: {external_task_id}, task_result: {videos:
   [{id, url, duration}]}}`; generated media "will be cleared after 30 days" (apiReference/callbackProtocol
-  mirror; mission_anchors §2.3).
+  mirror).
 - Error codes (HTTP / service code): 401 / 1000–1004 authentication; 429 / 1100–1102 account exception,
   arrears, resource pack depleted (commonInfo mirror). From the same table as recalled, not re-read: 400 /
   1200–1201 bad parameters, 404 / 1203 resource does not exist, 400 / 1300–1301 platform and content policy,

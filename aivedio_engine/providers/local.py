@@ -1,4 +1,4 @@
-"""The `local` provider (DESIGN §8): renders a real clip with ffmpeg in this process and serves it over loopback
+"""The `local` provider: renders a real clip with ffmpeg in this process and serves it over loopback
 HTTP, so embedded mode exercises the same submit → poll → fetch path as a hosted vendor.
 
 Jobs are durable when the provider is given a `LocalJobs` store (bootstrap does: the engine's database, table

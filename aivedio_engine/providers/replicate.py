@@ -7,7 +7,7 @@ What Replicate's documentation says, and where:
   answers with the prediction ("If a prediction is completed, it cannot be canceled": hexdocs.pm/replicate,
   the official Elixir client, Replicate.Predictions; replicate-ruby; replicate-python).
 - Statuses `starting | processing | succeeded | failed | canceled`, plus `aborted` (replicate-python PR #460,
-  which added it to the terminal set; mission_anchors §2.3: the `Cancel-After` deadline hit before start).
+  which added it to the terminal set: the `Cancel-After` deadline hit before start).
 - Webhooks: the body is the prediction object, the same as "get a prediction"; `webhook_events_filter` ∈
   start | output | logs | completed, `start` and `completed` always sent, output/logs at most every 500 ms; the
   endpoint should answer 2xx within a few seconds or the webhook "might be retried"
@@ -17,8 +17,8 @@ What Replicate's documentation says, and where:
   (trigger.dev/docs/webhooks/providers/replicate; triggerdotdev hand-authored replicate.ts). Verified by
   `providers.webhooks.verify_webhook` (±`webhooks.tolerance_s`, several secrets during rotation); `webhook-id` is
   the event id.
-- API predictions' inputs, outputs and files are deleted after one hour (mission_anchors §2.3).
-- Billing for public models: `aborted` is not charged, `canceled` is (mission_anchors §1b, §2.3).
+- API predictions' inputs, outputs and files are deleted after one hour.
+- Billing for public models: `aborted` is not charged, `canceled` is.
 
 - `GET /v1/predictions` lists the account's predictions (API and web), newest first, 100 per page, as
   `{next, previous, results: [prediction]}` with `next` the URL of the following page or null; each result

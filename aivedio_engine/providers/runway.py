@@ -8,7 +8,7 @@ What Runway's documentation says, and where:
   api-evangelist/runway task schema). Ratios are pixel pairs ("1280:720", "720:1280", "960:960", "1104:832", …).
 - `GET /v1/tasks/{id}`: `status` ∈ PENDING | THROTTLED | RUNNING | SUCCEEDED | FAILED | CANCELLED, `output`
   (list of URLs) on SUCCEEDED, `failure` + `failureCode` on FAILED (docs.dev.runwayml.com/assets/outputs;
-  mission_anchors §2.3). `DELETE /v1/tasks/{id}` "cancels or deletes" a task (Runway API reference,
+  ). `DELETE /v1/tasks/{id}` "cancels or deletes" a task (Runway API reference,
   Task-management, as linked from comfy_api_nodes/nodes_runway.py).
 - Retry matrix (docs.dev.runwayml.com/api-details/errors): 400, 401, 404, 405 no; 429, 502, 503 "shedding
   load", 504 "overloaded and not able to satisfy the request" yes, with exponential backoff and jitter.
@@ -33,7 +33,7 @@ Not documented, so [inference]:
 - No client idempotency key or external id exists: `find` is Unsupported and `supports_lookup_by_request_key` is
   False; an ambiguous submit can only be reconciled by a human or the invoice.
 - 500 is not in Runway's matrix; we treat an explicit 500 like the other 5xx (job not created).
-- No generation webhook is documented (mission_anchors §1b), so we never ask for one (`supports_callbacks=False`).
+- No generation webhook is documented, so we never ask for one (`supports_callbacks=False`).
   `parse_callback` exists for a relay of ours that forwards task objects: it accepts a body only when the
   header `X-Aivedio-Callback-Token` equals one of the configured `webhook_secrets`.
 - A fresh task id may briefly answer 404 (a relay's docs warn of `task_not_exist`): NotFound, "not visible yet".

@@ -2,7 +2,7 @@
 
 Why not `standardwebhooks.Webhook.verify` directly: it reads the wall clock (tests and replays need an injected
 `now`), hard-codes ±5 min, accepts float timestamps, and crashes with ValueError / UnicodeDecodeError on a
-`v1` header without a comma or a non-UTF-8 body (reliability_anchors §1.3) — a 500 makes the vendor retry
+`v1` header without a comma or a non-UTF-8 body — a 500 makes the vendor retry
 forever. So the header grammar is checked here, strictly, and the library is used for what it is good at:
 decoding `whsec_` secrets and computing the signature. Every failure becomes `CallbackRejected`.
 

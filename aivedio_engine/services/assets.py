@@ -1,9 +1,9 @@
-"""Input assets: upload sessions, direct uploads, and validation at `complete()` (seed 000 §4.4 一, §4.7.1).
+"""Input assets: upload sessions, direct uploads, and validation at `complete()`.
 
 The client declares name, size, type and optionally a SHA-256 (and, on S3, a part count for a multipart
 upload); we create the asset (UPLOADING) and hand out a short-lived target for a server-generated staging key,
 `tenants/{tid}/uploads/{session}`. Storage-side limits are not trusted (emulators and some S3-compatible stores
-ignore POST policies, reliability_anchors §1.9), so `complete()` is the real control: exact size, checksum,
+ignore POST policies), so `complete()` is the real control: exact size, checksum,
 magic number, then ffprobe through the policy gate on a local copy. Anything refused becomes REJECTED with the
 reason; a missing object is a client error and leaves the asset UPLOADING so the client can still upload.
 
@@ -411,7 +411,7 @@ class AssetService:
         if session is None:
             raise NotFound("upload not found")
         if session.status != UploadSessionStatus.OPEN.value:
-            # after complete() the validated bytes must not be replaced (TOCTOU, reliability_anchors U5)
+            # after complete() the validated bytes must not be replaced (TOCTOU U5)
             raise Conflict("the upload session is closed")
         if _aware(session.expires_at) < now:
             raise Forbidden("the upload URL has expired")

@@ -1,5 +1,5 @@
-"""Closing a task's credit reservation, by the effect the state machine asked for and the vendor's bill (DESIGN
-§4, §11; the rule table is `domain/settlement.py`).
+"""Closing a task's credit reservation, by the effect the state machine asked for and the vendor's bill (
+; the rule table is `domain/settlement.py`).
 
 Sign convention: RESERVE −estimate; SETTLE +(estimate − actual), the released difference; RELEASE +estimate;
 REFUND +what the vendor gave back (never more than was charged). Business keys make every booking happen at

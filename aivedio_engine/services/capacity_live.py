@@ -1,4 +1,4 @@
-"""`aivedio capacity live`: measure the rates of seed 000 §4.10 over a window, then hand them to the pure model.
+"""`aivedio capacity live`: measure the rates over a window, then hand them to the pure model.
 
 Every figure is one aggregate query over our own tables, per provider where the model needs it per provider:
 - arrivals: tasks created in the window (by `selected_provider`);

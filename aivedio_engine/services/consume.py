@@ -31,7 +31,7 @@ class InvalidEnvelope(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """The broker message body (seed 000 §4.6.8): ids and a small summary, never large or secret data."""
+    """The broker message body: ids and a small summary, never large or secret data."""
 
     event_id: uuid.UUID
     event_type: str

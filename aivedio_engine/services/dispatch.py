@@ -118,7 +118,7 @@ class Dispatcher:
         return selection, limits
 
     def _pressure(self, now: datetime) -> float:
-        """Seed 000 §4.11.2: outputs about to expire still waiting to be fetched take bandwidth before new work."""
+        """: outputs about to expire still waiting to be fetched take bandwidth before new work."""
         cfg = self._settings.fetch
         if not cfg.pressure_urgent_outputs:
             return 1.0

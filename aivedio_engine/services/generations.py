@@ -1,6 +1,6 @@
 """Generation tasks: idempotent creation with credit reservation, reads, and cancellation.
 
-Creation is ONE transaction (seed 000 §4.9.2 "事务 1"): RESERVE ledger row + task + its state events commit
+Creation is ONE transaction: RESERVE ledger row + task + its state events commit
 together or not at all (`db.creation`); the commit wakes the dispatcher, which scans QUEUED tasks itself.
 Idempotency is per tenant and key: the same key with the same normalized request returns the original task;
 with another request it is a 409. Concurrent duplicates wait on the unique (tenant, key) index for the first
@@ -106,7 +106,7 @@ class GenerationService:
             if params.asset_ids:
                 with self._engine.connect() as conn:
                     refs = self._check_assets(conn, tenant_id, params)
-            # after validation, before the reservation (seed 000 §4.4 step 13): a refusal leaves nothing reserved
+            # after validation, before the reservation: a refusal leaves nothing reserved
             verdict = self._moderator.check(ModerationInput(params.prompt, tuple(refs)))
             if verdict.verdict is ModerationVerdict.REJECT:
                 raise ModerationRejected(f"the request was refused by input moderation: {verdict.summary}")
@@ -299,7 +299,7 @@ class GenerationService:
 
     # ------------------------------------------------------------------------------------------- cancel
     def cancel(self, tenant_id: uuid.UUID, task_id: uuid.UUID, requested_by: str = "api") -> TaskView:
-        """Cancel per seed §4.5.3. Repeating a cancel is harmless; canceling a finished task is a 409."""
+        """Cancel Repeating a cancel is harmless; canceling a finished task is a 409."""
         with write_tx(self._engine) as conn:
             row = tasks.read(conn, task_id, tenant_id, lock=True)
             if row is None:

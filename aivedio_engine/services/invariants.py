@@ -1,4 +1,4 @@
-"""`aivedio audit`: the invariants of reliability_anchors §4.4 that our own tables can answer, as SQL.
+"""`aivedio audit`: the invariants that our own tables can answer, as SQL.
 
 Each check is one query returning the *offending* rows (none = the invariant holds), with the id of the anchor it
 implements (I<n>.<k>: the k-th query of invariant n; I2.3, I4.6, I4.9, I8.4 and I10.4 are ours) and a one-line
@@ -40,7 +40,7 @@ from aivedio_engine.services.errors import InvalidInput
 DEFAULT_GRACE_S = 900.0
 #: actors whose consumer records every delivery in inbox_dedup; the others dedup by state (submit: the attempt's
 #: NEW → SENDING), record only when they act (fetch, media skip stale requests), or are not deduplicated by design
-#: (notifications are best effort, DESIGN §12)
+#: (notifications are best effort)
 INBOX_CONSUMERS = {
     ROUTES[EventType.GENERATION_QUEUED].actor: intake.CONSUMER_GROUP,
     ROUTES[EventType.PROVIDER_STATUS_OBSERVED].actor: reducer.CONSUMER_GROUP,

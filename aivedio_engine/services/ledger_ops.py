@@ -1,4 +1,4 @@
-"""Operator views and corrections of the credit ledger (DESIGN §4, §11, §13 `aivedio ledger ...`).
+"""Operator views and corrections of the credit ledger (`aivedio ledger...`).
 
 - `balance` — the tenant's cached balance beside the ledger sum it must equal, and the credits held by open tasks.
 - `entries` — ledger rows, newest first.

@@ -1,4 +1,4 @@
-"""Making a stored output playable: the `media.process.requested` consumer (DESIGN §10, seed 000 §4.8.9–4.8.11).
+"""Making a stored output playable: the `media.process.requested` consumer.
 
 The raw output is copied from the store into a per-job temp dir, checked against the checksum recorded when it
 was fetched (what is processed is exactly what was stored), probed through the sandboxed ffprobe gate, and
@@ -6,9 +6,9 @@ turned into derivatives (`media.derive`) that are uploaded under deterministic k
 records the probe facts and every derivative's own status, and decides: every required profile READY → the
 moderation hook → SUCCEEDED with the credit settlement and notification in the same transaction (or
 MANUAL_REVIEW with a review item); a gate rejection → FAILED_FINAL; a failure that may pass on another run →
-retry within the `media` budget, past which a human decides (seed §4.9.5: media failures never regenerate).
+retry within the `media` budget, past which a human decides (media failures never regenerate).
 A store that cannot be reached is an outage of ours, not a failure of the output: it holds the task in
-POST_PROCESSING without spending the budget (seed §4.11), and the broker or the sweeper runs the step again;
+POST_PROCESSING without spending the budget, and the broker or the sweeper runs the step again;
 only a late derivatives-only run (the task already SUCCEEDED on its proxy) spends a try of its delayed schedule.
 A job of several outputs (`n`) gets one message per raw output, each processed and retried on its own; the
 task moves on (moderation, SUCCEEDED) only in the run that finds every output's required derivatives READY
@@ -191,7 +191,7 @@ class MediaService:
             except ObjectNotFound:  # gone from the store: another run may find it restored, past that a human
                 return Outcome(unavailable="the stored output is missing from the store")
             # any other store failure is an outage of our own store, not a fault of this output: it propagates (with
-            # a storage_unavailable alert), so the task is held in POST_PROCESSING (seed 000 §4.11) without spending
+            # a storage_unavailable alert), so the task is held in POST_PROCESSING without spending
             # the media budget, and the broker's retries, then the sweeper's re-drive (`media_stuck_s`), run it
             # again once the store answers
             with open(src, "rb") as f:

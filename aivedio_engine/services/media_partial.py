@@ -1,4 +1,4 @@
-"""Partial media success (seed 000 §4.8.11) and the derivatives made after it.
+"""Partial media success and the derivatives made after it.
 
 When `media.succeed_with_proxy_only` is set and a run leaves the proxy MP4 READY while another required
 derivative (HLS, the thumbnail) failed for a reason another run may fix, the task succeeds on the proxy: the

@@ -1,8 +1,8 @@
 """The input moderation hook (issue 16 item 7): which moderator checks a generation request, and how.
 
 `GenerationService.create` calls the moderator after the request and its references are validated and before the
-reservation (seed 000 §4.4 step 13 comes before step 14): a REJECT is a 422 `moderation-rejected` with nothing
-reserved, created or queued, so "release the whole reservation" (§4.9.5) holds trivially — there is none. A WARN
+reservation (comes before step 14): a REJECT is a 422 `moderation-rejected` with nothing
+reserved, created or queued, so "release the whole reservation" holds trivially — there is none. A WARN
 creates the task with the verdict's reasons kept beside its params (`input_review`, outside the request hash), and
 the media step holds its output for a human (MANUAL_REVIEW, a review item in `aivedio review`), exactly like an
 output hold.

@@ -1,4 +1,4 @@
-"""Status change notifications (DESIGN §12): the SSE wake-up of a `task.status.changed`, the task summary line
+"""Status change notifications: the SSE wake-up of a `task.status.changed`, the task summary line
 of a terminal one, and the SSE event source.
 
 The stored state event history is the stream: an event is one applied transition, its id the task version it
@@ -40,7 +40,7 @@ def is_terminal(envelope: Envelope) -> bool:
 
 
 def log_summary(engine: Engine, task_id: uuid.UUID) -> None:
-    """The per-task summary of seed 004 §18 — input and output summaries, provider, cost, time, error,
+    """The per-task summary — input and output summaries, provider, cost, time, error,
     retries — read after the commit, so the settled cost is in it. Never the prompt."""
     with engine.connect() as conn:
         row = tasks.read(conn, task_id)
@@ -149,7 +149,7 @@ async def open_stream(
 
 
 def coalesce(events: list[dict[str, Any]], max_batch: int) -> list[dict[str, Any]]:
-    """The newest `max_batch` events of a batch (seed 000 §4.10.6 "message coalescing"). A stream is only read
+    """The newest `max_batch` events of a batch. A stream is only read
     again once its previous write drained, and every signal in between collapses into that one read, so a burst
     or a slow client yields one batch; this bounds it, so a client that fell far behind gets the latest state
     (whose version it resumes after) instead of an unbounded backlog. The full history stays in the database

@@ -34,7 +34,7 @@ log = structlog.get_logger("aivedio.callbacks")
 
 
 def fingerprint(provider: str, obs: Observation) -> str:
-    """Stable identity of an observation without an event id (seed §4.6.3): never just job + status, since a
+    """Stable identity of an observation without an event id: never just job + status, since a
     vendor may repeat a status with different outputs or errors."""
     canonical = json.dumps(
         {

@@ -1,4 +1,4 @@
-"""What every operator action shares (DESIGN §13): who did it, why, and an `audit_log` row in the same
+"""What every operator action shares: who did it, why, and an `audit_log` row in the same
 transaction as the change. CLI commands and TUI screens build an `Operation` and pass it to a service; the
 service writes the audit row with the rows it affected, so no front end can mutate without leaving a trace.
 

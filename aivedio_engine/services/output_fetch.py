@@ -1,4 +1,4 @@
-"""Bringing a provider's output home: the `fetch.requested` consumer (DESIGN §10, seed 000 §4.4 steps 30–32).
+"""Bringing a provider's output home: the `fetch.requested` consumer (steps 30–32).
 
 Network first, database second: the download streams straight into the object store (hashing as it goes) with
 no transaction open; then one short transaction records the RAW_OUTPUT asset, moves the task
@@ -7,7 +7,7 @@ row and the task's version make the second commit a no-op, and the store key is 
 
 An object already under the key (a crash after the upload, before the commit) is never overwritten: the new
 download is spooled to disk and compared; equal bytes reuse the object, different bytes are stored beside it
-and raise an alert. A 403/404/410 first asks the provider for a fresh URL (seed §4.9.3); other failures retry
+and raise an alert. A 403/404/410 first asks the provider for a fresh URL; other failures retry
 within the `output_fetch` budget through a delayed outbox row, then fail the task (the provider delivered, so
 its cost is settled) with an alert.
 

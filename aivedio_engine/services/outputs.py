@@ -1,7 +1,7 @@
 """What a finished generation produced: its READY derivatives, as signed playback URLs or (embedded) local files.
 
 Only derivatives are handed out, never the raw provider output: what clients play was transcoded by us
-(reliability_anchors U11: a polyglot upload or output is never served as-is).
+(U11: a polyglot upload or output is never served as-is).
 
 HLS needs one more step: a playlist names its segments relatively, and a relative name resolved against a
 signed object URL carries no signature. So the HLS link points at `/v1/playback/{asset}/index.m3u8` (signed by

@@ -1,4 +1,4 @@
-"""The upload quarantine (seed 000 §4.12.1): "after upload, first into a quarantine area; only after validation
+"""The upload quarantine: "after upload, first into a quarantine area; only after validation
 into the consumable area".
 
 A client writes only to `tenants/{tid}/quarantine/{session}` (`keys.upload_staging_key`), for which no signed URL

@@ -1,5 +1,5 @@
 """`aivedio reconcile`: resolve ambiguous submits (SUBMIT_UNKNOWN) now, on an operator's word, instead of at
-their next scheduled lookup (DESIGN §8, §13).
+their next scheduled lookup.
 
 The lookups themselves are `ProviderSync.reconcile_one(force=True)`: the same code the sweeper runs, with the
 same rules (a "not found" is only believed 60 s after the send; no lookup → list and match → park), so an

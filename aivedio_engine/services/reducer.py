@@ -369,7 +369,7 @@ def attempt_of(engine: Engine, obs: dict[str, Any]) -> uuid.UUID | None:
 def _reduce_pg(engine: Engine, envelope: Envelope, now: datetime, urgent_fetch_s: float, after: AfterCommit) -> Outcome:
     """`consume_once` + `reduce` in as few round trips as the protocol allows: BEGIN with the four reads, the
     writes, then the inbox digest with COMMIT — 6 for a new RUNNING observation, 2 for a duplicate delivery
-    (research/performance_profile.md counted 22 and 13 at the actor)."""
+    (counted 22 and 13 at the actor)."""
     obs = envelope.payload
     with engine.connect() as conn:
         with pg_transaction(conn) as raw:

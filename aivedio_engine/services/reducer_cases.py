@@ -27,7 +27,7 @@ from aivedio_engine.services.transition import (
 
 def bind_ambiguous(conn: Connection, obs: dict[str, Any], now: datetime, after: AfterCommit) -> tuple[Any, Any]:
     """A status for an unknown job id that carries the request key of one of our ambiguous submits is the proof a
-    lookup would have given (seed §4.8.4): the job exists. Bind it, move SUBMIT_UNKNOWN → SUBMITTED, and let the
+    lookup would have given: the job exists. Bind it, move SUBMIT_UNKNOWN → SUBMITTED, and let the
     observation apply. Without this, a vendor without lookup would leave such a task parked while it is billed."""
     key = obs.get("request_key")
     if not key:

@@ -1,4 +1,4 @@
-"""Replaying what the pipeline gave up on (DESIGN §13 `aivedio replay dlq|orphans|outbox`).
+"""Replaying what the pipeline gave up on (`aivedio replay dlq|orphans|outbox`).
 
 Three piles, one shape: `preview` lists what a filter matches (an exact count and the selected rows, oldest
 first), `replay` acts on an explicit id list — the previewed one, or one read back from a plan file — in one

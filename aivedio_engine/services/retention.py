@@ -1,4 +1,4 @@
-"""Retention (seed 000 §4.12.6: "a clear data retention and deletion policy"; enterprise tenants their own), run by
+"""Retention ("a clear data retention and deletion policy"; enterprise tenants their own), run by
 the sweeper every `retention.interval_s`.
 
 Tenant data, per tenant (its own days where `aivedio tenants update --retention-*` set them, else `[retention]`;

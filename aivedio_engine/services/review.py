@@ -1,4 +1,4 @@
-"""The manual review queue (DESIGN §5, §13; seed 000 §4.2.3): list, claim, approve, reject.
+"""The manual review queue: list, claim, approve, reject.
 
 A claim is a lease: `claimed_by` holds the item until `claimed_until`, after which anyone may take it over. It is
 taken with one conditional UPDATE (PENDING, or CLAIMED by nobody alive, or already mine): that statement alone
@@ -12,7 +12,7 @@ row. Only the claimant decides; an item nobody holds is claimed implicitly by de
 playable output: a task held because media processing failed has none, and approving it would be a SUCCEEDED
 task a client cannot play (invariant I9) — such a task can only be rejected.
 
-An item about a System B step (seed 004 §9: a manual_required step) is decided the same way, but the decision
+An item about a System B step (a manual_required step) is decided the same way, but the decision
 moves the step instead of a task: approve → success, reject → failed, through the WorkflowService in the same
 transaction as the item and the audit row. No credits move: a step's cost was settled by its own generation task.
 

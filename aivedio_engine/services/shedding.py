@@ -1,4 +1,4 @@
-"""Load shedding at the door (seed 000 §4.11.2, reliability_anchors §4.6 "Redis down"): while the broker path
+"""Load shedding at the door: while the broker path
 is stalled, a create is refused with 503 + Retry-After instead of reserving credits for work nobody will start.
 
 The signal is the age of the oldest due outbox row. It moves in seconds, so each process re-reads it at most

@@ -1,4 +1,4 @@
-"""The claim-time side of the System B queues (seed 004 §10, §11, §19), inside the workflow service's claim and
+"""The claim-time side of the System B queues, inside the workflow service's claim and
 report transactions.
 
 - `Admission.admit`: may this due step start now? Its project's image / composition count (read under the
@@ -6,7 +6,7 @@ report transactions.
   (read under the queue's advisory lock for capped queues) against `StepLimits`; then, for a vendor step, a
   token of its provider's step rate (the engine's token-bucket store: in process, or Redis shared by every
   worker). A step refused a token gets a wake-up of its queue for when the bucket will hold one. Priority is
-  the claim order itself: the best priority (1 premium … 5 cleanup, §11), then the longest due.
+  the claim order itself: the best priority (1 premium … 5 cleanup), then the longest due.
 - `wake_after`: a step stopped running, so steps it held back may start: one wake-up per queue for its project's
   due steps (project limits, the project lock) and one for its own queue when that queue is capped.
 """

@@ -1,4 +1,4 @@
-"""Garbage collection of orphan objects (seed 000 §4.8.10 / §4.9.5: "cleaned by a garbage collector after a safety
+"""Garbage collection of orphan objects (/: "cleaned by a garbage collector after a safety
 window"). An orphan is what `storage_scan` counts — no row references it, no open upload stages it — and here it
 must also be older than the GC's own safety window (`sweeper.storage_gc_grace_s`, a day by default: far longer
 than any fetch or media run takes between its PUT and its commit).

@@ -1,4 +1,4 @@
-"""Orphan objects (seed 000 §4.10.7 `orphan_object_count`): bytes in our own object store that no row references
+"""Orphan objects (`orphan_object_count`): bytes in our own object store that no row references
 — a fetch that crashed between its PUT and its asset commit, a media run that uploaded derivatives and then
 failed, a staging upload whose cleanup failed. Nobody will ever serve them, but they are paid for.
 

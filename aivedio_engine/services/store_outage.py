@@ -1,6 +1,6 @@
 """Our object store failing under a data-plane step: the step is held, and the on-call engineer is told.
 
-The fetch and media steps do not judge an output by a failure of our own store (seed 000 §4.11): the exception
+The fetch and media steps do not judge an output by a failure of our own store: the exception
 propagates, the task stays OUTPUT_FETCHING / POST_PROCESSING with no try spent, and the broker's retries, then
 the sweeper's re-drive, run the step again once the store answers. Without more, such an outage showed only as
 log lines and dead letters while paid outputs waited (and a provider's output URLs may expire meanwhile). So

@@ -1,4 +1,4 @@
-"""Caps on the open event streams of one API process (seed 000 §4.10.6: "connection caps").
+"""Caps on the open event streams of one API process ("connection caps").
 
 Every SSE stream holds a socket, a notifier subscription and a database read per wake-up, so an unbounded number
 of them is an unbounded cost: each API process admits at most `api.sse_max_streams` streams, and at most

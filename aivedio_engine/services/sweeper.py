@@ -1,5 +1,5 @@
 """The sweeper: the database is the truth, so anything a lost message or a dead process left behind is found
-here and driven on (DESIGN §3). Every scan is idempotent; running two sweepers is safe.
+here and driven on. Every scan is idempotent; running two sweepers is safe.
 
 - RETRY_WAIT whose next_retry_at passed → `retry_due` → QUEUED (the dispatcher picks it up).
 - DISPATCHING whose NEW attempt was never sent (submit message lost) → the submit event is published again.
@@ -18,7 +18,7 @@ here and driven on (DESIGN §3). Every scan is idempotent; running two sweepers 
 - Upload sessions abandoned for a day → expired (their multipart uploads aborted, staging bytes deleted); the
   quarantined objects of closed sessions deleted when due (services.quarantine).
 - Slot leases rebuilt from the in-flight attempts.
-- Alert rules over live data (seed 004 §17), at most every `alerts.interval_s` (observability.alert_rules).
+- Alert rules over live data, at most every `alerts.interval_s` (observability.alert_rules).
 - The orphan object scan (services.storage_scan) when the last one is `storage_scan_interval_s` old. It lists the
   whole store inline, so it runs last; its failures are logged (and recorded by the scanner when it can),
   never raised: a broken bucket must not stop the repairs.

@@ -55,7 +55,7 @@ from aivedio_engine.slots.base import SlotStore
 from aivedio_engine.testing.failpoints import failpoint
 
 #: the window listed around an ambiguous send: our clock and the vendor's differ, and a slow vendor may create
-#: the job well after the request left (seed 000 §4.8.4: match by time window and request fingerprint)
+#: the job well after the request left (match by time window and request fingerprint)
 LIST_BEFORE_SEND = timedelta(seconds=30)
 LIST_AFTER_SEND = timedelta(seconds=120)
 _POLL_OUTCOME = {Observation: "observed", NotFound: "not_found", QueryFailed: "failed"}
@@ -291,8 +291,8 @@ class ProviderSync:
         return "not-created"
 
     def _without_lookup(self, attempt: Attempt, now: datetime) -> str:
-        """No lookup by request key: list the vendor's jobs around the send and match the request's fingerprint
-        (seed 000 §4.8.4). A vendor that cannot list either: wait out the window, then park (or, if configured,
+        """No lookup by request key: list the vendor's jobs around the send and match the request's fingerprint.
+        A vendor that cannot list either: wait out the window, then park (or, if configured,
         resubmit with an alert). `reconcile_one` has already counted this round as a lookup."""
         provider = self._providers[attempt.provider]
         list_jobs = getattr(provider, "list_jobs", None)  # optional in the Protocol

@@ -1,4 +1,4 @@
-"""Operator views of generation tasks (DESIGN §13 `aivedio tasks ...`): list with filters, one task's timeline,
+"""Operator views of generation tasks (`aivedio tasks...`): list with filters, one task's timeline,
 a live stream of state changes, and cancellation by an operator.
 
 Unlike `GenerationService`, nothing here is scoped to a tenant: these are the on-call engineer's tools, and every

@@ -1,4 +1,4 @@
-"""One task's story as a single timeline (DESIGN §13 `aivedio tasks show`): state events with their outcome,
+"""One task's story as a single timeline (`aivedio tasks show`): state events with their outcome,
 attempts, raw provider events, ledger rows, assets, review items, alerts and outbox rows, merged by time.
 
 Each item is a dict with `at`, `kind` and `id` plus the keys of its kind (the `--json` contract). Items that

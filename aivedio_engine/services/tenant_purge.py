@@ -1,4 +1,4 @@
-"""`aivedio tenants purge ID --reason R`: delete a tenant's data (seed 000 §4.12.6), keep its accounts.
+"""`aivedio tenants purge ID --reason R`: delete a tenant's data, keep its accounts.
 
 What goes: every object under the tenant's prefix (inputs, quarantined uploads, raw outputs, derivatives) and
 under its System B projects' `workflows/{project}/`, the local provider's rendered copies of its videos, the

@@ -104,7 +104,7 @@ class _AuthCache:
     """Live keys seen recently, per process. A revoked key or a suspended tenant is refused by every process
     within `ttl_s`, and by this one at once; unknown keys are never cached, so a new key works immediately.
     Without it every request paid a connection checkout ending in ROLLBACK, which also throws away psycopg's
-    prepared statements (research/performance_profile.md)."""
+    prepared statements."""
 
     MAX_ENTRIES = 10_000
 

@@ -4,7 +4,7 @@ publish the validated bytes under a key no client can write.
 Checks, cheapest first: exact size (HEAD, then again on the downloaded copy, because the object may be replaced
 in between), declared SHA-256, magic number, then ffprobe through the policy gate. Every check runs on one local
 copy, and the published object is made from that same copy, so what is processed later is byte for byte what
-was validated (reliability_anchors U5), whatever the client does with its still-valid upload URL.
+was validated (U5), whatever the client does with its still-valid upload URL.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Client webhooks (seed 000 §4.3.1, the notification gateway): endpoints, fan-out, the delivery log, replay.
+"""Client webhooks (the notification gateway): endpoints, fan-out, the delivery log, replay.
 
 Every applied task transition already leaves a `task.status.changed` outbox row (the SSE streams' trigger).
 Its consumer also calls `fan_out`, which, once per event (inbox dedup), writes one delivery row per matching

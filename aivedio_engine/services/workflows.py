@@ -1,11 +1,11 @@
-"""WorkflowService: the only code that moves a System B project or step (seed 004 §14).
+"""WorkflowService: the only code that moves a System B project or step.
 
 Workers report what happened to a step (success with its output, or failure with an error code); this service
 applies the report through the step machine, lets `decide_failure` choose between retrying (30 s, 2 min, 5 min),
 failed and manual_required, creates the steps that became ready, and derives the project's status from its
 steps. Every method is one short transaction; nothing here calls a provider or runs ffmpeg.
 
-The project lock `lock:project:{id}:workflow` (§7) is a lease kept in the project row: a step whose type needs it
+The project lock `lock:project:{id}:workflow` is a lease kept in the project row: a step whose type needs it
 is claimed only together with the lock (lock_holder = the step, lock_until = now + the step's timeout), under
 the project's version CAS, so two compositions of one project never run at once and a holder that died loses
 the lock at its deadline. The database stays the truth; no Redis key can disagree with it.
@@ -77,7 +77,7 @@ Step = repo.Step
 
 
 class UserBusy(Conflict):
-    """§10: one formal project per user at a time."""
+    """: one formal project per user at a time."""
 
     code = "user-project-open"
 
@@ -354,7 +354,7 @@ class WorkflowService:
 
     def note_request_key(self, step_id: uuid.UUID, key: str) -> Step:
         """The idempotency key of the generation a running vendor step is about to create, written first: a try
-        cut short before it could record its task is found again by this key (seed 004 §13: recover by the
+        cut short before it could record its task is found again by this key (recover by the
         request id before retrying)."""
         now = self._clock.now()
         with self._tx() as conn:
@@ -443,7 +443,7 @@ class WorkflowService:
                 finished_at=None if decision.to_status is StepStatus.RETRYING else now,
                 cost_actual=s.cost_actual + cost_actual,
             )
-            if moved.status is StepStatus.MANUAL_REQUIRED:  # §9: a person decides, from the review queue
+            if moved.status is StepStatus.MANUAL_REQUIRED:  # a person decides, from the review queue
                 repo.open_review(conn, moved, f"step {moved.step_key}: {decision.reason}", now)
             self._stopped(conn, s, now)
             self._add_cost(conn, s, cost_actual, now)
@@ -478,7 +478,7 @@ class WorkflowService:
         *,
         by: str | None = None,
     ) -> Step:
-        """The retry entry (§19, `projects retry-step`): a failed or manual_required step back to pending on the
+        """The retry entry (`projects retry-step`): a failed or manual_required step back to pending on the
         same row, with a fresh retry budget. `reason` is kept in the step's history."""
         note = reason[:500] if reason else None
         return self._decide(project_id, step_key, StepEvent.RETRY_REQUESTED, tenant_id, by=by, note=note, retry_count=0)
@@ -555,7 +555,7 @@ class WorkflowService:
     # --- recovery ---------------------------------------------------------------------------------------------
 
     def sweep_timeouts(self) -> list[Step]:
-        """§13: running steps past their type's timeout fail with TASK_TIMEOUT and are retried by the rules. (A step
+        """: running steps past their type's timeout fail with TASK_TIMEOUT and are retried by the rules. (A step
         backed by a generation task follows that task instead: the engine reconciles with the provider itself.)"""
         now = self._clock.now()
         with read_conn(self._engine) as conn:
@@ -567,7 +567,7 @@ class WorkflowService:
         moved = []
         for s in late:
             try:
-                moved.append(self.report_failure(s.id, ErrorCode.TASK_TIMEOUT, "timed out (seed 004 §16)"))
+                moved.append(self.report_failure(s.id, ErrorCode.TASK_TIMEOUT, "timed out"))
             except (IllegalState, repo.StaleVersion):
                 continue  # it reported in the meantime
         return moved
@@ -598,7 +598,7 @@ class WorkflowService:
         return s
 
     def _add_cost(self, conn: Connection, s: Step, cost: Decimal, now: datetime) -> None:
-        """The project's actual cost is the sum of its steps' (seed 004: each settled once, by its own task)."""
+        """The project's actual cost is the sum of its steps' (each settled once, by its own task)."""
         if cost:
             project = self._project(conn, s.project_id, lock=True)
             repo.update_project(conn, project, now, cost_actual=project.cost_actual + cost)

@@ -1,4 +1,4 @@
-"""The slot store: concurrency slots as leases with TTL and fencing tokens (DESIGN §7, seed 000 §4.8.12).
+"""The slot store: concurrency slots as leases with TTL and fencing tokens.
 
 A lease holds one slot in each scope of a nested chain (platform → tenant → provider → model, see
 `domain.admission.scope_names`), granted atomically: either every scope had room or nothing was taken. Each

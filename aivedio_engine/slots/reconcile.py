@@ -1,4 +1,4 @@
-"""The slot reconciler: make the slot store agree with the in-flight attempts in the database (seed 000 §4.8.12).
+"""The slot reconciler: make the slot store agree with the in-flight attempts in the database.
 
 Redis is soft admission and may lose everything; PostgreSQL is the truth. Every sweeper pass:
 1. reads every attempt whose submit_state is in flight (NEW, SENDING, ACKED, RUNNING, UNKNOWN — an UNKNOWN one

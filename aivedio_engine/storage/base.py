@@ -186,7 +186,7 @@ def validate_prefix(prefix: str) -> str:
 
 
 def readable_key(key: str) -> str:
-    """`key` if a signed URL may name it: valid and not in quarantine, whose bytes are unvalidated (§4.12.1)."""
+    """`key` if a signed URL may name it: valid and not in quarantine, whose bytes are unvalidated."""
     validate_key(key)
     if is_quarantined(key):
         raise InvalidKey("a quarantined upload cannot be read through a URL")
@@ -208,7 +208,7 @@ def sha256_of(stream: IO[bytes]) -> tuple[str, int]:
 
 
 def content_disposition(filename: str | None) -> str:
-    """Always `attachment` (originals are never rendered inline, reliability_anchors U10); the name is given as
+    """Always `attachment` (originals are never rendered inline U10); the name is given as
     an ASCII fallback plus RFC 5987 UTF-8 form so no client-supplied byte can break the header."""
     if not filename:
         return "attachment"

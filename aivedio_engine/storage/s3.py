@@ -9,7 +9,7 @@ CompleteMultipartUpload succeeds), and a stream over the cap never reaches S3 at
 Client uploads use presigned POST, because only a POST policy can pin the size (presigned PUT cannot, boto3
 #2837): the policy holds the exact key (boto3 adds `{"key": key}` when the key has no `${filename}`), a
 content-length-range of exactly the declared size and the exact Content-Type. Emulators do not enforce these
-(reliability_anchors §1.9), so `AssetService.complete()` re-checks size, checksum and content regardless.
+, so `AssetService.complete()` re-checks size, checksum and content regardless.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class S3Store:
         self._part_bytes = max(part_bytes, MIN_PART_BYTES)
         self._transfer = TransferConfig(multipart_threshold=self._part_bytes, multipart_chunksize=self._part_bytes)
         self._clock = clock or SystemClock()
-        # server-side encryption asked on every write (seed 000 §4.12.4): PUT, multipart and the client's POST
+        # server-side encryption asked on every write: PUT, multipart and the client's POST
         self._sse: dict[str, str] = {}
         if encryption:
             self._sse["ServerSideEncryption"] = encryption
@@ -268,7 +268,7 @@ class S3Store:
         return self.complete_multipart(key, upload_id, parts)
 
     def ensure_multipart_lifecycle(self, days: int = 1) -> None:
-        """Bucket rule that aborts incomplete multipart uploads after `days` (reliability_anchors U23): the
+        """Bucket rule that aborts incomplete multipart uploads after `days` (U23): the
         backstop for uploads whose session row is gone. Merged by rule ID, keeping the operator's rules."""
         rule = {
             "ID": ABORT_RULE_ID,

@@ -1,7 +1,7 @@
 """HMAC-signed, expiring URLs that our own API verifies (fs store objects and uploads, HLS playlists).
 
 The signature binds method, resource, expiry and the download filename, so a URL for one object cannot be
-bent to another (reliability_anchors T8). In distributed mode every API process must share the key
+bent to another (T8). In distributed mode every API process must share the key
 (`storage.signing_key`); embedded mode keeps a generated one in the data dir.
 """
 

@@ -13,7 +13,7 @@ Adding a consumer for another event type is one function here:
 
 The actor's name and queue come from ROUTES, so the relay (which publishes by name) and the worker agree.
 Retry options are always explicit: Dramatiq's defaults (20 retries, up to 7 days) are wrong for this product,
-and a submit-to-provider actor must use max_retries=0 (its retries belong to the attempt logic, DESIGN §6).
+and a submit-to-provider actor must use max_retries=0 (its retries belong to the attempt logic).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def signal_status_changed(ctx: AppContext, envelope: Envelope) -> None:
     notifications.signal(ctx.notifier, envelope)
 
 
-#: a step actor outlives the longest local step of any queue (composition: 30 min, seed 004 §16); the sweeper's
+#: a step actor outlives the longest local step of any queue (composition: 30 min); the sweeper's
 #: timeout scan, not this, is what ends a step that overruns its own type's timeout
 STEP_TIME_LIMIT_MS = (max(spec.timeout_s for spec in STEP_SPECS.values()) + 300) * 1000
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from aivedio_engine.bootstrap import AppContext
 
 #: Redis: a worker silent for this long is presumed dead and its unacked messages are requeued. Dramatiq's 60 s
-#: default plus its 0.1 % maintenance chance makes redelivery after a crash take minutes (reliability §1.6).
+#: default plus its 0.1 % maintenance chance makes redelivery after a crash take minutes (reliability).
 REDIS_HEARTBEAT_TIMEOUT_MS = 30_000
 #: Redis: per-million chance that a broker call also runs queue maintenance (requeue from dead workers).
 REDIS_MAINTENANCE_CHANCE = 10_000

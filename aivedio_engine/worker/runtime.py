@@ -77,7 +77,7 @@ class Runtime:
         self.roles = set(roles)
         #: the worker role consumes only these broker queues (None: all), so a process can be given one kind of
         #: work: engine queues (`state`, `fetch`, ...) and System B step queues (`image`, `real_video_clip`, seed
-        #: 004 §3 / §19) alike. A queue it is not given costs it nothing; one it is given and that is idle is a
+        #: 004 /) alike. A queue it is not given costs it nothing; one it is given and that is idle is a
         #: consumer waiting on the broker (RabbitMQ pushes), with no database query
         self.queues = set(queues) if queues else None
         ctx.worker_queues = None if self.queues is None else frozenset(self.queues)
@@ -198,7 +198,7 @@ class Runtime:
         try:
             self.ctx.sweeper.sweep()
         finally:
-            # seed 004 §13: running steps past their type's timeout fail with TASK_TIMEOUT, retried by the rules;
+            # running steps past their type's timeout fail with TASK_TIMEOUT, retried by the rules;
             # then the nets for lost messages: vendor steps whose generation ended, steps due long and unclaimed
             self.ctx.workflows.sweep_timeouts()
             self.ctx.workflow_runner.finish_waiting()

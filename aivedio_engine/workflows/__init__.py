@@ -1,1 +1,1 @@
-"""System B (seed 004): multi-step production workflows built on the generation engine."""
+"""System B: multi-step production workflows built on the generation engine."""

@@ -3,7 +3,7 @@
 `execute(run)` gets the step, the project's input and the outputs of the steps that succeeded before it, does its
 work in a private directory, stores files in the object store (`workflows/{project}/{step}/…`) and returns what
 the step produced. It never moves a state: the runner reports the outcome to the WorkflowService. A failure is a
-`StepFailed` carrying the seed's error code, so the service can apply its retry rules (§8, §9).
+`StepFailed` carrying the seed's error code, so the service can apply its retry rules.
 
 The clip step is the exception to "returns an output": it starts a generation task through the normal generation
 path (reservation, SUBMIT_UNKNOWN reconciliation, fetch, settlement) and returns `Waiting`; the runner finishes it

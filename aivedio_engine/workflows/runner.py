@@ -1,4 +1,4 @@
-"""The System B worker: claim a due step, run its executor, report the outcome (seed 004 §14).
+"""The System B worker: claim a due step, run its executor, report the outcome.
 
 Only the WorkflowService moves a step or a project; this reports. Work arrives as messages, never by polling:
 - `run_due(queue)`: a `workflow.step.due` wake-up of one step queue (`run_step_<queue>` actors): the best due step

@@ -1,1 +1,1 @@
-"""`bench/run degrade`: the degradation matrix (issue 14 item 7, seed 000 §4.11.2), one row per dependency."""
+"""`bench/run degrade`: the degradation matrix (issue 14 item 7), one row per dependency."""

@@ -1,4 +1,4 @@
-"""`degrade`: the degradation matrix (issue 14 item 7, seed 000 §4.11.2).
+"""`degrade`: the degradation matrix (issue 14 item 7).
 
 For each row a fresh distributed system (`bench/degrade/system.py`: every role its own process, every dependency
 behind its own proxy) runs under a steady stream of creates; after `--warmup` s the row's dependency is taken away

@@ -1,4 +1,4 @@
-"""The `media` row: the media cluster down under load (seed 000 §4.11.2: "keep the raw output; the user sees
+"""The `media` row: the media cluster down under load ("keep the raw output; the user sees
 'generated, processing'").
 
 The system runs a worker of its own for the media queue (`DegradeSystem.setup["media_worker"]`; the other worker

@@ -1,4 +1,4 @@
-"""The `fetch_pressure` row: output storage cut while creates go on (seed 000 §4.11.2: "lower new-generation
+"""The `fetch_pressure` row: output storage cut while creates go on ("lower new-generation
 concurrency to leave bandwidth for outputs about to expire").
 
 The product (`Dispatcher._pressure`): while at least `fetch.pressure_urgent_outputs` tasks wait in OUTPUT_FETCHING

@@ -1,4 +1,4 @@
-"""The rows of the matrix: what each one takes away and what seed 000 §4.11.2 says must hold while it is gone.
+"""The rows of the matrix: what each one takes away and what says must hold while it is gone.
 
 A row's `watch` runs about once a second during the outage (observations only); its `judge` runs after recovery
 and returns the failures, each a sentence a reader can act on. The checks every row shares (nothing lost,

@@ -17,7 +17,7 @@ from bench.e2e.model import anchor_baseline, count_baseline, pipeline, step_coun
 from bench.e2e.stats import latency_summary, parse_redis_csv
 
 REDIS_PAYLOAD = "x" * 300
-#: the anchor's Dramatiq-like enqueue (performance_anchors B.4): ZADD heartbeat, HSET message, RPUSH id
+#: the anchor's Dramatiq-like enqueue (B.4): ZADD heartbeat, HSET message, RPUSH id
 DRAMATIQ_EVAL = (
     "redis.call('zadd',KEYS[1]..':__heartbeats__',ARGV[1],'w1') "
     "redis.call('hset',KEYS[1]..':default.msgs',ARGV[2],ARGV[3]) "
@@ -27,7 +27,7 @@ DRAMATIQ_EVAL = (
 PGBENCH_SCRIPTS = {
     # one durable commit of a one-row transaction (autocommit INSERT)
     "commit_1row.sql": "\\set v random(1, 1000000)\nINSERT INTO commit_probe (v) VALUES (:v);\n",
-    # performance_anchors B.3 claim_outbox.sql with LIMIT 1 (-M prepared turns :ids into a parameter)
+    # B.3 claim_outbox.sql with LIMIT 1 (-M prepared turns:ids into a parameter)
     "claim_outbox_1.sql": (
         "BEGIN;\n"
         "SELECT array_agg(id) AS ids, count(*) AS n FROM (SELECT id, payload FROM outbox WHERE status = 'PENDING'\n"

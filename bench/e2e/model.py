@@ -87,7 +87,7 @@ def count_baseline(latency_ms: dict[str, float], counts: dict[str, int]) -> floa
 
 
 def anchor_baseline(latency_ms: dict[str, float]) -> float:
-    """performance_anchors C.4: create + single-row claim + 2 × transition + 2 × EVAL, all c=1 (ms)."""
+    """The anchor baseline: create + single-row claim + 2 × transition + 2 × EVAL, all c=1 (ms)."""
     try:
         return (
             latency_ms["create_task"]

@@ -187,7 +187,7 @@ def render(doc: dict[str, Any]) -> str:
     ):
         med, sp = _sp(st.get(key), 3)
         brows.append([label, med, sp, mult, "", fmt(st[key]["median"] * mult, 2) if st.get(key) else "—"])
-    brows.append(["C.4 anchor formula (≈ 2.3 ms in performance_anchors)", ba, bar, "", "", ba])
+    brows.append(["C.4 anchor formula (≈ 2.3 ms)", ba, bar, "", "", ba])
     out += [
         "",
         f"Baseline steps (ms, mean(A, B), median over all reps); counts per task from the code, S3 count = "

@@ -1,7 +1,7 @@
 """/v1/assets end to end over HTTP: embedded (SQLite + fs store, uploads PUT through the same app) and
 distributed (PostgreSQL + S3 on moto, uploads POSTed to the presigned form). Real media rendered with ffmpeg.
 
-The abuse cases follow reliability_anchors §4.10 (U-numbers) and the tenant cases §4.11 (T-numbers).
+The abuse cases follow (U-numbers) and the tenant cases (T-numbers).
 """
 
 from __future__ import annotations

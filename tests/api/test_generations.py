@@ -286,7 +286,7 @@ def stalled(tmp_path: Path) -> Iterator[AppContext]:
 
 
 def test_new_work_is_shed_with_503_while_the_outbox_is_stalled_and_resumes_when_it_drains(stalled: AppContext) -> None:
-    """Seed 000 §4.11.2: no unbounded acceptance of paid work the broker cannot carry; replays of keys already
+    """: no unbounded acceptance of paid work the broker cannot carry; replays of keys already
     in are still answered, a tier exempted by config is still admitted, and nothing is reserved for a refusal."""
     client = TestClient(create_app(stalled))
     alice, vip = tenant_with_key(stalled, "alice", credits=100), tenant_with_key(stalled, "vip", credits=100)

@@ -1,4 +1,4 @@
-"""Input moderation (issue 16 item 7, seed 000 §4.4 step 13 / §4.9.5): `POST /v1/generations` checks the prompt and
+"""Input moderation (issue 16 item 7 /): `POST /v1/generations` checks the prompt and
 the references after validation and before the reservation. A refusal is a 422 `moderation-rejected` that leaves
 no task, no ledger row and no outbox row; a warning is accepted and marked for review (the media step then holds
 the output: tests/flow/test_media_pipeline.py); a custom moderator plugs in through `moderation.moderator`."""

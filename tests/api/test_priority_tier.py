@@ -1,4 +1,4 @@
-"""A request's `priority` is the tier it asks for, capped by its tenant's tier (seed 004 §11: 1 is served first)."""
+"""A request's `priority` is the tier it asks for, capped by its tenant's tier (1 is served first)."""
 
 from __future__ import annotations
 

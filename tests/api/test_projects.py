@@ -123,7 +123,7 @@ def test_create_replay_and_conflicts(ctx: AppContext, client: TestClient, alice:
     missing = post(client, alice, None, body(pid))
     assert missing.status_code == 400 and missing.json()["type"].endswith("/idempotency-key-missing")
 
-    # one open formal project per end user (seed 004 §10)
+    # one open formal project per end user
     first = post(client, alice, "f1", body(pid, formal=True, user_ref="u9"))
     assert first.status_code == 201, first.text
     busy = post(client, alice, "f2", body(pid, formal=True, user_ref="u9"))

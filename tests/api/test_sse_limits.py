@@ -1,4 +1,4 @@
-"""SSE limits (seed 000 §4.10.6, issue 16 item 6): connection caps → 429, slow-consumer eviction, coalescing.
+"""SSE limits (issue 16 item 6): connection caps → 429, slow-consumer eviction, coalescing.
 
 The caps run against the real API on a loopback port; eviction drives the response with an ASGI `send` that never
 drains (what a client with a full socket buffer looks like to the server); coalescing pulls the service stream

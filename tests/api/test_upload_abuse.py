@@ -1,10 +1,10 @@
-"""Upload and media abuse corpus, reliability_anchors §4.10 (U1–U30): the cases not already covered by
+"""Upload and media abuse corpus (U1–U30): the cases not already covered by
 tests/api/test_assets.py, tests/media/test_probe.py, tests/unit/test_probe_policy.py and
 tests/integration/test_storage_contract.py (those carry their U-number in a name or comment).
 
 Hostile files are crafted here: by hand (PNG with a huge IHDR, Y4M, AVI with a GAB2 block, gzip, polyglot)
 or with ffmpeg's lavfi sources (8K, 1000 fps, 100 streams). Embedded mode = SQLite + fs store; postgres mode =
-PostgreSQL + S3 on moto, which enforces none of the POST policy (§1.9), so these tests prove our own checks.
+PostgreSQL + S3 on moto, which enforces none of the POST policy, so these tests prove our own checks.
 """
 
 from __future__ import annotations
@@ -515,7 +515,7 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 
 def test_u28_memory_bomb_is_bounded_by_the_sandbox_not_by_luck(tmp_path: Path, hostile: dict[str, bytes]) -> None:
     """With -max_pixels lifted, only the address-space limit stands between ffprobe and a 1 GB decode of the
-    16000² PNG (1,054 MB RSS measured unbounded, §1.8): the child must stay under the 512 MiB cap."""
+    16000² PNG (1,054 MB RSS measured unbounded): the child must stay under the 512 MiB cap."""
     bomb = tmp_path / "bomb.png"
     bomb.write_bytes(hostile["png16k"])
     out = subprocess.run(

@@ -1,4 +1,4 @@
-"""Layering rules (DESIGN §15), checked in fresh interpreters so nothing already imported can hide a leak."""
+"""Layering rules, checked in fresh interpreters so nothing already imported can hide a leak."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""manual_required System B steps in the one review queue (seed 004 §9): the step's failure opens an item in the
+"""manual_required System B steps in the one review queue: the step's failure opens an item in the
 same transaction, and `aivedio review approve|reject` moves the step (approve → success and the project runs on,
 reject → failed) with the item closed and the decision audited. Generation items are covered by
 test_review_cli.py; these tests make sure step items go through the same commands."""

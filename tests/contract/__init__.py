@@ -1,4 +1,4 @@
-"""Contract suites: one behaviour, every implementation of a Protocol (DESIGN §2).
+"""Contract suites: one behaviour, every implementation of a Protocol.
 
 Helpers for the slot-store suites live here because the integration tests use them too: a condition wait with
 a deadline, the shared Redis (skipped locally when down, required under CI=true), and a private, throwaway

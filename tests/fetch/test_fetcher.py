@@ -1,5 +1,5 @@
 """The SSRF-safe fetcher against real loopback HTTP servers (stdlib http.server in a thread), with an injected
-resolver so public-looking names can point at 127.0.0.1 (reliability_anchors §4.9 S35–S50).
+resolver so public-looking names can point at 127.0.0.1 (S35–S50).
 
 Where the rest of the corpus lives: S1–S34 as URL/address cases in tests/unit/test_fetch_policy.py; S40 (a CNAME
 chain ending in an internal name) is S36 here, since the resolver returns the chain's final addresses and every

@@ -1,4 +1,4 @@
-"""Cancellation after dispatch (DESIGN §11), deadlines, stale and contradicting observations."""
+"""Cancellation after dispatch, deadlines, stale and contradicting observations."""
 
 from __future__ import annotations
 

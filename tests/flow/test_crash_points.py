@@ -1,4 +1,4 @@
-"""Crash-point matrix for the provider path (reliability_anchors §4.5 R2): a process dies at one point, a fresh
+"""Crash-point matrix for the provider path (R2): a process dies at one point, a fresh
 one carries on from the database; afterwards every task is where it should be and no job was paid twice."""
 
 from __future__ import annotations

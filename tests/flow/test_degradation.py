@@ -1,4 +1,4 @@
-"""Seed 000 §4.11.2 / §4.8.11 degradation behaviours, each with the dependency taken away under load.
+"""Degradation behaviours, each with the dependency taken away under load.
 
 Redis goes away through a TCP proxy in front of a private redis-server (the shared one is never touched).
 """

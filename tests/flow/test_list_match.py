@@ -1,5 +1,5 @@
 """Ambiguous submits to a vendor without lookup by request key, reconciled by listing its recent jobs and matching
-the request fingerprint (seed 000 §4.8.4), on real PostgreSQL against the sim with both clocks under control."""
+the request fingerprint, on real PostgreSQL against the sim with both clocks under control."""
 
 from __future__ import annotations
 

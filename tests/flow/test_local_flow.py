@@ -136,7 +136,7 @@ def _polls(provider: str, outcome: str) -> float:
 
 
 def test_polls_are_counted_by_outcome_and_their_observations_carry_the_task_trace(tmp_path: Path) -> None:
-    """polling_qps and polling_error_rate (seed 000 §4.10.7) come from one counter; a failed query changes
+    """polling_qps and polling_error_rate come from one counter; a failed query changes
     nothing but the attempt's schedule."""
     ctx = make_context(tmp_path / "data", polling={"min_interval_s": 1, "max_interval_s": 2, "jitter": 0})
     try:

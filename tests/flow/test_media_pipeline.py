@@ -335,7 +335,7 @@ def test_failures_on_our_side_retry_without_judging_the_output(
 def test_a_store_outage_holds_the_task_without_spending_the_media_budget(
     tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Seed 000 §4.11: with our store down the task stays where it is. Before, each run against a down store
+    """: with our store down the task stays where it is. Before, each run against a down store
     spent a try, so an outage longer than the budget's delays sent good outputs to a human (CI, the degrade
     matrix's storage row: one task in MANUAL_REVIEW)."""
     s = staged(tmp_path, sim)

@@ -540,7 +540,7 @@ def test_transient_cdn_failure_retries_through_a_delayed_row_then_recovers(
 def test_a_store_outage_holds_the_fetch_without_spending_a_try_and_raises_one_alert(
     tmp_path: Path, sim: SimHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Seed 000 §4.11: our own store failing is no fault of the output. The step raises (the broker retries it,
+    """: our own store failing is no fault of the output. The step raises (the broker retries it,
     then the sweeper re-drives it) with nothing spent, and the on-call engineer gets one alert for the store."""
     s = stage(tmp_path, sim)
     (row,) = pending(s.ctx, FETCH)

@@ -1,4 +1,4 @@
-"""The log grep (DESIGN §13, seed 004 §18): real `aivedio generate` and `aivedio serve` processes at DEBUG with JSON
+"""The log grep: real `aivedio generate` and `aivedio serve` processes at DEBUG with JSON
 logs. A prompt, an API key, a provider API key, a webhook secret and signed URLs (ours, and a forged S3 one) go in;
 none of them may come out, and the lines of a task's work carry its task id (and the request's trace id).
 """
@@ -113,7 +113,7 @@ def test_generate_logs_json_with_task_ids_and_no_secrets(tmp_path: Path) -> None
     assert {line["actor"] for line in actor_lines} >= {"submit_to_provider", "fetch_output"}
     assert all(line["task_id"] == task_id for line in actor_lines)
     assert any(line["logger"] == "httpx" and line.get("task_id") == task_id for line in lines)  # a library's line
-    # seed 004 §18: one summary line per finished task, with the settled cost and no prompt
+    # one summary line per finished task, with the settled cost and no prompt
     (summary,) = [line for line in lines if line["event"] == "task.finished"]
     assert summary["task_id"] == task_id and summary["status"] == "SUCCEEDED" and summary["provider"] == "local"
     assert summary["actual_cost"] and summary["attempts"] == 1 and summary["seconds"] > 0

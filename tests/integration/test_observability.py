@@ -1,4 +1,4 @@
-"""Metrics and alert rules of a running engine (seed 000 §4.10.7, seed 004 §17, DESIGN §13).
+"""Metrics and alert rules of a running engine.
 
 Real tasks against the sim provider (in-process Pump, FakeClock) for `/metrics` and the alert rules, on SQLite and
 PostgreSQL. The logs of real processes are checked in test_log_redaction.py.

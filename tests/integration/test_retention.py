@@ -1,4 +1,4 @@
-"""Retention (seed 000 §4.12.6, issue 16 item 4): per-tenant retention of outputs, inputs and prompts on data made by
+"""Retention (issue 16 item 4): per-tenant retention of outputs, inputs and prompts on data made by
 real work (sim provider, fetch, media) on both databases and both stores; the engine's bookkeeping deleted by age
 and nothing recovery needs; a dead letter older than the inbox retention refused by `replay dlq`."""
 

@@ -1,4 +1,4 @@
-"""Seed 004 §10 / §19 limits enforced when a step is claimed, on both dialects: N image steps per project, one
+"""Step limits enforced when a step is claimed, on both dialects: N image steps per project, one
 composition per project, a cap of its own on real_video_clip (across projects), the provider's step rate, and a
 wake-up of what waited once the step holding it back stops running."""
 

@@ -2,7 +2,7 @@
 
 Signed URLs are fetched the way a client would: fs URLs through the real API app (which serves them), S3 URLs
 over HTTP from the moto server. moto accepts expired and tampered presigned URLs and ignores POST policies
-(reliability_anchors §1.9), so for S3 those properties are checked on the generated URL/policy instead.
+, so for S3 those properties are checked on the generated URL/policy instead.
 """
 
 from __future__ import annotations
@@ -341,7 +341,7 @@ def test_s3_multipart_upload_with_presigned_parts(moto_s3: MotoS3, tmp_path: Pat
 def test_s3_server_side_encryption_is_asked_on_every_write(
     moto_s3: MotoS3, tmp_path: Path, sse: dict[str, str]
 ) -> None:
-    """seed 000 §4.12.4: the engine's PUT, a multipart upload and the client's POST form all carry the setting."""
+    """: the engine's PUT, a multipart upload and the client's POST form all carry the setting."""
     if sse["server_side_encryption"] == "aws:kms":
         sse = {**sse, "sse_kms_key_id": moto_s3.kms_key_id()}
     storage = {**moto_s3.storage_settings(), **sse}

@@ -1,4 +1,4 @@
-"""Orphan garbage collection (seed 000 §4.8.10): the listing resumes in key order on both stores, the sweeper walks
+"""Orphan garbage collection: the listing resumes in key order on both stores, the sweeper walks
 a bucket one page at a time, and a key that gains a row between the listing and the delete is kept."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The orphan object scan (seed 000 §4.10.7 orphan_object_count): real stores (fs in a tmp dir, S3 on moto with a
+"""The orphan object scan (orphan_object_count): real stores (fs in a tmp dir, S3 on moto with a
 bucket per test), both databases, the engine's FakeClock for "old".
 
 Objects get their real write time (file mtime, S3 LastModified); the FakeClock starts at the wall clock, so moving

@@ -1,4 +1,4 @@
-"""`aivedio tenants purge` (seed 000 §4.12.6, issue 16 item 4) on both databases and both stores, against data made
+"""`aivedio tenants purge` (issue 16 item 4) on both databases and both stores, against data made
 by real work: generations run through the sim provider, output fetch and media; an uploaded input; a rejected
 upload still in quarantine; System B projects (rows and a step file). Afterwards no object of the tenant is left
 in the store, no row anywhere holds its prompt text, the ledger adds up to exactly what it did, and another tenant

@@ -1,4 +1,4 @@
-"""The upload quarantine (seed 000 §4.12.1, issue 16 item 2) on both databases and both stores: uploads land in
+"""The upload quarantine (issue 16 item 2) on both databases and both stores: uploads land in
 `tenants/{tid}/quarantine/`, no URL can name that, `complete` promotes a validated copy and deletes the original,
 a rejected upload stays for its grace and is then deleted by the sweeper, an abandoned one is deleted when its
 session expires, and the orphan scan counts a quarantined key only once no session owns it."""

@@ -1,4 +1,4 @@
-"""System B in the seed 004 §17 alerts and in /metrics, on SQLite and PostgreSQL: failed steps over the threshold,
+"""System B alerts and in /metrics, on SQLite and PostgreSQL: failed steps over the threshold,
 a workflow queue's backlog, the composition failure rate and a project costing far more than its estimate, each
 raised once by the evaluator; projects by status, open steps by queue and status, and each workflow queue's due
 depth and age as gauges. Steps are driven through WorkflowService as a worker would report them."""

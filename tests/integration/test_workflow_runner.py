@@ -1,10 +1,10 @@
 """The System B runner on a real embedded engine (SQLite, in-process broker, the `local` provider, real ffmpeg).
 
 - a real-video step whose generation task fails: the step fails with the provider's error and is scheduled for
-  its retry (seed 004 §19: record the provider error, mark the clip failed/needs-retry, never a fake success,
+  its retry (record the provider error, mark the clip failed/needs-retry, never a fake success,
   never charge twice);
 - a worker that died mid-step (it claimed the step and never reported, as after kill -9): the sweeper's timeout
-  scan fails it with TASK_TIMEOUT, and after the 30 s retry delay the next runner does the work (§13).
+  scan fails it with TASK_TIMEOUT, and after the 30 s retry delay the next runner does the work.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_failed_clip_generation_fails_the_step_with_its_provider_error(
     assert str(clip.generation_task_id) in (clip.error_message or "")
     assert clip.retry_count == 1
     assert clip.next_attempt_at is not None and clip.started_at is not None
-    # seed 004 §8: the first retry 30 s after the failure (which came within a minute of the start)
+    # the first retry 30 s after the failure (which came within a minute of the start)
     assert 30 <= (clip.next_attempt_at - clip.started_at).total_seconds() <= 90
     view = ctx.workflows.get(project_id)
     # never a fake success: nothing after the clip ran, the project has no result

@@ -1,5 +1,5 @@
 """WorkflowService on both dialects: idempotent projects, the DAG run step by step, the retry schedule on a fake
-clock, the project lock, the per-user formal limit, timeouts and cancel (seed 004 §6–§16)."""
+clock, the project lock, the per-user formal limit, timeouts and cancel."""
 
 from __future__ import annotations
 
@@ -151,11 +151,11 @@ def test_non_retryable_error_fails_the_step_and_the_project(ctx: AppContext, ten
     assert svc.get(project.id).project.status is ProjectStatus.FAILED
     with pytest.raises(IllegalState):
         svc.report_success(step.id)  # a late success report of a failed step changes nothing
-    # a premium project's failures go to a person instead (seed 004 §9)
+    # a premium project's failures go to a person instead
     svc.create(tenant, "photo_story", user_ref="free", input={"n": 1}, priority=Priority.FREE_PREVIEW)
     premium, _ = svc.create(tenant, "photo_story", user_ref="vip", input=INPUT, priority=Priority.PREMIUM)
     (step,) = svc.claim(["photo_check"])
-    assert step.project_id == premium.id  # created second, served first: tier 1 (§11)
+    assert step.project_id == premium.id  # created second, served first: tier 1
     assert svc.report_failure(step.id, ErrorCode.PHOTO_QUALITY_FAIL, "x").status is StepStatus.MANUAL_REQUIRED
 
 

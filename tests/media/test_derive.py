@@ -594,7 +594,7 @@ def test_content_type_for(name: str, expected: str) -> None:
 
 
 def test_u26_source_metadata_never_reaches_a_derivative(tmp_path: Path) -> None:
-    """reliability_anchors U26: location and other tags of the source (a phone's GPS, a comment, a title) are
+    """U26: location and other tags of the source (a phone's GPS, a comment, a title) are
     not copied into anything we serve; the thumbnail JPEG carries no EXIF at all."""
     src = tmp_path / "tagged.mp4"
     _ffmpeg(

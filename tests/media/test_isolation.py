@@ -1,4 +1,4 @@
-"""The media sandbox's isolation (seed 000 §4.12.5), tried with real escapes: a network fetch through a crafted
+"""The media sandbox's isolation, tried with real escapes: a network fetch through a crafted
 playlist, a fork bomb, a disk filler (one big file, many small ones) and a setuid binary. Each ends as a clean
 rejection, leaves nothing running, and the next run works. The uid cases need root (CI runs as root here); the
 network case needs a kernel that allows network namespaces. Each says why when it cannot run."""

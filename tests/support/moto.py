@@ -3,8 +3,8 @@
 Import the `moto_s3` fixture into a test module (`from tests.support.moto import moto_s3`). Several modules
 may import it; they share one server, stopped when the session ends.
 
-moto does NOT enforce presigned-POST policies, presigned-URL expiry or tampered keys (reliability_anchors
-§1.9): tests against it prove our own checks, never storage-side enforcement.
+moto does NOT enforce presigned-POST policies, presigned-URL expiry or tampered keys (
+): tests against it prove our own checks, never storage-side enforcement.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The alert rules of seed 004 §17 as pure functions of facts and thresholds (observability.alert_rules)."""
+"""The alert rules as pure functions of facts and thresholds (observability.alert_rules)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def test_count_baseline_is_the_weighted_sum_and_nan_when_a_needed_step_is_missin
     assert count_baseline({"commit": 0.5}, {"commit": 1, "hop": 0}) == 0.5
 
 
-def test_anchor_formula_reproduces_the_performance_anchors_figure() -> None:
+def test_anchor_formula_reproduces_the_recorded_figure() -> None:
     # C.4: 0.62 + 0.51 + 2 × 0.50 + 2 × 0.07 ≈ 2.3 ms
     lat = {"create_task": 0.62, "claim_outbox_1": 0.51, "transition": 0.50, "eval": 0.07}
     assert anchor_baseline(lat) == pytest.approx(2.27)

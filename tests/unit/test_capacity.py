@@ -1,4 +1,4 @@
-"""The capacity model (seed 000 §4.10): the seed's worked example, validation, invariants, purity."""
+"""The capacity model: the seed's worked example, validation, invariants, purity."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ SEED = CapacityInputs(
     kb_per_connection=20,
 )
 
-#: The figures as printed in seed 000 §4.10.
+#: The figures as printed.
 SEED_FIGURES = {
     "in_flight": 540,
     "required_slots": 720,

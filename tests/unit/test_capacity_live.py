@@ -1,5 +1,5 @@
 """The pure half of `capacity live` (domain/capacity_live.py): window parsing, slot pressure and time to
-saturation, and how measurements become inputs of the seed 000 §4.10 model."""
+saturation, and how measurements become inputs model."""
 
 from __future__ import annotations
 

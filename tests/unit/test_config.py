@@ -131,12 +131,12 @@ def test_set_option_overrides_and_rejects_garbage(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "expected KEY=VALUE" in bad.stderr
 
 
-def test_retry_budgets_default_to_the_reliability_anchors_and_are_configurable(tmp_path: Path) -> None:
+def test_retry_budgets_have_defaults_and_are_configurable(tmp_path: Path) -> None:
     s = Settings()
     for step in Step:
         assert s.retry.budget(step) == DEFAULT_BUDGETS[step]
     submit = s.retry.budget(Step.SUBMIT)
-    # reliability_anchors §5: 30 s, 2 min, 5 min; max_retry 3
+    # 30 s, 2 min, 5 min; max_retry 3
     assert [submit.delay_cap(i) for i in range(3)] == [30, 120, 300] and submit.max_attempts == 3
     custom = load_settings(_toml(tmp_path, "[retry.query]\nmax_attempts = 7\nbase_delay_s = 2\n"))
     assert custom.retry.budget(Step.QUERY).max_attempts == 7

@@ -1,4 +1,4 @@
-"""The SSRF corpus of reliability_anchors §4.9 against the pure URL / address policy (S1–S41 offline)."""
+"""The SSRF corpus against the pure URL / address policy (S1–S41 offline)."""
 
 from __future__ import annotations
 

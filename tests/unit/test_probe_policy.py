@@ -1,6 +1,6 @@
 """The pure parts of media validation: ffprobe argv, JSON parsing, the policy gate, and magic-number sniffing.
 
-Hostile ffprobe output (reliability_anchors §4.12 target 3) must only ever produce a typed ProbeError or a
+Hostile ffprobe output (target 3) must only ever produce a typed ProbeError or a
 rejection reason — never a crash and never an acceptance of out-of-policy media.
 """
 

@@ -1,4 +1,4 @@
-"""The request fingerprint shared by the attempt row and the adapters' job listings (seed 000 §4.8.4)."""
+"""The request fingerprint shared by the attempt row and the adapters' job listings."""
 
 from __future__ import annotations
 

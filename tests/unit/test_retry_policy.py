@@ -32,7 +32,7 @@ def ctx(error: ErrorClass, attempts: int = 1, **kw: object) -> FailureContext:
 
 def test_matrix_has_one_row_per_error_class_of_the_seed() -> None:
     assert set(RETRY_MATRIX) == set(ErrorClass)
-    assert len(RETRY_MATRIX) == 11  # seed 000 §4.9.3 has eleven rows
+    assert len(RETRY_MATRIX) == 11  # has eleven rows
 
 
 @pytest.mark.parametrize(

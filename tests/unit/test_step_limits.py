@@ -1,4 +1,4 @@
-"""Seed 004 §10 / §19 limits as pure decisions, and one broker route per step queue with the seed's names."""
+"""Step limits as pure decisions, and one broker route per step queue with the seed's names."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_every_seed_queue_has_its_own_broker_queue_and_actor() -> None:
         assert route.queue.value == q.value and route.actor == f"run_step_{q.value}"
         assert BY_ACTOR[route.actor] is route
     assert EventType.STEP_DUE.value == "workflow.step.due"
-    # the face check decides whether generation goes on (§19); costly video and cleanup yield to the rest
+    # the face check decides whether generation goes on; costly video and cleanup yield to the rest
     assert STEP_ROUTES[QueueName.FACE_CONSISTENCY].priority < STEP_ROUTES[QueueName.IMAGE].priority
     assert STEP_ROUTES[QueueName.IMAGE].priority < STEP_ROUTES[QueueName.REAL_VIDEO_CLIP].priority
     assert STEP_ROUTES[QueueName.REAL_VIDEO_CLIP].priority < STEP_ROUTES[QueueName.CLEANUP].priority

@@ -29,7 +29,7 @@ NON_TERMINAL = [s for s in TaskStatus if s not in TASK_TERMINAL]
 
 
 def _expected_task_edges() -> dict[tuple[str, str], str]:
-    """seed 000 §4.5.3 + DESIGN §5, spelled with plain strings so a typo in the enum cannot hide here."""
+    """, spelled with plain strings so a typo in the enum cannot hide here."""
     edges = {
         ("CREATED", "validation_started"): "VALIDATING",
         ("VALIDATING", "validation_passed"): "QUOTA_RESERVED",

@@ -1,4 +1,4 @@
-"""Builders for the hostile files of the upload abuse corpus (reliability_anchors §4.10), and the pure parts of
+"""Builders for the hostile files of the upload abuse corpus, and the pure parts of
 the corpus: the keys a client can and cannot write. tests/api/test_upload_abuse.py uploads what is built here.
 """
 

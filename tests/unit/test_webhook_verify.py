@@ -1,4 +1,4 @@
-"""Webhook forgery / replay corpus (reliability_anchors §4.8) against the Standard Webhooks verify helper.
+"""Webhook forgery / replay corpus against the Standard Webhooks verify helper.
 
 Every case names its expected outcome: ACCEPT returns the verified message, REJECT raises CallbackRejected.
 Anything else escaping (ValueError, UnicodeDecodeError, binascii.Error …) fails the test: that would be a 500

@@ -1,4 +1,4 @@
-"""System B's pure core (seed 004): the step machine edge by edge, the failure policy, specs, the DAG, projects."""
+"""System B's pure core: the step machine edge by edge, the failure policy, specs, the DAG, projects."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_non_retryable_fails_at_once_unless_a_person_must_decide() -> None:
     image = STEP_SPECS[StepType.FINAL_IMAGE]
     d = decide_failure(image, 0, ErrorCode.PHOTO_QUALITY_FAIL, NOW)
     assert (d.to_status, d.retry_count, d.next_attempt_at) == (S.FAILED, 0, None)
-    # §9: composition failure, QC, manual-kind codes and premium projects go to a person
+    # composition failure, QC, manual-kind codes and premium projects go to a person
     assert decide_failure(STEP_SPECS[StepType.COMPOSITION], 0, ErrorCode.INPUT_INVALID, NOW).to_status is (
         S.MANUAL_REQUIRED
     )
@@ -151,7 +151,7 @@ def test_specs_follow_the_seed_timeouts_and_queues() -> None:
         StepType.DELIVERY,
     }
     assert {s.queue for s in STEP_SPECS.values()} <= set(QueueName)
-    assert STEP_SPECS[StepType.REAL_VIDEO_CLIP].queue is QueueName.REAL_VIDEO_CLIP  # isolated (§19)
+    assert STEP_SPECS[StepType.REAL_VIDEO_CLIP].queue is QueueName.REAL_VIDEO_CLIP  # isolated
     assert STEP_SPECS[StepType.LIPSYNC].optional
 
 

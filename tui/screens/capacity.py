@@ -1,4 +1,4 @@
-"""Capacity: the seed 000 §4.10 model fed with rates measured over a window (`aivedio capacity live`)."""
+"""Capacity: the model fed with rates measured over a window (`aivedio capacity live`)."""
 
 from __future__ import annotations
 

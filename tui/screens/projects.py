@@ -1,4 +1,4 @@
-"""Projects (System B, seed 004): the list, newest first; Enter for one project's steps as a tree — status,
+"""Projects (System B): the list, newest first; Enter for one project's steps as a tree — status,
 duration, cost, retries and error of each step, per-shot steps grouped under their step — with `r` to retry a
 failed or manual_required step and `a` to approve a manual_required one (a reason is asked for; both go through
 the same services as the API and the review queue, audited)."""

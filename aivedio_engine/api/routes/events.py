@@ -1,4 +1,4 @@
-"""GET /v1/generations/{id}/events: status changes as Server-Sent Events (DESIGN §12).
+"""GET /v1/generations/{id}/events: status changes as Server-Sent Events.
 
 Each event is one applied transition: `id:` is the task version, so a client that reconnects with
 `Last-Event-ID` resumes exactly after what it saw. The stream ends after the terminal status; a client that

@@ -1,4 +1,4 @@
-"""`GET /metrics`: Prometheus text exposition of the capacity signals (seed 000 §4.10.7, DESIGN §13).
+"""`GET /metrics`: Prometheus text exposition of the capacity signals.
 
 No API key: scrapers rarely carry one, and the answer holds aggregates only — counts and ages labelled by status,
 provider, queue and alert rule, never a tenant, a prompt or a URL. A deployment whose API is public should still

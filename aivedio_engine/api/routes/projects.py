@@ -1,4 +1,4 @@
-"""/v1/projects: System B projects (seed 004) — create idempotently, read with their steps, list, cancel, the
+"""/v1/projects: System B projects — create idempotently, read with their steps, list, cancel, the
 retry entry of a step, and an SSE stream of step and project changes."""
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ class ProjectRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     workflow: str = Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$", examples=["photo_story"])
-    #: the client's end user the project is for; one open formal project per user at a time (seed 004 §10)
+    #: the client's end user the project is for; one open formal project per user at a time
     user_ref: str = Field(min_length=1, max_length=128)
     input: ProjectInput
     #: a paid, final production rather than a preview (the per-user limit counts these)
     formal: bool = False
-    #: seed 004 §11: 1 premium custom, 2 paid formal, 3 preview, 4 free preview, 5 cleanup; 1 is served first.
+    #: 1 premium custom, 2 paid formal, 3 preview, 4 free preview, 5 cleanup; 1 is served first.
     #: Absent: 2 for a formal project, 3 for a preview. Never better than the tenant's own tier (it caps it).
     priority: int | None = Field(default=None, ge=1, le=5)
 
@@ -235,7 +235,7 @@ def retry_step(
     ctx: Ctx,
     principal: Auth,
 ) -> ProjectOut:
-    """The retry entry (seed 004 §19): a failed or manual_required step back to pending on the same row, with a
+    """The retry entry: a failed or manual_required step back to pending on the same row, with a
     fresh retry budget; any other status is a 409 naming it."""
     ctx.workflows.retry_step(project_id, step_key, principal.tenant_id, by=f"api-key:{principal.key_id}")
     return _view(ctx.workflows.get(project_id, principal.tenant_id), ctx.clock.now())
