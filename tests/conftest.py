@@ -27,8 +27,14 @@ from aivedio_engine.db import migrate
 from tests.support.workers import worker_id
 
 #: fixture modules every test can use without importing them (sim, sim_factory, callback_sink; moto_s3;
-#: database_url, seeder)
-pytest_plugins = ["tests.support.sim", "tests.support.moto", "tests.support.seeding"]
+#: database_url, seeder; restore_logging; listener)
+pytest_plugins = [
+    "tests.support.sim",
+    "tests.support.moto",
+    "tests.support.seeding",
+    "tests.support.logging_state",
+    "tests.support.sockets",
+]
 
 #: tests marked slow (left out of `bash scripts/test --fast`): whole directories, the crash matrix, and any test
 #: that allows itself more than SLOW_TIMEOUT_S

@@ -33,8 +33,8 @@ from aivedio_engine.services.assets import AssetService
 from aivedio_engine.services.errors import InvalidInput
 from tests.api.test_assets import NO_GRACE, QUARANTINED_THEN_DELETED, Api, _context, rejected_bytes_fate
 from tests.media import FFMPEG, hls_playlist, shared_media
-from tests.media.test_probe import _connections, listener  # noqa: F401 - fixture
 from tests.support.app import FakeClock, TenantKey, make_context, tenant_with_key
+from tests.support.sockets import connections
 from tests.unit.test_upload_abuse_pure import avi_with_gab2, png, with_huge_duration
 
 MIB = 1024 * 1024
@@ -206,7 +206,7 @@ def test_hostile_media_corpus_is_rejected_and_nothing_is_published(
         )
         expected[case] = ("REJECTED", reason, QUARANTINED_THEN_DELETED, [])
     assert outcomes == expected
-    assert _connections(sock) == 0  # U8/U12: no playlist was ever followed
+    assert connections(sock) == 0  # U8/U12: no playlist was ever followed
 
 
 # --- U2: declared size over the limit ----------------------------------------------------------------------

@@ -39,7 +39,6 @@ from tests.support.flow import Driver, create_tasks, sim_context
 from tests.support.pump import Pump
 from tests.support.rabbitmq import private_amqp_url
 from tests.support.sim import running_sim, wait_until
-from tests.unit.test_redact import restore_logging  # noqa: F401 - fixture
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 REDIS_URL = os.environ.get("AIVEDIO_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from aivedio_engine.media.probe import MediaLimits, ProbeError, ProbeUnavailable, probe_file, run_ffprobe
 from tests.media import hls_playlist, shared_media
+from tests.support.sockets import connections
 
 LIMITS = MediaLimits(timeout_s=30)
 
@@ -17,30 +17,6 @@ LIMITS = MediaLimits(timeout_s=30)
 @pytest.fixture(scope="module")
 def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return shared_media(tmp_path_factory)
-
-
-@pytest.fixture
-def listener() -> Iterator[tuple[socket.socket, int]]:
-    """A loopback TCP listener that records whether anything connected to it."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    sock.setblocking(False)
-    try:
-        yield sock, sock.getsockname()[1]
-    finally:
-        sock.close()
-
-
-def _connections(sock: socket.socket) -> int:
-    hits = 0
-    while True:
-        try:
-            conn, _ = sock.accept()
-        except BlockingIOError:
-            return hits
-        conn.close()
-        hits += 1
 
 
 def test_real_mp4_passes_with_its_facts(media: dict[str, Path]) -> None:
@@ -78,7 +54,7 @@ def test_hls_playlist_disguised_as_mp4_never_touches_the_network(
     evil.write_bytes(hls_playlist(f"http://127.0.0.1:{port}/internal-admin/secret.ts"))
     with pytest.raises(ProbeError, match="whitelist"):
         probe_file(evil, "video", LIMITS)
-    assert _connections(sock) == 0
+    assert connections(sock) == 0
 
 
 def test_ffconcat_and_text_are_refused(media: dict[str, Path]) -> None:  # U9

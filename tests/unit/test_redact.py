@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -116,29 +115,6 @@ def test_filter_masks_a_library_record_in_place() -> None:
     assert "abc123" not in record.getMessage() and "o.mp4?<redacted>" in record.getMessage()
     assert record.args == ()
     assert KEY not in (record.exc_text or "") and "avk_<redacted>" in (record.exc_text or "")
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """configure_logging changes process-wide state; put it back for the other tests."""
-    root = logging.getLogger()
-    saved = (root.handlers[:], root.level)
-    named = {
-        n: (logging.getLogger(n).filters[:], logging.getLogger(n).level)
-        for n in ("uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore")
-    }
-    saved_filters = {id(h): h.filters[:] for h in root.handlers}
-    yield
-    for h in root.handlers[:]:
-        root.removeHandler(h)
-    for h in saved[0]:
-        h.filters[:] = saved_filters[id(h)]
-        root.addHandler(h)
-    root.setLevel(saved[1])
-    for n, (filters, level) in named.items():
-        logging.getLogger(n).filters[:] = filters
-        logging.getLogger(n).setLevel(level)
-    structlog.reset_defaults()
 
 
 def _json_lines(text: str) -> list[dict[str, Any]]:
