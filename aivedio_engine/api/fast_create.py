@@ -1,8 +1,8 @@
 """POST /v1/generations without the framework's work per request, when the answer would be the same.
 
 Under load, FastAPI's and Starlette's layers between the server and the create route (middleware, routing,
-dependency solving, the Request object, the Response class) took about a third of the API's CPU (py-spy, issue
-11) — more than the create itself. This middleware answers the one hot route directly when it can answer exactly
+dependency solving, the Request object, the Response class) took more of the API's CPU than the create itself
+(docs/decisions/0011-create-path.md). This middleware answers the one hot route directly when it can answer exactly
 as the route does: a key this process verified recently (`TenantService.cached_principal`), a JSON body that
 validates as `GenerationRequest`. It then calls the route's own `accept`, so the service call, the body and the
 headers are the route's; a service error is rendered by the app's own exception handler. Anything else — an

@@ -6,8 +6,8 @@ together or not at all. There is no queued-intake message: the dispatcher scans
 QUEUED tasks itself, and the commit wakes it (`wakeup.DISPATCH`). The notice also keeps the load-shedding
 signal (the age of the oldest due outbox row) honest when nothing relays the outbox. On PostgreSQL they are one
 data-modifying CTE, prepared once per connection and sent in one pipeline with BEGIN, the lock timeout and
-COMMIT: one round trip per create instead of seventeen, and no SQLAlchemy statement built per call
-(29 % of the API's CPU was statement construction).
+COMMIT: one round trip per create instead of seventeen, and no SQLAlchemy statement built per call (why, with
+the profiles: docs/decisions/0011-create-path.md).
 
 Idempotency is the unique (tenant, key) index: `ON CONFLICT DO NOTHING` waits for a concurrent twin's
 transaction and then yields no row, so the caller replays the committed task; a twin that is still running

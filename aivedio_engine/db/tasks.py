@@ -285,7 +285,7 @@ def _transition_statement(
     value_columns: tuple[str, ...], event_columns: tuple[str, ...], notice_columns: tuple[str, ...] | None
 ) -> Any:
     """The statement of `_apply_one_statement` for one shape of its rows, built once: per call, SQLAlchemy then only
-    binds the values (building it per call was a third of the reducer's CPU)."""
+    binds the values (the profile that asked for it: docs/decisions/0007-reducer-batches.md)."""
     moved = (
         generation_tasks.update()
         .where(_t.id == sa.bindparam("task_id"), _t.version == sa.bindparam("expected_version"))

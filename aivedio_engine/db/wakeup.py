@@ -5,8 +5,8 @@ the connection. Once the commit has returned (so a woken loop never looks before
 go to the engine's waker:
 - PostgreSQL: a per-engine background thread sends `NOTIFY` on its own autocommit connection, coalescing a
   burst of commits into one notification per channel, at most one send per few milliseconds. `pg_notify` inside
-  the writing transaction took a cluster-wide lock held through the commit flush, which halved creation
-  throughput with 16 tenants; after the commit it costs the writer nothing.
+  the writing transaction took a cluster-wide lock held through the commit flush
+  (docs/decisions/0011-create-path.md); after the commit it costs the writer nothing.
 - Embedded mode (SQLite, one process): the channel's `threading.Event` is set.
 
 Channels: OUTBOX wakes the relays (new outbox rows); DISPATCH wakes the dispatcher (a task became ready, or a

@@ -98,8 +98,7 @@ class RedisBucketStore:
     async def take_on_loop(self, key: str, rate: Rate, now: float) -> Verdict:
         """`take` for an event loop. The takes that queue while one round trip is out go together in the next
         (`_LoopTakes._send`): every take keeps its own answer, as if sent alone, but a busy API process sends one
-        command batch (one write, one read) instead of one per request (the writes alone were ~9 % of its CPU
-        under py-spy)."""
+        command batch (one write, one read) instead of one per request (docs/decisions/0011-create-path.md)."""
         loop = asyncio.get_running_loop()
         if self._on_loop is None or self._on_loop.loop is not loop:  # an asyncio client serves one loop
             if self._loop_client is None:

@@ -1,7 +1,7 @@
 """POST /v1/generations on the API's event loop (PostgreSQL).
 
 The blocking create (`GenerationService.create`) runs in a worker thread, and the hand-off to that thread pool
-and back cost about as much of the API's CPU as the create's statements themselves (py-spy: 17 % against 20 %).
+and back cost about as much of the API's CPU as the create's statements themselves (docs/decisions/0011-create-path.md).
 Here the common case never leaves the loop: the rate-limit token through an asyncio Redis client, the checks
 from this process's caches (`plan_on_loop`), and the create as one autocommit statement on an async psycopg
 connection (`db.creation.create_on_loop`); a taken key is read back on the same pool. Whatever needs a blocking
