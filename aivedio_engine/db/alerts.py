@@ -120,6 +120,26 @@ def resolve_open(conn: Connection, rule: Rule, dedup_keys: Sequence[str], *, now
     return result.rowcount
 
 
+def note(conn: Connection, rule: Rule, dedup_key: str, *, details: dict[str, Any], message: str, now: datetime) -> bool:
+    """Add to the newest alert of `rule` with `dedup_key` (resolved or not: a fact learnt after an operator closed
+    it still belongs on it): `details` merged into its details, `message` appended. False when there is none."""
+    row = conn.execute(
+        sa.select(_al.id, _al.details, _al.message)
+        .where(_al.rule == rule.value, _al.dedup_key == dedup_key)
+        .order_by(_al.raised_at.desc())
+        .limit(1)
+        .with_for_update()
+    ).first()
+    if row is None:
+        return False
+    conn.execute(
+        alerts.update()
+        .where(_al.id == row.id)
+        .values(details={**(row.details or {}), **details}, message=(row.message + message)[:2000], last_seen_at=now)
+    )
+    return True
+
+
 def open_alerts(conn: Connection, rule: Rule | None = None) -> list[AlertView]:
     """The OPEN alerts (of one rule), oldest first."""
     stmt = sa.select(alerts).where(alerts.c.status == AlertStatus.OPEN.value)

@@ -26,6 +26,8 @@ class EventType(StrEnum):
     GENERATION_QUEUED = "generation.queued"
     PROVIDER_SUBMIT_REQUESTED = "provider.submit.requested"
     PROVIDER_STATUS_OBSERVED = "provider.status.observed"
+    #: stop a vendor job nobody will use: a duplicate made for an attempt closed as never created (`late_jobs`)
+    PROVIDER_CANCEL_REQUESTED = "provider.cancel.requested"
     FETCH_REQUESTED = "fetch.requested"
     MEDIA_PROCESS_REQUESTED = "media.process.requested"
     TASK_STATUS_CHANGED = "task.status.changed"
@@ -73,6 +75,7 @@ ROUTES: dict[EventType, Route] = {
     EventType.GENERATION_QUEUED: Route("on_generation_queued", Queue.DISPATCH),
     EventType.PROVIDER_SUBMIT_REQUESTED: Route("submit_to_provider", Queue.PROVIDER_IO),
     EventType.PROVIDER_STATUS_OBSERVED: Route("reduce_provider_status", Queue.STATE),
+    EventType.PROVIDER_CANCEL_REQUESTED: Route("cancel_provider_job", Queue.PROVIDER_IO),
     EventType.FETCH_REQUESTED: Route("fetch_output", Queue.FETCH),
     EventType.MEDIA_PROCESS_REQUESTED: Route("process_media", Queue.MEDIA),
     EventType.TASK_STATUS_CHANGED: Route("notify_status_changed", Queue.NOTIFY),

@@ -1,9 +1,10 @@
 """Follow-on outbox messages: one typed payload per event type, one builder each, and one way to retry a step
 through a delayed outbox row.
 
-Every writer of `provider.submit.requested`, `fetch.requested` and `media.process.requested` (the transition
-executor, the sweeper's re-drives, the fetch and media retries) builds its payload here, and every consumer
-parses it here, so the fields cannot drift between writers. `task.status.changed` is written by
+Every writer of `provider.submit.requested`, `provider.cancel.requested`, `fetch.requested` and
+`media.process.requested` (the transition executor, the sweeper's re-drives, the fetch and media retries, a
+recorded duplicate job) builds its payload here, and every consumer parses it here, so the fields cannot drift
+between writers. `task.status.changed` is written by
 `db.tasks.apply` with the transition itself.
 """
 
@@ -67,6 +68,36 @@ class SubmitRequested:
         if self.resent:
             p["resent"] = True
         return p
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """Stop one vendor job the engine will not use (a duplicate of a closed attempt): asked where the job id is
+    learnt, in that transaction, and done by whoever holds the adapter (`ProviderSync.cancel_requested`)."""
+
+    attempt_id: uuid.UUID
+    task_id: uuid.UUID
+    provider: str
+    job_id: str
+
+    event_type = EventType.PROVIDER_CANCEL_REQUESTED
+    aggregate_type = "attempt"
+
+    @property
+    def aggregate_id(self) -> uuid.UUID:
+        return self.attempt_id
+
+    @classmethod
+    def parse(cls, p: dict[str, Any]) -> CancelRequested:
+        return cls(uuid.UUID(p["attempt_id"]), uuid.UUID(p["task_id"]), str(p["provider"]), str(p["job_id"]))
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "attempt_id": str(self.attempt_id),
+            "task_id": str(self.task_id),
+            "provider": self.provider,
+            "job_id": self.job_id,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +188,7 @@ class MediaProcessRequested:
         return p
 
 
-Message = SubmitRequested | FetchRequested | MediaProcessRequested
+Message = SubmitRequested | CancelRequested | FetchRequested | MediaProcessRequested
 RetriedStep = FetchRequested | MediaProcessRequested
 
 

@@ -33,7 +33,7 @@ from aivedio_engine.db import invariants_ledger as ledger
 from aivedio_engine.db.handles import Connection, Engine
 from aivedio_engine.db.invariants import Offenders, Scope
 from aivedio_engine.domain.events import ROUTES, EventType
-from aivedio_engine.services import intake, reducer
+from aivedio_engine.services import intake, late_jobs, reducer
 from aivedio_engine.services.delivery import delivery_profiles
 from aivedio_engine.services.errors import InvalidInput
 
@@ -44,6 +44,7 @@ DEFAULT_GRACE_S = 900.0
 INBOX_CONSUMERS = {
     ROUTES[EventType.GENERATION_QUEUED].actor: intake.CONSUMER_GROUP,
     ROUTES[EventType.PROVIDER_STATUS_OBSERVED].actor: reducer.CONSUMER_GROUP,
+    ROUTES[EventType.PROVIDER_CANCEL_REQUESTED].actor: late_jobs.CANCEL_GROUP,
 }
 
 

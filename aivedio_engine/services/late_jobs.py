@@ -4,9 +4,10 @@ The send deadline and the reconciler's "not created" bound make this rare, but a
 of its HTTP call (SIGSTOP, a VM pause) can still deliver a request after both. Whoever learns the job id — the
 late send's own answer, or a status that carries the attempt's request key — records it here, in the caller's
 transaction: the job id on the closed attempt (which stays FAILED_BEFORE_ACCEPT: the task went on without it),
-the price-list worth of one job as platform cost, and a `duplicate_paid_job` alert. The task is never moved by
-it, and nothing is dead-lettered. Stopping the job at the vendor is the caller's after-commit work, where it
-holds the adapter.
+the price-list worth of one job as platform cost, a `duplicate_paid_job` alert, and a `provider.cancel.requested`
+message. The task is never moved by it, and nothing is dead-lettered. The reducer holds no adapter, so the
+cancel is that message's consumer's (`ProviderSync.cancel_requested`), whichever way the job id was learnt; it
+writes what the vendor answered onto the alert (`note_cancel`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from aivedio_engine.db import alerts, attempts
 from aivedio_engine.db.handles import Connection
 from aivedio_engine.db.records import Attempt, Task
 from aivedio_engine.domain.status import AlertSeverity, AttemptStatus
-from aivedio_engine.services import billing
+from aivedio_engine.services import billing, follow_on
 
 #: the platform-cost kind of such a job: the alert's rule
 KIND = alerts.Rule.DUPLICATE_PAID_JOB.value
+#: the inbox group of the duplicate's cancel (`ProviderSync.cancel_requested`)
+CANCEL_GROUP = "provider_cancel"
 
 
 def is_closed(attempt: Attempt) -> bool:
@@ -48,19 +51,41 @@ def record(conn: Connection, task: Task, attempt: Attempt, job_id: str, now: dat
         conn,
         alerts.Rule.DUPLICATE_PAID_JOB,
         AlertSeverity.CRITICAL,
-        dedup_key=f"{attempt.provider}:{job_id}",
+        dedup_key=dedup_key(attempt.provider, job_id),
         now=now,
         subject_type="task",
         subject_id=str(task.id),
-        message=f"second paid job: {why}; {worth} credits' worth booked as platform cost, cancel asked",
+        message=f"second paid job: {why}; {worth} credits' worth booked as platform cost"
+        + (", cancel asked" if first else ""),
         details={
             "attempt_id": str(attempt.id),
             "provider": attempt.provider,
             "job_id": job_id,
             "platform_cost": str(worth) if booked else None,
+            "cancel": "asked" if first else None,
         },
     )
+    if first:
+        stop = follow_on.CancelRequested(attempt.id, task.id, attempt.provider, job_id)
+        follow_on.emit(conn, task, stop, version=int(task.version), now=now)
     return first
+
+
+def dedup_key(provider: str, job_id: str) -> str:
+    """The `duplicate_paid_job` alert of one job."""
+    return f"{provider}:{job_id}"
+
+
+def note_cancel(conn: Connection, provider: str, job_id: str, outcome: str, now: datetime) -> None:
+    """What the vendor answered to the duplicate job's cancel, on its alert: the operator's runbook starts there."""
+    alerts.note(
+        conn,
+        alerts.Rule.DUPLICATE_PAID_JOB,
+        dedup_key(provider, job_id),
+        details={"cancel": outcome},
+        message=f"; cancel at the vendor: {outcome}",
+        now=now,
+    )
 
 
 def one_job_worth(task: Task) -> Decimal:

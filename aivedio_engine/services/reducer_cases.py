@@ -59,8 +59,7 @@ def bind_ambiguous(conn: Connection, obs: dict[str, Any], now: datetime, after: 
 def bind_closed(conn: Connection, obs: dict[str, Any], now: datetime) -> tuple[Any, Any]:
     """A status for an unknown job id that carries the request key of an attempt closed as never created: the
     vendor made a job for it after all (a send that left late). Recorded as a duplicate on that attempt
-    (`late_jobs.record`), whose further statuses are then only recorded. The job is stopped by whoever holds the
-    adapter: the late send's answer, when it arrives, or an operator the alert tells."""
+    (`late_jobs.record`, which also asks for the job's cancel), whose further statuses are then only recorded."""
     key = obs.get("request_key")
     found = attempts.by_request_key(conn, obs["provider"], key) if key else None
     if found is None or found.submit_state != AttemptStatus.FAILED_BEFORE_ACCEPT.value:

@@ -171,7 +171,7 @@ class SubmitService:
             if late_jobs.is_closed(attempt) or (
                 isinstance(result, Accepted) and attempt.provider_job_id == result.job_id
             ):
-                outcome = self._late(conn, attempt, task, result, now, after)
+                outcome = self._late(conn, attempt, task, result, now)
             elif isinstance(result, Accepted):
                 self._accepted(conn, attempt, task, result, now, after)
             elif isinstance(result, Rejected):
@@ -183,20 +183,14 @@ class SubmitService:
         after.run()  # a rejected attempt's slot is free once this has committed
         return outcome
 
-    def _late(
-        self, conn: Connection, attempt: Attempt, task: Task, result: SubmitResult, now: datetime, after: AfterCommit
-    ) -> str:
+    def _late(self, conn: Connection, attempt: Attempt, task: Task, result: SubmitResult, now: datetime) -> str:
         """The answer to a send whose attempt was settled meanwhile. The job a lookup already bound to it: nothing
         to add. A job made for an attempt closed as never created (a send that left past every bound): recorded
-        as a duplicate, booked as platform cost, alerted, and cancelled at the vendor after the commit."""
+        as a duplicate, booked as platform cost, alerted, and its cancel asked (`late_jobs.record`)."""
         if isinstance(result, Accepted) and attempt.provider_job_id == result.job_id:
             return "late-answer"
         if isinstance(result, Accepted):
-            if late_jobs.record(conn, task, attempt, result.job_id, now, how="the late send's own answer"):
-                provider: Provider = self._providers[attempt.provider]
-                job_id = result.job_id
-                if provider.capabilities.supports_cancel:
-                    after.call(lambda: provider.cancel(job_id))
+            late_jobs.record(conn, task, attempt, result.job_id, now, how="the late send's own answer")
             return "duplicate"
         if isinstance(result, Ambiguous):  # a job may exist that nobody will ever ask about
             late_jobs.alert_unknown(conn, task, attempt, now, reason=result.reason)

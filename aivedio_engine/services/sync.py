@@ -15,7 +15,7 @@ from typing import Any
 
 from aivedio_engine.clock import Clock
 from aivedio_engine.config import Settings
-from aivedio_engine.db import alerts, attempts, provider_sync, tasks
+from aivedio_engine.db import alerts, attempts, inbox, provider_sync, tasks
 from aivedio_engine.db.handles import Engine
 from aivedio_engine.db.records import Attempt
 from aivedio_engine.db.session import write_tx
@@ -27,7 +27,7 @@ from aivedio_engine.domain.polling import (
     not_created_from,
     reconcile_step,
 )
-from aivedio_engine.domain.retry import ErrorOutcome, Step
+from aivedio_engine.domain.retry import ErrorClass, ErrorOutcome, Step
 from aivedio_engine.domain.status import AlertSeverity, AttemptStatus, EventSource, TaskStatus
 from aivedio_engine.domain.transitions import AttemptEvent, TaskEvent
 from aivedio_engine.observability.metrics import PROVIDER_POLLS
@@ -42,7 +42,9 @@ from aivedio_engine.providers.base import (
     Unsupported,
 )
 from aivedio_engine.providers.registry import send_timeout_s
-from aivedio_engine.services import observations, query_budget
+from aivedio_engine.services import late_jobs, observations, query_budget
+from aivedio_engine.services.consume import DUPLICATE, Envelope, consume_once
+from aivedio_engine.services.follow_on import CancelRequested
 from aivedio_engine.services.transition import (
     AfterCommit,
     AttemptMove,
@@ -59,6 +61,8 @@ from aivedio_engine.testing.failpoints import failpoint
 LIST_BEFORE_SEND = timedelta(seconds=30)
 LIST_AFTER_SEND = timedelta(seconds=120)
 _POLL_OUTCOME = {Observation: "observed", NotFound: "not_found", QueryFailed: "failed"}
+_CANCEL_OUTCOME = {Canceled: "canceled", TooLate: "too_late", Unsupported: "unsupported", QueryFailed: "failed"}
+_log = logging.getLogger("aivedio.sync")
 LISTED_TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED, JobStatus.ABORTED})
 
 
@@ -501,6 +505,34 @@ class ProviderSync:
             self._providers[attempt.provider].cancel(attempt.provider_job_id)
         except Exception:  # best effort; the job's outcome still arrives through the reducer
             logging.getLogger("aivedio.sync").warning("cancel of an expired task's job failed", exc_info=True)
+
+    def cancel_requested(self, envelope: Envelope) -> str:
+        """A `provider.cancel.requested`: stop a duplicate job at its vendor, at most once. The inbox row commits
+        before the call, so a redelivery never cancels twice; a crash in between leaves the alert saying only
+        "cancel asked", which its runbook covers. The vendor's answer goes onto the duplicate's alert."""
+        request = CancelRequested.parse(envelope.payload)
+        now = self._clock.now()
+        claimed = consume_once(
+            self._engine, late_jobs.CANCEL_GROUP, envelope.event_id, request.attempt_id, lambda conn: "asked", now
+        )
+        if claimed == DUPLICATE:
+            return "duplicate"
+        adapter = self._providers.get(request.provider)
+        if adapter is None or not adapter.capabilities.supports_cancel:
+            outcome = "unsupported"
+        else:
+            try:
+                result = adapter.cancel(request.job_id)
+            except Exception as exc:  # noqa: BLE001 - the inbox row is in: the alert, not a retry, says what happened
+                result = QueryFailed(ErrorClass.QUERY_FAILED, repr(exc))
+            outcome = _CANCEL_OUTCOME[type(result)]
+            if isinstance(result, QueryFailed):
+                outcome = f"failed ({result.message})"
+        _log.info("duplicate %s job %s: cancel %s", request.provider, request.job_id, outcome)
+        with write_tx(self._engine) as conn:
+            late_jobs.note_cancel(conn, request.provider, request.job_id, outcome, self._clock.now())
+            inbox.keep_digest(conn, late_jobs.CANCEL_GROUP, envelope.event_id, outcome)
+        return outcome
 
     def _confirm_cancel(self, task_id: uuid.UUID, now: datetime, billed: bool) -> str:
         with write_tx(self._engine) as conn:

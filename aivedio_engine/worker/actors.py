@@ -114,6 +114,13 @@ def reduce_provider_status(ctx: AppContext, envelope: Envelope) -> None:
     )
 
 
+@consumes(EventType.PROVIDER_CANCEL_REQUESTED, max_retries=3, min_backoff=1_000, max_backoff=30_000, time_limit=60_000)
+def cancel_provider_job(ctx: AppContext, envelope: Envelope) -> None:
+    # broker retries only ride out a database error around the call: the inbox row commits before it, so a
+    # redelivery after the call never cancels twice
+    ctx.sync.cancel_requested(envelope)
+
+
 @consumes(EventType.FETCH_REQUESTED, max_retries=3, min_backoff=1_000, max_backoff=60_000, time_limit=900_000)
 def fetch_output(ctx: AppContext, envelope: Envelope) -> None:
     # failures of the download itself are retried by the service within its budget (delayed outbox row);

@@ -24,7 +24,7 @@ from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.session import write_tx
 from aivedio_engine.db.tables import alerts, credit_ledger, generation_tasks, outbox_events, task_attempts
 from aivedio_engine.domain.status import EventSource
-from aivedio_engine.providers.base import JobStatus, Observation
+from aivedio_engine.providers.base import Accepted, GenerationRequest, JobStatus, Observation
 from aivedio_engine.services import late_jobs, observations
 from aivedio_engine.services.invoice import InvoiceLine
 from aivedio_engine.services.operations import Operation
@@ -151,15 +151,17 @@ def test_a_late_send_that_reaches_the_vendor_is_recorded_cancelled_booked_and_al
     with running_sim(seed=3, job_seconds=10) as sim:
         ctx = sim_context(tmp_path, sim, pg_url, sweeper={"idle_grace_s": 60})
         try:
-            task_id, worker, _ = _stall_then_finish(ctx, sim, "submit.after_deadline_check", FROZEN_S)
+            task_id, worker, drv = _stall_then_finish(ctx, sim, "submit.after_deadline_check", FROZEN_S)
             assert worker.error is None, repr(worker.error)  # nothing dead-lettered
             assert worker.outcome == "duplicate"
+            drv.pump.run()  # the cancel the late answer asked for, when the task was done already
             assert _status(ctx, task_id) == "SUCCEEDED"
             assert list(sim.jobs_per_task(ctx.engine).values()) == [2]
             first, second = _attempts(ctx, task_id)
             late = {j["request_key"]: j for j in sim.truth()["jobs"]}[first.provider_request_key]
             assert first.submit_state == "FAILED_BEFORE_ACCEPT" and first.provider_job_id == late["id"]
             assert late["canceled"] and second.submit_state == "SUCCEEDED"
+            assert sim.truth()["calls"]["cancel"] == 1 and _duplicate_alert(ctx).details["cancel"] == "canceled"
             with ctx.engine.connect() as conn:
                 cost = conn.execute(
                     sa.select(credit_ledger).where(
@@ -233,5 +235,44 @@ def test_a_status_naming_a_closed_attempts_request_key_records_the_duplicate_and
                     sa.select(sa.func.count()).select_from(outbox_events).where(outbox_events.c.status == "DEAD")
                 ).scalar_one()
             assert "job_late" in raised.message and dead == 0
+        finally:
+            ctx.close()
+
+
+def _duplicate_alert(ctx: AppContext) -> Any:
+    with ctx.engine.connect() as conn:
+        (raised,) = conn.execute(sa.select(alerts).where(alerts.c.rule == "duplicate_paid_job")).all()
+    return raised
+
+
+def test_a_late_job_first_seen_in_a_callback_is_cancelled_at_the_vendor_once(tmp_path: Path, pg_url: str) -> None:
+    """The late send's answer is lost (the worker died with it): the job's callback is all the engine hears of
+    it, and the reducer holds no adapter. Its cancel is a message of its own, delivered twice here."""
+    with running_sim(seed=3, job_seconds=30) as sim:
+        ctx = sim_context(tmp_path, sim, pg_url, sweeper={"idle_grace_s": 60})
+        try:
+            task_id, worker, drv = _stall_then_finish(ctx, sim, "submit.before_call")
+            assert worker.outcome == "refused:late" and _status(ctx, task_id) == "SUCCEEDED"
+            first, _ = _attempts(ctx, task_id)
+            # what the frozen request made at the vendor, with the closed attempt's request key
+            request = GenerationRequest("scene 0", "sim-v1", 2, "720p", "16:9")
+            made = ctx.providers["sim"].submit(request, first.provider_request_key)
+            assert isinstance(made, Accepted)
+            sim.advance(5)
+            with write_tx(ctx.engine) as conn:
+                obs = Observation(
+                    job_id=made.job_id, status=JobStatus.RUNNING, request_key=first.provider_request_key, event_id="r"
+                )
+                assert observations.record(conn, "sim", obs, EventSource.CALLBACK, ctx.clock.now())
+            Pump(ctx, duplicate_every=1).run()  # every message delivered twice, as a redelivering broker may
+            truth = sim.truth()
+            late = {j["id"]: j for j in truth["jobs"]}[made.job_id]
+            assert late["canceled"] and late["status"] == "canceled"
+            assert truth["calls"]["cancel"] == 1
+            raised = _duplicate_alert(ctx)
+            assert raised.details["job_id"] == made.job_id and raised.details["cancel"] == "canceled"
+            first, second = _attempts(ctx, task_id)
+            assert (first.submit_state, first.provider_job_id) == ("FAILED_BEFORE_ACCEPT", made.job_id)
+            assert second.submit_state == "SUCCEEDED" and _status(ctx, task_id) == "SUCCEEDED"
         finally:
             ctx.close()
