@@ -116,6 +116,8 @@ class World:
     restarts: int = 0
     #: handler failures seen by the pump (a dead-lettered message), by event type
     dead_letters: list[str] = field(default_factory=list)
+    #: vendor jobs whose refund the engine was told of by a delivered callback
+    told_refunded: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.ctx = self._context()
@@ -205,6 +207,8 @@ class World:
 
     def deliver(self, callbacks: list[HeldCallback]) -> None:
         for cb in callbacks:
+            if json.loads(cb.body).get("refunded"):
+                self.told_refunded.add(cb.job_id)
             headers = sign_webhook([SECRET], cb.event_id, self.clock.now(), cb.body)
             headers["content-type"] = "application/json"
             self.ctx.callbacks.receive("sim", headers, cb.body)

@@ -159,12 +159,27 @@ def violations(world: World, model: Model, *, check_store: bool = True) -> list[
                 or tid in model.rejected
                 or (task.status == TaskStatus.EXPIRED.value and not (history[tid] & HELD))
             )
-            cap = estimate * delivered.get(tid, 0) / n
+            # only a success hands its outputs over: a held output that ends otherwise was never received
+            received = delivered.get(tid, 0) if task.status == TaskStatus.SUCCEEDED.value else 0
+            cap = estimate * received / n
             if not own and charged > cap + EPS:
                 bad.append(
-                    f"{name}: charged {charged} for {delivered.get(tid, 0)} delivered output(s) (at most {cap}); "
+                    f"{name}: charged {charged} for {received} received output(s) (at most {cap}); "
                     f"went through {sorted(history[tid])}"
                 )
+            # nothing received, not by the tenant's doing, and the vendor kept its bill: the platform bears it
+            kept = [
+                a
+                for a in attempts[tid]
+                if (job := vendor_jobs.get(a.provider_job_id)) is not None and job.billed and not job.refunded
+            ]
+            booked = any(r.entry_type == "ADJUSTMENT" and r.business_key.startswith("platform_cost:") for r in rows)
+            # the vendor gave the whole charge back and said so: the tenant keeps none of it charged
+            told = [a for a in attempts[tid] if a.provider_job_id in world.told_refunded]
+            if told and charged > EPS:
+                bad.append(f"{name}: the vendor refunded job {told[0].provider_job_id} and said so; charged {charged}")
+            if not own and not received and kept and not booked:
+                bad.append(f"{name}: nothing received, the vendor billed it, and no platform cost was booked")
             if task.status == TaskStatus.SUCCEEDED.value and check_store and not world.store_down:
                 bad.extend(_unreadable(world, conn, tid, name))
 

@@ -1,0 +1,45 @@
+"""Sequences the money checker (tests/model/money.py) shrank to, replayed step by step on embedded SQLite: each
+one failed once — on an engine with the defect its docstring names, or on a rule of the checker that misread the
+settlement table — and must keep passing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.model import engine, money
+
+Steps = list[tuple[str, dict[str, Any]]]
+
+
+def _replay(steps: Steps) -> None:
+    money.replay(engine.sqlite_database, steps)
+
+
+def test_a_held_review_output_outliving_the_deadline_is_not_charged() -> None:
+    """The deadline used to govern an output held in MANUAL_REVIEW: the sweeper expired it and the SETTLE kept the
+    whole reservation (charged 8 for 0 received outputs, no platform cost booked), and `aivedio audit` was clean."""
+    _replay(
+        [
+            ("tenants_", {"count": 1}),
+            ("create_held_for_review", {"n": 2, "seconds": 4, "tenant": 0}),
+            ("advance", {"seconds": 20}),
+            ("advance", {"seconds": money.DEADLINE_S + 30}),
+        ]
+    )
+
+
+def test_a_void_after_a_deadline_close_is_a_late_refund() -> None:
+    """The vendor voids jobs whose tasks the deadline closed before any poll saw them finish (charged per the price
+    list): a REFUND afterwards is the table's late refund, not a REFUND out of nowhere."""
+    _replay(
+        [
+            ("tenants_", {"count": 2}),
+            ("create", {"n": 4, "seconds": 2, "tenant": 1}),
+            ("create", {"n": 1, "seconds": 3, "tenant": 0}),
+            ("vendor_voids", {"pick": 9}),
+            ("advance", {"seconds": money.DEADLINE_S + 30}),
+            ("vendor_voids", {"pick": 47}),
+            ("vendor_voids", {"pick": 2}),
+            ("callbacks", {"how": "in_order"}),
+        ]
+    )
