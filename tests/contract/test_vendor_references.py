@@ -23,8 +23,8 @@ from aivedio_engine.providers.fal import FalProvider
 from aivedio_engine.providers.kling import KlingProvider
 from aivedio_engine.providers.replicate import ReplicateProvider
 from aivedio_engine.providers.runway import RunwayProvider
-from tests.contract.test_vendor_adapters import FAL_PUBLIC, KEY, KLING_SECRET, RUNWAY_SECRET, FixedClock, fixture, reply
-from tests.contract.test_vendor_adapters import settings as provider_settings
+from tests.support.vendors import FAL_PUBLIC, KEY, KLING_SECRET, RUNWAY_SECRET, FixedClock, fixture, reply
+from tests.support.vendors import settings as provider_settings
 
 IMG1 = "https://store.example/refs/first.png?X-Amz-Signature=abc"
 IMG2 = "https://store.example/refs/last.png?X-Amz-Signature=def"

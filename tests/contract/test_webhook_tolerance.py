@@ -16,7 +16,7 @@ from aivedio_engine.config import ProviderSettings, Settings
 from aivedio_engine.providers.base import CallbackRejected
 from aivedio_engine.providers.registry import TIMESTAMPED_CALLBACKS, build_adapter
 from aivedio_engine.providers.webhooks import new_secret, sign_webhook
-from tests.contract.test_vendor_adapters import (
+from tests.support.vendors import (
     FAL_PUBLIC,
     NOW,
     REPLICATE_SECRET,
