@@ -31,6 +31,7 @@ from tests.cli.test_ledger_cli import _write_invoice
 from tests.cli.test_reconcile_cli import config_file
 from tests.cli.test_replay_cli import Dramatiq, poison, queue_tasks
 from tests.cli.test_tasks_cli import Cli
+from tests.flow.test_late_submit import FROZEN_S, _stall_then_finish
 from tests.flow.test_output_fetch import FETCH, MEDIA, HoldingPump, envelope, pending
 from tests.support.app import make_context
 from tests.support.flow import Driver, create_tasks, sim_context
@@ -569,3 +570,53 @@ def test_runbook_a_platform_cost_alert(seeder: Callable[..., Seeded]) -> None:
         ("aivedio alerts resolve ALERT --reason ... --yes", 0, shows("resolved")),
     )
     assert s.task("fox1").status == "FAILED_FINAL" and s.task("boat").status == "SUCCEEDED"
+
+
+# --- a duplicate paid job --------------------------------------------------------------------------------------
+
+
+def test_runbook_a_duplicate_paid_job(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a worker frozen inside its send past every bound: attempt 1 was closed as never created and attempt 2 made
+    # the task's video; then the frozen request reached the vendor, which made a second job
+    failpoints.reset()
+    try:
+        with running_sim(seed=3, job_seconds=10) as sim:
+            ctx = sim_context(tmp_path, sim, pg_url, sweeper={"idle_grace_s": 60})
+            task_id, worker, drv = _stall_then_finish(ctx, sim, "submit.after_deadline_check", FROZEN_S)
+            drv.pump.run()  # the cancel the late answer asked for
+            assert worker.outcome == "duplicate"
+            first = rows(ctx.engine, sa.select(task_attempts).where(task_attempts.c.attempt_no == 1))[0]
+            (late,) = [j for j in sim.truth()["jobs"] if j["request_key"] == first.provider_request_key]
+            assert late["canceled"]
+            cli = WideCli(ctx, monkeypatch, config=config_file(ctx, tmp_path / "aivedio.toml"))
+            book = Runbook("a duplicate paid job", lambda args: cli(*args), {"ID": str(task_id), "...": "INC-129"})
+
+            def listed(r: Result) -> None:
+                (alert,) = [" ".join(r.stdout.split())]  # one alert, wrapped by the terminal
+                assert f"duplicate_paid_job task:{task_id}" in alert and " OPEN critical " in alert, alert
+                assert f"sim job {late['id']} was made by attempt #1's request" in alert
+                assert alert.endswith("cancel asked; cancel at the vendor: canceled"), alert  # step 2's answer
+                book.fill["ALERT"] = alert.split()[0]
+
+            def booked(r: Result) -> None:
+                (adjustment,) = [c for c in table_rows(r.stdout) if len(c) > 3 and c[1] == "ADJUSTMENT"]
+                assert (adjustment[2], adjustment[3]) == ("0.00", "2.00 credits"), adjustment  # the job's worth
+                key = adjustment[5].replace(" ", "")  # a wrapped cell
+                assert key == f"platform_cost:{task_id}:{first.id}:duplicate_paid_job", adjustment
+
+            def resolved(r: Result) -> None:
+                assert "resolved" in r.stdout
+                duplicates = sa.select(alerts.c.status).where(alerts.c.rule == "duplicate_paid_job")
+                assert [a.status for a in rows(ctx.engine, duplicates)] == ["RESOLVED"]
+
+            book(
+                ("aivedio alerts list --rule duplicate_paid_job", 0, listed),
+                ("aivedio ledger entries --task ID", 0, booked),
+                # no engine runs in this test, and no work waits for one: only warnings
+                ("aivedio doctor", 0, shows(NOBODY, "all checks ok or warnings only")),
+                ("aivedio alerts resolve ALERT --reason ... --yes", 0, resolved),
+            )
+            assert sim.truth()["calls"]["cancel"] == 1
+            ctx.close()
+    finally:
+        failpoints.reset()
