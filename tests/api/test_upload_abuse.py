@@ -34,8 +34,8 @@ from aivedio_engine.services.errors import InvalidInput
 from tests.api.test_assets import NO_GRACE, QUARANTINED_THEN_DELETED, Api, _context, rejected_bytes_fate
 from tests.media import FFMPEG, hls_playlist, shared_media
 from tests.support.app import FakeClock, TenantKey, make_context, tenant_with_key
+from tests.support.hostile_media import avi_with_gab2, png, with_huge_duration
 from tests.support.sockets import connections
-from tests.unit.test_upload_abuse_pure import avi_with_gab2, png, with_huge_duration
 
 MIB = 1024 * 1024
 

@@ -15,7 +15,6 @@ KNOWN = {
     ("api/test_input_moderation.py", "tests.api.test_reference_limits"),
     ("api/test_sse_limits.py", "tests.api.test_events_sse"),
     ("api/test_upload_abuse.py", "tests.api.test_assets"),
-    ("api/test_upload_abuse.py", "tests.unit.test_upload_abuse_pure"),
     ("cli/test_reconcile_cli.py", "tests.cli.test_tasks_cli"),
     ("cli/test_replay_observations_cli.py", "tests.flow.test_keep_moving"),
     ("cli/test_runbooks.py", "tests.cli.test_ledger_cli"),
