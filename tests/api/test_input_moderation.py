@@ -27,7 +27,7 @@ from aivedio_engine.domain.moderation import (
     RuleModerator,
 )
 from aivedio_engine.domain.status import ModerationVerdict
-from tests.api.test_reference_limits import create, nothing_reserved, ready_input
+from tests.support.api_requests import create, nothing_reserved, ready_input
 from tests.support.app import TenantKey, make_context, tenant_with_key
 
 BODY = {"prompt": "a red fox running through snow", "model": "local-v1", "duration_s": 2}

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from aivedio_engine.api.app import create_app
 from aivedio_engine.bootstrap import AppContext
-from aivedio_engine.clock import new_id
-from aivedio_engine.db.tables import assets, credit_ledger, generation_tasks, outbox_events
+from tests.support.api_requests import create, nothing_reserved, ready_input
 from tests.support.app import TenantKey, make_context, tenant_with_key
-from tests.support.balance import balance_of
 
 BODY = {"prompt": "a red fox running through snow", "model": "local-v1", "duration_s": 2}
 #: a second provider whose models have vendor limits (never called: nothing gets past create)
@@ -61,40 +57,6 @@ def client(ctx: AppContext) -> TestClient:
 @pytest.fixture
 def alice(ctx: AppContext) -> TenantKey:
     return tenant_with_key(ctx, "alice", credits=100)
-
-
-def ready_input(ctx: AppContext, who: TenantKey, kind: str = "INPUT_IMAGE", **measured: Any) -> str:
-    asset_id = new_id()
-    with ctx.engine.begin() as conn:
-        conn.execute(
-            assets.insert().values(
-                id=asset_id,
-                tenant_id=who.tenant_id,
-                kind=kind,
-                status="READY",
-                bucket="b",
-                object_key=f"k/{asset_id}",
-                created_at=ctx.clock.now(),
-                **measured,
-            )
-        )
-    return str(asset_id)
-
-
-def nothing_reserved(ctx: AppContext, who: TenantKey) -> None:
-    with ctx.engine.connect() as conn:
-
-        def n(table: sa.Table) -> int:
-            return conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
-
-        assert n(generation_tasks) == 0 and n(outbox_events) == 0
-        assert n(credit_ledger.select().where(credit_ledger.c.entry_type != "ADJUSTMENT").subquery()) == 0
-        balance = balance_of(conn, who.tenant_id)
-    assert balance == 100
-
-
-def create(client: TestClient, who: TenantKey, key: str, body: dict[str, Any]) -> Any:
-    return client.post("/v1/generations", json=body, headers={**who.headers, "Idempotency-Key": key})
 
 
 def test_too_many_references_is_422_naming_the_limit_and_reserves_nothing(

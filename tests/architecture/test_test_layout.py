@@ -12,7 +12,6 @@ IMPORT = re.compile(r"^\s*(?:from|import) (tests(?:\.\w+)*\.test_\w+)", re.M)
 
 #: (importing file, imported test module) pairs not moved to tests/support yet
 KNOWN = {
-    ("api/test_input_moderation.py", "tests.api.test_reference_limits"),
     ("api/test_sse_limits.py", "tests.api.test_events_sse"),
     ("api/test_upload_abuse.py", "tests.api.test_assets"),
     ("cli/test_reconcile_cli.py", "tests.cli.test_tasks_cli"),
