@@ -299,12 +299,12 @@ def postgres_database(template: str) -> Callable[[], Any]:
 
     @contextmanager
     def make() -> Iterator[str]:
-        gen = _throwaway_database(template)
+        gen = iter(_throwaway_database(template))
         dsn = next(gen)
         try:
             yield dsn.replace("postgresql://", "postgresql+psycopg://", 1)
         finally:
-            gen.close()
+            next(gen, None)  # the generator's cleanup: drop the database
 
     return make
 
@@ -373,14 +373,14 @@ def cheap_media() -> Iterator[None]:
             seen[key] = real_run(path, family, limits, ffprobe)
         return seen[key]
 
-    derive.build_derivatives = stub_build_derivatives  # type: ignore[assignment]
-    probe_module.run_ffprobe = run_ffprobe  # type: ignore[assignment]
+    derive.build_derivatives = stub_build_derivatives
+    probe_module.run_ffprobe = run_ffprobe
     assert media_module.derive is derive
     try:
         yield
     finally:
-        derive.build_derivatives = real_build  # type: ignore[assignment]
-        probe_module.run_ffprobe = real_run  # type: ignore[assignment]
+        derive.build_derivatives = real_build
+        probe_module.run_ffprobe = real_run
 
 
 class Counts:

@@ -94,7 +94,8 @@ def violations(world: World, model: Model, *, check_store: bool = True) -> list[
         ledger = _ledger_by_task(conn)
         history: dict[uuid.UUID, set[str]] = defaultdict(set)
         for r in conn.execute(sa.select(task_state_events.c.task_id, task_state_events.c.to_status)):
-            history[r.task_id].add(r.to_status)
+            if r.to_status is not None:
+                history[r.task_id].add(r.to_status)
         delivered = _delivered(conn, world)
 
         # --- per tenant: balance = what it was given − Σ its tasks' ledger, every stripe non-negative
@@ -230,9 +231,9 @@ def _vendor_jobs(
 def audit_money(world: World) -> list[str]:
     """`aivedio audit`'s ledger checks, as failing check ids with a sample row."""
     report = InvariantService(world.ctx.engine, world.clock, world.ctx.settings).run(only=MONEY_CHECKS, limit=3)
-    return [f"{r.id}: {r.count} offender(s) {r.rows[:1]}" for r in report.results if not r.ok]
+    return [f"{r.id}: {r.violations} offender(s) {r.rows[:1]}" for r in report.results if not r.ok]
 
 
 def audit_all(world: World) -> list[str]:
     report = InvariantService(world.ctx.engine, world.clock, world.ctx.settings).run(limit=3)
-    return [f"{r.id}: {r.count} offender(s) {r.rows[:1]}" for r in report.results if not r.ok]
+    return [f"{r.id}: {r.violations} offender(s) {r.rows[:1]}" for r in report.results if not r.ok]

@@ -76,7 +76,7 @@ SETTLE_ROUNDS = 40
 
 class MoneyMachine(RuleBasedStateMachine):
     #: set by `machine_for`: a context manager factory yielding the database URL (None: SQLite)
-    database: Callable[[], Any] = staticmethod(engine.sqlite_database)  # type: ignore[assignment]
+    database: Callable[[], Any] = staticmethod(engine.sqlite_database)
 
     def __init__(self) -> None:
         super().__init__()
@@ -320,7 +320,7 @@ def run(
         print_blob=True,
     )
     with engine.cheap_media():
-        run_state_machine_as_test(seed(seed_value)(machine), settings=config)  # type: ignore[arg-type]
+        run_state_machine_as_test(seed(seed_value)(machine), settings=config)
 
 
 def main(argv: list[str] | None = None) -> int:

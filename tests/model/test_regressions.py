@@ -28,6 +28,20 @@ def test_a_held_review_output_outliving_the_deadline_is_not_charged() -> None:
     )
 
 
+def test_an_output_held_by_a_store_outage_past_the_deadline_is_not_charged() -> None:
+    """The same after a store outage: the fetch waits for the store, the output is then held for review, the clock
+    runs on while the sequence settles, and the deadline used to expire it with the reservation kept."""
+    _replay(
+        [
+            ("tenants_", {"count": 1}),
+            ("create_held_for_review", {"n": 1, "seconds": 1, "tenant": 0}),
+            ("break_store", {}),
+            ("advance", {"seconds": 5}),
+            ("heal_store", {}),
+        ]
+    )
+
+
 def test_a_void_after_a_deadline_close_is_a_late_refund() -> None:
     """The vendor voids jobs whose tasks the deadline closed before any poll saw them finish (charged per the price
     list): a REFUND afterwards is the table's late refund, not a REFUND out of nowhere."""
