@@ -14,12 +14,10 @@ IMPORT = re.compile(r"^\s*(?:from|import) (tests(?:\.\w+)*\.test_\w+)", re.M)
 KNOWN = {
     ("api/test_sse_limits.py", "tests.api.test_events_sse"),
     ("api/test_upload_abuse.py", "tests.api.test_assets"),
-    ("cli/test_reconcile_cli.py", "tests.cli.test_tasks_cli"),
     ("cli/test_replay_observations_cli.py", "tests.flow.test_keep_moving"),
     ("cli/test_runbooks.py", "tests.cli.test_ledger_cli"),
     ("cli/test_runbooks.py", "tests.cli.test_reconcile_cli"),
     ("cli/test_runbooks.py", "tests.cli.test_replay_cli"),
-    ("cli/test_runbooks.py", "tests.cli.test_tasks_cli"),
     ("cli/test_runbooks.py", "tests.flow.test_output_fetch"),
     ("cli/test_runbooks.py", "tests.flow.test_late_submit"),
     ("e2e/test_multi_output.py", "tests.e2e.test_reference_pixels"),

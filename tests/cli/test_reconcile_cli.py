@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from aivedio_cli._mutate import write_plan
 from aivedio_engine.bootstrap import AppContext
 from aivedio_engine.db.tables import alerts, credit_ledger, generation_tasks, task_attempts
-from tests.cli.test_tasks_cli import OPERATOR, Cli, audit_rows, status_of
 from tests.support.app import tenant_with_key
+from tests.support.cli import OPERATOR, Cli, audit_rows, status_of
 from tests.support.flow import Driver, sim_context
 from tests.support.pump import Pump
 from tests.support.sim import SimHandle, running_sim

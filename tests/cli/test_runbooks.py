@@ -30,10 +30,10 @@ from aivedio_engine.testing import failpoints
 from tests.cli.test_ledger_cli import _write_invoice
 from tests.cli.test_reconcile_cli import config_file
 from tests.cli.test_replay_cli import Dramatiq, poison, queue_tasks
-from tests.cli.test_tasks_cli import Cli
 from tests.flow.test_late_submit import FROZEN_S, _stall_then_finish
 from tests.flow.test_output_fetch import FETCH, MEDIA, HoldingPump, envelope, pending
 from tests.support.app import make_context
+from tests.support.cli import Cli
 from tests.support.flow import Driver, create_tasks, sim_context
 from tests.support.pump import Pump
 from tests.support.seeding import Seeded
