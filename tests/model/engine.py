@@ -315,7 +315,8 @@ def new_key() -> str:
 
 class Encoder:
     """How the stubbed encode behaves: "ok", "fails" (every profile FAILED, not retryable: a QC finding on the
-    output), or "every_other" (every second run fails so)."""
+    output), "every_other" (every second run fails so), or "flaky" (every second run fails retryably: our encoder
+    is down, the media step's budget runs)."""
 
     mode = "ok"
     runs = 0
@@ -330,10 +331,12 @@ def stub_build_derivatives(
     not depend on the encode; the probe before it and every store and database step after it stay real."""
     out: dict[DerivativeProfile, derive.DerivativeResult] = {}
     Encoder.runs += 1
-    if Encoder.mode == "fails" or (Encoder.mode == "every_other" and Encoder.runs % 2 == 0):
+    refuse = Encoder.mode == "fails" or (Encoder.mode == "every_other" and Encoder.runs % 2 == 0)
+    if refuse or (Encoder.mode == "flaky" and Encoder.runs % 2 == 0):
+        error = "the encoder refused it" if refuse else "the encoder is unavailable"
         return {
             DerivativeProfile(p): derive.DerivativeResult(
-                DerivativeProfile(p), "FAILED", error="the encoder refused it"
+                DerivativeProfile(p), "FAILED", error=error, retryable=not refuse
             )
             for p in profiles
         }

@@ -11,7 +11,8 @@ step budgets and the review SLA together. Hypothesis' `RuleBasedStateMachine` pi
   review        approve or reject a held task (or leave it: the SLA passes)
   store         break the data dir's object store (every call raises) and heal it
   vendor        bills under / over / no outputs / all outputs, voids a finished job, fails jobs, ambiguous submits
-  encoder       the media step's encode refuses every output, or every other one (a QC finding)
+  encoder       the media step's encode refuses every output or every other one (a QC finding), or fails every
+                other run retryably (the media step's budget runs, then a person holds it)
   callbacks     deliver the held vendor callbacks in order, reversed, duplicated, or drop them
   restart       stop the engine and start a new one on the same database and data dir
 
@@ -135,8 +136,16 @@ class MoneyMachine(RuleBasedStateMachine):
         self.world.work()
 
     @precondition(lambda self: self._in("MANUAL_REVIEW"))
-    @rule(pick=st.integers(0, 50), approve=st.booleans())
-    def review(self, pick: int, approve: bool) -> None:
+    @rule(pick=st.integers(0, 50))
+    def approve(self, pick: int) -> None:
+        self._review(pick, approve=True)
+
+    @precondition(lambda self: self._in("MANUAL_REVIEW"))
+    @rule(pick=st.integers(0, 50))
+    def reject(self, pick: int) -> None:
+        self._review(pick, approve=False)
+
+    def _review(self, pick: int, *, approve: bool) -> None:
         held = self._in("MANUAL_REVIEW")
         task_id = held[pick % len(held)]
         decide = self.world.ctx.review.approve if approve else self.world.ctx.review.reject
@@ -190,7 +199,7 @@ class MoneyMachine(RuleBasedStateMachine):
         self.world.deliver(chosen)
         self.world.work()
 
-    @rule(mode=st.sampled_from(["ok", "fails", "every_other"]))
+    @rule(mode=st.sampled_from(["ok", "fails", "every_other", "flaky"]))
     def encoder(self, mode: str) -> None:
         engine.Encoder.mode = mode
         self.world.work()

@@ -29,15 +29,27 @@ def test_a_held_review_output_outliving_the_deadline_is_not_charged() -> None:
 
 
 def test_an_output_held_by_a_store_outage_past_the_deadline_is_not_charged() -> None:
-    """The same after a store outage: the fetch waits for the store, the output is then held for review, the clock
-    runs on while the sequence settles, and the deadline used to expire it with the reservation kept."""
+    """The same over a store outage: the vendor's output waits in OUTPUT_FETCHING for our store, and the deadline
+    used to expire it with the reservation kept (charged 1 for nothing, no platform cost)."""
     _replay(
         [
             ("tenants_", {"count": 1}),
-            ("create_held_for_review", {"n": 1, "seconds": 1, "tenant": 0}),
             ("break_store", {}),
-            ("advance", {"seconds": 5}),
-            ("heal_store", {}),
+            ("create_held_for_review", {"n": 1, "seconds": 1, "tenant": 0}),
+            ("advance", {"seconds": 60}),
+            ("advance", {"seconds": money.DEADLINE_S + 30}),
+        ]
+    )
+
+
+def test_a_deadline_before_any_output_is_charged_per_the_bill_and_the_audit_agrees() -> None:
+    """The tenant's deadline running out before the vendor produced anything is the tenant's decision, charged per
+    the bill (here the price list): audit I4.9 used to count it as charged past delivery, against the table."""
+    _replay(
+        [
+            ("tenants_", {"count": 1}),
+            ("create", {"n": 4, "seconds": 1, "tenant": 0}),
+            ("advance", {"seconds": money.DEADLINE_S + 30}),
         ]
     )
 
