@@ -257,6 +257,8 @@ def world(database: Callable[[], Any]) -> Iterator[World]:
     shm = Path("/dev/shm")
     root = Path(tempfile.mkdtemp(prefix="aivedio-model-", dir=shm if shm.is_dir() else None))
     Counts.sequences += 1
+    if Counts.report_every and Counts.sequences % Counts.report_every == 0:
+        print(f"... {Counts.sequences} sequences, {Counts.steps} steps", flush=True)
     try:
         with database() as url:
             if url is None:  # a copy of a migrated file: migrating each sequence's database would cost ~0.5 s
@@ -391,4 +393,6 @@ class Counts:
 
     sequences = 0
     steps = 0
+    #: print the counts every this many sequences (0: never)
+    report_every = 0
     endings: Counter[str] = Counter()

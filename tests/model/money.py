@@ -356,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         database = engine.sqlite_database
     started = time.monotonic()
+    engine.Counts.report_every = 50
     run(
         database,
         sequences=args.sequences,
