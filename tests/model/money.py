@@ -14,6 +14,7 @@ step budgets and the review SLA together. Hypothesis' `RuleBasedStateMachine` pi
   encoder       the media step's encode refuses every output or every other one (a QC finding), or fails every
                 other run retryably (the media step's budget runs, then a person holds it)
   callbacks     deliver the held vendor callbacks in order, reversed, duplicated, or drop them
+  crash         the engine dies at a commit boundary of the next round (an armed failpoint), then restarts
   restart       stop the engine and start a new one on the same database and data dir
 
 After every step (tests/model/invariants.py): each tenant's balance is what it was given minus its tasks' ledger
@@ -63,6 +64,7 @@ from aivedio_engine.db.tables import generation_tasks
 from aivedio_engine.providers.sim.faults import parse_faults
 from aivedio_engine.services.errors import Conflict, IllegalState, InsufficientCredits, NotFound
 from aivedio_engine.services.operations import Operation
+from aivedio_engine.testing import failpoints
 from tests.model import engine
 from tests.model.engine import DEADLINE_S, REVIEW_SLA_S, REVIEW_TERM, World
 from tests.model.invariants import Model, audit_all, audit_money, violations
@@ -71,6 +73,28 @@ from tests.support.app import tenant_with_key
 CREDITS = 40
 #: how far one `advance` moves the clock: a poll, a job's life, past the deadline, past the review SLA, an hour
 STEPS_S = (5, 20, 60, DEADLINE_S + 30, REVIEW_SLA_S + 30, 3600)
+#: where `crash` stops the engine: the commit boundaries a round of the roles passes (a create's are left out: the
+#: client that never got an answer retries with its key, which the model does not play)
+CRASH_POINTS = (
+    "dispatch.before_commit",
+    "dispatch.after_commit",
+    "submit.claim.after_commit",
+    "submit.before_call",
+    "submit.after_call",
+    "submit.record.before_commit",
+    "submit.record.after_commit",
+    "poll.before_commit",
+    "poll.after_commit",
+    "reducer.before_commit",
+    "reducer.after_commit",
+    "consume.before_commit",
+    "output_fetch.before_inline_media",
+    "storage.put",
+    "cancel.provider.before_commit",
+    "cancel.provider.after_commit",
+    "sweeper.redrive.after_commit",
+    "reconcile.after_commit",
+)
 #: rounds the end of a sequence may take to bring every task to a terminal state
 SETTLE_ROUNDS = 40
 
@@ -204,6 +228,19 @@ class MoneyMachine(RuleBasedStateMachine):
         engine.Encoder.mode = mode
         self.world.work()
 
+    @rule(point=st.sampled_from(CRASH_POINTS))
+    def crash(self, point: str) -> None:
+        """The engine dies at a commit boundary of the next round (if the round gets there), then starts again."""
+        failpoints.configure(f"{point}=crash@1")
+        try:
+            self.world.work()
+        except failpoints.FailpointCrash:
+            pass
+        finally:
+            failpoints.reset()
+        self.world.restart()
+        self.world.work()
+
     @rule()
     def restart(self) -> None:
         self.world.restart()
@@ -223,6 +260,7 @@ class MoneyMachine(RuleBasedStateMachine):
             _assert_agree(found, audit_money(self.world))
 
     def teardown(self) -> None:
+        failpoints.reset()
         try:
             if self.tenants:
                 self._settle()
