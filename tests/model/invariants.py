@@ -168,11 +168,16 @@ def violations(world: World, model: Model, *, check_store: bool = True) -> list[
                     f"{name}: charged {charged} for {received} received output(s) (at most {cap}); "
                     f"went through {sorted(history[tid])}"
                 )
-            # nothing received, not by the tenant's doing, and the vendor kept its bill: the platform bears it
+            # nothing received, not by the tenant's doing, and the vendor kept a bill worth something: the platform
+            # bears it (a bill of 0 seconds or 0 outputs is worth nothing: VENDOR_BILLED_NOTHING)
             kept = [
                 a
                 for a in attempts[tid]
-                if (job := vendor_jobs.get(a.provider_job_id)) is not None and job.billed and not job.refunded
+                if (job := vendor_jobs.get(a.provider_job_id)) is not None
+                and job.billed
+                and not job.refunded
+                and a.billed_outputs != 0
+                and (a.billed_seconds is None or a.billed_seconds > 0)
             ]
             booked = any(r.entry_type == "ADJUSTMENT" and r.business_key.startswith("platform_cost:") for r in rows)
             # the vendor gave the whole charge back and said so: the tenant keeps none of it charged

@@ -69,3 +69,18 @@ def test_a_void_after_a_deadline_close_is_a_late_refund() -> None:
             ("callbacks", {"how": "in_order"}),
         ]
     )
+
+
+def test_a_bill_of_no_outputs_is_no_platform_cost() -> None:
+    """The encoder refuses every output of a job the vendor billed as 0 outputs: the task fails, the reservation is
+    released and there is no platform cost to book — the vendor's bill is worth nothing (VENDOR_BILLED_NOTHING)."""
+    _replay(
+        [
+            ("tenants_", {"count": 1}),
+            ("vendor_bills", {"factor": 0.5, "outputs": 0}),
+            ("encoder", {"mode": "fails"}),
+            ("create", {"n": 4, "seconds": 1, "tenant": 0}),
+            ("advance", {"seconds": 20}),
+            ("advance", {"seconds": 5}),
+        ]
+    )
