@@ -317,8 +317,8 @@ def new_key() -> str:
 
 class Encoder:
     """How the stubbed encode behaves: "ok", "fails" (every profile FAILED, not retryable: a QC finding on the
-    output), "every_other" (every second run fails so), or "flaky" (every second run fails retryably: our encoder
-    is down, the media step's budget runs)."""
+    output), "every_other" (every second run fails so), "flaky" (every second run fails retryably) or "down"
+    (every run fails retryably: our encoder is down, the media step's budget runs, then a person holds it)."""
 
     mode = "ok"
     runs = 0
@@ -334,7 +334,7 @@ def stub_build_derivatives(
     out: dict[DerivativeProfile, derive.DerivativeResult] = {}
     Encoder.runs += 1
     refuse = Encoder.mode == "fails" or (Encoder.mode == "every_other" and Encoder.runs % 2 == 0)
-    if refuse or (Encoder.mode == "flaky" and Encoder.runs % 2 == 0):
+    if refuse or Encoder.mode == "down" or (Encoder.mode == "flaky" and Encoder.runs % 2 == 0):
         error = "the encoder refused it" if refuse else "the encoder is unavailable"
         return {
             DerivativeProfile(p): derive.DerivativeResult(

@@ -12,7 +12,7 @@ step budgets and the review SLA together. Hypothesis' `RuleBasedStateMachine` pi
   store         break the data dir's object store (every call raises) and heal it
   vendor        bills under / over / no outputs / all outputs, voids a finished job, fails jobs, ambiguous submits
   encoder       the media step's encode refuses every output or every other one (a QC finding), or fails every
-                other run retryably (the media step's budget runs, then a person holds it)
+                other run or every run retryably (the media step's budget runs, then a person holds it)
   callbacks     deliver the held vendor callbacks in order, reversed, duplicated, or drop them
   crash         the engine dies at a commit boundary of the next round (an armed failpoint), then restarts
   restart       stop the engine and start a new one on the same database and data dir
@@ -223,7 +223,7 @@ class MoneyMachine(RuleBasedStateMachine):
         self.world.deliver(chosen)
         self.world.work()
 
-    @rule(mode=st.sampled_from(["ok", "fails", "every_other", "flaky"]))
+    @rule(mode=st.sampled_from(["ok", "fails", "every_other", "flaky", "down"]))
     def encoder(self, mode: str) -> None:
         engine.Encoder.mode = mode
         self.world.work()

@@ -84,3 +84,21 @@ def test_a_bill_of_no_outputs_is_no_platform_cost() -> None:
             ("advance", {"seconds": 5}),
         ]
     )
+
+
+def test_a_success_approved_with_one_of_two_variants_is_charged_for_one() -> None:
+    """Output 1 never becomes playable (our encoder down past the media budget), a person approves output 0: the
+    tenant pays estimate ÷ 2, the rest is platform cost. Without the settlement's delivery cap it paid for both."""
+    _replay(
+        [
+            ("tenants_", {"count": 1}),
+            ("encoder", {"mode": "flaky"}),
+            ("create", {"n": 2, "seconds": 1, "tenant": 0}),
+            ("advance", {"seconds": 20}),
+            ("encoder", {"mode": "down"}),
+            ("advance", {"seconds": 60}),
+            ("advance", {"seconds": 60}),
+            ("advance", {"seconds": 60}),
+            ("approve", {"pick": 0}),
+        ]
+    )
