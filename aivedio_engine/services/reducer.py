@@ -243,7 +243,10 @@ def _move_attempt(
         # transaction (the message is retried) rather than let the task move without its attempt
         moved["to"] = attempts.transition(conn, attempt, event, now, **values).to_status
         return
-    # otherwise a late or repeated status for the attempt: its own state already says more
+    # otherwise a late or repeated status for the attempt: its own state already says more, except a refund (a newer
+    # fact than the charge it reverses), which the settlement reads from the attempt once the task closes
+    if obs.get("refunded") is True and not attempt.vendor_refunded:
+        values["vendor_refunded"] = True
     if values:
         attempts.update(conn, attempt.id, **values)
 

@@ -102,3 +102,18 @@ def test_a_success_approved_with_one_of_two_variants_is_charged_for_one() -> Non
             ("approve", {"pick": 0}),
         ]
     )
+
+
+def test_a_refund_reported_while_the_output_is_held_is_not_lost() -> None:
+    """The vendor voids (refunds) a finished job while our store is down and its output waits to be fetched; the
+    callback saying so arrives before the task ends. The refund was dropped as a repeated status, so the success
+    that followed charged the tenant in full for a job the vendor had given back, and the audit was clean."""
+    _replay(
+        [
+            ("tenants_", {"count": 1}),
+            ("create", {"n": 1, "seconds": 1, "tenant": 0}),
+            ("break_store", {}),
+            ("advance", {"seconds": 60}),
+            ("vendor_voids", {"pick": 0}),
+        ]
+    )
