@@ -58,11 +58,15 @@ class Undelivered(dramatiq.Middleware):
 
 
 def _event_ids(message: Any) -> list[str]:
-    """The outbox events a message carries: its id (= the event id), or each envelope's of a batched reducer
-    message (whose own id is not an event's)."""
+    """The outbox events a message carries: its envelope's event id, or each envelope's of a batched reducer
+    message (whose own id is not an event's). Not the message id alone: a row published to a second consumer (the
+    SSE signal of a status change) goes out under a derived id, and either message left unfinished hands the row
+    back, so neither is lost (both consumers dedupe a repeat)."""
     args = getattr(message, "args", None)
     if getattr(message, "actor_name", None) == REDUCE_BATCH.actor and args and isinstance(args[0], list):
         return [str(body.get("event_id")) for body in args[0] if isinstance(body, dict)]
+    if args and isinstance(args[0], dict) and args[0].get("event_id"):
+        return [str(args[0]["event_id"])]
     return [message.message_id]
 
 
